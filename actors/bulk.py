@@ -1,0 +1,189 @@
+"""Bulk send: publish many messages with pipelined publisher confirms.
+
+``actor.send()`` with confirms waits for each message's own confirm (~1.4k messages/s here).
+:func:`send_bulk` keeps up to ``window`` publishes in flight on one dedicated connection and counts
+RabbitMQ's (possibly ``multiple``) acks, so a campaign fan-out of thousands of messages costs one
+round trip per window instead of one per message. It returns only when every message is confirmed,
+and raises :class:`BulkSendError` naming the messages that were not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import dramatiq
+import pika
+import pika.channel
+import pika.frame
+import pika.spec
+from dramatiq import Message
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+
+class BulkSendError(RuntimeError):
+    """Some messages of a bulk send were not confirmed by RabbitMQ.
+
+    ``failed`` holds them (nacked, returned as unroutable, or unconfirmed when the connection
+    dropped); ``confirmed`` holds the others. Re-sending ``failed`` is safe for keyed messages.
+    """
+
+    def __init__(self, reason: str, failed: list[Message], confirmed: list[Message]) -> None:
+        ids = ", ".join(m.message_id for m in failed[:5]) + (" ..." if len(failed) > 5 else "")
+        super().__init__(f"{len(failed)} of {len(failed) + len(confirmed)} messages not confirmed ({reason}): {ids}")
+        self.reason = reason
+        self.failed = failed
+        self.confirmed = confirmed
+
+
+@dataclass
+class _Publisher:
+    """One bulk send's state, driven by pika's asynchronous connection callbacks."""
+
+    messages: list[Message]
+    parameters: pika.connection.Parameters
+    window: int
+    timeout: float
+    next_index: int = 0
+    published: int = 0
+    # delivery tag (1-based publish order on the channel) -> index into messages
+    in_flight: dict[int, int] = field(default_factory=dict)
+    confirmed: set[int] = field(default_factory=set)
+    rejected: set[int] = field(default_factory=set)
+    returned_ids: set[str] = field(default_factory=set)
+    error: str | None = None
+    channel: pika.channel.Channel | None = None
+    connection: pika.SelectConnection | None = None
+
+    def run(self) -> None:
+        self.connection = pika.SelectConnection(
+            parameters=self.parameters,
+            on_open_callback=self._on_connection_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_connection_closed,
+        )
+        self.connection.ioloop.call_later(self.timeout, self._on_timeout)
+        self.connection.ioloop.start()
+
+    def _fail(self, reason: str) -> None:
+        if self.error is None:
+            self.error = reason
+        assert self.connection is not None
+        if self.connection.is_open:
+            self.connection.close()
+        elif self.connection.is_closed:
+            self.connection.ioloop.stop()
+
+    def _on_timeout(self) -> None:
+        self._fail(f"no confirm within {self.timeout:g} s")
+
+    def _on_open_error(self, connection: pika.SelectConnection, error: BaseException | str) -> None:
+        self.error = self.error or f"connection failed: {error}"
+        connection.ioloop.stop()
+
+    def _on_connection_closed(self, connection: pika.SelectConnection, reason: BaseException) -> None:
+        if not self._done():
+            self.error = self.error or f"connection closed: {reason}"
+        connection.ioloop.stop()
+
+    def _on_connection_open(self, connection: pika.SelectConnection) -> None:
+        connection.channel(on_open_callback=self._on_channel_open)
+
+    def _on_channel_open(self, channel: pika.channel.Channel) -> None:
+        self.channel = channel
+        channel.add_on_close_callback(self._on_channel_closed)
+        channel.add_on_return_callback(self._on_return)
+        channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=lambda _frame: self._publish())
+
+    def _on_channel_closed(self, channel: pika.channel.Channel, reason: BaseException) -> None:
+        if not self._done():
+            self._fail(f"channel closed: {reason}")
+        elif self.connection is not None and self.connection.is_open:
+            self.connection.close()
+
+    def _on_return(
+        self,
+        channel: pika.channel.Channel,
+        method: pika.spec.Basic.Return,
+        properties: pika.spec.BasicProperties,
+        body: bytes,
+    ) -> None:
+        # An unroutable mandatory message is returned, then acked: remember it as failed.
+        if properties.message_id:
+            self.returned_ids.add(properties.message_id)
+
+    def _publish(self) -> None:
+        assert self.channel is not None
+        while self.next_index < len(self.messages) and len(self.in_flight) < self.window:
+            message = self.messages[self.next_index]
+            self.channel.basic_publish(
+                exchange="",
+                routing_key=message.queue_name,
+                body=message.encode(),
+                properties=pika.BasicProperties(
+                    delivery_mode=pika.DeliveryMode.Persistent,
+                    priority=message.options.get("broker_priority"),
+                    message_id=message.message_id,
+                ),
+                mandatory=True,
+            )
+            self.published += 1
+            self.in_flight[self.published] = self.next_index
+            self.next_index += 1
+        if self._done() and self.channel.is_open:
+            self.channel.close()
+
+    def _on_confirm(self, frame: pika.frame.Method) -> None:
+        method = frame.method
+        tag = method.delivery_tag
+        tags = [t for t in self.in_flight if t <= tag] if method.multiple else [tag]
+        target = self.confirmed if isinstance(method, pika.spec.Basic.Ack) else self.rejected
+        for t in tags:
+            target.add(self.in_flight.pop(t))
+        self._publish()
+
+    def _done(self) -> bool:
+        return len(self.confirmed) + len(self.rejected) == len(self.messages)
+
+
+def send_bulk(
+    messages: Iterable[Message],
+    *,
+    broker: RabbitmqBroker | None = None,
+    window: int = 2000,
+    timeout: float = 120.0,
+) -> list[Message]:
+    """Publish ``messages`` and return them once RabbitMQ has confirmed every one.
+
+    Middleware ``before_enqueue``/``after_enqueue`` hooks run for each message as for ``send()``.
+
+    Raises:
+      BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
+        dropped or ``timeout`` seconds passed; the error lists them.
+    """
+    broker = broker or dramatiq.get_broker()
+    if not isinstance(broker, RabbitmqBroker):
+        raise TypeError("send_bulk needs a RabbitmqBroker")
+    pending = list(messages)
+    for message in pending:
+        broker.emit_before("enqueue", message, None)
+    if not pending:
+        return []
+    for queue_name in {m.queue_name for m in pending}:
+        broker.declare_queue(queue_name, ensure=True)
+
+    parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
+    publisher = _Publisher(messages=pending, parameters=parameters, window=window, timeout=timeout)
+    publisher.run()
+
+    confirmed = [
+        m for i, m in enumerate(pending) if i in publisher.confirmed and m.message_id not in publisher.returned_ids
+    ]
+    if len(confirmed) != len(pending):
+        confirmed_ids = {m.message_id for m in confirmed}
+        failed = [m for m in pending if m.message_id not in confirmed_ids]
+        reason = publisher.error or ("unroutable" if publisher.returned_ids else "nacked by RabbitMQ")
+        raise BulkSendError(reason, failed, confirmed)
+    for message in confirmed:
+        broker.emit_after("enqueue", message, None)
+    return confirmed

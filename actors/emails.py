@@ -1,0 +1,118 @@
+"""Email over SMTP: one message per job, and a campaign that fans out with a bulk send.
+
+The pattern to copy: classify failures. A recipient that can never receive (bad syntax, a 5xx
+refusal) raises :class:`InvalidRecipient`, listed in ``throws`` so it fails at once without
+burning retries; a refused connection or a 4xx answer is an ordinary exception and is retried
+with backoff.
+"""
+
+from __future__ import annotations
+
+import re
+import smtplib
+import ssl
+from email.message import EmailMessage
+from pathlib import Path
+from string import Template
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+
+from actors.bulk import send_bulk
+from actors.logs import get_logger
+from actors.settings import get_settings
+
+logger = get_logger(__name__)
+settings = get_settings()
+
+_ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+$")
+
+#: Templates by name: (subject, body), rendered with ``string.Template`` from the job's context.
+TEMPLATES: dict[str, tuple[str, str]] = {
+    "welcome": ("Welcome, $name", "Hello $name,\n\nyour account is ready.\n"),
+    "campaign": ("$headline", "Hello,\n\n$text\n\nTo unsubscribe, reply STOP.\n"),
+    "report": ("Your $kind report", "Hello,\n\nthe $kind report you asked for is attached.\n"),
+}
+
+
+class InvalidRecipient(Exception):
+    """The address can never receive mail: retrying would not help."""
+
+
+def _current_message_id() -> str:
+    message = CurrentMessage.get_current_message()
+    return message.message_id if message is not None else "local"
+
+
+def _smtp_client() -> smtplib.SMTP:
+    url = urlsplit(settings.smtp_url)
+    options = dict(parse_qsl(url.query))
+    host, timeout = url.hostname or "127.0.0.1", settings.smtp_timeout
+    client: smtplib.SMTP
+    if url.scheme == "smtps":
+        client = smtplib.SMTP_SSL(host, url.port or 465, timeout=timeout, context=ssl.create_default_context())
+    else:
+        client = smtplib.SMTP(host, url.port or 25, timeout=timeout)
+        if options.get("starttls", "").lower() in ("1", "true", "yes"):
+            client.starttls(context=ssl.create_default_context())
+    if url.username:
+        client.login(unquote(url.username), unquote(url.password or ""))
+    return client
+
+
+def render(template: str, context: dict[str, Any]) -> tuple[str, str]:
+    """Subject and body of ``template`` filled from ``context``; unknown placeholders stay as they are."""
+    try:
+        subject, body = TEMPLATES[template]
+    except KeyError:
+        raise ValueError(f"unknown email template {template!r}") from None
+    return Template(subject).safe_substitute(context), Template(body).safe_substitute(context)
+
+
+@dramatiq.actor(queue_name=settings.queue("emails"), throws=(InvalidRecipient, ValueError), time_limit=120_000)
+def send_email(
+    to: str,
+    template: str,
+    context: dict[str, Any] | None = None,
+    campaign: str | None = None,
+    attachment: str | None = None,
+) -> str:
+    """Send one email rendered from ``template``; returns the Message-ID header it was sent with."""
+    if not _ADDRESS.match(to):
+        raise InvalidRecipient("recipient address is not valid")
+    subject, body = render(template, context or {})
+    mail = EmailMessage()
+    mail["From"], mail["To"], mail["Subject"] = settings.mail_from, to, subject
+    mail["Message-ID"] = f"<{_current_message_id()}@jobs>"
+    if campaign:
+        mail["X-Campaign"] = campaign
+    mail.set_content(body)
+    if attachment:
+        path = Path(attachment)
+        mail.add_attachment(path.read_bytes(), maintype="text", subtype="csv", filename=path.name)
+    with _smtp_client() as client:
+        try:
+            client.send_message(mail)
+        except smtplib.SMTPRecipientsRefused as exc:
+            codes = [code for code, _ in exc.recipients.values()]
+            if all(500 <= code < 600 for code in codes):
+                raise InvalidRecipient(f"recipient refused with {codes}") from None
+            raise
+    logger.info("email_sent", template=template, campaign=campaign)
+    return str(mail["Message-ID"])
+
+
+@dramatiq.actor(queue_name=settings.queue("emails"), time_limit=600_000)
+def send_campaign(campaign: str, recipients: list[str], context: dict[str, Any] | None = None) -> int:
+    """Fan a campaign out into one ``send_email`` job per recipient with one bulk send."""
+    messages = [
+        send_email.message_with_options(
+            kwargs={"to": to, "template": "campaign", "context": context or {}, "campaign": campaign}
+        )
+        for to in recipients
+    ]
+    sent = send_bulk(messages)
+    logger.info("campaign_fanned_out", campaign=campaign, recipients=len(recipients), sent=len(sent))
+    return len(sent)

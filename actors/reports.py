@@ -1,0 +1,84 @@
+"""Reports: build a CSV from rows given or generated, store it, then enqueue the email that delivers it.
+
+The pattern to copy: a job does its slow work, writes its output somewhere durable, and hands the
+next step to another actor by message instead of doing everything in one long job.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import time
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+
+from actors.emails import send_email
+from actors.logs import get_logger
+from actors.settings import get_settings
+
+logger = get_logger(__name__)
+settings = get_settings()
+
+
+def sample_rows(kind: str, day: date, count: int = 50) -> list[dict[str, Any]]:
+    """Deterministic synthetic rows for ``kind`` on ``day`` (the same inputs give the same report)."""
+    rng = random.Random(f"{kind}:{day.isoformat()}")
+    regions = ["north", "south", "east", "west"]
+    return [
+        {
+            "date": day.isoformat(),
+            "order_id": f"ord-{day:%Y%m%d}-{i:04d}",
+            "region": rng.choice(regions),
+            "amount": f"{rng.uniform(5, 500):.2f}",
+        }
+        for i in range(count)
+    ]
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write ``rows`` atomically: a reader never sees a half-written report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = list(rows[0]) if rows else ["empty"]
+    partial = path.with_suffix(".partial")
+    with partial.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    partial.replace(path)
+
+
+@dramatiq.actor(queue_name=settings.queue("reports"), time_limit=900_000)
+def generate_report(
+    kind: str,
+    rows: list[dict[str, Any]] | None = None,
+    email_to: str | None = None,
+    day: str | None = None,
+) -> str:
+    """Write the ``kind`` report as CSV and, with ``email_to``, enqueue its delivery; returns the path."""
+    report_day = date.fromisoformat(day) if day else datetime.now(UTC).date()
+    data = rows if rows is not None else sample_rows(kind, report_day)
+    message = CurrentMessage.get_current_message()
+    job = message.message_id if message is not None else "local"
+    path = (settings.reports_dir / f"{kind}-{report_day.isoformat()}-{job}.csv").resolve()
+    write_csv(path, data)
+    logger.info("report_written", kind=kind, rows=len(data), path=str(path))
+    if email_to:
+        send_email.send(to=email_to, template="report", context={"kind": kind}, attachment=str(path))
+    return str(path)
+
+
+@dramatiq.actor(queue_name=settings.queue("reports"), time_limit=300_000)
+def purge_exports(max_age_hours: float = 24.0) -> int:
+    """Delete report files older than ``max_age_hours``; returns how many it removed."""
+    cutoff = time.time() - max_age_hours * 3600
+    removed = 0
+    for path in settings.reports_dir.glob("*.csv"):
+        if path.stat().st_mtime < cutoff:
+            path.unlink(missing_ok=True)
+            removed += 1
+    logger.info("exports_purged", removed=removed, max_age_hours=max_age_hours)
+    return removed

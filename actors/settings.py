@@ -1,0 +1,188 @@
+"""Every setting of the project, read from environment variables and validated once.
+
+A bad value fails at start-up with a :class:`SettingsError` that names the variable and says what
+is wrong, never echoing the value (URLs carry passwords).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from pathlib import Path
+from typing import Literal
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class SettingsError(ImportError):
+    """The environment holds invalid settings; the message names each bad variable.
+
+    An ``ImportError`` because ``import actors`` is where it surfaces: ``dramatiq actors`` then
+    reports "Failed to import module" and exits with code 2 instead of crashing a worker process.
+    """
+
+
+def _check_url(value: str, schemes: tuple[str, ...]) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        raise ValueError(f"must be a URL starting with {' or '.join(s + '://' for s in schemes)}")
+    if not parts.hostname:
+        raise ValueError("must name a host")
+    try:
+        parts.port  # noqa: B018 - parsing the port validates it
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    return value
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Settings(BaseModel):
+    """The project's configuration; each field is the environment variable of the same name, upper-cased."""
+
+    model_config = ConfigDict(frozen=True)
+
+    # RabbitMQ
+    rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"
+    rabbitmq_management_url: str = "http://127.0.0.1:15672"
+    rabbitmq_heartbeat: int = Field(default=60, ge=0, le=3600)
+    rabbitmq_blocked_connection_timeout: int = Field(default=300, ge=1)
+    rabbitmq_max_priority: int = Field(default=10, ge=1, le=255)
+    rabbitmq_consumer_timeout_ms: int = Field(default=1_800_000, ge=60_000)
+    queue_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$", max_length=100)
+
+    # Shared state (idempotency, rate limits, job status, scheduler lease)
+    state_url: str = "sqlite:///var/state.db"
+
+    # Logging and errors
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    log_format: Literal["json", "console"] = "console"
+    sentry_dsn: str | None = None
+    sentry_environment: str = "production"
+    sentry_release: str | None = None
+
+    # Reference actors
+    smtp_url: str = "smtp://127.0.0.1:1025"
+    smtp_timeout: float = Field(default=30.0, gt=0)
+    mail_from: str = "jobs@example.com"
+    reports_dir: Path = Path("var/reports")
+
+    # Worker tuning
+    worker_processes: int = Field(default=2, ge=1, le=256)
+    worker_threads: int = Field(default=8, ge=1, le=1024)
+    worker_shutdown_timeout_ms: int = Field(default=600_000, ge=1_000)
+    job_time_limit_ms: int = Field(default=600_000, ge=1_000)
+    job_max_age_ms: int | None = Field(default=None, ge=1_000)
+    job_max_retries: int = Field(default=5, ge=0, le=100)
+    job_min_backoff_ms: int = Field(default=15_000, ge=100)
+    job_max_backoff_ms: int = Field(default=600_000, ge=100)
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _normalise_case(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        return value.lower() if value.lower() in ("json", "console") else value.upper()
+
+    @field_validator("rabbitmq_url")
+    @classmethod
+    def _check_amqp_url(cls, value: str) -> str:
+        return _check_url(value, ("amqp", "amqps"))
+
+    @field_validator("rabbitmq_management_url")
+    @classmethod
+    def _check_http_url(cls, value: str) -> str:
+        return _check_url(value, ("http", "https"))
+
+    @field_validator("smtp_url")
+    @classmethod
+    def _check_smtp_url(cls, value: str) -> str:
+        return _check_url(value, ("smtp", "smtps"))
+
+    @field_validator("state_url")
+    @classmethod
+    def _check_state_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme in ("redis", "rediss"):
+            return _check_url(value, ("redis", "rediss"))
+        if parts.scheme == "sqlite" and parts.path not in ("", "/"):
+            return value
+        raise ValueError("must be redis://host:port/db or sqlite:///path/to/file.db")
+
+    @field_validator("sentry_dsn")
+    @classmethod
+    def _check_sentry_dsn(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or not parts.username:
+            raise ValueError("must be a Sentry DSN such as https://key@o0.ingest.sentry.io/0")
+        return value
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> Settings:
+        if self.job_min_backoff_ms > self.job_max_backoff_ms:
+            raise ValueError("JOB_MIN_BACKOFF_MS must not exceed JOB_MAX_BACKOFF_MS")
+        # Dramatiq holds delayed retries unacked in worker memory: a backoff past RabbitMQ's
+        # consumer_timeout would make the broker close the channel under it.
+        if self.job_max_backoff_ms >= self.rabbitmq_consumer_timeout_ms:
+            raise ValueError(
+                "JOB_MAX_BACKOFF_MS must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
+                "(delayed retries are held unacked until they are due)"
+            )
+        return self
+
+    @property
+    def management_url(self) -> str:
+        """The management API's base URL, carrying RabbitMQ's credentials unless it names its own."""
+        parts = urlsplit(self.rabbitmq_management_url)
+        if parts.username:
+            return self.rabbitmq_management_url.rstrip("/")
+        amqp = urlsplit(self.rabbitmq_url)
+        user = quote(amqp.username or "guest", safe="")
+        password = quote(amqp.password or "guest", safe="")
+        netloc = f"{user}:{password}@{parts.netloc}"
+        return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+
+    def queue(self, name: str) -> str:
+        """The RabbitMQ queue for ``name``: ``QUEUE_PREFIX`` lets environments share one vhost."""
+        return self.queue_prefix + name
+
+    @property
+    def rabbitmq_vhost(self) -> str:
+        """The virtual host named by ``RABBITMQ_URL`` (``/`` when it names none)."""
+        path = urlsplit(self.rabbitmq_url).path
+        return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def _describe(error: dict[str, object]) -> str:
+    loc = error.get("loc") or ()
+    name = str(loc[0]).upper() if isinstance(loc, tuple) and loc else "settings"
+    message = str(error.get("msg", "is invalid")).removeprefix("Value error, ")
+    return f"{name}: {message}"
+
+
+def load_settings(environ: dict[str, str] | None = None) -> Settings:
+    """Read and validate the settings; raise :class:`SettingsError` naming every bad variable."""
+    env = os.environ if environ is None else environ
+    # An empty variable counts as unset, as compose files and shells often pass them.
+    values = {name: env[name.upper()] for name in Settings.model_fields if env.get(name.upper())}
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        problems = "\n  ".join(_describe(dict(e)) for e in exc.errors(include_input=False, include_url=False))
+        raise SettingsError(f"invalid settings:\n  {problems}") from None
+
+
+@cache
+def get_settings() -> Settings:
+    """The process's settings, validated on first use."""
+    return load_settings()

@@ -1,0 +1,1 @@
+"""``jobctl``: the operators' command line (worker launcher, health checks, dead letters, job status)."""
