@@ -10,19 +10,22 @@ from dramatiq.middleware import Middleware
 from actors.settings import Settings
 
 
-def connection_url(settings: Settings) -> str:
-    """``RABBITMQ_URL`` with an explicit heartbeat and ``blocked_connection_timeout``.
+def connection_urls(settings: Settings) -> list[str]:
+    """Each node of ``RABBITMQ_URL`` with an explicit heartbeat and ``blocked_connection_timeout``.
 
     Without a blocked-connection timeout a publish blocks forever while RabbitMQ has a memory or
-    disk alarm; values already in the URL's query string win.
+    disk alarm; values already in a URL's query string win.
     """
-    parts = urlsplit(settings.rabbitmq_url)
-    query = dict(parse_qsl(parts.query))
-    query.setdefault("heartbeat", str(settings.rabbitmq_heartbeat))
-    query.setdefault("blocked_connection_timeout", str(settings.rabbitmq_blocked_connection_timeout))
-    query.setdefault("connection_attempts", "3")
-    query.setdefault("retry_delay", "1")
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    urls = []
+    for node in settings.rabbitmq_url.split(";"):
+        parts = urlsplit(node)
+        query = dict(parse_qsl(parts.query))
+        query.setdefault("heartbeat", str(settings.rabbitmq_heartbeat))
+        query.setdefault("blocked_connection_timeout", str(settings.rabbitmq_blocked_connection_timeout))
+        query.setdefault("connection_attempts", "3")
+        query.setdefault("retry_delay", "1")
+        urls.append(urlunsplit(parts._replace(query=urlencode(query))))
+    return urls
 
 
 def build_broker(settings: Settings, middleware: list[Middleware]) -> RabbitmqBroker:
@@ -33,7 +36,7 @@ def build_broker(settings: Settings, middleware: list[Middleware]) -> RabbitmqBr
     instead of a silent loss.
     """
     return RabbitmqBroker(
-        url=connection_url(settings),
+        url=connection_urls(settings),
         confirm_delivery=True,
         max_priority=settings.rabbitmq_max_priority,
         middleware=middleware,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import dramatiq
 import pika
@@ -28,9 +29,11 @@ class BulkSendError(RuntimeError):
     dropped); ``confirmed`` holds the others. Re-sending ``failed`` is safe for keyed messages.
     """
 
-    def __init__(self, reason: str, failed: list[Message], confirmed: list[Message]) -> None:
+    def __init__(self, reason: str, failed: list[Message[Any]], confirmed: list[Message[Any]]) -> None:
         ids = ", ".join(m.message_id for m in failed[:5]) + (" ..." if len(failed) > 5 else "")
-        super().__init__(f"{len(failed)} of {len(failed) + len(confirmed)} messages not confirmed ({reason}): {ids}")
+        super().__init__(
+            f"{len(failed)} of {len(failed) + len(confirmed)} messages not confirmed ({reason}): {ids}"
+        )
         self.reason = reason
         self.failed = failed
         self.confirmed = confirmed
@@ -40,7 +43,7 @@ class BulkSendError(RuntimeError):
 class _Publisher:
     """One bulk send's state, driven by pika's asynchronous connection callbacks."""
 
-    messages: list[Message]
+    messages: list[Message[Any]]
     parameters: pika.connection.Parameters
     window: int
     timeout: float
@@ -147,12 +150,12 @@ class _Publisher:
 
 
 def send_bulk(
-    messages: Iterable[Message],
+    messages: Iterable[Message[Any]],
     *,
     broker: RabbitmqBroker | None = None,
     window: int = 2000,
     timeout: float = 120.0,
-) -> list[Message]:
+) -> list[Message[Any]]:
     """Publish ``messages`` and return them once RabbitMQ has confirmed every one.
 
     Middleware ``before_enqueue``/``after_enqueue`` hooks run for each message as for ``send()``.
@@ -161,9 +164,10 @@ def send_bulk(
       BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
         dropped or ``timeout`` seconds passed; the error lists them.
     """
-    broker = broker or dramatiq.get_broker()
-    if not isinstance(broker, RabbitmqBroker):
+    target = broker or dramatiq.get_broker()
+    if not isinstance(target, RabbitmqBroker):
         raise TypeError("send_bulk needs a RabbitmqBroker")
+    broker = target
     pending = list(messages)
     for message in pending:
         broker.emit_before("enqueue", message, None)
@@ -177,7 +181,9 @@ def send_bulk(
     publisher.run()
 
     confirmed = [
-        m for i, m in enumerate(pending) if i in publisher.confirmed and m.message_id not in publisher.returned_ids
+        m
+        for i, m in enumerate(pending)
+        if i in publisher.confirmed and m.message_id not in publisher.returned_ids
     ]
     if len(confirmed) != len(pending):
         confirmed_ids = {m.message_id for m in confirmed}

@@ -52,7 +52,9 @@ def _smtp_client() -> smtplib.SMTP:
     host, timeout = url.hostname or "127.0.0.1", settings.smtp_timeout
     client: smtplib.SMTP
     if url.scheme == "smtps":
-        client = smtplib.SMTP_SSL(host, url.port or 465, timeout=timeout, context=ssl.create_default_context())
+        client = smtplib.SMTP_SSL(
+            host, url.port or 465, timeout=timeout, context=ssl.create_default_context()
+        )
     else:
         client = smtplib.SMTP(host, url.port or 25, timeout=timeout)
         if options.get("starttls", "").lower() in ("1", "true", "yes"):
@@ -71,7 +73,9 @@ def render(template: str, context: dict[str, Any]) -> tuple[str, str]:
     return Template(subject).safe_substitute(context), Template(body).safe_substitute(context)
 
 
-@dramatiq.actor(queue_name=settings.queue("emails"), throws=(InvalidRecipient, ValueError), time_limit=120_000)
+@dramatiq.actor(
+    queue_name=settings.queue("emails"), throws=(InvalidRecipient, ValueError), time_limit=120_000
+)
 def send_email(
     to: str,
     template: str,

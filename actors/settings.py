@@ -10,7 +10,7 @@ import os
 from functools import cache
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -38,6 +38,8 @@ def _check_url(value: str, schemes: tuple[str, ...]) -> str:
 
 def redact_url(url: str) -> str:
     """The URL with its password replaced by ``***``, for logs and error messages."""
+    if ";" in url:
+        return ";".join(redact_url(node) for node in url.split(";"))
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -95,7 +97,10 @@ class Settings(BaseModel):
     @field_validator("rabbitmq_url")
     @classmethod
     def _check_amqp_url(cls, value: str) -> str:
-        return _check_url(value, ("amqp", "amqps"))
+        # Several nodes of a cluster are separated by ";"; clients fail over in order.
+        for node in value.split(";"):
+            _check_url(node, ("amqp", "amqps"))
+        return value
 
     @field_validator("rabbitmq_management_url")
     @classmethod
@@ -146,10 +151,9 @@ class Settings(BaseModel):
         parts = urlsplit(self.rabbitmq_management_url)
         if parts.username:
             return self.rabbitmq_management_url.rstrip("/")
-        amqp = urlsplit(self.rabbitmq_url)
-        user = quote(amqp.username or "guest", safe="")
-        password = quote(amqp.password or "guest", safe="")
-        netloc = f"{user}:{password}@{parts.netloc}"
+        amqp = urlsplit(self.rabbitmq_url.split(";")[0])
+        # urlsplit leaves the credentials percent-encoded, as the HTTP URL needs them.
+        netloc = f"{amqp.username or 'guest'}:{amqp.password or 'guest'}@{parts.netloc}"
         return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
 
     def queue(self, name: str) -> str:
@@ -159,7 +163,7 @@ class Settings(BaseModel):
     @property
     def rabbitmq_vhost(self) -> str:
         """The virtual host named by ``RABBITMQ_URL`` (``/`` when it names none)."""
-        path = urlsplit(self.rabbitmq_url).path
+        path = urlsplit(self.rabbitmq_url.split(";")[0]).path
         return unquote(path[1:]) if len(path) > 1 else "/"
 
 

@@ -1,0 +1,44 @@
+# Targets for developers and operators; `make help` lists them.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: help install run scheduler test lint format bench services up down
+
+help:  ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+install:  ## Create .venv and install the project with its dev tools
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+
+run:  ## Run the worker (dramatiq actors) against the configured broker
+	$(BIN)/jobctl worker
+
+scheduler:  ## Run the scheduler process
+	$(BIN)/python -m scheduler
+
+test:  ## Run the test suite against the local RabbitMQ and Redis
+	$(BIN)/pytest
+
+lint:  ## ruff check, ruff format --check and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy actors middleware scheduler jobctl
+
+format:  ## Apply ruff's fixes and formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench:  ## Throughput and send-rate benchmarks (prints figures, asserts nothing)
+	$(BIN)/python -m bench
+
+services:  ## Start the local RabbitMQ (with management) and Redis if they are installed but not running
+	scripts/services.sh
+
+up:  ## Start the whole system with docker compose
+	docker compose up --build -d
+
+down:  ## Stop it
+	docker compose down

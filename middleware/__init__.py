@@ -1,0 +1,1 @@
+"""Dramatiq middleware, each configured by constructor arguments; imports nothing of actors/ or settings."""

@@ -1,0 +1,1 @@
+"""The scheduler process: periodic messages sent by APScheduler (``python -m scheduler``)."""

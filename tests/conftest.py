@@ -1,0 +1,71 @@
+"""Fixtures: per-test queue prefix and Redis keys, worker subprocesses, cleanup of both."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support import Queues, Worker
+
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A queue-name prefix no other test uses."""
+    return f"t{uuid.uuid4().hex[:10]}-"
+
+
+@pytest.fixture
+def queues(prefix: str) -> Iterator[Queues]:
+    q = Queues(prefix)
+    yield q
+    q.delete_all()
+
+
+@pytest.fixture
+def store(prefix: str) -> Iterator[redis.Redis]:
+    """The Redis the test actors write to; the test's keys are deleted afterwards."""
+    client = redis.Redis.from_url(TEST_REDIS_URL, decode_responses=True)
+    yield client
+    keys = list(client.scan_iter(f"test:{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def worker_env(prefix: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        QUEUE_PREFIX=prefix,
+        LOG_FORMAT="json",
+        REPORTS_DIR=str(tmp_path / "reports"),
+        JOB_MIN_BACKOFF_MS="200",
+        JOB_MAX_BACKOFF_MS="2000",
+        TEST_REDIS_URL=TEST_REDIS_URL,
+    )
+    env.update(overrides)
+    return env
+
+
+@pytest.fixture
+def start_worker(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callable[..., Worker]]:
+    """Start ``dramatiq actors tests.workload`` subprocesses on the test's queues; all are stopped after."""
+    started: list[Worker] = []
+
+    def start(processes: int = 1, threads: int = 4, **env: str) -> Worker:
+        log = tmp_path / f"worker-{len(started)}.log"
+        worker = Worker(log, worker_env(prefix, tmp_path, **env), processes=processes, threads=threads)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.proc.poll() is None:
+            worker.kill()
+            worker.proc.wait(10)

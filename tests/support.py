@@ -1,0 +1,168 @@
+"""Helpers shared by the tests: a real ``dramatiq`` worker subprocess, sending to per-test queues,
+reading and deleting those queues through RabbitMQ's management API."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import dramatiq
+import requests
+
+import actors
+from actors.settings import get_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+class Worker:
+    """``dramatiq actors tests.workload`` in a subprocess, with its output captured to a file."""
+
+    def __init__(self, log_path: Path, env: dict[str, str], processes: int = 1, threads: int = 4) -> None:
+        self.log_path = log_path
+        self.processes = processes
+        self.log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [str(BIN / "dramatiq"), "actors", "tests.workload", "-p", str(processes), "-t", str(threads)],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.output()}")
+            return self.output().count("Worker process is ready for action") >= self.processes
+
+        wait_for(ready, timeout, what="worker start")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Signal the main process only (it forwards to its children) and wait for it to exit."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a crashed host would."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
+
+
+class Queues:
+    """The per-test queues: send to them, count them, and delete them at the end of the test."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.settings = get_settings()
+
+    def name(self, actor: dramatiq.Actor[Any, Any]) -> str:
+        return self.prefix + actor.queue_name.removeprefix(self.settings.queue_prefix)
+
+    def message(self, actor: dramatiq.Actor[Any, Any], *args: Any, **kwargs: Any) -> dramatiq.Message[Any]:
+        return actor.message(*args, **kwargs).copy(queue_name=self.name(actor))
+
+    def send(self, actor: dramatiq.Actor[Any, Any], *args: Any, **kwargs: Any) -> dramatiq.Message[Any]:
+        return actors.broker.enqueue(self.message(actor, *args, **kwargs))
+
+    def api(self, path: str) -> str:
+        return (
+            f"{self.settings.management_url}/api/queues/{quote(self.settings.rabbitmq_vhost, safe='')}{path}"
+        )
+
+    def info(self, queue: str) -> dict[str, Any]:
+        response = requests.get(self.api(f"/{quote(queue, safe='')}"), timeout=10)
+        response.raise_for_status()
+        info: dict[str, Any] = response.json()
+        return info
+
+    def depth(self, queue: str) -> int:
+        """Messages in ``queue`` (ready and unacked), as the broker counts them right now."""
+        channel = actors.broker.channel
+        return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+    def peek(self, queue: str, count: int = 100) -> list[dict[str, Any]]:
+        """Messages in ``queue`` without consuming them (the management API's requeueing get)."""
+        response = requests.post(
+            self.api(f"/{quote(queue, safe='')}/get"),
+            json={"count": count, "ackmode": "ack_requeue_true", "encoding": "auto"},
+            timeout=10,
+        )
+        response.raise_for_status()
+        result: list[dict[str, Any]] = response.json()
+        return result
+
+    def delete_all(self) -> None:
+        response = requests.get(self.api(""), params={"columns": "name"}, timeout=10)
+        response.raise_for_status()
+        for queue in response.json():
+            if queue["name"].startswith(self.prefix):
+                requests.delete(self.api(f"/{quote(queue['name'], safe='')}"), timeout=10)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on (right now)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def smtp_server() -> Iterator[tuple[int, list[Any]]]:
+    """A real SMTP server in this process; yields its port and the list the mails arrive in."""
+    from email import message_from_bytes
+
+    from aiosmtpd.controller import Controller
+
+    received: list[Any] = []
+
+    class Handler:
+        async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+            if address.startswith("bounce"):
+                return "550 5.1.1 no such user"
+            envelope.rcpt_tos.append(address)
+            return "250 OK"
+
+        async def handle_DATA(self, server, session, envelope):
+            received.append(message_from_bytes(envelope.content))
+            return "250 Message accepted"
+
+    port = free_port()
+    controller = Controller(Handler(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield port, received
+    finally:
+        controller.stop()

@@ -1,0 +1,84 @@
+"""The reference actors against a real SMTP server (aiosmtpd) and a real worker."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from actors import emails, reports
+from tests.support import free_port, smtp_server, wait_for
+
+
+@pytest.fixture
+def smtp():
+    with smtp_server() as server:
+        yield server
+
+
+def test_email_is_delivered(start_worker, queues, smtp):
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", MAIL_FROM="shop@example.org")
+    queues.send(emails.send_email, to="ana@example.com", template="welcome", context={"name": "Ana"})
+    wait_for(lambda: received, what="the mail")
+    mail = received[0]
+    assert mail["To"] == "ana@example.com"
+    assert mail["From"] == "shop@example.org"
+    assert mail["Subject"] == "Welcome, Ana"
+
+
+@pytest.mark.parametrize("address", ["not-an-address", "bounce@example.com"])
+def test_invalid_recipient_fails_at_once(start_worker, queues, smtp, address):
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", JOB_MAX_RETRIES="5")
+    queues.send(emails.send_email, to=address, template="welcome")
+    dead = queues.name(emails.send_email) + ".XQ"
+    wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
+    body = json.loads(queues.peek(dead)[0]["payload"])
+    assert "retries" not in body["options"]  # never retried
+    assert received == []
+
+
+def test_refused_connection_is_retried(start_worker, queues):
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{free_port()}", JOB_MAX_RETRIES="2", JOB_MIN_BACKOFF_MS="100")
+    queues.send(emails.send_email, to="ana@example.com", template="welcome")
+    dead = queues.name(emails.send_email) + ".XQ"
+    wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
+    body = json.loads(queues.peek(dead)[0]["payload"])
+    assert body["options"]["retries"] == 2
+    assert "ConnectionRefusedError" in body["options"]["traceback"]
+
+
+def test_campaign_fans_out_one_mail_per_recipient(start_worker, queues, smtp):
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", threads=8)
+    recipients = [f"user{i}@example.com" for i in range(60)]
+    queues.send(emails.send_campaign, "spring", recipients, {"headline": "Spring sale", "text": "20% off"})
+    wait_for(lambda: len(received) >= 60, what="60 mails")
+    assert sorted(m["To"] for m in received) == sorted(recipients)
+    assert {m["X-Campaign"] for m in received} == {"spring"}
+
+
+def test_report_is_written_then_mailed(start_worker, queues, smtp, tmp_path):
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}")
+    queues.send(reports.generate_report, "sales", email_to="boss@example.com", day="2026-11-02")
+    wait_for(lambda: received, what="the report mail")
+    files = list(Path(tmp_path / "reports").glob("sales-2026-11-02-*.csv"))
+    assert len(files) == 1
+    rows = list(csv.DictReader(files[0].open()))
+    assert len(rows) == 50 and rows[0]["date"] == "2026-11-02"
+    mail = received[0]
+    assert mail["Subject"] == "Your sales report"
+    attachment = next(p for p in mail.walk() if p.get_filename())
+    assert attachment.get_filename() == files[0].name
+    assert attachment.get_payload(decode=True) == files[0].read_bytes()
+
+
+def test_sample_rows_are_deterministic():
+    from datetime import date
+
+    assert reports.sample_rows("sales", date(2026, 1, 1)) == reports.sample_rows("sales", date(2026, 1, 1))
+    assert reports.sample_rows("sales", date(2026, 1, 1)) != reports.sample_rows("sales", date(2026, 1, 2))

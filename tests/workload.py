@@ -1,0 +1,65 @@
+"""Actors used only by the tests: each records what happened to it in Redis, where the test reads it.
+
+The worker under test imports them with ``dramatiq actors tests.workload``. The per-test
+``QUEUE_PREFIX`` keeps every test on queues of its own; the Redis keys carry the same prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dramatiq
+import redis
+
+from actors import settings
+
+store = redis.Redis.from_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
+QUEUE = settings.queue("workload")
+
+
+class Permanent(Exception):
+    """A failure no retry can fix."""
+
+
+def key(name: str) -> str:
+    """A Redis key of the current test (the prefix is the test's ``QUEUE_PREFIX``)."""
+    return f"test:{settings.queue_prefix}{name}"
+
+
+def _note(kind: str, token: str) -> None:
+    store.rpush(key(f"{kind}:{token}"), f"{time.time():.6f}")
+    store.incr(key(f"count:{kind}"))
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def record(token: str) -> None:
+    """Succeed, noting the run."""
+    store.sadd(key("tokens"), token)
+    store.incr(key("count:record"))
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def flaky(token: str, failures: int) -> int:
+    """Fail ``failures`` times, then succeed; every attempt is noted."""
+    _note("attempt", token)
+    attempts = int(store.llen(key(f"attempt:{token}")))
+    if attempts <= failures:
+        raise RuntimeError(f"attempt {attempts} of {token} fails on purpose")
+    _note("effect", token)
+    return attempts
+
+
+@dramatiq.actor(queue_name=QUEUE, throws=(Permanent,))
+def permanent(token: str) -> None:
+    """Fail once, for good."""
+    _note("attempt", token)
+    raise Permanent("this cannot succeed")
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def slow(token: str, seconds: float) -> None:
+    """Note the start, work for ``seconds``, note the end."""
+    _note("started", token)
+    time.sleep(seconds)
+    _note("finished", token)
