@@ -12,12 +12,14 @@ from actors.broker import build_broker
 from actors.logs import configure_logging
 from actors.settings import get_settings
 from actors.stack import build_middleware
+from middleware.state import open_store
 
 settings = get_settings()
 configure_logging(settings)
-broker = build_broker(settings, build_middleware(settings))
+store = open_store(settings.state_url, namespace=settings.state_namespace, timeout=settings.state_timeout)
+broker = build_broker(settings, build_middleware(settings, store))
 dramatiq.set_broker(broker)
 
 from actors import emails, reports  # noqa: E402
 
-__all__ = ["broker", "emails", "reports", "settings"]
+__all__ = ["broker", "emails", "reports", "settings", "store"]

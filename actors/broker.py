@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.middleware import Middleware
 
 from actors.settings import Settings
+from middleware.idempotency import DuplicateMessage, as_duplicate
+
+
+class ProjectBroker(RabbitmqBroker):
+    """Dramatiq's RabbitMQ broker, where a send dropped as a duplicate returns the original id.
+
+    The idempotency middleware refuses a duplicate by raising from ``before_enqueue``; here the
+    refusal becomes the answer BullMQ gives for a known ``jobId``: the message, carrying the id of
+    the message first sent with that key and the option ``duplicate=True``.
+    """
+
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        try:
+            return super().enqueue(message, delay=delay)
+        except DuplicateMessage as duplicate:
+            return as_duplicate(message, duplicate.original_message_id)
 
 
 def connection_urls(settings: Settings) -> list[str]:
@@ -28,14 +46,14 @@ def connection_urls(settings: Settings) -> list[str]:
     return urls
 
 
-def build_broker(settings: Settings, middleware: list[Middleware]) -> RabbitmqBroker:
+def build_broker(settings: Settings, middleware: list[Middleware]) -> ProjectBroker:
     """A broker whose every publish waits for RabbitMQ's confirm and whose queues take priorities.
 
     Dramatiq declares its queues durable and publishes persistent messages (delivery mode 2);
     ``confirm_delivery`` makes a publish to a missing queue or during a broker failure an error
     instead of a silent loss.
     """
-    return RabbitmqBroker(
+    return ProjectBroker(
         url=connection_urls(settings),
         confirm_delivery=True,
         max_priority=settings.rabbitmq_max_priority,

@@ -21,6 +21,8 @@ import pika.spec
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
+from middleware.idempotency import as_duplicate
+
 
 class BulkSendError(RuntimeError):
     """Some messages of a bulk send were not confirmed by RabbitMQ.
@@ -158,7 +160,10 @@ def send_bulk(
 ) -> list[Message[Any]]:
     """Publish ``messages`` and return them once RabbitMQ has confirmed every one.
 
-    Middleware ``before_enqueue``/``after_enqueue`` hooks run for each message as for ``send()``.
+    Middleware ``before_enqueue``/``after_enqueue`` hooks run for each message as for ``send()``;
+    a middleware with a ``before_enqueue_batch(broker, messages)`` hook (idempotency) first sees
+    them all at once and names the duplicates, which are not published: in the result they are
+    replaced, as ``send()`` does, by a copy carrying the original message id.
 
     Raises:
       BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
@@ -168,14 +173,20 @@ def send_bulk(
     if not isinstance(target, RabbitmqBroker):
         raise TypeError("send_bulk needs a RabbitmqBroker")
     broker = target
-    pending = list(messages)
+    requested = list(messages)
+    duplicates: dict[str, str] = {}
+    for middleware in broker.middleware:
+        hook = getattr(middleware, "before_enqueue_batch", None)
+        if hook is not None:
+            duplicates.update(hook(broker, requested))
+    pending = [m for m in requested if m.message_id not in duplicates]
     for message in pending:
         broker.emit_before("enqueue", message, None)
-    if not pending:
-        return []
     for queue_name in {m.queue_name for m in pending}:
         broker.declare_queue(queue_name, ensure=True)
 
+    if not pending:
+        return [as_duplicate(m, duplicates[m.message_id]) for m in requested]
     parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
     publisher = _Publisher(messages=pending, parameters=parameters, window=window, timeout=timeout)
     publisher.run()
@@ -192,4 +203,4 @@ def send_bulk(
         raise BulkSendError(reason, failed, confirmed)
     for message in confirmed:
         broker.emit_after("enqueue", message, None)
-    return confirmed
+    return [as_duplicate(m, duplicates[m.message_id]) if m.message_id in duplicates else m for m in requested]

@@ -73,8 +73,23 @@ def render(template: str, context: dict[str, Any]) -> tuple[str, str]:
     return Template(subject).safe_substitute(context), Template(body).safe_substitute(context)
 
 
+def email_key(
+    to: str,
+    template: str,
+    context: dict[str, Any] | None = None,
+    campaign: str | None = None,
+    attachment: str | None = None,
+) -> str:
+    """One mail per (recipient, template, campaign): a campaign re-sent by mistake mails nobody
+    twice. Mails outside a campaign are told apart by their attachment (each report is new)."""
+    return f"{to}|{template}|{campaign or ''}|{attachment or ''}"
+
+
 @dramatiq.actor(
-    queue_name=settings.queue("emails"), throws=(InvalidRecipient, ValueError), time_limit=120_000
+    queue_name=settings.queue("emails"),
+    throws=(InvalidRecipient, ValueError),
+    time_limit=120_000,
+    idempotency_key=email_key,
 )
 def send_email(
     to: str,

@@ -63,6 +63,12 @@ class Settings(BaseModel):
 
     # Shared state (idempotency, rate limits, job status, scheduler lease)
     state_url: str = "sqlite:///var/state.db"
+    state_timeout: float = Field(default=2.0, gt=0, le=60)
+
+    # Idempotency keys
+    idempotency_ttl_ms: int = Field(default=86_400_000, ge=1_000)
+    idempotency_lease_ms: int = Field(default=30_000, ge=1_000)
+    idempotency_drop_duplicates: bool = True
 
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
@@ -155,6 +161,11 @@ class Settings(BaseModel):
         # urlsplit leaves the credentials percent-encoded, as the HTTP URL needs them.
         netloc = f"{amqp.username or 'guest'}:{amqp.password or 'guest'}@{parts.netloc}"
         return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+
+    @property
+    def state_namespace(self) -> str:
+        """The prefix of every key in the state store (environments sharing a Redis stay apart)."""
+        return f"jobs:{self.queue_prefix}"
 
     def queue(self, name: str) -> str:
         """The RabbitMQ queue for ``name``: ``QUEUE_PREFIX`` lets environments share one vhost."""

@@ -14,9 +14,11 @@ from dramatiq.middleware import (
 )
 
 from actors.settings import Settings
+from middleware.idempotency import Idempotency
+from middleware.state import StateStore
 
 
-def build_middleware(settings: Settings) -> list[Middleware]:
+def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire.
 
     - AgeLimit first: a message too old to matter is dropped to the dead letters before any work.
@@ -25,6 +27,10 @@ def build_middleware(settings: Settings) -> list[Middleware]:
     - Retries last: exponential backoff with jitter (``min_backoff * 2**n * U[1,2)``), a finite
       number of attempts and a cap below RabbitMQ's ``consumer_timeout`` (settings check it).
     - CurrentMessage: lets actors and helpers find the message they run for.
+    - Idempotency after Retries: its ``after_process_message`` then runs *before* Retries'
+      (``after`` hooks run in reverse), so a failed run's claim is released before the retry is
+      enqueued. Its ``before_process_message`` runs last, after AgeLimit has had its say, so a
+      message is claimed only when it is about to run.
     """
     return [
         AgeLimit(max_age=settings.job_max_age_ms),
@@ -38,4 +44,10 @@ def build_middleware(settings: Settings) -> list[Middleware]:
             max_backoff=settings.job_max_backoff_ms,
         ),
         CurrentMessage(),
+        Idempotency(
+            store,
+            ttl_ms=settings.idempotency_ttl_ms,
+            lease_ms=settings.idempotency_lease_ms,
+            drop_duplicates=settings.idempotency_drop_duplicates,
+        ),
     ]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,20 +47,36 @@ def noop_messages(queue: str, count: int) -> list[Message[Any]]:
     ]
 
 
+def keyed_messages(queue: str, count: int) -> list[Message[Any]]:
+    """No-op messages each with its own idempotency key (the actor computes it from its argument)."""
+    run = uuid.uuid4().hex[:8]
+    return [
+        Message(queue_name=queue, actor_name="keyed_noop", args=(f"{run}-{i}",), kwargs={}, options={})
+        for i in range(count)
+    ]
+
+
 def depth(broker: RabbitmqBroker, queue: str) -> int:
     return int(broker.channel.queue_declare(queue, passive=True).method.message_count)
 
 
 def throughput(
-    label: str, module: str, broker: RabbitmqBroker, count: int, processes: int, threads: int
+    label: str,
+    module: str,
+    broker: RabbitmqBroker,
+    count: int,
+    processes: int,
+    threads: int,
+    make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
+    **env_overrides: str,
 ) -> Rate:
     """Fill a fresh queue, run ``dramatiq MODULE`` on it, time it from first take to empty."""
     from actors.bulk import send_bulk
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     broker.declare_queue(queue, ensure=True)
-    send_bulk(noop_messages(queue, count), broker=broker)
-    env = {**os.environ, "BENCH_QUEUE": queue, "LOG_LEVEL": "WARNING"}
+    send_bulk(make_messages(queue, count), broker=broker)
+    env = {**os.environ, "BENCH_QUEUE": queue, "LOG_LEVEL": "WARNING", **env_overrides}
     worker = subprocess.Popen(
         [str(BIN / "dramatiq"), module, "-p", str(processes), "-t", str(threads)],
         cwd=ROOT,
@@ -130,12 +147,67 @@ def main() -> None:
     print(project.line())
     print(f"  {'ratio project / bare':<44} {project.per_second / bare.per_second:>9.2f}")
 
+    print("idempotency keys on (one claim per job, completion marks deferred)")
+    stores = {"redis": "redis://127.0.0.1:6379/14", "sqlite": f"sqlite:///{ROOT}/var/bench-state.db"}
+    for name, url in stores.items():
+        keyed_broker = store_broker(url)
+        keyed = throughput(
+            f"keyed no-op jobs, {name} store",
+            "bench.project",
+            keyed_broker,
+            args.count,
+            args.processes,
+            args.threads,
+            keyed_messages,
+            STATE_URL=url,
+        )
+        print(keyed.line())
+        print(f"  {'ratio keyed (' + name + ') / bare':<44} {keyed.per_second / bare.per_second:>9.2f}")
+
     print(f"send rate, {args.count:,} messages, publisher confirms on")
     loop, bulk = send_rates(args.count)
     print(loop.line())
     print(bulk.line())
     print(f"  {'ratio bulk / loop':<44} {bulk.per_second / loop.per_second:>9.1f}")
+    for name, url in stores.items():
+        print(
+            dedup_send_rate(
+                f"send_bulk() with dedup at send, {name} store", store_broker(url), args.count
+            ).line()
+        )
     bare_broker.close()
+
+
+def store_broker(state_url: str) -> RabbitmqBroker:
+    """The project's broker and middleware on ``state_url``, knowing the bench's keyed actor."""
+    import actors
+    import bench.project
+    from actors.broker import build_broker
+    from actors.settings import load_settings
+    from actors.stack import build_middleware
+    from middleware.state import open_store
+
+    settings = load_settings({**os.environ, "STATE_URL": state_url})
+    store = open_store(settings.state_url, namespace=settings.state_namespace)
+    broker = build_broker(settings, build_middleware(settings, store))
+    broker.actors.update(actors.broker.actors)
+    broker.actors["keyed_noop"] = bench.project.keyed_noop
+    return broker
+
+
+def dedup_send_rate(label: str, broker: RabbitmqBroker, count: int) -> Rate:
+    """A bulk send of keyed messages: one pipelined key registration, then pipelined confirms."""
+    from actors.bulk import send_bulk
+
+    queue = f"bench-send-{uuid.uuid4().hex[:8]}"
+    broker.declare_queue(queue, ensure=True)
+    messages = keyed_messages(queue, count)
+    started = time.perf_counter()
+    send_bulk(messages, broker=broker)
+    rate = Rate(label, count, time.perf_counter() - started)
+    for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
+        broker.channel.queue_delete(name)
+    return rate
 
 
 if __name__ == "__main__":

@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support import Queues, Worker
-
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# Before anything imports ``actors``: every test process and worker keeps its state in the test
+# Redis database, each test in a namespace of its own (the QUEUE_PREFIX of its queues).
+os.environ["STATE_URL"] = TEST_REDIS_URL
+
+from tests.support import Queues, Worker, sender_broker  # noqa: E402
 
 
 @pytest.fixture
@@ -23,9 +26,14 @@ def prefix() -> str:
 
 @pytest.fixture
 def queues(prefix: str) -> Iterator[Queues]:
-    q = Queues(prefix)
+    """The test's queues, sent to through a broker whose state (idempotency keys) is the test's own."""
+    q = Queues(prefix, sender_broker(prefix, TEST_REDIS_URL))
     yield q
     q.delete_all()
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    keys = list(client.scan_iter(f"jobs:{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 @pytest.fixture
@@ -50,6 +58,15 @@ def worker_env(prefix: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
     )
     env.update(overrides)
     return env
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def state_url(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterator[str]:
+    """Each state store backend in turn; the test's Redis keys are deleted afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/state.db"
+        return
+    yield TEST_REDIS_URL  # the ``queues`` fixture deletes the test's keys
 
 
 @pytest.fixture

@@ -81,12 +81,32 @@ class Worker:
             os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
 
 
+def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
+    """A broker with the project's middleware on ``state_url``, as an application would build it,
+    knowing the project's actors (without rebinding them)."""
+    from actors.broker import build_broker
+    from actors.settings import load_settings
+    from actors.stack import build_middleware
+    from middleware.state import open_store
+
+    settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})
+    store = open_store(settings.state_url, namespace=settings.state_namespace)
+    broker = build_broker(settings, build_middleware(settings, store))
+    broker.actors.update(actors.broker.actors)
+    return broker
+
+
 class Queues:
     """The per-test queues: send to them, count them, and delete them at the end of the test."""
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, broker: dramatiq.Broker | None = None) -> None:
         self.prefix = prefix
         self.settings = get_settings()
+        self.broker = broker or actors.broker
+
+    def using(self, broker: dramatiq.Broker) -> Queues:
+        """The same queues, sending through ``broker``."""
+        return Queues(self.prefix, broker)
 
     def name(self, actor: dramatiq.Actor[Any, Any]) -> str:
         return self.prefix + actor.queue_name.removeprefix(self.settings.queue_prefix)
@@ -95,7 +115,23 @@ class Queues:
         return actor.message(*args, **kwargs).copy(queue_name=self.name(actor))
 
     def send(self, actor: dramatiq.Actor[Any, Any], *args: Any, **kwargs: Any) -> dramatiq.Message[Any]:
-        return actors.broker.enqueue(self.message(actor, *args, **kwargs))
+        return self.send_with_options(actor, args=args, kwargs=kwargs)
+
+    def send_with_options(self, actor: dramatiq.Actor[Any, Any], **options: Any) -> dramatiq.Message[Any]:
+        message = actor.message_with_options(**options).copy(queue_name=self.name(actor))
+        result: dramatiq.Message[Any] = self.broker.enqueue(message)
+        return result
+
+    def publish_raw(self, message: dramatiq.Message[Any], copies: int = 1) -> None:
+        """Publish ``message``'s body as it is, bypassing every middleware (a redelivery, a
+        client that sends twice)."""
+        import pika
+
+        channel = actors.broker.channel
+        for _ in range(copies):
+            channel.basic_publish(
+                "", message.queue_name, message.encode(), pika.BasicProperties(delivery_mode=2)
+            )
 
     def api(self, path: str) -> str:
         return (

@@ -82,3 +82,21 @@ def test_sample_rows_are_deterministic():
 
     assert reports.sample_rows("sales", date(2026, 1, 1)) == reports.sample_rows("sales", date(2026, 1, 1))
     assert reports.sample_rows("sales", date(2026, 1, 1)) != reports.sample_rows("sales", date(2026, 1, 2))
+
+
+def test_a_campaign_sent_twice_mails_nobody_twice(start_worker, queues, smtp, prefix, state_url):
+    from tests.support import sender_broker
+
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", STATE_URL=state_url)
+    keyed = queues.using(sender_broker(prefix, state_url))
+    recipients = [f"fan{i}@example.com" for i in range(20)]
+    keyed.send(emails.send_campaign, "autumn", recipients, {"headline": "Autumn"})
+    wait_for(lambda: len(received) >= 20, what="20 mails")
+    keyed.send(emails.send_campaign, "autumn", recipients, {"headline": "Autumn"})  # by mistake
+    dead_or_waiting = keyed.name(emails.send_email)
+    import time
+
+    time.sleep(2.0)
+    wait_for(lambda: keyed.depth(dead_or_waiting) == 0, what="the second fan-out handled")
+    assert sorted(m["To"] for m in received) == sorted(recipients)

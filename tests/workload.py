@@ -63,3 +63,15 @@ def slow(token: str, seconds: float) -> None:
     _note("started", token)
     time.sleep(seconds)
     _note("finished", token)
+
+
+@dramatiq.actor(queue_name=QUEUE, idempotency_key=lambda token, seconds=0.0, failures=0: token)
+def effect(token: str, seconds: float = 0.0, failures: int = 0) -> str:
+    """A keyed job with an effect that must happen once: note the start, work, fail
+    ``failures`` times, then note the effect."""
+    _note("started", token)
+    time.sleep(seconds)
+    if int(store.llen(key(f"started:{token}"))) <= failures:
+        raise RuntimeError("failing on purpose")
+    _note("effect", token)
+    return f"done {token}"

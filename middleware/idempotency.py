@@ -1,0 +1,334 @@
+"""Idempotency keys: dedup at send, and at most one effect per key at run.
+
+RabbitMQ delivers at least once, so the guarantee is made at run time: before the actor runs the
+worker claims the message's key with a short lease, in one store round trip.
+
+- key already completed: the actor does not run, the message is acked (``duplicate_skipped``);
+- key leased by another live worker: the message is re-enqueued with a delay and checked again,
+  never run concurrently and never dropped;
+- claimed: the actor runs while a background thread keeps renewing the lease; success marks the
+  key completed (with the result when it is JSON), failure releases it for the retry. A worker
+  killed mid-job stops renewing, so its lease lapses within one lease period.
+- store unreachable: fail closed. The message is re-enqueued with a delay (its retry count
+  untouched) and does not run without its guard.
+
+At send, a message whose key is pending or completed within its window is not published again:
+``send()`` returns a message carrying the original message id (like BullMQ's ``jobId``).
+
+Keys come from the message option ``idempotency_key`` or from the actor option of the same name,
+a callable given the actor's args and kwargs that returns the key or None. Keys are scoped by
+actor name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import dramatiq
+from dramatiq import Message
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
+
+from middleware.coalesce import Coalescer
+from middleware.deferred import DeferredWrites
+from middleware.idempotency_store import Claim, ClaimRequest, KeyRecord, idempotency_backend
+from middleware.state import StateStore, StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+#: A message as sent, or as the worker hands it to middleware.
+AnyMessage = Message[Any] | MessageProxy
+
+#: Message option set once a message's key is registered, so that re-enqueues of the same message
+#: (retries, delayed moves, deferrals) are not taken for duplicate sends.
+REGISTERED = "idempotency_registered"
+
+
+class DuplicateMessage(MiddlewareError):
+    """A send whose key is already pending or completed; ``original_message_id`` is the first."""
+
+    def __init__(self, key: str, original_message_id: str) -> None:
+        super().__init__(f"duplicate of message {original_message_id}")
+        self.key = key
+        self.original_message_id = original_message_id
+
+
+def as_duplicate(message: Message[Any], original_message_id: str) -> Message[Any]:
+    """What a dropped duplicate send returns: the message with the original's id and ``duplicate=True``."""
+    return message.copy(message_id=original_message_id, options={"duplicate": True})
+
+
+class IdempotencyStoreError(MiddlewareError):
+    """The state store could not be asked at send: the caller sees it and nothing is published."""
+
+
+@dataclass
+class _Held:
+    key: str
+    owner: str
+
+
+class Idempotency(Middleware):
+    """Dedup at send and a leased claim at run, on a :class:`~middleware.state.StateStore`.
+
+    Parameters:
+      store: the shared state store.
+      ttl_ms: how long a key is remembered after its send or completion (actor option
+        ``idempotency_ttl``); 24 hours by default.
+      lease_ms: the run claim's lease; renewed every third of it while the job runs.
+      drop_duplicates: whether a duplicate send is dropped (actor option
+        ``idempotency_drop_duplicates``); when False it is published and the run guard skips it.
+      store_retry_ms: the delay before a message is checked again while the store is down
+        (doubling per consecutive deferral, up to ``max_store_retry_ms``).
+      result_max_bytes: results larger than this, once JSON-encoded, are not stored.
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        ttl_ms: int = 86_400_000,
+        lease_ms: int = 30_000,
+        drop_duplicates: bool = True,
+        store_retry_ms: int = 2_000,
+        max_store_retry_ms: int = 60_000,
+        result_max_bytes: int = 65_536,
+    ) -> None:
+        self.store = store
+        self.backend = idempotency_backend(store)
+        self.ttl_ms = ttl_ms
+        self.lease_ms = lease_ms
+        self.drop_duplicates = drop_duplicates
+        self.store_retry_ms = store_retry_ms
+        self.max_store_retry_ms = max_store_retry_ms
+        self.result_max_bytes = result_max_bytes
+        self.writes = DeferredWrites(store)
+        # Claims of concurrent worker threads share round trips (see middleware.coalesce).
+        self.claims: Coalescer[ClaimRequest, Claim] = Coalescer(self._claim_many)
+        self._local = threading.local()
+        self._held: dict[int, _Held] = {}
+        self._held_lock = threading.Lock()
+        self._renewer: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"idempotency_key", "idempotency_ttl", "idempotency_drop_duplicates"}
+
+    # -- keys ------------------------------------------------------------------------------------
+
+    def key_of(self, broker: Broker, message: AnyMessage) -> str | None:
+        """The message's scoped key (``actor:key``), from its option or its actor's callable."""
+        key = message.options.get("idempotency_key")
+        if key is None:
+            try:
+                actor = broker.get_actor(message.actor_name)
+            except dramatiq.errors.ActorNotFound:
+                return None
+            make_key: Callable[..., Any] | None = actor.options.get("idempotency_key")
+            if make_key is None:
+                return None
+            key = make_key(*message.args, **message.kwargs)
+            if key is None:
+                return None
+            message.options["idempotency_key"] = str(key)
+        return f"{message.actor_name}:{key}"
+
+    def _option(self, broker: Broker, message: AnyMessage, name: str, default: Any) -> Any:
+        if name in message.options:
+            return message.options[name]
+        try:
+            return broker.get_actor(message.actor_name).options.get(name, default)
+        except dramatiq.errors.ActorNotFound:
+            return default
+
+    def lookup(self, actor_name: str, key: str) -> KeyRecord | None:
+        """What the store knows of ``key`` for ``actor_name`` (state, first message id, result)."""
+        return self.backend.lookup(f"{actor_name}:{key}")
+
+    # -- send ------------------------------------------------------------------------------------
+
+    def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        duplicates = self.before_enqueue_batch(broker, [message])
+        if message.message_id in duplicates:
+            raise DuplicateMessage(
+                str(message.options.get("idempotency_key")), duplicates[message.message_id]
+            )
+
+    def before_enqueue_batch(self, broker: Broker, messages: Iterable[Message[Any]]) -> dict[str, str]:
+        """Register the keys of many messages in one store operation (bulk send uses it).
+
+        Returns ``{message_id: original_message_id}`` for the duplicates, which are not to be
+        published. The others are marked registered, so a later ``before_enqueue`` of the same
+        message (a retry, a delayed move) passes without asking the store.
+        """
+        to_register: list[tuple[Message[Any], str, int]] = []
+        for message in messages:
+            if message.options.get(REGISTERED):
+                continue
+            key = self.key_of(broker, message)
+            if key is None:
+                continue
+            if self._option(broker, message, "idempotency_drop_duplicates", self.drop_duplicates):
+                to_register.append(
+                    (message, key, self._option(broker, message, "idempotency_ttl", self.ttl_ms))
+                )
+            else:
+                message.options[REGISTERED] = True
+        if not to_register:
+            return {}
+        try:
+            originals = self.backend.register_many([(key, m.message_id, ttl) for m, key, ttl in to_register])
+        except StoreUnavailable as exc:
+            raise IdempotencyStoreError(str(exc)) from exc
+        duplicates: dict[str, str] = {}
+        for (message, key, _), original in zip(to_register, originals, strict=True):
+            if original is not None and original != message.message_id:
+                logger.info("duplicate_dropped", extra={"key": key, "original_message_id": original})
+                duplicates[message.message_id] = original
+            else:
+                message.options[REGISTERED] = True
+        return duplicates
+
+    # -- run -------------------------------------------------------------------------------------
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        self._local.held = None
+        key = self.key_of(broker, message)
+        if key is None:
+            return
+        owner = uuid.uuid4().hex
+        ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
+        while True:
+            try:
+                claim = self.claims.call(ClaimRequest(key, message.message_id, owner, self.lease_ms, ttl))
+            except StoreUnavailable as exc:
+                waits = int(message.options.get("idempotency_store_waits", 0))
+                delay = min(self.store_retry_ms * 2**waits, self.max_store_retry_ms)
+                logger.warning(
+                    "idempotency_store_unavailable", extra={"key": key, "delay_ms": delay, "error": str(exc)}
+                )
+                if self._defer(broker, message, delay, idempotency_store_waits=waits + 1):
+                    raise SkipMessage("state store unavailable: deferred") from None
+                continue  # neither store nor broker answers: hold the delivery and ask again
+            break
+        if claim.status == "completed":
+            logger.info("duplicate_skipped", extra={"key": key, "original_message_id": claim.message_id})
+            raise SkipMessage("duplicate of a completed message")
+        if claim.status == "held":
+            delay = claim.wait_ms + random.randint(100, 1_000)
+            logger.info("duplicate_deferred", extra={"key": key, "delay_ms": delay})
+            while not self._defer(broker, message, delay):
+                pass
+            raise SkipMessage("key held by another worker: deferred")
+        held = _Held(key, owner)
+        self._local.held = held
+        with self._held_lock:
+            self._held[id(held)] = held
+        self._ensure_renewer()
+
+    def _claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
+        return self.backend.claim_many(requests)
+
+    def _defer(self, broker: Broker, message: AnyMessage, delay: int, **options: Any) -> bool:
+        """Re-enqueue ``message`` after ``delay`` ms (its retries untouched); False if RabbitMQ failed."""
+        try:
+            broker.enqueue(message.copy(options={REGISTERED: True, **options}), delay=delay)
+            return True
+        except Exception:
+            logger.exception("idempotency_defer_failed")
+            time.sleep(1.0)
+            return False
+
+    def _finish(self) -> _Held | None:
+        held: _Held | None = getattr(self._local, "held", None)
+        self._local.held = None
+        if held is not None:
+            with self._held_lock:
+                self._held.pop(id(held), None)
+        return held
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        held = self._finish()
+        if held is None:
+            return
+        if exception is not None:
+            self.writes.submit(_release_many, (held.key, held.owner))
+            return
+        ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
+        self.writes.submit(_complete_many, (held.key, self._encode_result(result), ttl))
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        # Another middleware skipped the message after the claim (e.g. a rate limit deferral).
+        held = self._finish()
+        if held is not None:
+            self.writes.submit(_release_many, (held.key, held.owner))
+
+    def _encode_result(self, result: Any) -> str | None:
+        try:
+            encoded = json.dumps(result)
+        except (TypeError, ValueError):
+            return None
+        return encoded if len(encoded) <= self.result_max_bytes else None
+
+    # -- lease renewal ---------------------------------------------------------------------------
+
+    def _ensure_renewer(self) -> None:
+        if self._renewer is None or not self._renewer.is_alive():
+            with self._held_lock:
+                if self._renewer is None or not self._renewer.is_alive():
+                    self._stop.clear()
+                    self._renewer = threading.Thread(
+                        target=self._renew_loop, name="lease-renewer", daemon=True
+                    )
+                    self._renewer.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.lease_ms / 3000):
+            with self._held_lock:
+                claims = [(h.key, h.owner) for h in self._held.values()]
+            if not claims:
+                continue
+            try:
+                self.backend.renew(claims, self.lease_ms)
+            except StoreUnavailable as exc:
+                logger.warning("lease_renewal_failed", extra={"claims": len(claims), "error": str(exc)})
+
+    def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        if self.store.kind == "sqlite":
+            logger.warning(
+                "state_store_single_host",
+                extra={
+                    "store": self.store.label,
+                    "hint": "SQLite is for a single host; use redis:// for several",
+                },
+            )
+
+    def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self._stop.set()
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self.writes.stop()
+
+
+def _complete_many(view: StateStore, items: list[tuple[str, str | None, int]]) -> None:
+    idempotency_backend(view).complete_many(items)
+
+
+def _release_many(view: StateStore, claims: list[tuple[str, str]]) -> None:
+    idempotency_backend(view).release_many(claims)

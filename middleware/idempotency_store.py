@@ -1,0 +1,342 @@
+"""Idempotency keys in the state store: register at send, claim at run, complete or release after.
+
+A key moves through ``pending`` (a message carrying it was sent), ``running`` (a worker holds a
+lease on it), and ``done`` (the effect happened; the result is kept). Each transition is one
+atomic operation: a Lua script on Redis (one round trip), a ``BEGIN IMMEDIATE`` transaction on
+SQLite. Lease times come from the store's clock, so hosts with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+from middleware.state import RedisStore, SqliteStore, StateStore
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to a claim: run it (``claimed``), skip it (``completed``), or wait (``held``)."""
+
+    status: Literal["claimed", "completed", "held"]
+    #: For ``held``: milliseconds until the holder's lease lapses.
+    wait_ms: int = 0
+    #: For ``completed``: the JSON result recorded by the run that completed the key.
+    result: str | None = None
+    #: The message id first recorded for the key.
+    message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """A run claim to make: ``owner`` leases ``key`` for ``lease_ms``; the key lives ``ttl_ms``."""
+
+    key: str
+    message_id: str
+    owner: str
+    lease_ms: int
+    ttl_ms: int
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """What the store knows of one key (for ``lookup``)."""
+
+    state: str
+    message_id: str | None
+    result: str | None
+
+
+class IdempotencyBackend(ABC):
+    """The key operations, one implementation per store backend."""
+
+    @abstractmethod
+    def register(self, key: str, message_id: str, ttl_ms: int) -> str | None:
+        """Record ``key`` as pending for ``message_id`` unless it exists; return the existing
+        message id when it does (the send is then a duplicate)."""
+
+    def register_many(self, items: list[tuple[str, str, int]]) -> list[str | None]:
+        """:meth:`register` for many ``(key, message_id, ttl_ms)`` at once, in order."""
+        return [self.register(key, message_id, ttl) for key, message_id, ttl in items]
+
+    @abstractmethod
+    def claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
+        """Take each run lease unless its key is done or leased by another owner; in order."""
+
+    def claim(self, key: str, message_id: str, owner: str, lease_ms: int, ttl_ms: int) -> Claim:
+        """Take the run lease on ``key`` for ``owner`` unless the key is done or leased by another."""
+        return self.claim_many([ClaimRequest(key, message_id, owner, lease_ms, ttl_ms)])[0]
+
+    @abstractmethod
+    def renew(self, claims: list[tuple[str, str]], lease_ms: int) -> None:
+        """Extend the leases of ``(key, owner)`` pairs still held by those owners."""
+
+    @abstractmethod
+    def complete_many(self, items: list[tuple[str, str | None, int]]) -> None:
+        """Mark each ``(key, result, ttl_ms)`` done with its result, remembered for ``ttl_ms``."""
+
+    @abstractmethod
+    def release_many(self, claims: list[tuple[str, str]]) -> None:
+        """Give back the leases of ``(key, owner)`` pairs (their runs failed) so a retry can claim
+        them; the keys stay pending."""
+
+    @abstractmethod
+    def lookup(self, key: str) -> KeyRecord | None:
+        """The key's state, or None when it is unknown or expired."""
+
+
+_REGISTER = """
+local mid = redis.call('HGET', KEYS[1], 'mid')
+if mid then return mid end
+redis.call('HSET', KEYS[1], 'state', 'pending', 'mid', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return false
+"""
+
+_CLAIM = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i, key in ipairs(KEYS) do
+  local mid, owner = ARGV[4 * i - 3], ARGV[4 * i - 2]
+  local lease, ttl = tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i])
+  local h = redis.call('HMGET', key, 'state', 'owner', 'until', 'result', 'mid')
+  mid = h[5] or mid
+  if h[1] == 'done' then
+    out[i] = {'completed', 0, h[4] or '', mid}
+  elseif h[1] == 'running' and h[2] ~= owner and tonumber(h[3]) > now then
+    out[i] = {'held', tonumber(h[3]) - now, '', mid}
+  else
+    redis.call('HSET', key, 'state', 'running', 'owner', owner, 'until', now + lease, 'mid', mid)
+    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+    out[i] = {'claimed', 0, '', mid}
+  end
+end
+return out
+"""
+
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i, key in ipairs(KEYS) do
+  if redis.call('HGET', key, 'owner') == ARGV[i + 1] then
+    redis.call('HSET', key, 'until', now + tonumber(ARGV[1]))
+  end
+end
+return 0
+"""
+
+_COMPLETE = """
+for i, key in ipairs(KEYS) do
+  redis.call('HSET', key, 'state', 'done', 'result', ARGV[2 * i - 1])
+  redis.call('HDEL', key, 'owner', 'until')
+  redis.call('PEXPIRE', key, ARGV[2 * i])
+end
+return 0
+"""
+
+_RELEASE = """
+for i, key in ipairs(KEYS) do
+  local h = redis.call('HMGET', key, 'state', 'owner')
+  if h[1] == 'running' and h[2] == ARGV[i] then
+    redis.call('HSET', key, 'state', 'pending')
+    redis.call('HDEL', key, 'owner', 'until')
+  end
+end
+return 0
+"""
+
+
+class RedisIdempotency(IdempotencyBackend):
+    """Keys as Redis hashes (``state``, ``mid``, ``owner``, ``until``, ``result``)."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        client = store.client
+        self._register = client.register_script(_REGISTER)
+        self._claim = client.register_script(_CLAIM)
+        self._renew = client.register_script(_RENEW)
+        self._complete = client.register_script(_COMPLETE)
+        self._release = client.register_script(_RELEASE)
+
+    def _key(self, key: str) -> str:
+        return self.store.key("idem:" + key)
+
+    def register(self, key: str, message_id: str, ttl_ms: int) -> str | None:
+        with self.store.errors():
+            existing = self._register(keys=[self._key(key)], args=[message_id, ttl_ms])
+        return existing.decode() if isinstance(existing, bytes) else None
+
+    def register_many(self, items: list[tuple[str, str, int]]) -> list[str | None]:
+        """One pipeline for all the keys: one round trip per bulk send instead of one per message."""
+        with self.store.errors():
+            pipe = self.store.client.pipeline(transaction=False)
+            for key, message_id, ttl in items:
+                self._register(keys=[self._key(key)], args=[message_id, ttl], client=pipe)
+            replies = pipe.execute()
+        return [r.decode() if isinstance(r, bytes) else None for r in replies]
+
+    def claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
+        """One script call for all the requests: one round trip, whatever their number."""
+        args = [a for r in requests for a in (r.message_id, r.owner, r.lease_ms, r.ttl_ms)]
+        with self.store.errors():
+            replies = self._claim(keys=[self._key(r.key) for r in requests], args=args)
+        return [
+            Claim(_claim_status(status), int(wait), _text(result), _text(mid))
+            for status, wait, result, mid in replies
+        ]
+
+    def renew(self, claims: list[tuple[str, str]], lease_ms: int) -> None:
+        if claims:
+            with self.store.errors():
+                self._renew(keys=[self._key(k) for k, _ in claims], args=[lease_ms, *(o for _, o in claims)])
+
+    def complete_many(self, items: list[tuple[str, str | None, int]]) -> None:
+        if items:
+            args = [a for _, result, ttl in items for a in (result or "", ttl)]
+            with self.store.errors():
+                self._complete(keys=[self._key(k) for k, _, _ in items], args=args)
+
+    def release_many(self, claims: list[tuple[str, str]]) -> None:
+        if claims:
+            with self.store.errors():
+                self._release(keys=[self._key(k) for k, _ in claims], args=[o for _, o in claims])
+
+    def lookup(self, key: str) -> KeyRecord | None:
+        with self.store.errors():
+            state, mid, result = self.store.client.hmget(self._key(key), ["state", "mid", "result"])
+        if state is None:
+            return None
+        return KeyRecord(_text(state) or "", _text(mid), _text(result))
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS idempotency (
+    key TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    message_id TEXT,
+    owner TEXT,
+    lease_until INTEGER,
+    result TEXT,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idempotency_expires ON idempotency (expires_at)
+"""
+
+
+class SqliteIdempotency(IdempotencyBackend):
+    """Keys as rows of one table; every read-then-write runs in a ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        store.ensure_schema(_SCHEMA)
+
+    def _live(
+        self, conn: object, key: str, now: int
+    ) -> tuple[str, str | None, str | None, int | None, str | None] | None:
+        import sqlite3
+
+        assert isinstance(conn, sqlite3.Connection)
+        row = conn.execute(
+            "SELECT state, message_id, owner, lease_until, result FROM idempotency "
+            "WHERE key = ? AND expires_at > ?",
+            (self.store.key(key), now),
+        ).fetchone()
+        return tuple(row) if row else None
+
+    def register(self, key: str, message_id: str, ttl_ms: int) -> str | None:
+        now = self.store.now_ms()
+        with self.store.transaction() as conn:
+            row = self._live(conn, key, now)
+            if row is not None:
+                return row[1]
+            conn.execute(
+                "INSERT OR REPLACE INTO idempotency (key, state, message_id, expires_at) "
+                "VALUES (?, 'pending', ?, ?)",
+                (self.store.key(key), message_id, now + ttl_ms),
+            )
+            return None
+
+    def register_many(self, items: list[tuple[str, str, int]]) -> list[str | None]:
+        """All the keys in one transaction."""
+        with self.store.transaction():
+            return [self.register(key, message_id, ttl) for key, message_id, ttl in items]
+
+    def claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
+        """All the requests in one transaction."""
+        with self.store.transaction():
+            return [self._claim_one(r) for r in requests]
+
+    def _claim_one(self, request: ClaimRequest) -> Claim:
+        key, owner, lease_ms, ttl_ms = request.key, request.owner, request.lease_ms, request.ttl_ms
+        now = self.store.now_ms()
+        with self.store.transaction() as conn:
+            row = self._live(conn, key, now)
+            mid = (row[1] if row else None) or request.message_id
+            if row is not None and row[0] == "done":
+                return Claim("completed", 0, row[4], mid)
+            if row is not None and row[0] == "running" and row[2] != owner and (row[3] or 0) > now:
+                return Claim("held", (row[3] or 0) - now, None, mid)
+            conn.execute(
+                "INSERT INTO idempotency (key, state, message_id, owner, lease_until, expires_at) "
+                "VALUES (?, 'running', ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET state = 'running', "
+                "message_id = excluded.message_id, owner = excluded.owner, "
+                "lease_until = excluded.lease_until, "
+                "expires_at = MAX(idempotency.expires_at, excluded.expires_at)",
+                (self.store.key(key), mid, owner, now + lease_ms, now + ttl_ms),
+            )
+            return Claim("claimed", 0, None, mid)
+
+    def renew(self, claims: list[tuple[str, str]], lease_ms: int) -> None:
+        if claims:
+            until = self.store.now_ms() + lease_ms
+            with self.store.transaction() as conn:
+                conn.executemany(
+                    "UPDATE idempotency SET lease_until = ? "
+                    "WHERE key = ? AND owner = ? AND state = 'running'",
+                    [(until, self.store.key(key), owner) for key, owner in claims],
+                )
+
+    def complete_many(self, items: list[tuple[str, str | None, int]]) -> None:
+        now = self.store.now_ms()
+        with self.store.transaction() as conn:
+            conn.executemany(
+                "UPDATE idempotency SET state = 'done', result = ?, owner = NULL, lease_until = NULL, "
+                "expires_at = ? WHERE key = ?",
+                [(result, now + ttl, self.store.key(key)) for key, result, ttl in items],
+            )
+
+    def release_many(self, claims: list[tuple[str, str]]) -> None:
+        with self.store.transaction() as conn:
+            conn.executemany(
+                "UPDATE idempotency SET state = 'pending', owner = NULL, lease_until = NULL "
+                "WHERE key = ? AND owner = ? AND state = 'running'",
+                [(self.store.key(key), owner) for key, owner in claims],
+            )
+
+    def lookup(self, key: str) -> KeyRecord | None:
+        with self.store.transaction() as conn:
+            row = self._live(conn, key, self.store.now_ms())
+        return KeyRecord(row[0], row[1], row[4]) if row else None
+
+
+def _claim_status(value: bytes) -> Literal["claimed", "completed", "held"]:
+    status = value.decode()
+    assert status in ("claimed", "completed", "held"), status
+    return status  # type: ignore[return-value]
+
+
+def _text(value: bytes | str | None) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode()
+    return value or None
+
+
+def idempotency_backend(store: StateStore) -> IdempotencyBackend:
+    """The key operations for ``store``'s backend."""
+    if isinstance(store, RedisStore):
+        return RedisIdempotency(store)
+    if isinstance(store, SqliteStore):
+        return SqliteIdempotency(store)
+    raise TypeError(f"no idempotency backend for {type(store).__name__}")
