@@ -1,31 +1,210 @@
-"""Build the RabbitMQ broker from settings: confirms on, durable queues, priorities, explicit timeouts."""
+"""Build the RabbitMQ broker from settings: confirms on, durable queues, priorities, explicit
+timeouts, and dead letters routed through an exchange of the project's."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import pika
+import pika.exceptions
 from dramatiq import Message
-from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
+from dramatiq.common import q_name
+from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
 from actors.settings import Settings
+from middleware.dead_letters import HEADER_REASON, DeadLetters, wants_redelivery
 from middleware.idempotency import DuplicateMessage, as_duplicate
+
+logger = logging.getLogger(__name__)
+
+#: The direct exchange every work queue dead-letters into, routed by canonical queue name (queue
+#: names carry QUEUE_PREFIX already, so one exchange serves every environment of a vhost).
+DEAD_LETTER_EXCHANGE = "jobs.dead-letters"
+
+#: Publish attempts for a dead letter before the delivery is requeued instead.
+DEAD_LETTER_PUBLISH_ATTEMPTS = 3
+
+
+def dead_letter_queue(queue_name: str) -> str:
+    """The durable queue holding ``queue_name``'s dead letters."""
+    return f"{q_name(queue_name)}.DLQ"
+
+
+class QueueArgumentsMismatch(RuntimeError):
+    """A queue exists with other arguments than this project declares (RabbitMQ answers 406)."""
 
 
 class ProjectBroker(RabbitmqBroker):
-    """Dramatiq's RabbitMQ broker, where a send dropped as a duplicate returns the original id.
+    """Dramatiq's RabbitMQ broker with the project's dead-letter topology and duplicate answers.
 
-    The idempotency middleware refuses a duplicate by raising from ``before_enqueue``; here the
-    refusal becomes the answer BullMQ gives for a known ``jobId``: the message, carrying the id of
-    the message first sent with that key and the option ``duplicate=True``.
+    - Work and delay queues dead-letter into the direct exchange ``dead_letter_exchange``, routed
+      by the canonical queue name into ``<queue>.DLQ``: durable, kept until replayed or purged
+      (optionally capped by ``dead_letter_ttl_ms`` / ``dead_letter_max_length``).
+    - Failed messages are not left to RabbitMQ's own dead-lettering (which keeps the body as last
+      delivered): the consumer publishes the final record (see ``middleware.dead_letters``),
+      confirmed, then acks.
+    - A send dropped as a duplicate by the idempotency middleware returns the message carrying the
+      first message's id and ``duplicate=True``, as BullMQ answers a known ``jobId``.
     """
+
+    def __init__(
+        self,
+        *,
+        dead_letter_exchange: str = DEAD_LETTER_EXCHANGE,
+        dead_letter_ttl_ms: int | None = None,
+        dead_letter_max_length: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.dead_letter_exchange = dead_letter_exchange
+        self.dead_letter_ttl_ms = dead_letter_ttl_ms
+        self.dead_letter_max_length = dead_letter_max_length
+        found = [m for m in self.middleware if isinstance(m, DeadLetters)]
+        self.dead_letters = found[0] if found else DeadLetters()
+
+    @property
+    def consumer_class(self) -> type[_RabbitmqConsumer]:
+        return DeadLetteringConsumer
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         try:
             return super().enqueue(message, delay=delay)
         except DuplicateMessage as duplicate:
             return as_duplicate(message, duplicate.original_message_id)
+
+    # -- topology --------------------------------------------------------------------------------
+
+    def _build_queue_arguments(self, queue_name: str) -> dict[str, Any]:
+        arguments: dict[str, Any] = {
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+            "x-dead-letter-routing-key": q_name(queue_name),
+        }
+        if self.max_priority:
+            arguments["x-max-priority"] = self.max_priority
+        return arguments
+
+    def dead_letter_arguments(self) -> dict[str, Any]:
+        """Arguments of the dead-letter queues: none (kept forever) unless a TTL or cap is set."""
+        arguments: dict[str, Any] = {}
+        if self.dead_letter_ttl_ms:
+            arguments["x-message-ttl"] = self.dead_letter_ttl_ms
+        if self.dead_letter_max_length:
+            arguments["x-max-length"] = self.dead_letter_max_length
+        return arguments
+
+    def _declare_checked(self, queue_name: str, arguments: dict[str, Any]) -> Any:
+        try:
+            return self.channel.queue_declare(queue=queue_name, durable=True, arguments=arguments)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            del self.channel
+            if exc.reply_code != 406:
+                raise
+            raise QueueArgumentsMismatch(
+                f"queue {queue_name!r} exists with other arguments than this project declares "
+                "(created by plain Dramatiq or an older configuration). Stop the workers and run "
+                "`jobctl migrate-queues` to recreate it without losing its messages."
+            ) from None
+
+    def _declare_queue(self, queue_name: str) -> Any:
+        return self._declare_checked(queue_name, self._build_queue_arguments(queue_name))
+
+    def _declare_dq_queue(self, queue_name: str) -> Any:
+        return self._declare_checked(f"{queue_name}.DQ", self._build_queue_arguments(queue_name))
+
+    def _declare_xq_queue(self, queue_name: str) -> Any:
+        """Declare the dead-letter exchange and ``<queue>.DLQ`` bound to it (in place of ``.XQ``)."""
+        self.channel.exchange_declare(self.dead_letter_exchange, exchange_type="direct", durable=True)
+        result = self._declare_checked(dead_letter_queue(queue_name), self.dead_letter_arguments())
+        self.channel.queue_bind(
+            dead_letter_queue(queue_name), self.dead_letter_exchange, routing_key=queue_name
+        )
+        return result
+
+    # -- dead letters ----------------------------------------------------------------------------
+
+    def publish_dead_letter(
+        self, body: bytes, headers: dict[str, Any], message_id: str, queue_name: str
+    ) -> None:
+        """Publish one dead letter and wait for RabbitMQ's confirm; raise if it cannot be had."""
+        self.declare_queue(q_name(queue_name), ensure=True)
+        for attempt in range(1, DEAD_LETTER_PUBLISH_ATTEMPTS + 1):
+            try:
+                self.channel.basic_publish(
+                    exchange=self.dead_letter_exchange,
+                    routing_key=q_name(queue_name),
+                    body=body,
+                    properties=pika.BasicProperties(delivery_mode=2, message_id=message_id, headers=headers),
+                    mandatory=True,
+                )
+                return
+            except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
+                del self.connection
+                if attempt == DEAD_LETTER_PUBLISH_ATTEMPTS:
+                    raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+
+
+def dead_letter_body(message: MessageProxy) -> bytes:
+    """The message as it goes to the dead letters: without Dramatiq's stored traceback (the
+    previous attempt's, unscrubbed); the record's headers carry the final one."""
+    options = {k: v for k, v in message.options.items() if k not in ("traceback", "eta")}
+    final: Message[Any] = dataclasses.replace(
+        message._message, queue_name=q_name(message.queue_name), options=options
+    )
+    return final.encode()
+
+
+class DeadLetteringConsumer(_RabbitmqConsumer):
+    """Dramatiq's consumer, where a rejection publishes the dead letter itself and never loses it.
+
+    - ``nack``: publish the record to the dead-letter exchange, wait for the confirm, then ack the
+      original. If the publish fails, requeue the original (a duplicate at worst, never a loss).
+    - ``ack`` of a message whose follow-up publish failed (``request_redelivery``): requeue it.
+    Bodies that are not messages at all are still rejected natively and reach the same queue
+    through the dead-letter exchange, with RabbitMQ's ``x-death`` header.
+    """
+
+    broker: ProjectBroker
+
+    def ack(self, message: MessageProxy) -> None:
+        if wants_redelivery(message):
+            self._requeue(message)
+        else:
+            super().ack(message)  # type: ignore[no-untyped-call]
+
+    def nack(self, message: MessageProxy) -> None:
+        broker = self.broker
+        try:
+            headers = broker.dead_letters.record(broker, message, message._exception)
+            broker.publish_dead_letter(
+                dead_letter_body(message), headers, message.message_id, message.queue_name
+            )
+        except Exception:
+            logger.exception("dead_letter_publish_failed", extra={"message_id": message.message_id})
+            self._requeue(message)
+            return
+        logger.warning(
+            "dead_lettered",
+            extra={
+                "message_id": message.message_id,
+                "actor": message.actor_name,
+                "reason": headers[HEADER_REASON],
+            },
+        )
+        super().ack(message)  # type: ignore[no-untyped-call]
+
+    def _requeue(self, message: MessageProxy) -> None:
+        try:
+            self.known_tags.remove(message._tag)
+        except KeyError:
+            return
+        self.connection.add_callback_threadsafe(partial(self.channel.basic_nack, message._tag, requeue=True))
 
 
 def connection_urls(settings: Settings) -> list[str]:
@@ -54,6 +233,8 @@ def build_broker(settings: Settings, middleware: list[Middleware]) -> ProjectBro
     instead of a silent loss.
     """
     return ProjectBroker(
+        dead_letter_ttl_ms=settings.dead_letter_ttl_ms,
+        dead_letter_max_length=settings.dead_letter_max_length,
         url=connection_urls(settings),
         confirm_delivery=True,
         max_priority=settings.rabbitmq_max_priority,

@@ -65,6 +65,10 @@ class Settings(BaseModel):
     state_url: str = "sqlite:///var/state.db"
     state_timeout: float = Field(default=2.0, gt=0, le=60)
 
+    # Dead letters (kept until replayed or purged unless capped)
+    dead_letter_ttl_ms: int | None = Field(default=None, ge=1_000)
+    dead_letter_max_length: int | None = Field(default=None, ge=1)
+
     # Idempotency keys
     idempotency_ttl_ms: int = Field(default=86_400_000, ge=1_000)
     idempotency_lease_ms: int = Field(default=30_000, ge=1_000)

@@ -8,12 +8,12 @@ from dramatiq.middleware import (
     CurrentMessage,
     Middleware,
     Pipelines,
-    Retries,
     ShutdownNotifications,
     TimeLimit,
 )
 
 from actors.settings import Settings
+from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency
 from middleware.state import StateStore
 
@@ -24,8 +24,11 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     - AgeLimit first: a message too old to matter is dropped to the dead letters before any work.
     - TimeLimit: every actor gets ``JOB_TIME_LIMIT_MS`` unless it sets ``time_limit`` itself.
     - ShutdownNotifications, Callbacks, Pipelines: Dramatiq's defaults, unchanged.
-    - Retries last: exponential backoff with jitter (``min_backoff * 2**n * U[1,2)``), a finite
-      number of attempts and a cap below RabbitMQ's ``consumer_timeout`` (settings check it).
+    - DeadLetters: counts attempts and builds the record a dead letter carries (final error,
+      reason, attempts), which the broker's consumer publishes before acking a failed message.
+    - SafeRetries (Dramatiq's Retries, except a retry that cannot be published is redelivered
+      instead of lost): exponential backoff with jitter (``min_backoff * 2**n * U[1,2)``), a
+      finite number of attempts and a cap below RabbitMQ's ``consumer_timeout`` (settings check it).
     - CurrentMessage: lets actors and helpers find the message they run for.
     - Idempotency after Retries: its ``after_process_message`` then runs *before* Retries'
       (``after`` hooks run in reverse), so a failed run's claim is released before the retry is
@@ -38,7 +41,8 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
         ShutdownNotifications(),
         Callbacks(),
         Pipelines(),
-        Retries(
+        DeadLetters(),
+        SafeRetries(
             max_retries=settings.job_max_retries,
             min_backoff=settings.job_min_backoff_ms,
             max_backoff=settings.job_max_backoff_ms,

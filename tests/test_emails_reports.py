@@ -34,21 +34,25 @@ def test_invalid_recipient_fails_at_once(start_worker, queues, smtp, address):
     port, received = smtp
     start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", JOB_MAX_RETRIES="5")
     queues.send(emails.send_email, to=address, template="welcome")
-    dead = queues.name(emails.send_email) + ".XQ"
+    dead = queues.name(emails.send_email) + ".DLQ"
     wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
-    body = json.loads(queues.peek(dead)[0]["payload"])
-    assert "retries" not in body["options"]  # never retried
+    headers = queues.peek(dead)[0]["properties"]["headers"]
+    assert headers["x-dl-attempts"] == 1  # never retried
+    assert headers["x-dl-reason"] == "non_retryable"
+    assert headers["x-dl-exception"] == "InvalidRecipient"
     assert received == []
 
 
 def test_refused_connection_is_retried(start_worker, queues):
     start_worker(SMTP_URL=f"smtp://127.0.0.1:{free_port()}", JOB_MAX_RETRIES="2", JOB_MIN_BACKOFF_MS="100")
     queues.send(emails.send_email, to="ana@example.com", template="welcome")
-    dead = queues.name(emails.send_email) + ".XQ"
+    dead = queues.name(emails.send_email) + ".DLQ"
     wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
-    body = json.loads(queues.peek(dead)[0]["payload"])
-    assert body["options"]["retries"] == 2
-    assert "ConnectionRefusedError" in body["options"]["traceback"]
+    dead_letter = queues.peek(dead)[0]
+    headers = dead_letter["properties"]["headers"]
+    assert headers["x-dl-attempts"] == 3 and headers["x-dl-reason"] == "retries_exhausted"
+    assert "ConnectionRefusedError" in headers["x-dl-traceback"]
+    assert json.loads(dead_letter["payload"])["options"]["retries"] == 3
 
 
 def test_campaign_fans_out_one_mail_per_recipient(start_worker, queues, smtp):

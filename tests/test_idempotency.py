@@ -149,7 +149,7 @@ def test_redis_down_mid_run_runs_nothing_unguarded(start_worker, queues, store, 
     assert not [t for t in started if down_at + 0.1 < t < up_at], "a job started while the store was down"
     assert [effects(store, prefix, f"d{i}") for i in range(12)] == [1] * 12
     queue = queues.name(workload.effect)
-    assert queues.depth(queue + ".XQ") == 0
+    assert queues.depth(queue + ".DLQ") == 0
     assert "idempotency_store_unavailable" in worker.output()
     for body in (json.loads(m["payload"]) for m in queues.peek(queue + ".DQ")):
         assert body["options"].get("retries", 0) == 0  # deferrals never burn a retry

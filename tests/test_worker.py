@@ -20,7 +20,7 @@ def test_job_sent_from_another_process_runs(start_worker, queues, store, prefix)
 def test_failing_job_is_retried_with_backoff_then_dead_lettered(start_worker, queues, store, prefix):
     start_worker(JOB_MAX_RETRIES="3", JOB_MIN_BACKOFF_MS="200")
     message = queues.send(workload.flaky, "f1", failures=100)
-    dead = queues.name(workload.flaky) + ".XQ"
+    dead = queues.name(workload.flaky) + ".DLQ"
     wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
     attempts = [float(t) for t in store.lrange(f"test:{prefix}attempt:f1", 0, -1)]
     assert len(attempts) == 4  # the first attempt and 3 retries
@@ -43,10 +43,10 @@ def test_job_that_fails_then_succeeds_runs_its_effect_once(start_worker, queues,
 def test_non_retryable_error_fails_at_once(start_worker, queues, store, prefix):
     start_worker(JOB_MAX_RETRIES="5")
     queues.send(workload.permanent, "p1")
-    dead = queues.name(workload.permanent) + ".XQ"
+    dead = queues.name(workload.permanent) + ".DLQ"
     wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
     assert store.llen(f"test:{prefix}attempt:p1") == 1
-    assert queues.depth(dead[: -len(".XQ")] + ".DQ") == 0
+    assert queues.depth(dead[: -len(".DLQ")] + ".DQ") == 0
 
 
 def test_sigterm_lets_the_running_job_finish_and_loses_nothing(start_worker, queues, store, prefix):

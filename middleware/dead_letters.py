@@ -1,0 +1,190 @@
+"""The record a dead letter carries, and the flags that keep a failing publish from losing a message.
+
+RabbitMQ dead-letters a rejected message *as last delivered*: its ``options.traceback`` is the
+previous attempt's, and the final error exists only in the worker's memory. So the project's
+consumer does not let RabbitMQ dead-letter failed messages itself: it publishes a copy to the
+dead-letter exchange carrying :func:`DeadLetters.record` as AMQP headers (visible in the
+management UI), waits for the confirm, and only then acks the original. When that publish fails
+the delivery is requeued instead: a duplicate at worst, never a loss.
+
+Header names are stable and documented (``x-dl-*``); values are scrubbed by the ``scrub``
+callable given to the middleware, so no personal data lands in the headers.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import dramatiq
+from dramatiq import Message
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.errors import ActorNotFound
+from dramatiq.middleware import AgeLimit, Middleware, Retries, SkipMessage
+from dramatiq.middleware.time_limit import TimeLimitExceeded
+
+#: Why a message ended in the dead letters.
+REASONS = (
+    "retries_exhausted",
+    "non_retryable",
+    "time_limit",
+    "age_limit",
+    "unknown_actor",
+    "undecodable",
+    "rejected",
+)
+
+HEADER_REASON = "x-dl-reason"
+HEADER_EXCEPTION = "x-dl-exception"
+HEADER_ERROR = "x-dl-error"
+HEADER_TRACEBACK = "x-dl-traceback"
+HEADER_ATTEMPTS = "x-dl-attempts"
+HEADER_QUEUE = "x-dl-queue"
+HEADER_ACTOR = "x-dl-actor"
+HEADER_ENQUEUED_AT = "x-dl-enqueued-at"
+HEADER_FAILED_AT = "x-dl-failed-at"
+
+#: Message option counting the attempts that reached the actor (kept across retries).
+ATTEMPTS = "attempts"
+#: Attribute set on a message proxy whose follow-up publish failed: requeue it, do not ack it.
+_REDELIVER = "_redeliver"
+#: Attribute set on a message proxy by a middleware that rejects it, naming the reason.
+_REASON = "_dead_letter_reason"
+
+
+def request_redelivery(message: MessageProxy) -> None:
+    """Ask the consumer to requeue ``message`` instead of acking it (its follow-up was not published)."""
+    setattr(message, _REDELIVER, True)
+
+
+def wants_redelivery(message: MessageProxy) -> bool:
+    return bool(getattr(message, _REDELIVER, False))
+
+
+def reject(message: MessageProxy, reason: str) -> None:
+    """Fail ``message`` for good from a middleware, naming the reason its dead letter records."""
+    setattr(message, _REASON, reason)
+    message.fail()
+
+
+def _iso(millis: float) -> str:
+    return datetime.fromtimestamp(millis / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+class DeadLetters(Middleware):
+    """Counts attempts and builds the record of a message's final failure.
+
+    Parameters:
+      scrub: applied to the exception message and traceback before they are written to headers.
+      max_traceback: characters of traceback kept (the tail, where the error is).
+    """
+
+    def __init__(self, *, scrub: Callable[[str], str] = _identity, max_traceback: int = 8_000) -> None:
+        self.scrub = scrub
+        self.max_traceback = max_traceback
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        message.options[ATTEMPTS] = int(message.options.get(ATTEMPTS, 0)) + 1
+
+    def reason(self, broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
+        """Why ``message`` failed for good, from what the worker knows of its last attempt."""
+        explicit = getattr(message, _REASON, None)
+        if explicit:
+            return str(explicit)
+        if isinstance(exception, ActorNotFound):
+            return "unknown_actor"
+        if isinstance(exception, TimeLimitExceeded):
+            return "time_limit"
+        if exception is None or isinstance(exception, SkipMessage):
+            return "age_limit" if self._too_old(broker, message) else "rejected"
+        if isinstance(exception, _throws(broker, message)):
+            return "non_retryable"
+        return "retries_exhausted"
+
+    def _too_old(self, broker: Broker, message: MessageProxy) -> bool:
+        max_age = message.options.get("max_age")
+        if max_age is None:
+            try:
+                max_age = broker.get_actor(message.actor_name).options.get("max_age")
+            except ActorNotFound:
+                max_age = None
+        if max_age is None:
+            max_age = next((m.max_age for m in broker.middleware if isinstance(m, AgeLimit)), None)
+        return max_age is not None and message.message_timestamp + int(max_age) < time.time() * 1000
+
+    def record(
+        self, broker: Broker, message: MessageProxy, exception: BaseException | None
+    ) -> dict[str, Any]:
+        """The AMQP headers of ``message``'s dead letter: final error (scrubbed), attempts, reason,
+        origin and times."""
+        reason = self.reason(broker, message, exception)
+        error = exception if exception is not None and not isinstance(exception, SkipMessage) else None
+        trace = "".join(traceback.format_exception(error)) if error is not None else ""
+        return {
+            HEADER_REASON: reason,
+            HEADER_EXCEPTION: type(error).__name__ if error is not None else "",
+            HEADER_ERROR: self.scrub(str(error))[:1_000] if error is not None else "",
+            HEADER_TRACEBACK: self.scrub(trace)[-self.max_traceback :],
+            HEADER_ATTEMPTS: int(message.options.get(ATTEMPTS, 0)),
+            HEADER_QUEUE: dramatiq.common.q_name(message.queue_name),
+            HEADER_ACTOR: message.actor_name,
+            HEADER_ENQUEUED_AT: _iso(message.message_timestamp),
+            HEADER_FAILED_AT: _iso(time.time() * 1000),
+        }
+
+    def undecodable_record(self, queue_name: str, error: BaseException) -> dict[str, Any]:
+        """The headers of a body that is not a message at all (no actor, no attempts)."""
+        now = _iso(time.time() * 1000)
+        return {
+            HEADER_REASON: "undecodable",
+            HEADER_EXCEPTION: type(error).__name__,
+            HEADER_ERROR: "the body could not be decoded as a message",
+            HEADER_TRACEBACK: "",
+            HEADER_ATTEMPTS: 0,
+            HEADER_QUEUE: dramatiq.common.q_name(queue_name),
+            HEADER_ACTOR: "",
+            HEADER_ENQUEUED_AT: now,
+            HEADER_FAILED_AT: now,
+        }
+
+
+def _throws(broker: Broker, message: Message[Any] | MessageProxy) -> tuple[type[BaseException], ...]:
+    throws = message.options.get("throws")
+    if throws is None:
+        try:
+            throws = broker.get_actor(message.actor_name).options.get("throws")
+        except ActorNotFound:
+            throws = None
+    if throws is None:
+        return ()
+    return throws if isinstance(throws, tuple) else (throws,)
+
+
+class SafeRetries(Retries):
+    """Dramatiq's Retries, except that a retry that cannot be published is not lost.
+
+    Dramatiq swallows the error when re-enqueueing a retry fails (after its own publish attempts),
+    and the worker then acks the original: the message is gone (Dramatiq PR #545). Here the
+    delivery is flagged for redelivery instead, so the consumer requeues it.
+    """
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        try:
+            super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
+        except Exception:
+            self.logger.exception("retry_publish_failed")
+            request_redelivery(message)
