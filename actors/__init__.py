@@ -10,11 +10,13 @@ import dramatiq
 
 from actors.broker import build_broker
 from actors.logs import configure_logging
+from actors.sentry import configure_sentry
 from actors.settings import get_settings
 from actors.stack import build_middleware
 
 settings = get_settings()
 configure_logging(settings)
+configure_sentry(settings)  # before the broker: Sentry's Dramatiq integration patches Broker.__init__
 broker = build_broker(settings, build_middleware(settings))
 dramatiq.set_broker(broker)
 
