@@ -1,4 +1,5 @@
-"""``python -m bench``: throughput of bare Dramatiq against this project's stack, and send rates.
+"""``python -m bench``: throughput of bare Dramatiq against this project's stack (with and without
+lifecycle logging), send rates, and the scrubber's cost per log event.
 
 Each throughput run pre-fills a fresh queue with N no-op messages, starts a real ``dramatiq``
 worker (same processes x threads for both), and times the queue from the first message taken to
@@ -21,6 +22,8 @@ from typing import Any
 
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+from bench.scrub import scrub_costs
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -51,15 +54,24 @@ def depth(broker: RabbitmqBroker, queue: str) -> int:
 
 
 def throughput(
-    label: str, module: str, broker: RabbitmqBroker, count: int, processes: int, threads: int
+    label: str,
+    module: str,
+    broker: RabbitmqBroker,
+    count: int,
+    processes: int,
+    threads: int,
+    env: dict[str, str] | None = None,
 ) -> Rate:
-    """Fill a fresh queue, run ``dramatiq MODULE`` on it, time it from first take to empty."""
+    """Fill a fresh queue, run ``dramatiq MODULE`` on it, time it from first take to empty.
+
+    The worker logs at WARNING unless ``env`` says otherwise (its output is discarded either way).
+    """
     from actors.bulk import send_bulk
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     broker.declare_queue(queue, ensure=True)
     send_bulk(noop_messages(queue, count), broker=broker)
-    env = {**os.environ, "BENCH_QUEUE": queue, "LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "BENCH_QUEUE": queue, "LOG_LEVEL": "WARNING", **(env or {})}
     worker = subprocess.Popen(
         [str(BIN / "dramatiq"), module, "-p", str(processes), "-t", str(threads)],
         cwd=ROOT,
@@ -129,6 +141,21 @@ def main() -> None:
     )
     print(project.line())
     print(f"  {'ratio project / bare':<44} {project.per_second / bare.per_second:>9.2f}")
+    logged = throughput(
+        "project's stack, lifecycle logs (INFO, JSON)",
+        "bench.project",
+        actors.broker,
+        args.count,
+        args.processes,
+        args.threads,
+        env={"LOG_LEVEL": "INFO", "LOG_FORMAT": "json"},
+    )
+    print(logged.line())
+    print(f"  {'ratio logged / project':<44} {logged.per_second / project.per_second:>9.2f}")
+
+    print("scrubber cost per log event, in-process")
+    for label, micros in scrub_costs():
+        print(f"  {label:<52} {micros:>7.1f} us")
 
     print(f"send rate, {args.count:,} messages, publisher confirms on")
     loop, bulk = send_rates(args.count)
