@@ -40,7 +40,6 @@ SDK_FIELDS = frozenset(
         "server_name",
         "type",
         "transaction_info",
-        "fingerprint",
     }
 )
 #: Contexts written by the SDK: runtime and OS versions, trace ids.
