@@ -10,12 +10,14 @@ import dramatiq
 
 from actors.broker import build_broker
 from actors.logs import configure_logging
+from actors.sentry import configure_sentry
 from actors.settings import get_settings
 from actors.stack import build_middleware
 from middleware.state import open_store
 
 settings = get_settings()
 configure_logging(settings)
+configure_sentry(settings)  # before the broker: Sentry's Dramatiq integration patches Broker.__init__
 store = open_store(settings.state_url, namespace=settings.state_namespace, timeout=settings.state_timeout)
 broker = build_broker(settings, build_middleware(settings, store))
 dramatiq.set_broker(broker)

@@ -19,7 +19,13 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
 from actors.settings import Settings
-from middleware.dead_letters import HEADER_REASON, DeadLetters, wants_redelivery
+from middleware.dead_letters import (
+    DEAD_LETTER_REASON,
+    HEADER_REASON,
+    DeadLetters,
+    request_redelivery,
+    wants_redelivery,
+)
 from middleware.idempotency import DuplicateMessage, as_duplicate
 
 logger = logging.getLogger(__name__)
@@ -187,16 +193,10 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
             )
         except Exception:
             logger.exception("dead_letter_publish_failed", extra={"message_id": message.message_id})
+            request_redelivery(message)  # the lifecycle log then says "requeued", not "dead-lettered"
             self._requeue(message)
             return
-        logger.warning(
-            "dead_lettered",
-            extra={
-                "message_id": message.message_id,
-                "actor": message.actor_name,
-                "reason": headers[HEADER_REASON],
-            },
-        )
+        setattr(message, DEAD_LETTER_REASON, headers[HEADER_REASON])
         super().ack(message)  # type: ignore[no-untyped-call]
 
     def _requeue(self, message: MessageProxy) -> None:

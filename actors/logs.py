@@ -3,19 +3,30 @@
 structlog renders every event; records of the standard library's loggers (Dramatiq, pika,
 APScheduler) pass through the same processors via ``ProcessorFormatter``. Under ``dramatiq actors``
 each worker process has already pointed the root logger at the pipe to its parent: the existing
-handlers are kept and only their formatter is replaced, so the parent prints finished lines.
+handlers are kept and only their formatter and filters are replaced, so the parent prints finished
+lines.
+
+Personal data is removed twice over: on each root handler, filters hide Dramatiq's message
+arguments and scrub a standard-library record's message before anything formats it (Sentry's
+logging integration reads the record after these handlers); in the formatter, the scrubber runs
+over the whole event after the traceback is formatted, just before rendering.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+from types import TracebackType
 from typing import Any
 
 import structlog
 from structlog.typing import Processor
 
+from actors.privacy import get_scrubber
 from actors.settings import Settings
+from middleware.message_logs import HideMessageArguments
+from middleware.scrub import Scrubber
 
 
 def _renderer(log_format: str) -> Processor:
@@ -24,8 +35,35 @@ def _renderer(log_format: str) -> Processor:
     return structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
 
 
-def configure_logging(settings: Settings, *, extra_processors: list[Processor] | None = None) -> None:
-    """Route structlog and standard-library records through one chain of processors."""
+def _log_uncaught(
+    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None, where: str
+) -> None:
+    structlog.get_logger("uncaught").critical("uncaught_exception", where=where, exc_info=(exc_type, exc, tb))
+
+
+def _route_uncaught_exceptions() -> None:
+    """Tracebacks Python would print to stderr go through the processors (and the scrubber)."""
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_value is not None:
+            where = args.thread.name if args.thread else "thread"
+            _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback, where)
+
+    def process_hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if issubclass(exc_type, KeyboardInterrupt):
+            sys.__excepthook__(exc_type, exc, tb)  # Ctrl-C: no personal data, no alarm
+        else:
+            _log_uncaught(exc_type, exc, tb, "main")
+
+    threading.excepthook = thread_hook
+    sys.excepthook = process_hook
+
+
+def configure_logging(
+    settings: Settings, *, scrubber: Scrubber | None = None, extra_processors: list[Processor] | None = None
+) -> None:
+    """Route structlog and standard-library records through one chain of processors, scrubbed."""
+    scrubber = scrubber or get_scrubber(settings)
     level = logging.getLevelName(settings.log_level)
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -51,6 +89,7 @@ def configure_logging(settings: Settings, *, extra_processors: list[Processor] |
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
+            scrubber.processor,  # after the traceback is text, before anything is rendered
             _renderer(settings.log_format),
         ],
     )
@@ -59,9 +98,15 @@ def configure_logging(settings: Settings, *, extra_processors: list[Processor] |
         root.addHandler(logging.StreamHandler(sys.stderr))
     for handler in root.handlers:
         handler.setFormatter(formatter)
+        for old in [f for f in handler.filters if isinstance(f, (HideMessageArguments, Scrubber))]:
+            handler.removeFilter(old)
+        handler.addFilter(HideMessageArguments())  # needs the Message objects: before the scrubber
+        handler.addFilter(scrubber)
     root.setLevel(level)
     # pika is chatty at INFO about every connection; keep its warnings and errors.
     logging.getLogger("pika").setLevel(max(level, logging.WARNING))
+    logging.captureWarnings(True)
+    _route_uncaught_exceptions()
 
 
 def get_logger(name: str, **context: Any) -> structlog.stdlib.BoundLogger:

@@ -7,12 +7,21 @@ is wrong, never echoing the value (URLs carry passwords).
 from __future__ import annotations
 
 import os
+import re
 from functools import cache
 from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class SettingsError(ImportError):
@@ -21,6 +30,9 @@ class SettingsError(ImportError):
     An ``ImportError`` because ``import actors`` is where it surfaces: ``dramatiq actors`` then
     reports "Failed to import module" and exits with code 2 instead of crashing a worker process.
     """
+
+
+_KEY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
 def _check_url(value: str, schemes: tuple[str, ...]) -> str:
@@ -80,6 +92,9 @@ class Settings(BaseModel):
     sentry_dsn: str | None = None
     sentry_environment: str = "production"
     sentry_release: str | None = None
+    # Personal data in logs and Sentry: a hash key turns removed values into stable keyed hashes.
+    pii_hash_key: SecretStr | None = None
+    pii_extra_keys: tuple[str, ...] = ()
 
     # Reference actors
     smtp_url: str = "smtp://127.0.0.1:1025"
@@ -141,6 +156,23 @@ class Settings(BaseModel):
         if parts.scheme not in ("http", "https") or not parts.hostname or not parts.username:
             raise ValueError("must be a Sentry DSN such as https://key@o0.ingest.sentry.io/0")
         return value
+
+    @field_validator("pii_hash_key")
+    @classmethod
+    def _check_hash_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be a random secret of at least 16 characters")
+        return value
+
+    @field_validator("pii_extra_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        keys = tuple(key.strip() for key in value.split(",") if key.strip())
+        if not all(_KEY_NAME.fullmatch(key) for key in keys):
+            raise ValueError("must be key names separated by commas (letters, digits, _ and -)")
+        return keys
 
     @model_validator(mode="after")
     def _check_backoff(self) -> Settings:

@@ -12,10 +12,13 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
+from actors.privacy import get_scrubber
 from actors.settings import Settings
 from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency
+from middleware.lifecycle import JobLifecycle
 from middleware.state import StateStore
+from middleware.stored_tracebacks import ScrubStoredTracebacks
 
 
 def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
@@ -34,14 +37,23 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
       (``after`` hooks run in reverse), so a failed run's claim is released before the retry is
       enqueued. Its ``before_process_message`` runs last, after AgeLimit has had its say, so a
       message is claimed only when it is about to run.
+    - JobLifecycle first: its ``before_process_message`` binds the job context before any other
+      middleware logs, and its ``after_*`` hooks (``emit_after`` runs in reverse) run last, once
+      Retries has chosen between a retry and the dead letters; it also declares ``log_args``.
+    - ScrubStoredTracebacks last: ``before_enqueue`` runs in list order, so it scrubs the
+      traceback Retries stored in the options after every other middleware wrote its own, just
+      before the body is encoded (Retries publishes from inside its ``after_process_message``, so
+      an after-hook would be too late).
     """
+    scrubber = get_scrubber(settings)
     return [
+        JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),
         ShutdownNotifications(),
         Callbacks(),
         Pipelines(),
-        DeadLetters(),
+        DeadLetters(scrub=scrubber.text),
         SafeRetries(
             max_retries=settings.job_max_retries,
             min_backoff=settings.job_min_backoff_ms,
@@ -54,4 +66,5 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
             lease_ms=settings.idempotency_lease_ms,
             drop_duplicates=settings.idempotency_drop_duplicates,
         ),
+        ScrubStoredTracebacks(scrubber.text),
     ]

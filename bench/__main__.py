@@ -1,4 +1,5 @@
-"""``python -m bench``: throughput of bare Dramatiq against this project's stack, and send rates.
+"""``python -m bench``: throughput of bare Dramatiq against this project's stack (with and without
+lifecycle logging), send rates, and the scrubber's cost per log event.
 
 Each throughput run pre-fills a fresh queue with N no-op messages, starts a real ``dramatiq``
 worker (same processes x threads for both), and times the queue from the first message taken to
@@ -22,6 +23,8 @@ from typing import Any
 
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+from bench.scrub import scrub_costs
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -70,7 +73,10 @@ def throughput(
     make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
     **env_overrides: str,
 ) -> Rate:
-    """Fill a fresh queue, run ``dramatiq MODULE`` on it, time it from first take to empty."""
+    """Fill a fresh queue, run ``dramatiq MODULE`` on it, time it from first take to empty.
+
+    The worker logs at WARNING unless ``env_overrides`` say otherwise (its output is discarded).
+    """
     from actors.bulk import send_bulk
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -146,6 +152,22 @@ def main() -> None:
     )
     print(project.line())
     print(f"  {'ratio project / bare':<44} {project.per_second / bare.per_second:>9.2f}")
+    logged = throughput(
+        "project's stack, lifecycle logs (INFO, JSON)",
+        "bench.project",
+        actors.broker,
+        args.count,
+        args.processes,
+        args.threads,
+        LOG_LEVEL="INFO",
+        LOG_FORMAT="json",
+    )
+    print(logged.line())
+    print(f"  {'ratio logged / project':<44} {logged.per_second / project.per_second:>9.2f}")
+
+    print("scrubber cost per log event, in-process")
+    for label, micros in scrub_costs():
+        print(f"  {label:<52} {micros:>7.1f} us")
 
     print("idempotency keys on (one claim per job, completion marks deferred)")
     stores = {"redis": "redis://127.0.0.1:6379/14", "sqlite": f"sqlite:///{ROOT}/var/bench-state.db"}

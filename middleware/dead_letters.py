@@ -51,8 +51,9 @@ HEADER_FAILED_AT = "x-dl-failed-at"
 ATTEMPTS = "attempts"
 #: Attribute set on a message proxy whose follow-up publish failed: requeue it, do not ack it.
 _REDELIVER = "_redeliver"
-#: Attribute set on a message proxy by a middleware that rejects it, naming the reason.
-_REASON = "_dead_letter_reason"
+#: Attribute set on a message proxy by a middleware that rejects it, naming the reason; the
+#: consumer sets it too once the dead letter is confirmed, so later hooks can log the reason.
+DEAD_LETTER_REASON = "_dead_letter_reason"
 
 
 def request_redelivery(message: MessageProxy) -> None:
@@ -66,7 +67,7 @@ def wants_redelivery(message: MessageProxy) -> bool:
 
 def reject(message: MessageProxy, reason: str) -> None:
     """Fail ``message`` for good from a middleware, naming the reason its dead letter records."""
-    setattr(message, _REASON, reason)
+    setattr(message, DEAD_LETTER_REASON, reason)
     message.fail()
 
 
@@ -95,7 +96,7 @@ class DeadLetters(Middleware):
 
     def reason(self, broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
         """Why ``message`` failed for good, from what the worker knows of its last attempt."""
-        explicit = getattr(message, _REASON, None)
+        explicit = getattr(message, DEAD_LETTER_REASON, None)
         if explicit:
             return str(explicit)
         if isinstance(exception, ActorNotFound):

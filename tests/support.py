@@ -202,3 +202,60 @@ def smtp_server() -> Iterator[tuple[int, list[Any]]]:
         yield port, received
     finally:
         controller.stop()
+
+
+@contextlib.contextmanager
+def sentry_server() -> Iterator[tuple[str, list[bytes]]]:
+    """A local HTTP endpoint that records what a Sentry SDK sends; yields a DSN and the bodies received.
+
+    Bodies are envelopes (one JSON header line, then item headers and payloads), decompressed.
+    """
+    import gzip
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[bytes] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            elif self.headers.get("Content-Encoding") == "br":
+                import brotli  # only if the SDK found it installed
+
+                body = brotli.decompress(body)
+            received.append(body)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: the test reads what was received, not an access log."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://public@127.0.0.1:{server.server_port}/1", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def sentry_events(envelopes: list[bytes]) -> list[dict[str, Any]]:
+    """The error events inside Sentry envelopes."""
+    import json
+
+    events = []
+    for envelope in envelopes:
+        lines = envelope.split(b"\n")
+        position = 1  # after the envelope header
+        while position < len(lines) and lines[position].strip():
+            header = json.loads(lines[position])
+            payload = lines[position + 1]
+            if header.get("type") == "event":
+                events.append(json.loads(payload))
+            position += 2
+    return events

@@ -41,6 +41,8 @@ def test_management_credentials_come_from_the_amqp_url_unless_given():
         ({"JOB_MIN_BACKOFF_MS": "900000", "JOB_MAX_BACKOFF_MS": "1000"}, "JOB_MIN_BACKOFF_MS"),
         ({"SENTRY_DSN": "not a dsn hunter2"}, "SENTRY_DSN"),
         ({"QUEUE_PREFIX": "a b"}, "QUEUE_PREFIX"),
+        ({"PII_HASH_KEY": "hunter2"}, "PII_HASH_KEY"),
+        ({"PII_EXTRA_KEYS": "loyalty_id, hunter2 pw"}, "PII_EXTRA_KEYS"),
     ],
 )
 def test_bad_value_names_the_variable_without_its_value(environ, variable):
@@ -54,6 +56,18 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(SettingsError) as caught:
         load_settings({"WORKER_THREADS": "-1", "LOG_LEVEL": "LOUD"})
     assert "WORKER_THREADS" in str(caught.value) and "LOG_LEVEL" in str(caught.value)
+
+
+def test_pii_settings_are_parsed_and_the_hash_key_is_never_shown():
+    settings = load_settings(
+        {"PII_HASH_KEY": "hunter2-hunter2-hunter2", "PII_EXTRA_KEYS": " loyalty_id,Customer-Ref ,"}
+    )
+    assert settings.pii_extra_keys == ("loyalty_id", "Customer-Ref")
+    assert "hunter2" not in repr(settings)
+    assert (
+        settings.pii_hash_key is not None
+        and settings.pii_hash_key.get_secret_value() == "hunter2-hunter2-hunter2"
+    )
 
 
 def test_empty_variable_counts_as_unset():

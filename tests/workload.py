@@ -6,11 +6,14 @@ The worker under test imports them with ``dramatiq actors tests.workload``. The 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from typing import Any
 
 import dramatiq
 import redis
+import structlog
 
 from actors import settings
 
@@ -75,3 +78,32 @@ def effect(token: str, seconds: float = 0.0, failures: int = 0) -> str:
         raise RuntimeError("failing on purpose")
     _note("effect", token)
     return f"done {token}"
+
+
+# --- Personal data: actors that put it everywhere an application might (tests/test_pii_worker.py) ---
+
+log = structlog.get_logger("tests.workload")
+stdlib_log = logging.getLogger("tests.workload")
+
+
+@dramatiq.actor(queue_name=QUEUE, log_args=True)
+def customer_update(customer: dict[str, Any], note: str) -> None:
+    """Log personal data as values, inside messages, through structlog and the standard library."""
+    log.info("customer_seen", **customer)
+    log.info("customer_note", note=note, customer=customer)
+    log.info(f"free text event: {note}")  # data spliced into the event: the anti-pattern, on purpose
+    stdlib_log.info("customer %s wrote: %s", customer, note)
+    stdlib_log.warning("note with extra", extra={"email": customer["email"], "detail": note})
+    try:
+        raise ValueError(f"bad customer record {customer!r}: {note}")
+    except ValueError:
+        log.exception("customer_rejected")
+        stdlib_log.exception("customer rejected: %s", note)
+    store.incr(key("count:customer_update"))
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def leaky_failure(full_name: str, email: str, note: str, customer: dict[str, Any]) -> None:
+    """Fail with personal data in the exception's message and locals, until dead-lettered."""
+    _note("attempt", "leaky")
+    raise RuntimeError(f"could not bill full_name={full_name!r} <{email}>: {note} {customer!r}")

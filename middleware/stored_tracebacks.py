@@ -1,0 +1,34 @@
+"""Scrub the tracebacks Dramatiq stores in a message's options before the message is published.
+
+Retries writes ``traceback.format_exc()`` (exception messages included) into
+``options["traceback"]`` and re-enqueues the message; RabbitMQ keeps that body in the delay queue
+and, once retries run out, in the dead letters. ``before_enqueue`` runs just before the body is
+encoded (also for the retry's copy), so scrubbing there keeps personal data out of the broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dramatiq import Message
+from dramatiq.broker import Broker
+from dramatiq.middleware import Middleware
+
+
+class ScrubStoredTracebacks(Middleware):
+    """Replace string options (``traceback`` by default) with ``scrub(value)`` at enqueue time.
+
+    Place it last in the stack: ``before_enqueue`` runs in list order, so it then sees every option
+    the other middleware wrote.
+    """
+
+    def __init__(self, scrub: Callable[[str], str], options: Iterable[str] = ("traceback",)) -> None:
+        self.scrub = scrub
+        self.options = tuple(options)
+
+    def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        for name in self.options:
+            value = message.options.get(name)
+            if isinstance(value, str):
+                message.options[name] = self.scrub(value)
