@@ -38,9 +38,13 @@ DEAD_LETTER_EXCHANGE = "jobs.dead-letters"
 DEAD_LETTER_PUBLISH_ATTEMPTS = 3
 
 
+#: Suffix of a dead-letter queue's name (in place of Dramatiq's ``.XQ``, which has a 7-day TTL).
+DEAD_LETTER_SUFFIX = ".DLQ"
+
+
 def dead_letter_queue(queue_name: str) -> str:
     """The durable queue holding ``queue_name``'s dead letters."""
-    return f"{q_name(queue_name)}.DLQ"
+    return q_name(queue_name) + DEAD_LETTER_SUFFIX
 
 
 class QueueArgumentsMismatch(RuntimeError):
@@ -198,6 +202,10 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
             return
         setattr(message, DEAD_LETTER_REASON, headers[HEADER_REASON])
         super().ack(message)  # type: ignore[no-untyped-call]
+        try:
+            broker.dead_letters.notify(broker, message, headers)
+        except Exception:  # the dead letter is safe; only the application's hook was not told
+            logger.exception("dead_letter_hook_failed", extra={"message_id": message.message_id})
 
     def _requeue(self, message: MessageProxy) -> None:
         try:

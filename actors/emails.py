@@ -34,6 +34,10 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "welcome": ("Welcome, $name", "Hello $name,\n\nyour account is ready.\n"),
     "campaign": ("$headline", "Hello,\n\n$text\n\nTo unsubscribe, reply STOP.\n"),
     "report": ("Your $kind report", "Hello,\n\nthe $kind report you asked for is attached.\n"),
+    "report_failed": (
+        "Your $kind report could not be made",
+        "Hello,\n\nwe could not make the $kind report you asked for (job $job). We are looking into it.\n",
+    ),
 }
 
 

@@ -51,7 +51,27 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     partial.replace(path)
 
 
-@dramatiq.actor(queue_name=settings.queue("reports"), time_limit=900_000)
+@dramatiq.actor(queue_name=settings.queue("reports"), time_limit=120_000)
+def report_failed(
+    message_id: str,
+    actor: str,
+    reason: str,
+    exception: str,
+    error: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+) -> None:
+    """The dead-letter hook of ``generate_report``: tell whoever asked for it that it failed."""
+    logger.warning("report_failed", report_message_id=message_id, reason=reason, exception=exception)
+    if kwargs.get("email_to"):
+        send_email.send(
+            to=kwargs["email_to"],
+            template="report_failed",
+            context={"kind": kwargs.get("kind", args[0] if args else "report"), "job": message_id},
+        )
+
+
+@dramatiq.actor(queue_name=settings.queue("reports"), time_limit=900_000, on_dead_letter="report_failed")
 def generate_report(
     kind: str,
     rows: list[dict[str, Any]] | None = None,

@@ -24,6 +24,7 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
+from bench.dead_letters import dead_letter_figures
 from bench.scrub import scrub_costs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,6 +198,10 @@ def main() -> None:
                 f"send_bulk() with dedup at send, {name} store", store_broker(url), args.count
             ).line()
         )
+
+    print("dead letters, 10,000")
+    for label, figure in dead_letter_figures(10_000):
+        print(f"  {label:<52} {figure:>12}")
     bare_broker.close()
 
 

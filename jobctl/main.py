@@ -10,12 +10,36 @@ import click
 import pika
 import requests
 
+from jobctl.dlq import dlq
 from jobctl.project import EXIT_DEGRADED, EXIT_OK, EXIT_UNREACHABLE, load_actors
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Operate the job system: run the worker, check the broker, inspect jobs and dead letters."""
+
+
+main.add_command(dlq)
+
+
+@main.command("migrate-queues")
+@click.option("--queue", "queues", multiple=True, help="Only this queue (repeatable); default: all of them.")
+def migrate_queues(queues: tuple[str, ...]) -> None:
+    """Recreate queues declared with other arguments (plain Dramatiq, an older configuration).
+
+    Stop the workers first. Messages move to a temporary twin and back with confirms, and
+    Dramatiq's old .XQ dead letters move into the project's .DLQ queues.
+    """
+    actors = load_actors()
+    from actors.queue_migration import MigrationError, migrate
+
+    try:
+        report = migrate(actors.broker, actors.settings, list(queues) or None)
+    except (MigrationError, requests.RequestException) as exc:
+        click.echo(f"jobctl: {exc}", err=True)
+        sys.exit(EXIT_DEGRADED)
+    for line in report or ["every queue already has the project's arguments"]:
+        click.echo(line)
 
 
 @main.command()

@@ -91,8 +91,36 @@ class DeadLetters(Middleware):
         self.scrub = scrub
         self.max_traceback = max_traceback
 
+    @property
+    def actor_options(self) -> set[str]:
+        return {"on_dead_letter"}
+
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         message.options[ATTEMPTS] = int(message.options.get(ATTEMPTS, 0)) + 1
+
+    def notify(self, broker: Broker, message: MessageProxy, headers: dict[str, Any]) -> Message[Any] | None:
+        """Send the actor named by the option ``on_dead_letter`` (message or actor) a message about
+        ``message``'s dead letter: its id, actor, reason, exception type, scrubbed error, and the
+        job's own args and kwargs (so the application can tell its user which job failed)."""
+        target = message.options.get("on_dead_letter")
+        if target is None:
+            try:
+                target = broker.get_actor(message.actor_name).options.get("on_dead_letter")
+            except ActorNotFound:
+                return None
+        if not target:
+            return None
+        hook = broker.get_actor(target)
+        kwargs = {
+            "message_id": message.message_id,
+            "actor": message.actor_name,
+            "reason": headers[HEADER_REASON],
+            "exception": headers[HEADER_EXCEPTION],
+            "error": headers[HEADER_ERROR],
+            "args": list(message.args),
+            "kwargs": dict(message.kwargs),
+        }
+        return broker.enqueue(hook.message_with_options(kwargs=kwargs))
 
     def reason(self, broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
         """Why ``message`` failed for good, from what the worker knows of its last attempt."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -159,6 +160,31 @@ class Queues:
         response.raise_for_status()
         result: list[dict[str, Any]] = response.json()
         return result
+
+    @contextlib.contextmanager
+    def capped(self, queue: str, max_length: int) -> Iterator[None]:
+        """A RabbitMQ policy capping ``queue`` at ``max_length`` messages and nacking further
+        publishes (a full queue, a broker refusing), applied before the block, removed after."""
+        vhost = quote(self.settings.rabbitmq_vhost, safe="")
+        url = f"{self.settings.management_url}/api/policies/{vhost}/{quote(queue, safe='')}-cap"
+        policy = {
+            "pattern": f"^{re.escape(queue)}$",
+            "definition": {"max-length": max_length, "overflow": "reject-publish"},
+            "apply-to": "queues",
+            "priority": 10,
+        }
+        requests.put(url, json=policy, timeout=10).raise_for_status()
+        try:
+            wait_for(
+                lambda: (
+                    self.info(queue).get("effective_policy_definition", {}).get("max-length") == max_length
+                ),
+                timeout=10,
+                what="the policy to apply",
+            )
+            yield
+        finally:
+            requests.delete(url, timeout=10)
 
     def delete_all(self) -> None:
         response = requests.get(self.api(""), params={"columns": "name"}, timeout=10)

@@ -104,3 +104,14 @@ def test_a_campaign_sent_twice_mails_nobody_twice(start_worker, queues, smtp, pr
     time.sleep(2.0)
     wait_for(lambda: keyed.depth(dead_or_waiting) == 0, what="the second fan-out handled")
     assert sorted(m["To"] for m in received) == sorted(recipients)
+
+
+def test_a_dead_lettered_report_tells_its_user(start_worker, queues, smtp):
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", JOB_MAX_RETRIES="0")
+    bad_rows = [{"region": "north"}, {"unexpected": "column"}]  # DictWriter refuses the second row
+    message = queues.send(reports.generate_report, "sales", rows=bad_rows, email_to="boss@example.com")
+    wait_for(lambda: received, what="the failure mail")
+    assert received[0]["Subject"] == "Your sales report could not be made"
+    assert message.message_id in received[0].get_payload(decode=True).decode()
+    assert queues.depth(queues.name(reports.generate_report) + ".DLQ") == 1

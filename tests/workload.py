@@ -14,8 +14,11 @@ from typing import Any
 import dramatiq
 import redis
 import structlog
+from dramatiq.broker import MessageProxy
+from dramatiq.middleware import Middleware, SkipMessage
 
 from actors import settings
+from middleware.dead_letters import reject
 
 store = redis.Redis.from_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
 QUEUE = settings.queue("workload")
@@ -107,3 +110,32 @@ def leaky_failure(full_name: str, email: str, note: str, customer: dict[str, Any
     """Fail with personal data in the exception's message and locals, until dead-lettered."""
     _note("attempt", "leaky")
     raise RuntimeError(f"could not bill full_name={full_name!r} <{email}>: {note} {customer!r}")
+
+
+# --- Dead letters: every way a message can end there (tests/test_dead_letters.py) ---
+
+
+class RejectFlagged(Middleware):
+    """A middleware that rejects messages sent with ``reject=True`` (as a validating one would)."""
+
+    def before_process_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        if message.kwargs.get("reject"):
+            reject(message, "rejected")
+            raise SkipMessage("rejected by RejectFlagged")
+
+
+dramatiq.get_broker().add_middleware(RejectFlagged())
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, idempotency_key=lambda token, reject=False: token)
+def depends(token: str, reject: bool = False) -> None:
+    """Fail while the test says its dependency is down; count the effect per token once it is up."""
+    if store.exists(key("dependency-down")):
+        raise ConnectionError("dependency is down")
+    store.hincrby(key("effects"), token, 1)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, time_limit=300)
+def too_slow(seconds: float) -> None:
+    """Run past its time limit."""
+    time.sleep(seconds)

@@ -1,0 +1,127 @@
+"""Recreate queues declared with other arguments (plain Dramatiq, an older configuration) in place.
+
+RabbitMQ cannot change a queue's arguments: declaring it again with others fails with 406
+PRECONDITION_FAILED. A queue is therefore migrated through a temporary twin: its messages move to
+``<name>.migrating`` (declared with the new arguments), the queue is deleted and declared anew,
+and the messages move back. Each move publishes with confirms and acks the source only after the
+confirm, so a crash duplicates at worst and never loses. Dramatiq's old ``<queue>.XQ`` dead
+letters move into the project's dead-letter exchange as they are (RabbitMQ's ``x-death`` header
+still tells their origin and reason).
+
+Run it with the workers stopped: it refuses a queue that has consumers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import pika
+import pika.adapters.blocking_connection
+import requests
+
+from actors.broker import ProjectBroker
+from actors.settings import Settings
+
+
+class MigrationError(RuntimeError):
+    """A queue could not be migrated safely (it has consumers, or the API does not answer)."""
+
+
+@dataclass
+class QueueState:
+    name: str
+    arguments: dict[str, Any]
+    consumers: int
+
+
+def _api(settings: Settings, path: str = "") -> str:
+    return f"{settings.management_url}/api/queues/{quote(settings.rabbitmq_vhost, safe='')}{path}"
+
+
+def existing_queues(settings: Settings) -> dict[str, QueueState]:
+    response = requests.get(_api(settings), params={"columns": "name,arguments,consumers"}, timeout=10)
+    response.raise_for_status()
+    return {
+        q["name"]: QueueState(q["name"], q.get("arguments") or {}, int(q.get("consumers") or 0))
+        for q in response.json()
+    }
+
+
+def work_queues(settings: Settings, existing: dict[str, QueueState]) -> list[str]:
+    """Canonical queues of this environment (``QUEUE_PREFIX``) found on the broker."""
+    suffixes = (".DQ", ".XQ", ".DLQ", ".migrating")
+    return sorted(
+        n
+        for n in existing
+        if n.startswith(settings.queue_prefix) and not n.endswith(suffixes) and "amq." not in n
+    )
+
+
+def _publisher(
+    channel: pika.adapters.blocking_connection.BlockingChannel, exchange: str, routing_key: str
+) -> Callable[[pika.BasicProperties, bytes], None]:
+    """Publish unchanged to ``exchange``/``routing_key`` (the channel waits for each confirm)."""
+
+    def publish(properties: pika.BasicProperties, body: bytes) -> None:
+        channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+
+    return publish
+
+
+def _move(
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    source: str,
+    publish: Callable[[pika.BasicProperties, bytes], None],
+) -> int:
+    """Move every message of ``source`` through ``publish(properties, body)``, acking after each confirm."""
+    moved = 0
+    while True:
+        method, properties, body = channel.basic_get(source, auto_ack=False)
+        if method is None:
+            return moved
+        publish(properties, body)
+        channel.basic_ack(method.delivery_tag)
+        moved += 1
+
+
+def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None = None) -> list[str]:
+    """Migrate ``names`` (default: every work queue of this environment); returns what was done."""
+    existing = existing_queues(settings)
+    report: list[str] = []
+    parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
+    connection = pika.BlockingConnection(parameters)
+    channel = connection.channel()
+    channel.confirm_delivery()
+    try:
+        for queue in names or work_queues(settings, existing):
+            wanted = broker._build_queue_arguments(queue)
+            for name in (queue, f"{queue}.DQ"):
+                state = existing.get(name)
+                if state is None or state.arguments == wanted:
+                    continue
+                if state.consumers:
+                    raise MigrationError(
+                        f"queue {name!r} has {state.consumers} consumer(s): stop the workers first"
+                    )
+                twin = f"{name}.migrating"
+                channel.queue_declare(twin, durable=True, arguments=wanted)
+                out = _move(channel, name, _publisher(channel, "", twin))
+                channel.queue_delete(name)
+                channel.queue_declare(name, durable=True, arguments=wanted)
+                back = _move(channel, twin, _publisher(channel, "", name))
+                channel.queue_delete(twin)
+                report.append(
+                    f"{name}: recreated with the project's arguments ({out} moved out, {back} back)"
+                )
+            broker.declare_queue(queue, ensure=True)  # the exchange and the .DLQ
+            old_dead = f"{queue}.XQ"
+            if old_dead in existing:
+                moved = _move(channel, old_dead, _publisher(channel, broker.dead_letter_exchange, queue))
+                channel.queue_delete(old_dead)
+                report.append(f"{old_dead}: {moved} dead letter(s) moved to {queue}.DLQ, queue deleted")
+    finally:
+        connection.close()
+    return report

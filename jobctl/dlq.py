@@ -1,0 +1,181 @@
+"""``jobctl dlq``: list, show, retry, purge and export dead letters."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from jobctl.project import load_actors
+
+
+def _since(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter("use an ISO date or time, e.g. 2026-11-29 or 2026-11-29T08:00") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The filters every subcommand takes."""
+    for option in reversed(
+        [
+            click.option("--queue", help="Only dead letters of this (original) queue."),
+            click.option("--actor", help="Only dead letters of this actor."),
+            click.option("--exception", "exception", help="Only this exception type, e.g. TimeoutError."),
+            click.option("--since", help="Only those that failed at or after this ISO date/time (UTC)."),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+class Context:
+    """The project and the filters of one command."""
+
+    def __init__(
+        self,
+        ids: tuple[str, ...],
+        queue: str | None,
+        actor: str | None,
+        exception: str | None,
+        since: str | None,
+    ) -> None:
+        actors = load_actors()
+        from actors import dead_letter_ops as ops
+
+        self.ops = ops
+        self.broker = actors.broker
+        self.queues = ops.dead_letter_queues(actors.settings, actors.broker, queue)
+        self.filters = ops.Filters(
+            message_ids=frozenset(ids), queue=None, actor=actor, exception=exception, since=_since(since)
+        )
+
+    @contextmanager
+    def progress(self, label: str) -> Iterator[Callable[[int], None]]:
+        """A progress bar on stderr over every dead letter scanned (hidden when not a terminal)."""
+        length = self.ops.total(self.broker, self.queues)
+        with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
+            yield bar.update
+
+
+@click.group()
+def dlq() -> None:
+    """Dead letters: every message that failed for good, with its final error."""
+
+
+@dlq.command("list")
+@filter_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+def list_(
+    queue: str | None, actor: str | None, exception: str | None, since: str | None, as_json: bool
+) -> None:
+    """List dead letters (streamed: fine for 100k)."""
+    ctx = Context((), queue, actor, exception, since)
+    count = 0
+    for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
+        count += 1
+        if as_json:
+            click.echo(ctx.ops.to_json_line(dead.summary()))
+        else:
+            failed = dead.failed_at.strftime("%Y-%m-%d %H:%M:%S") if dead.failed_at else "?"
+            click.echo(
+                f"{dead.message_id}  {failed}  {dead.queue}  {dead.actor or '-'}  {dead.reason}  "
+                f"{dead.exception or '-'}  attempts={dead.attempts}  {dead.error[:80]}"
+            )
+    click.echo(f"{count} dead letter(s) in {len(ctx.queues)} queue(s)", err=True)
+
+
+@dlq.command()
+@click.argument("message_id")
+@click.option("--queue", help="Look only in this (original) queue's dead letters.")
+def show(message_id: str, queue: str | None) -> None:
+    """Show one dead letter whole: record, traceback and body."""
+    ctx = Context((message_id,), queue, None, None, None)
+    for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
+        data = dead.full()
+        width = max(len(k) for k in data)
+        for key, value in data.items():
+            if key not in ("traceback", "body"):
+                click.echo(f"{key:<{width}}  {value}")
+        click.echo(f"\nbody\n{data['body']}\n\ntraceback\n{data['traceback'] or '(none)'}")
+        return
+    click.echo(f"no dead letter {message_id}", err=True)
+    sys.exit(1)
+
+
+def _selection(ids: tuple[str, ...], all_: bool) -> None:
+    if bool(ids) == all_:
+        raise click.UsageError("give message ids, or --all (with optional filters)")
+
+
+@dlq.command()
+@click.argument("message_ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead letter that matches the filters.")
+@filter_options
+@click.option("--batch-size", default=500, show_default=True, help="Messages published per confirmed batch.")
+def retry(
+    message_ids: tuple[str, ...],
+    all_: bool,
+    queue: str | None,
+    actor: str | None,
+    exception: str | None,
+    since: str | None,
+    batch_size: int,
+) -> None:
+    """Publish dead letters back to their queue (attempts reset, same id and key), then remove them."""
+    _selection(message_ids, all_)
+    ctx = Context(message_ids, queue, actor, exception, since)
+    with ctx.progress("retrying") as progress:
+        outcome = ctx.ops.replay(
+            ctx.broker, ctx.queues, ctx.filters, batch_size=batch_size, progress=progress
+        )
+    notes = f" ({'; '.join(outcome.notes)})" if outcome.notes else ""
+    click.echo(f"retried {outcome.done} of {outcome.matched} matching, {outcome.failed} failed{notes}")
+    sys.exit(1 if outcome.failed else 0)
+
+
+@dlq.command()
+@click.argument("message_ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead letter that matches the filters.")
+@filter_options
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def purge(
+    message_ids: tuple[str, ...],
+    all_: bool,
+    queue: str | None,
+    actor: str | None,
+    exception: str | None,
+    since: str | None,
+    yes: bool,
+) -> None:
+    """Delete dead letters for good."""
+    _selection(message_ids, all_)
+    if not yes and not click.confirm("Delete the matching dead letters for good?", err=True):
+        raise click.UsageError("not confirmed: pass --yes to purge without a prompt")
+    ctx = Context(message_ids, queue, actor, exception, since)
+    with ctx.progress("purging") as progress:
+        outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
+    click.echo(f"purged {outcome.done} dead letter(s)")
+
+
+@dlq.command()
+@filter_options
+@click.option("--output", "-o", type=click.File("w"), default="-", help="File to write (default stdout).")
+def export(
+    queue: str | None, actor: str | None, exception: str | None, since: str | None, output: Any
+) -> None:
+    """Write dead letters as JSON lines (record, traceback, body), for audit; removes nothing."""
+    ctx = Context((), queue, actor, exception, since)
+    count = 0
+    for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
+        output.write(ctx.ops.to_json_line(dead.full()) + "\n")
+        count += 1
+    click.echo(f"exported {count} dead letter(s)", err=True)
