@@ -1,20 +1,27 @@
 """The scheduler without processes: fire times (cron, DST, intervals), the misfire plan, the
-schedules file's checks."""
+schedules file's checks, ``--check``, and Sentry check-ins."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import textwrap
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
+from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
 import pytest
+import sentry_sdk
+from sentry_sdk.transport import Transport
 
 import actors
+from scheduler.checkins import CheckIns, monitor_config, sentry_checkins
 from scheduler.plan import plan_fires
 from scheduler.schedules import DEFAULT_FILE, ScheduleError, load_schedules
 from scheduler.triggers import CronSchedule, interval_trigger, next_fires, parse_duration
 from tests import workload  # noqa: F401 - declares the test actors
+from tests.support import BIN, ROOT
 
 NEW_YORK = "America/New_York"
 
@@ -292,3 +299,79 @@ def test_a_file_that_is_not_toml_or_is_missing(tmp_path):
         load(tmp_path, "[[schedule]\n")
     with pytest.raises(ScheduleError, match="cannot read"):
         load_schedules(tmp_path / "missing.toml", actors.broker.actors)
+
+
+def run_scheduler(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "python"), "-m", "scheduler", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LOG_FORMAT": "json"},
+    )
+
+
+def test_check_prints_the_next_fires_and_a_bad_file_stops_the_scheduler(tmp_path):
+    checked = run_scheduler("--check")
+    assert checked.returncode == 0, checked.stderr
+    assert "daily-sales-report: generate_report on reports, cron 0 9 * * * America/New_York" in checked.stdout
+    assert "T09:00:00-0" in checked.stdout  # 09:00 New York time, EST or EDT
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[schedule]]\nid = "nightly"\nactor = "no_such_actor"\nevery = "1d"\n')
+    for args in (("--check", "--schedules", str(bad)), ("--schedules", str(bad))):
+        result = run_scheduler(*args)
+        assert result.returncode == 2
+        assert "schedule 'nightly': unknown actor 'no_such_actor'" in result.stdout + result.stderr
+
+
+# -- Sentry check-ins ------------------------------------------------------------------------------
+
+
+class Capture(Transport):
+    """A Sentry transport that keeps the envelopes instead of sending them."""
+
+    envelopes: ClassVar[list[Any]] = []
+
+    def capture_envelope(self, envelope):
+        Capture.envelopes.append(envelope)
+
+
+def test_check_ins_go_to_one_monitor_per_schedule(tmp_path):
+    schedules = load(
+        tmp_path,
+        """
+        [[schedule]]
+        id = "Daily.Report"
+        actor = "generate_report"
+        args = ["sales"]
+        cron = "0 9 * * *"
+        timezone = "America/New_York"
+        misfire_grace = "1h"
+
+        [[schedule]]
+        id = "odd"
+        actor = "purge_exports"
+        every = "90s"
+        """,
+    )
+    assert monitor_config(schedules[1]) is None  # Sentry counts intervals in whole minutes
+    Capture.envelopes.clear()
+    client = sentry_sdk.Client(dsn="https://key@o0.ingest.sentry.io/1", transport=Capture)
+    with sentry_sdk.isolation_scope() as scope:
+        scope.set_client(client)
+        checkins = CheckIns(schedules)
+        checkins.report(schedules[0], ok=True)
+        checkins.report(schedules[0], ok=False)
+        checkins.report(schedules[1], ok=True)
+    items = [item.payload.json for envelope in Capture.envelopes for item in envelope.items]
+    assert [(i["monitor_slug"], i["status"]) for i in items] == [
+        ("daily-report", "ok"),
+        ("daily-report", "error"),
+    ]
+    assert items[0]["monitor_config"] == {
+        "schedule": {"type": "crontab", "value": "0 9 * * *"},
+        "timezone": "America/New_York",
+        "checkin_margin": 60,
+    }
+    assert sentry_checkins(actors.settings, schedules) is None  # no SENTRY_DSN here

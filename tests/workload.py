@@ -11,6 +11,7 @@ import time
 
 import dramatiq
 import redis
+from dramatiq.middleware import CurrentMessage
 
 from actors import settings
 
@@ -75,3 +76,10 @@ def effect(token: str, seconds: float = 0.0, failures: int = 0) -> str:
         raise RuntimeError("failing on purpose")
     _note("effect", token)
     return f"done {token}"
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def scheduled(token: str) -> None:
+    """Note the fire time the scheduler put on the message (its ``fire_time`` option)."""
+    message = CurrentMessage.get_current_message()
+    store.rpush(key(f"fires:{token}"), str(message.options.get("fire_time") if message else None))
