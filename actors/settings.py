@@ -86,6 +86,10 @@ class Settings(BaseModel):
     idempotency_lease_ms: int = Field(default=30_000, ge=1_000)
     idempotency_drop_duplicates: bool = True
 
+    # Scheduler (python -m scheduler)
+    schedules_file: Path | None = None
+    scheduler_lease_ms: int = Field(default=15_000, ge=1_000, le=600_000)
+
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["json", "console"] = "console"
@@ -95,6 +99,7 @@ class Settings(BaseModel):
     # Personal data in logs and Sentry: a hash key turns removed values into stable keyed hashes.
     pii_hash_key: SecretStr | None = None
     pii_extra_keys: tuple[str, ...] = ()
+    sentry_crons: bool = True
 
     # Reference actors
     smtp_url: str = "smtp://127.0.0.1:1025"

@@ -15,7 +15,7 @@ import dramatiq
 import redis
 import structlog
 from dramatiq.broker import MessageProxy
-from dramatiq.middleware import Middleware, SkipMessage
+from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
 
 from actors import settings
 from middleware.dead_letters import reject
@@ -139,3 +139,10 @@ def depends(token: str, reject: bool = False) -> None:
 def too_slow(seconds: float) -> None:
     """Run past its time limit."""
     time.sleep(seconds)
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def scheduled(token: str) -> None:
+    """Note the fire time the scheduler put on the message (its ``fire_time`` option)."""
+    message = CurrentMessage.get_current_message()
+    store.rpush(key(f"fires:{token}"), str(message.options.get("fire_time") if message else None))

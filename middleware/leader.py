@@ -1,0 +1,126 @@
+"""One leader among processes that share a state store, by a lease with a TTL.
+
+The holder renews the lease every third of its TTL; standbys try to take it every tenth. A leader
+that dies stops renewing, its lease lapses at most one TTL after its death, and a standby takes it
+at its next attempt: a take-over costs at most ``1.1 * ttl``. Nothing stays stuck after a SIGKILL.
+
+A process counts itself leader only until 90% of the TTL after the start of its last successful
+renewal, measured on its own monotonic clock. It therefore steps down *before* the store can let
+another process in, even when the store stops answering. Two leaders can still overlap if a
+process is paused longer than that between checking and acting (GC, SIGSTOP, a VM migration), so
+the work a leader does must be safe to repeat (the scheduler's fires carry idempotency keys).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from middleware.state import StateStore, StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+class LeaderLease:
+    """Leadership of ``name`` for this process, kept by a background thread.
+
+    Parameters:
+      store: the shared state store (its lease operations; the name is namespaced by the store).
+      name: the lease's name; processes competing for the same work use the same name.
+      ttl_ms: the lease's time to live; renewed every third of it, tried for every tenth.
+      on_elected, on_lost: called from the lease thread when this process becomes leader or stops
+        being it (lost to another, lapsed while the store was unreachable, or released at stop).
+        They must return quickly: a slow callback delays the next renewal.
+      owner: this process's identity in the store (host, pid and a random part by default).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        name: str,
+        *,
+        ttl_ms: int,
+        on_elected: Callable[[], None] | None = None,
+        on_lost: Callable[[], None] | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.ttl_ms = ttl_ms
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.on_elected = on_elected
+        self.on_lost = on_lost
+        self._valid_until = 0.0
+        self._leader = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process holds the lease, with a margin before the store would expire it."""
+        return time.monotonic() < self._valid_until
+
+    def start(self) -> None:
+        """Try to take the lease now, then keep trying (or renewing) on a background thread."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, release: bool = True) -> None:
+        """Stop renewing and, with ``release``, give the lease up so a standby takes over at once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.ttl_ms / 1000 + 10)
+        with self._lock:
+            if release and self._leader:
+                try:
+                    self.store.release_lease(self.name, self.owner)
+                except StoreUnavailable as exc:
+                    logger.warning("leader_release_failed", extra={"lease": self.name, "error": str(exc)})
+            self._valid_until = 0.0
+            self._transition()
+
+    def poll(self) -> bool:
+        """One attempt to take or renew the lease; returns whether this process leads now."""
+        with self._lock:
+            started = time.monotonic()
+            try:
+                held = self.store.acquire_lease(self.name, self.owner, self.ttl_ms)
+            except StoreUnavailable as exc:
+                # Keep what is left of the lease: it lapses by itself if the store stays away.
+                logger.warning("leader_lease_unavailable", extra={"lease": self.name, "error": str(exc)})
+            else:
+                self._valid_until = started + self.ttl_ms * 0.9 / 1000 if held else 0.0
+            self._transition()
+            return self.is_leader
+
+    def _transition(self) -> None:
+        leader = self.is_leader
+        if leader == self._leader:
+            return
+        self._leader = leader
+        logger.info(
+            "leader_elected" if leader else "leader_lost", extra={"lease": self.name, "owner": self.owner}
+        )
+        callback = self.on_elected if leader else self.on_lost
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                logger.exception("leader_callback_failed", extra={"lease": self.name})
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            if self._leader:
+                # Renew; wake up in time to notice a lapse too (the store unreachable).
+                remaining = max(self._valid_until - time.monotonic(), 0.0) + 0.01
+                self._stop.wait(min(self.ttl_ms / 3000, remaining))
+            else:
+                self._stop.wait(self.ttl_ms / 10_000)

@@ -1,0 +1,311 @@
+"""The running scheduler: APScheduler triggers, one leader that sends, the state store that remembers.
+
+Every replica runs the same triggers. At each fire, the leader (see :mod:`middleware.leader`)
+looks up the schedule's last sent fire in the state store, asks :func:`scheduler.plan.plan_fires`
+what is due, sends it, and records the new last fire; a standby does nothing. A new leader (at
+start, or taking over from one that died) does the same for every schedule at once, which is how
+missed fires are caught up.
+
+Every message carries the idempotency key ``schedule:<id>:<fire time, UTC>``, built from the
+*scheduled* time, so two replicas that both believe they lead, or a restart between a send and
+its record, publish a fire once: the second send is dropped by the idempotency middleware, and
+the worker's run guard would skip it anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dramatiq
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from actors.logs import get_logger
+from actors.settings import Settings
+from middleware.leader import LeaderLease
+from middleware.state import StateStore, StoreUnavailable
+from scheduler.checkins import CheckIns
+from scheduler.plan import plan_fires
+from scheduler.schedules import Schedule
+from scheduler.triggers import format_duration
+
+logger = get_logger("scheduler")
+
+#: The leader lease's name in the state store (namespaced by ``QUEUE_PREFIX``).
+LEADER_LEASE = "scheduler:leader"
+#: How soon a fire that could not be sent (RabbitMQ or the store down) is tried again.
+RETRY_DELAY = timedelta(seconds=5)
+#: Last fires are remembered at least this long (longer for schedules with longer periods).
+LAST_FIRE_MIN_TTL = timedelta(days=30)
+
+
+def utc_iso(moment: datetime) -> str:
+    """``moment`` in UTC as ``2024-03-10T14:00:00Z`` (fire times are whole seconds)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_utc_iso(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def fire_key(schedule_id: str, fire_time: datetime) -> str:
+    """The idempotency key of one fire: the same on every replica, unique per fire."""
+    return f"schedule:{schedule_id}:{utc_iso(fire_time)}"
+
+
+def last_fire_key(schedule_id: str) -> str:
+    return f"scheduler:last-fire:{schedule_id}"
+
+
+class Scheduler:
+    """Sends the fires of ``schedules`` through ``broker`` while this process leads."""
+
+    def __init__(
+        self,
+        schedules: list[Schedule],
+        *,
+        broker: dramatiq.Broker,
+        store: StateStore,
+        settings: Settings,
+        checkins: CheckIns | None = None,
+    ) -> None:
+        self.schedules = {s.id: s for s in schedules if s.enabled}
+        self.disabled = [s.id for s in schedules if not s.enabled]
+        self.broker = broker
+        self.store = store
+        self.settings = settings
+        self.checkins = checkins
+        self.started_at = datetime.now(UTC)
+        # One sending thread: one RabbitMQ connection (Dramatiq's are per thread), fires in order.
+        self.aps = BackgroundScheduler(
+            timezone=UTC,
+            executors={"default": ThreadPoolExecutor(max_workers=1)},
+            # Every run looks at the store and sends all that is due: APScheduler's own misfire
+            # handling (which needs a persistent job store) stays out of the way.
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
+        self.lease = LeaderLease(
+            store,
+            LEADER_LEASE,
+            ttl_ms=settings.scheduler_lease_ms,
+            on_elected=self._on_elected,
+            on_lost=self._on_lost,
+        )
+        self._locks = {schedule_id: threading.Lock() for schedule_id in self.schedules}
+        self._skips_reported: dict[str, datetime | None] = {}
+        self._stop = threading.Event()
+        self._signal: str | None = None
+
+    # -- life cycle ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Schedule every entry, take part in the leader election, and block until :meth:`stop`."""
+        now = datetime.now(UTC)
+        takeover = self.settings.scheduler_lease_ms * 1.1 / 1000  # see middleware.leader
+        for schedule in self.schedules.values():
+            self.aps.add_job(
+                self.fire, trigger=schedule.trigger, args=[schedule.id], id=schedule.id, name=schedule.id
+            )
+            next_fire = schedule.trigger.get_next_fire_time(None, now)
+            logger.info(
+                "schedule_loaded",
+                schedule=schedule.id,
+                actor=schedule.actor,
+                spec=schedule.spec,
+                queue=self.queue_of(schedule),
+                misfire_grace=format_duration(schedule.misfire_grace),
+                next_fire=next_fire.isoformat() if next_fire else None,
+                next_fire_utc=utc_iso(next_fire) if next_fire else None,
+            )
+            if schedule.misfire_grace.total_seconds() < takeover:
+                logger.warning(
+                    "misfire_grace_below_takeover",
+                    schedule=schedule.id,
+                    misfire_grace=format_duration(schedule.misfire_grace),
+                    takeover_s=round(takeover, 1),
+                    hint="a take-over may skip fires: raise misfire_grace or lower SCHEDULER_LEASE_MS",
+                )
+        for schedule_id in self.disabled:
+            logger.info("schedule_disabled", schedule=schedule_id)
+        logger.info(
+            "scheduler_started",
+            schedules=len(self.schedules),
+            owner=self.lease.owner,
+            lease_ms=self.settings.scheduler_lease_ms,
+            store=self.store.label,
+        )
+        self.aps.start()
+        if not self.lease.poll():
+            logger.info("scheduler_standby", leader=self._holder())
+        self.lease.start()
+        self._stop.wait()
+        logger.info("scheduler_stopping", signal=self._signal)
+        self.aps.shutdown(wait=True)  # a send under way finishes; queued runs see the stop and return
+        self.lease.stop(release=True)  # a standby takes over at its next attempt
+        logger.info("scheduler_stopped")
+
+    def stop(self, signal_name: str | None = None) -> None:
+        """Make :meth:`run` return; safe to call from a signal handler."""
+        self._signal = signal_name
+        self._stop.set()
+
+    # -- firing ----------------------------------------------------------------------------------
+
+    def fire(self, schedule_id: str, catch_up: bool = False) -> None:
+        """Send what is due for one schedule. Run by its trigger, after an election (``catch_up``)
+        and after a failed send; a standby returns at once."""
+        if self._stop.is_set() or not self.lease.is_leader:
+            return
+        schedule = self.schedules[schedule_id]
+        with self._locks[schedule_id]:
+            now = datetime.now(UTC)
+            try:
+                stored = self.store.get(last_fire_key(schedule_id))
+            except StoreUnavailable as exc:
+                logger.warning("schedule_state_unavailable", schedule=schedule_id, error=str(exc))
+                self._retry(schedule_id)
+                return
+            last = parse_utc_iso(stored.decode()) if stored else None
+            plan = plan_fires(
+                schedule.trigger, last=last, now=now, started_at=self.started_at, grace=schedule.misfire_grace
+            )
+            if plan.skipped and self._skips_reported.get(schedule_id) != last:
+                self._skips_reported[schedule_id] = last
+                logger.warning(
+                    "schedule_misfire_skipped",
+                    schedule=schedule_id,
+                    last_fire=utc_iso(last) if last else None,
+                    misfire_grace=format_duration(schedule.misfire_grace),
+                )
+            if plan.coalesced:
+                logger.info(
+                    "schedule_misfire_coalesced",
+                    schedule=schedule_id,
+                    missed=plan.coalesced + 1,
+                    fire_time=utc_iso(plan.send[0]),
+                )
+            for index, fire_time in enumerate(plan.send):
+                if self._stop.is_set() or not self.lease.is_leader:
+                    return
+                missed = catch_up or index < len(plan.send) - 1
+                if not self._send(schedule, fire_time, missed=missed):
+                    self._retry(schedule_id)
+                    return
+
+    def _send(self, schedule: Schedule, fire_time: datetime, *, missed: bool) -> bool:
+        """Publish one fire (confirmed by RabbitMQ), then record it; False when it could not be sent."""
+        options: dict[str, Any] = {
+            "idempotency_key": fire_key(schedule.id, fire_time),
+            # A fire can be sent again up to misfire_grace after its time: remember the key longer.
+            "idempotency_ttl": max(
+                self.settings.idempotency_ttl_ms, int(schedule.misfire_grace.total_seconds() * 2000)
+            ),
+            "schedule": schedule.id,
+            "fire_time": utc_iso(fire_time),
+        }
+        if schedule.priority is not None:
+            options["broker_priority"] = schedule.priority
+        actor = self.broker.get_actor(schedule.actor)
+        message = actor.message_with_options(args=schedule.args, kwargs=schedule.kwargs, **options)
+        if schedule.queue is not None:
+            message = message.copy(queue_name=self.settings.queue(schedule.queue))
+        late_ms = int((datetime.now(UTC) - fire_time).total_seconds() * 1000)
+        try:
+            sent = self.broker.enqueue(message)
+        except Exception as exc:  # RabbitMQ or the state store: the fire is tried again
+            logger.error(
+                "schedule_send_failed",
+                schedule=schedule.id,
+                fire_time=utc_iso(fire_time),
+                error=f"{type(exc).__name__}: {exc}",
+                retry_in_s=RETRY_DELAY.total_seconds(),
+            )
+            if self.checkins is not None:
+                self.checkins.report(schedule, ok=False)
+            return False
+        if sent.options.get("duplicate"):
+            logger.info(
+                "schedule_fire_duplicate",
+                schedule=schedule.id,
+                fire_time=utc_iso(fire_time),
+                original_message_id=sent.message_id,
+            )
+        else:
+            logger.info(
+                "schedule_fired",
+                schedule=schedule.id,
+                actor=schedule.actor,
+                fire_time=utc_iso(fire_time),
+                message_id=sent.message_id,
+                queue=sent.queue_name,
+                late_ms=late_ms,
+                missed=missed,
+            )
+            if self.checkins is not None:
+                self.checkins.report(schedule, ok=True)
+        self._record(schedule, fire_time)
+        return True
+
+    def _record(self, schedule: Schedule, fire_time: datetime) -> None:
+        """Remember the last fire sent, long enough to outlive the next one's grace."""
+        following = schedule.trigger.get_next_fire_time(fire_time, fire_time)
+        period = following - fire_time if following is not None else timedelta(0)
+        ttl = max(LAST_FIRE_MIN_TTL, 2 * period + schedule.misfire_grace)
+        try:
+            self.store.set(
+                last_fire_key(schedule.id), utc_iso(fire_time), ttl_ms=int(ttl.total_seconds() * 1000)
+            )
+        except StoreUnavailable as exc:
+            # Sent but not recorded: the next look sends it again and its key drops the copy.
+            logger.warning(
+                "schedule_last_fire_unsaved",
+                schedule=schedule.id,
+                fire_time=utc_iso(fire_time),
+                error=str(exc),
+            )
+
+    def _retry(self, schedule_id: str) -> None:
+        if not self._stop.is_set():
+            self.aps.add_job(
+                self.fire,
+                "date",
+                run_date=datetime.now(UTC) + RETRY_DELAY,
+                args=[schedule_id, True],
+                id=f"retry:{schedule_id}",
+                replace_existing=True,
+            )
+
+    # -- leadership ------------------------------------------------------------------------------
+
+    def _on_elected(self) -> None:
+        logger.info("scheduler_leader", owner=self.lease.owner)
+        for schedule_id in self.schedules:
+            self.aps.add_job(
+                self.fire,
+                "date",
+                args=[schedule_id, True],
+                id=f"catch-up:{schedule_id}",
+                replace_existing=True,
+            )
+
+    def _on_lost(self) -> None:
+        if not self._stop.is_set():
+            logger.warning("scheduler_standby", leader=self._holder(), reason="lease lost")
+
+    def _holder(self) -> str | None:
+        try:
+            return self.store.lease_holder(LEADER_LEASE)
+        except StoreUnavailable:
+            return None
+
+    def queue_of(self, schedule: Schedule) -> str:
+        return queue_of(schedule, self.broker, self.settings)
+
+
+def queue_of(schedule: Schedule, broker: dramatiq.Broker, settings: Settings) -> str:
+    """The queue a schedule's messages go to: its ``queue`` (with ``QUEUE_PREFIX``) or its actor's."""
+    if schedule.queue is not None:
+        return settings.queue(schedule.queue)
+    return str(broker.get_actor(schedule.actor).queue_name)

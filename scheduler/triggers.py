@@ -1,0 +1,203 @@
+"""Fire times: standard crontab expressions in an IANA time zone, and fixed intervals.
+
+Every replica of the scheduler must compute the *same* fire times, because a fire's idempotency
+key is built from its scheduled time. So intervals are aligned to the Unix epoch (``every = "15m"``
+fires at :00, :15, :30 and :45 UTC, whenever the process started) instead of APScheduler's
+default of "now + interval", and cron times come from the expression and its time zone only.
+
+APScheduler 3's cron trigger differs from standard cron in three ways, corrected here:
+
+- day of week: 0 is Sunday in crontab (7 too), Monday in APScheduler 3;
+- when both day of month and day of week are restricted, crontab fires when *either* matches
+  (APScheduler requires both);
+- on the autumn DST change a fixed time such as ``30 1 * * *`` occurs twice; crontab runs it once
+  (the first time), APScheduler twice. Jobs whose minute or hour starts with ``*`` run by elapsed
+  time, in both passes, as in crontab. A fixed time that does not exist on the spring change
+  (``30 2 * * *`` in New York) fires once, at the same instant as before the change (03:30 EDT).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+#: Fixed intervals count from here, so every replica fires at the same instants.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def _field_pattern(token: str) -> re.Pattern[str]:
+    """A comma-separated list of ``*``, ``N`` or ``N-M``, each with an optional ``/step``."""
+    item = rf"(?:\*|{token}(?:-{token})?)(?:/\d+)?"
+    return re.compile(rf"^{item}(?:,{item})*$")
+
+
+_NUMBERS = _field_pattern(r"\d+")
+_NAMES = _field_pattern(r"(?:\d+|[a-z]{3})")  # month (jan-dec) and day of week (sun-sat)
+_PATTERNS = (_NUMBERS, _NUMBERS, _NUMBERS, _NAMES, _NAMES)
+_FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
+_MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"30s"``, ``"5m"``, ``"1h"``, ``"1d"`` or combinations (``"1h30m"``) as a timedelta."""
+    match = _DURATION.match(text.strip().lower())
+    if not text.strip() or match is None:
+        raise ValueError("must be a duration such as 30s, 5m, 1h, 1d or 1h30m")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    duration = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    if duration <= timedelta(0):
+        raise ValueError("must be longer than zero")
+    return duration
+
+
+def format_duration(duration: timedelta) -> str:
+    """The shortest spelling :func:`parse_duration` reads back (``timedelta(minutes=90)`` → ``1h30m``)."""
+    seconds = int(duration.total_seconds())
+    parts = []
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts) or "0s"
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA time zone ``name``; ValueError when it is unknown."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {name!r} (use an IANA name such as Europe/Paris)") from None
+
+
+def interval_trigger(every: timedelta) -> IntervalTrigger:
+    """Fires every ``every`` (whole seconds), at multiples of it since the epoch, in UTC."""
+    if every.total_seconds() < 1 or every.total_seconds() != int(every.total_seconds()):
+        raise ValueError("must be a whole number of seconds, at least 1s")
+    return IntervalTrigger(seconds=int(every.total_seconds()), start_date=EPOCH, timezone=UTC)
+
+
+def _day(token: str) -> int:
+    if token.isdigit() and int(token) <= 7:
+        return int(token)
+    if token in _DAYS:
+        return _DAYS.index(token)
+    raise ValueError(f"day of week {token!r} is not 0-7 or sun-sat")
+
+
+def _weekdays(field: str) -> str:
+    """A crontab day-of-week field (0 or 7 = Sunday) as APScheduler 3 day names."""
+    days: set[int] = set()
+    for part in field.split(","):
+        body, _, step_text = part.partition("/")
+        step = int(step_text) if step_text else 1
+        if step < 1:
+            raise ValueError("a step must be at least 1")
+        if body == "*":
+            first, last = 0, 6
+        elif "-" in body:
+            first, last = (_day(t) for t in body.split("-", 1))
+        else:
+            first = _day(body)
+            last = 6 if step_text else first
+        if first > last:
+            raise ValueError(f"day-of-week range {body!r} runs backwards")
+        days.update(d % 7 for d in range(first, last + 1, step))
+    if len(days) == 7:
+        return "*"
+    # APScheduler 3 counts from Monday; its names are unambiguous.
+    return ",".join(_DAYS[d] for d in sorted(days, key=lambda d: (d + 6) % 7))
+
+
+class CronSchedule(BaseTrigger):  # type: ignore[misc]
+    """A standard five-field crontab expression (or ``@daily``-style macro) in a time zone."""
+
+    def __init__(self, expression: str, timezone: str = "UTC") -> None:
+        self.expression = expression
+        self.timezone: tzinfo = zone(timezone)
+        self.timezone_name = timezone
+        fields = _MACROS.get(expression.strip().lower(), expression).lower().split()
+        if len(fields) != 5:
+            raise ValueError(
+                f"has {len(fields)} fields; standard cron has 5 (minute hour day-of-month month day-of-week)"
+            )
+        for name, pattern, field in zip(_FIELD_NAMES, _PATTERNS, fields, strict=True):
+            if not pattern.match(field):
+                raise ValueError(f"{name} field {field!r} is not standard cron syntax")
+        minute, hour, day, month, weekday = fields
+        weekdays = _weekdays(weekday)
+        # crontab: when both day fields are restricted, either one matching is enough.
+        if day.startswith("*") or weekday.startswith("*"):
+            days = [(day, weekdays)]
+        else:
+            days = [(day, "*"), ("*", weekdays)]
+        try:
+            self._triggers = [
+                CronTrigger(
+                    minute=minute, hour=hour, day=d, month=month, day_of_week=w, timezone=self.timezone
+                )
+                for d, w in days
+            ]
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        # crontab's "fixed-time" jobs run once per wall-clock time; "wildcard" ones by elapsed time.
+        self._once_per_wall_time = not (minute.startswith("*") or hour.startswith("*"))
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
+        after, start = previous_fire_time, now
+        while True:
+            candidates = [t.get_next_fire_time(after, start) for t in self._triggers]
+            found = [c for c in candidates if c is not None]
+            if not found:
+                return None
+            fire = _utc(min(found, key=_utc)).astimezone(self.timezone)
+            # Compared in UTC: datetimes sharing a tzinfo compare by wall clock, ignoring ``fold``.
+            too_early = previous_fire_time is not None and _utc(fire) <= _utc(previous_fire_time)
+            if not too_early and not (self._once_per_wall_time and fire.fold == 1):
+                return fire
+            after, start = fire, fire
+
+    def __str__(self) -> str:
+        return f"cron[{self.expression} {self.timezone_name}]"
+
+    def __repr__(self) -> str:
+        return f"<CronSchedule {self.expression!r} {self.timezone_name}>"
+
+
+def next_fires(trigger: BaseTrigger, after: datetime, count: int) -> Iterator[datetime]:
+    """The first ``count`` fire times at or after ``after``."""
+    fire = trigger.get_next_fire_time(None, after)
+    for _ in range(count):
+        if fire is None:
+            return
+        yield fire
+        fire = trigger.get_next_fire_time(fire, fire)
+
+
+def fires_between(trigger: BaseTrigger, start: datetime, end: datetime) -> Iterator[datetime]:
+    """Fire times ``t`` with ``start < t <= end``, in order."""
+    fire = trigger.get_next_fire_time(None, start)
+    while fire is not None and _utc(fire) <= _utc(end):
+        if _utc(fire) > _utc(start):
+            yield fire
+        fire = trigger.get_next_fire_time(fire, fire)
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC)
