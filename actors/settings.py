@@ -70,6 +70,10 @@ class Settings(BaseModel):
     idempotency_lease_ms: int = Field(default=30_000, ge=1_000)
     idempotency_drop_duplicates: bool = True
 
+    # Job status
+    job_status: bool = True
+    job_status_ttl_ms: int = Field(default=86_400_000, ge=1_000)
+
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     log_format: Literal["json", "console"] = "console"

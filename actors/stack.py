@@ -16,6 +16,7 @@ from dramatiq.middleware import (
 from actors.settings import Settings
 from middleware.idempotency import Idempotency
 from middleware.state import StateStore
+from middleware.status import Status
 
 
 def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
@@ -31,8 +32,12 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
       (``after`` hooks run in reverse), so a failed run's claim is released before the retry is
       enqueued. Its ``before_process_message`` runs last, after AgeLimit has had its say, so a
       message is claimed only when it is about to run.
+    - Status after Retries and Idempotency (``JOB_STATUS``): its ``before_process_message`` runs
+      only for a message that will run (not for one skipped or deferred before it), and its
+      ``after_process_message`` runs before Retries', so it records the failed attempt and then
+      sees Retries' re-enqueue as the retry (middleware/attempts.py).
     """
-    return [
+    stack: list[Middleware] = [
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),
         ShutdownNotifications(),
@@ -51,3 +56,6 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
             drop_duplicates=settings.idempotency_drop_duplicates,
         ),
     ]
+    if settings.job_status:
+        stack.append(Status(store, ttl_ms=settings.job_status_ttl_ms))
+    return stack

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import time
+from datetime import UTC, datetime
 
 import click
 import pika
@@ -75,3 +78,58 @@ def worker(dramatiq_args: tuple[str, ...]) -> None:
         *[a for a in dramatiq_args if a.startswith("-")],
     ]
     os.execv(executable, argv)
+
+
+def _when(ms: int | None, now_ms: int) -> str:
+    if ms is None:
+        return "-"
+    stamp = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+    return f"{stamp}  ({(now_ms - ms) / 1000:.0f} s ago)"
+
+
+@main.command()
+@click.argument("message_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
+def status(message_id: str, as_json: bool) -> None:
+    """Show the status of one job (the message id ``send()`` returned).
+
+    Exit code 0 when the job is known, 1 when it is unknown or its record expired
+    (JOB_STATUS_TTL_MS), 2 when the state store cannot be reached.
+    """
+    load_actors()
+    from actors.status import get_status
+    from middleware.state import StoreUnavailable
+
+    try:
+        record = get_status(message_id)
+    except StoreUnavailable as exc:
+        click.echo(f"jobctl: state store unreachable ({exc})", err=True)
+        sys.exit(EXIT_UNREACHABLE)
+    if record is None:
+        click.echo(json.dumps({"message_id": message_id, "state": "unknown"}) if as_json else "unknown")
+        sys.exit(EXIT_DEGRADED)
+    if as_json:
+        click.echo(json.dumps(record.to_dict()))
+        sys.exit(EXIT_OK)
+    now = int(time.time() * 1000)
+    rows = [
+        ("message", record.message_id),
+        ("state", f"{record.state}  (attempt {record.attempts})" if record.attempts else record.state),
+        ("actor", f"{record.actor or '-'}  on queue {record.queue or '-'}"),
+        (
+            "progress",
+            "-" if record.progress is None else f"{record.progress:.0%}  {record.note or ''}".rstrip(),
+        ),
+        ("enqueued", _when(record.enqueued_at, now)),
+        ("started", _when(record.started_at, now)),
+        ("finished", _when(record.finished_at, now)),
+    ]
+    if record.retry_at and record.state == "retrying":
+        rows.append(("next try", _when(record.retry_at, now)))
+    if record.error_type:
+        rows.append(("error", f"{record.error_type}: {record.error or ''}"))
+    if record.result is not None:
+        rows.append(("result", json.dumps(record.result)))
+    for name, value in rows:
+        click.echo(f"{name:<10} {value}")
+    sys.exit(EXIT_OK)

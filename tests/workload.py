@@ -13,6 +13,7 @@ import dramatiq
 import redis
 
 from actors import settings
+from middleware.status import progress
 
 store = redis.Redis.from_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
 QUEUE = settings.queue("workload")
@@ -75,3 +76,15 @@ def effect(token: str, seconds: float = 0.0, failures: int = 0) -> str:
         raise RuntimeError("failing on purpose")
     _note("effect", token)
     return f"done {token}"
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def staged(token: str, steps: int) -> dict[str, int]:
+    """Report progress at each of ``steps`` steps, then wait there until the test lets it go on
+    (key ``go:<token>:<step>``), so a poller sees every value mid-run."""
+    deadline = time.monotonic() + 60
+    for step in range(steps):
+        progress(step / steps, note=f"step {step}")
+        while not store.exists(key(f"go:{token}:{step}")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return {"steps": steps}
