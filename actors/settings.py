@@ -86,6 +86,7 @@ class Settings(BaseModel):
     smtp_timeout: float = Field(default=30.0, gt=0)
     mail_from: str = "jobs@example.com"
     reports_dir: Path = Path("var/reports")
+    media_dir: Path = Path("var/media")
 
     # Worker tuning
     worker_processes: int = Field(default=2, ge=1, le=256)
