@@ -70,9 +70,12 @@ class Settings(BaseModel):
     idempotency_lease_ms: int = Field(default=30_000, ge=1_000)
     idempotency_drop_duplicates: bool = True
 
-    # Job status
+    # Job status, queue health
     job_status: bool = True
     job_status_ttl_ms: int = Field(default=86_400_000, ge=1_000)
+    health_max_waiting: int = Field(default=10_000, ge=0)
+    health_max_dead_letters: int = Field(default=100, ge=0)
+    health_max_age_ms: int = Field(default=600_000, ge=1_000)
 
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
