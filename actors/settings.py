@@ -7,6 +7,7 @@ is wrong, never echoing the value (URLs carry passwords).
 from __future__ import annotations
 
 import os
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -70,12 +71,15 @@ class Settings(BaseModel):
     idempotency_lease_ms: int = Field(default=30_000, ge=1_000)
     idempotency_drop_duplicates: bool = True
 
-    # Job status, queue health
+    # Job status, queue health, metrics
     job_status: bool = True
     job_status_ttl_ms: int = Field(default=86_400_000, ge=1_000)
     health_max_waiting: int = Field(default=10_000, ge=0)
     health_max_dead_letters: int = Field(default=100, ge=0)
     health_max_age_ms: int = Field(default=600_000, ge=1_000)
+    prometheus_port: int = Field(default=9191, ge=0, le=65_535)
+    prometheus_host: str = "0.0.0.0"
+    prometheus_dir: Path = Path(tempfile.gettempdir()) / "jobs-prometheus"
 
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"

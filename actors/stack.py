@@ -15,6 +15,7 @@ from dramatiq.middleware import (
 
 from actors.settings import Settings
 from middleware.idempotency import Idempotency
+from middleware.metrics import Metrics
 from middleware.state import StateStore
 from middleware.status import Status
 
@@ -36,6 +37,8 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
       only for a message that will run (not for one skipped or deferred before it), and its
       ``after_process_message`` runs before Retries', so it records the failed attempt and then
       sees Retries' re-enqueue as the retry (middleware/attempts.py).
+    - Metrics last (``PROMETHEUS_PORT``, 0 turns it off), for the same reasons, and so its timer
+      measures the actor alone.
     """
     stack: list[Middleware] = [
         AgeLimit(max_age=settings.job_max_age_ms),
@@ -58,4 +61,8 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     ]
     if settings.job_status:
         stack.append(Status(store, ttl_ms=settings.job_status_ttl_ms))
+    if settings.prometheus_port:
+        from actors.metrics import serve_metrics
+
+        stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     return stack
