@@ -194,9 +194,9 @@ def measure(
     Raises ConnectionError when RabbitMQ cannot be reached over AMQP.
     """
     connection = _connect(config, timeout)
+    measured = []
     try:
         passive = _Passive(connection)
-        measured = []
         for queue in queues:
             waiting, consumers = passive.counts(queue)
             measured.append(
@@ -208,8 +208,11 @@ def measure(
                     dead=passive.counts(queue + ".XQ")[0],
                 )
             )
+    except pika.exceptions.AMQPError as exc:
+        raise ConnectionError(f"connection lost: {type(exc).__name__}") from exc
     finally:
-        connection.close()
+        if connection.is_open:
+            connection.close()
     notes: list[str] = []
     try:
         stats = _management_stats(config, timeout)

@@ -36,7 +36,7 @@ from dramatiq.middleware import CurrentMessage, Middleware
 
 from middleware.attempts import AttemptTracker
 from middleware.deferred import DeferredWrites
-from middleware.state import StateStore
+from middleware.state import StateStore, StoreUnavailable
 from middleware.status_store import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
 
 logger = logging.getLogger(__name__)
@@ -129,8 +129,9 @@ class Status(Middleware):
             updates = [u for mid in dict.fromkeys(message_ids) for u in self._pending.pop(mid, [])]
         try:
             self.backend.apply(updates, self.ttl_ms)
-        except BaseException:
+        except StoreUnavailable:
             # Put them back in front of anything newer; DeferredWrites tries the batch again.
+            # (Any other error drops the batch, as DeferredWrites does: it would fail again.)
             with self._lock:
                 for mid in dict.fromkeys(u.message_id for u in updates):
                     older = [u for u in updates if u.message_id == mid]
