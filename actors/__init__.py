@@ -22,6 +22,6 @@ store = open_store(settings.state_url, namespace=settings.state_namespace, timeo
 broker = build_broker(settings, build_middleware(settings, store))
 dramatiq.set_broker(broker)
 
-from actors import emails, reports  # noqa: E402
+from actors import emails, health, media, reports  # noqa: E402
 
-__all__ = ["broker", "emails", "reports", "settings", "store"]
+__all__ = ["broker", "emails", "health", "media", "reports", "settings", "store"]

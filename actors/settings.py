@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -89,6 +90,15 @@ class Settings(BaseModel):
     # Scheduler (python -m scheduler)
     schedules_file: Path | None = None
     scheduler_lease_ms: int = Field(default=15_000, ge=1_000, le=600_000)
+    # Job status, queue health, metrics
+    job_status: bool = True
+    job_status_ttl_ms: int = Field(default=86_400_000, ge=1_000)
+    health_max_waiting: int = Field(default=10_000, ge=0)
+    health_max_dead_letters: int = Field(default=100, ge=0)
+    health_max_age_ms: int = Field(default=600_000, ge=1_000)
+    prometheus_port: int = Field(default=9191, ge=0, le=65_535)
+    prometheus_host: str = "0.0.0.0"
+    prometheus_dir: Path = Path(tempfile.gettempdir()) / "jobs-prometheus"
 
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
@@ -106,6 +116,7 @@ class Settings(BaseModel):
     smtp_timeout: float = Field(default=30.0, gt=0)
     mail_from: str = "jobs@example.com"
     reports_dir: Path = Path("var/reports")
+    media_dir: Path = Path("var/media")
 
     # Worker tuning
     worker_processes: int = Field(default=2, ge=1, le=256)

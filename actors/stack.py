@@ -17,14 +17,20 @@ from actors.settings import Settings
 from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
+from middleware.metrics import Metrics
 from middleware.state import StateStore
+from middleware.status import Status
 from middleware.stored_tracebacks import ScrubStoredTracebacks
 
 
 def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
-    """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire.
+    """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire
+    (``after_*`` hooks run in the reverse order).
 
-    - AgeLimit first: a message too old to matter is dropped to the dead letters before any work.
+    - JobLifecycle first: its ``before_process_message`` binds the job context before any other
+      middleware logs, and its ``after_*`` hooks run last, once Retries has chosen between a retry
+      and the dead letters; it also declares ``log_args``.
+    - AgeLimit: a message too old to matter goes to the dead letters before any work.
     - TimeLimit: every actor gets ``JOB_TIME_LIMIT_MS`` unless it sets ``time_limit`` itself.
     - ShutdownNotifications, Callbacks, Pipelines: Dramatiq's defaults, unchanged.
     - DeadLetters: counts attempts and builds the record a dead letter carries (final error,
@@ -32,21 +38,22 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     - SafeRetries (Dramatiq's Retries, except a retry that cannot be published is redelivered
       instead of lost): exponential backoff with jitter (``min_backoff * 2**n * U[1,2)``), a
       finite number of attempts and a cap below RabbitMQ's ``consumer_timeout`` (settings check it).
-    - CurrentMessage: lets actors and helpers find the message they run for.
-    - Idempotency after Retries: its ``after_process_message`` then runs *before* Retries'
-      (``after`` hooks run in reverse), so a failed run's claim is released before the retry is
-      enqueued. Its ``before_process_message`` runs last, after AgeLimit has had its say, so a
-      message is claimed only when it is about to run.
-    - JobLifecycle first: its ``before_process_message`` binds the job context before any other
-      middleware logs, and its ``after_*`` hooks (``emit_after`` runs in reverse) run last, once
-      Retries has chosen between a retry and the dead letters; it also declares ``log_args``.
+    - CurrentMessage: lets actors and helpers (``progress()``) find the message they run for.
+    - Idempotency after Retries: its ``after_process_message`` runs *before* Retries', so a failed
+      run's claim is released before the retry is enqueued; its ``before_process_message`` runs
+      after AgeLimit, so a message is claimed only when it is about to run.
+    - Status after Retries and Idempotency (``JOB_STATUS``): its ``before_process_message`` runs
+      only for a message that will run (not for one skipped or deferred before it), and its
+      ``after_process_message`` runs before Retries', so it records the failed attempt and then
+      sees Retries' re-enqueue as the retry (middleware/attempts.py).
+    - Metrics (``PROMETHEUS_PORT``, 0 turns it off) after them, so its timer measures the actor.
     - ScrubStoredTracebacks last: ``before_enqueue`` runs in list order, so it scrubs the
       traceback Retries stored in the options after every other middleware wrote its own, just
       before the body is encoded (Retries publishes from inside its ``after_process_message``, so
       an after-hook would be too late).
     """
     scrubber = get_scrubber(settings)
-    return [
+    stack: list[Middleware] = [
         JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),
@@ -66,5 +73,12 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
             lease_ms=settings.idempotency_lease_ms,
             drop_duplicates=settings.idempotency_drop_duplicates,
         ),
-        ScrubStoredTracebacks(scrubber.text),
     ]
+    if settings.job_status:
+        stack.append(Status(store, ttl_ms=settings.job_status_ttl_ms, scrub=scrubber.text))
+    if settings.prometheus_port:
+        from actors.metrics import serve_metrics
+
+        stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
+    stack.append(ScrubStoredTracebacks(scrubber.text))
+    return stack

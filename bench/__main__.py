@@ -79,10 +79,14 @@ def throughput(
     The worker logs at WARNING unless ``env_overrides`` say otherwise (its output is discarded).
     """
     from actors.bulk import send_bulk
+    from middleware.status import find_status
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     broker.declare_queue(queue, ensure=True)
     send_bulk(make_messages(queue, count), broker=broker)
+    status = find_status(broker)
+    if status is not None:
+        status.flush(120)  # the "queued" records are written before the clock starts
     env = {**os.environ, "BENCH_QUEUE": queue, "LOG_LEVEL": "WARNING", **env_overrides}
     worker = subprocess.Popen(
         [str(BIN / "dramatiq"), module, "-p", str(processes), "-t", str(threads)],
@@ -187,6 +191,34 @@ def main() -> None:
         print(keyed.line())
         print(f"  {'ratio keyed (' + name + ') / bare':<44} {keyed.per_second / bare.per_second:>9.2f}")
 
+    print("job status tracking (queued at send, running, succeeded: deferred, batched writes)")
+    untracked = throughput(
+        "project stack, status off",
+        "bench.project",
+        store_broker(stores["redis"], JOB_STATUS="false"),
+        args.count,
+        args.processes,
+        args.threads,
+        STATE_URL=stores["redis"],
+        JOB_STATUS="false",
+    )
+    print(untracked.line())
+    for name, url in stores.items():
+        tracked = throughput(
+            f"project stack, status on, {name} store",
+            "bench.project",
+            store_broker(url),
+            args.count,
+            args.processes,
+            args.threads,
+            STATE_URL=url,
+            JOB_STATUS="true",
+        )
+        print(tracked.line())
+        for against, rate in (("off", untracked), ("bare", bare)):
+            label = f"ratio status on ({name}) / {against}"
+            print(f"  {label:<44} {tracked.per_second / rate.per_second:>9.2f}")
+
     print(f"send rate, {args.count:,} messages, publisher confirms on")
     loop, bulk = send_rates(args.count)
     print(loop.line())
@@ -205,8 +237,9 @@ def main() -> None:
     bare_broker.close()
 
 
-def store_broker(state_url: str) -> RabbitmqBroker:
-    """The project's broker and middleware on ``state_url``, knowing the bench's keyed actor."""
+def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
+    """The project's broker and middleware on ``state_url`` (other settings from ``env``), knowing
+    the bench's keyed actor."""
     import actors
     import bench.project
     from actors.broker import build_broker
@@ -214,7 +247,7 @@ def store_broker(state_url: str) -> RabbitmqBroker:
     from actors.stack import build_middleware
     from middleware.state import open_store
 
-    settings = load_settings({**os.environ, "STATE_URL": state_url})
+    settings = load_settings({**os.environ, "STATE_URL": state_url, **env})
     store = open_store(settings.state_url, namespace=settings.state_namespace)
     broker = build_broker(settings, build_middleware(settings, store))
     broker.actors.update(actors.broker.actors)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
+import time
+from datetime import UTC, datetime
 
 import click
 import pika
@@ -99,3 +102,118 @@ def worker(dramatiq_args: tuple[str, ...]) -> None:
         *[a for a in dramatiq_args if a.startswith("-")],
     ]
     os.execv(executable, argv)
+
+
+def _when(ms: int | None, now_ms: int) -> str:
+    if ms is None:
+        return "-"
+    stamp = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+    return f"{stamp}  ({(now_ms - ms) / 1000:.0f} s ago)"
+
+
+@main.command()
+@click.argument("message_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
+def status(message_id: str, as_json: bool) -> None:
+    """Show the status of one job (the message id ``send()`` returned).
+
+    Exit code 0 when the job is known, 1 when it is unknown or its record expired
+    (JOB_STATUS_TTL_MS), 2 when the state store cannot be reached.
+    """
+    load_actors()
+    from actors.status import get_status
+    from middleware.state import StoreUnavailable
+
+    try:
+        record = get_status(message_id)
+    except StoreUnavailable as exc:
+        click.echo(f"jobctl: state store unreachable ({exc})", err=True)
+        sys.exit(EXIT_UNREACHABLE)
+    if record is None:
+        click.echo(json.dumps({"message_id": message_id, "state": "unknown"}) if as_json else "unknown")
+        sys.exit(EXIT_DEGRADED)
+    if as_json:
+        click.echo(json.dumps(record.to_dict()))
+        sys.exit(EXIT_OK)
+    now = int(time.time() * 1000)
+    rows = [
+        ("message", record.message_id),
+        ("state", f"{record.state}  (attempt {record.attempts})" if record.attempts else record.state),
+        ("actor", f"{record.actor or '-'}  on queue {record.queue or '-'}"),
+        (
+            "progress",
+            "-" if record.progress is None else f"{record.progress:.0%}  {record.note or ''}".rstrip(),
+        ),
+        ("enqueued", _when(record.enqueued_at, now)),
+        ("started", _when(record.started_at, now)),
+        ("finished", _when(record.finished_at, now)),
+    ]
+    if record.retry_at and record.state == "retrying":
+        rows.append(("next try", _when(record.retry_at, now)))
+    if record.error_type:
+        rows.append(("error", f"{record.error_type}: {record.error or ''}"))
+    if record.result is not None:
+        rows.append(("result", json.dumps(record.result)))
+    for name, value in rows:
+        click.echo(f"{name:<10} {value}")
+    sys.exit(EXIT_OK)
+
+
+def _number(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+@main.command()
+@click.option(
+    "--queue", "queues", multiple=True, help="Check only this queue (repeatable; QUEUE_PREFIX is added)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for each service.")
+def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
+    """Queue health: backlog, running, delayed, dead letters, consumers, rates, totals, verdicts.
+
+    Checks the queues the project's actors declare (or those given with --queue) against the
+    HEALTH_* thresholds. Exit code 0 healthy, 1 degraded, 2 broker unreachable: usable as a
+    container health check or a cron alert.
+    """
+    load_actors()
+    from actors.health import check, resolve_queues
+
+    report = check(resolve_queues(list(queues)), timeout=timeout)
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+        sys.exit(report.exit_code)
+    if report.status == "unreachable":
+        click.echo(f"unreachable  rabbitmq: {report.error}")
+        sys.exit(report.exit_code)
+    header: tuple[str, ...] = ("queue", "verdict", "waiting", "running", "delayed", "dead", "consumers")
+    header += ("publish/s", "ack/s", "oldest s", "succeeded", "failed")
+    lines: list[tuple[str, ...]] = [header]
+    for q in report.queues:
+        lines.append(
+            (
+                q.queue,
+                q.verdict,
+                _number(q.waiting),
+                _number(q.in_progress),
+                _number(q.delayed),
+                _number(q.dead),
+                _number(q.consumers),
+                _number(q.publish_rate, 1),
+                _number(q.ack_rate, 1),
+                _number(q.oldest_age_s),
+                _number(q.succeeded),
+                _number(q.failed),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    source = "management API" if report.source == "management" else "AMQP (management API unreachable)"
+    click.echo(f"\n{report.status}  (numbers from {source}; succeeded/failed from the job-status counters)")
+    for q in report.queues:
+        for problem in q.problems:
+            click.echo(f"  {q.queue}: {problem.detail}")
+    for note in report.notes:
+        click.echo(f"  note: {note}")
+    sys.exit(report.exit_code)

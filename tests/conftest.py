@@ -55,6 +55,8 @@ def worker_env(prefix: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
         JOB_MIN_BACKOFF_MS="200",
         JOB_MAX_BACKOFF_MS="2000",
         TEST_REDIS_URL=TEST_REDIS_URL,
+        # No metrics server unless a test asks for one on a free port (9191 may be taken).
+        PROMETHEUS_PORT="0",
     )
     env.update(overrides)
     return env

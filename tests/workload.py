@@ -19,6 +19,7 @@ from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
 
 from actors import settings
 from middleware.dead_letters import reject
+from middleware.status import progress
 
 store = redis.Redis.from_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
 QUEUE = settings.queue("workload")
@@ -146,3 +147,15 @@ def scheduled(token: str) -> None:
     """Note the fire time the scheduler put on the message (its ``fire_time`` option)."""
     message = CurrentMessage.get_current_message()
     store.rpush(key(f"fires:{token}"), str(message.options.get("fire_time") if message else None))
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def staged(token: str, steps: int) -> dict[str, int]:
+    """Report progress at each of ``steps`` steps, then wait there until the test lets it go on
+    (key ``go:<token>:<step>``), so a poller sees every value mid-run."""
+    deadline = time.monotonic() + 60
+    for step in range(steps):
+        progress(step / steps, note=f"step {step}")
+        while not store.exists(key(f"go:{token}:{step}")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    return {"steps": steps}

@@ -1,0 +1,79 @@
+"""Media renditions: the reference long, multi-stage job that reports its progress.
+
+The pattern to copy for "the user stares at a spinner": split the work into stages, call
+:func:`~middleware.status.progress` at each, and let the application poll
+``actors.status.get_status(message_id)`` (see the README). Outputs are written atomically and
+named after the job, so a redelivered or retried job simply writes them again.
+
+Long jobs need two limits to agree: the actor's ``time_limit`` (Dramatiq interrupts the actor
+past it) must stay below RabbitMQ's ``consumer_timeout`` (``RABBITMQ_CONSUMER_TIMEOUT_MS``): a
+delivery unacked for longer makes RabbitMQ close the worker's channel, and the message is
+redelivered to run again while the first run may still be going.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from actors.logs import get_logger
+from actors.settings import get_settings
+from middleware.status import progress
+
+logger = get_logger(__name__)
+settings = get_settings()
+
+#: Longest edge of each rendition, in pixels (never larger than the source).
+SIZES = (1920, 1280, 640, 160)
+
+#: 25 minutes, and always below RabbitMQ's consumer_timeout (see the module docstring).
+TIME_LIMIT_MS = min(25 * 60_000, settings.rabbitmq_consumer_timeout_ms * 9 // 10)
+
+
+def _save(image: Image.Image, path: Path) -> None:
+    """Write ``image`` as JPEG atomically: a reader never sees a half-written file."""
+    partial = path.with_suffix(".partial")
+    rgb = image if image.mode in ("RGB", "L") else image.convert("RGB")
+    rgb.save(partial, format="JPEG", quality=85, optimize=True)
+    partial.replace(path)
+
+
+@dramatiq.actor(
+    queue_name=settings.queue("media"),
+    time_limit=TIME_LIMIT_MS,
+    throws=(UnidentifiedImageError, FileNotFoundError),
+)
+def make_renditions(
+    source: str, sizes: list[int] | None = None, output_dir: str | None = None
+) -> dict[str, str]:
+    """Resize the image at ``source`` to each of ``sizes`` (longest edge); returns {size: path}.
+
+    Stages: decode, then one per size, each reported as progress. An unreadable or missing
+    source fails at once (``throws``): retrying would not help.
+    """
+    targets = sorted({int(s) for s in (sizes or SIZES)}, reverse=True)
+    stages = len(targets) + 1
+    message = CurrentMessage.get_current_message()
+    job = message.message_id if message is not None else "local"
+    out = Path(output_dir) if output_dir else settings.media_dir / job
+    out.mkdir(parents=True, exist_ok=True)
+
+    progress(0.0, note="decoding")
+    with Image.open(source) as opened:
+        image = ImageOps.exif_transpose(opened)
+        image.load()
+    progress(1 / stages, note=f"decoded {image.width}x{image.height}")
+
+    renditions: dict[str, str] = {}
+    for done, size in enumerate(targets, start=2):
+        rendition = image.copy()
+        rendition.thumbnail((size, size), Image.Resampling.LANCZOS)
+        path = out / f"{Path(source).stem}-{size}.jpg"
+        _save(rendition, path)
+        renditions[str(size)] = str(path)
+        progress(done / stages, note=f"{size}px written")
+    logger.info("renditions_written", sizes=targets, source_size=[image.width, image.height])
+    return renditions

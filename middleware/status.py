@@ -1,0 +1,273 @@
+"""Job status and progress: what each message is doing, for applications to show and operators to read.
+
+Each message id gets a record in the state store: its state (``queued`` at send, ``running``,
+``failed`` after an attempt raised, ``retrying`` once Retries re-enqueued it, then ``succeeded``,
+``dead`` or ``skipped``), actor, queue, attempts, times, the progress the actor reports with
+:func:`progress`, the last failure's error (passed through ``scrub``) and a small JSON result.
+
+No write blocks a worker thread or a sender: updates go to a per-process buffer drained by
+:class:`~middleware.deferred.DeferredWrites`, many records per Lua call or transaction. A progress
+report replaces the previous one of the same message still in the buffer, so an actor may report
+as often as it likes: at most one progress write per message per flush reaches the store.
+
+Place the middleware after Retries and after any middleware that may skip or defer a message
+(idempotency, rate limits): its ``before_process_message`` then runs only for a message that is
+about to run, and its ``after_process_message`` sees the attempt before Retries decides about it
+(see :mod:`middleware.attempts`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dramatiq
+from dramatiq import Message
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.common import q_name
+from dramatiq.middleware import CurrentMessage, Middleware
+
+from middleware.attempts import AttemptTracker
+from middleware.deferred import DeferredWrites
+from middleware.state import StateStore, StoreUnavailable
+from middleware.status_store import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
+
+logger = logging.getLogger(__name__)
+
+#: The Status middleware of the message running in this thread (the worker's broker may not be
+#: the global one, e.g. in tests): set before the actor runs, read by :func:`progress`.
+_ACTIVE: contextvars.ContextVar[Status | None] = contextvars.ContextVar("job_status_active", default=None)
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def _now_ms() -> str:
+    return str(int(time.time() * 1000))
+
+
+class Status(Middleware):
+    """Record every message's status in the shared state store.
+
+    Parameters:
+      store: the shared state store.
+      ttl_ms: how long a record is kept after its last change.
+      scrub: applied to error messages before they are stored (personal data stays out).
+      result_max_bytes: a result larger than this once JSON-encoded, or not JSON, is not stored.
+      error_max_chars: error messages are cut to this length.
+      max_pending: updates held while the store does not answer; past this, new ones are dropped
+        (status is best effort: the jobs themselves never wait for it).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        ttl_ms: int = 86_400_000,
+        scrub: Callable[[str], str] = _identity,
+        result_max_bytes: int = 4_096,
+        error_max_chars: int = 1_000,
+        max_pending: int = 100_000,
+    ) -> None:
+        self.store = store
+        self.backend: StatusBackend = status_backend(store)
+        self.ttl_ms = ttl_ms
+        self.scrub = scrub
+        self.result_max_bytes = result_max_bytes
+        self.error_max_chars = error_max_chars
+        self.max_pending = max_pending
+        self.writes = DeferredWrites(store)
+        self.attempts = AttemptTracker()
+        self._pending: dict[str, list[StatusUpdate]] = {}
+        self._lock = threading.Lock()
+        self._dropping = False
+        # A sender that exits right after a send still writes its ``queued`` records.
+        atexit.register(self.flush, 2.0)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def get(self, message_id: str) -> JobStatus | None:
+        """The status of ``message_id``; None when unknown, expired, or not written yet (a few ms)."""
+        return self.backend.get(message_id)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the updates made so far are in the store; False on timeout."""
+        return self.writes.flush(timeout)
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def _submit(self, update: StatusUpdate) -> None:
+        with self._lock:
+            queued = self._pending.get(update.message_id)
+            if queued is None:
+                if len(self._pending) >= self.max_pending:
+                    if not self._dropping:
+                        logger.warning("status_updates_dropped", extra={"pending": len(self._pending)})
+                    self._dropping = True
+                    return
+                self._dropping = False
+                self._pending[update.message_id] = [update]
+            elif update.progress_only and queued[-1].progress_only:
+                queued[-1] = update
+                return
+            else:
+                queued.append(update)
+                return
+        self.writes.submit(self._write_many, update.message_id)
+
+    def _write_many(self, view: StateStore, message_ids: list[str]) -> None:
+        """Write the buffered updates of ``message_ids`` in one store operation (DeferredWrites calls it)."""
+        with self._lock:
+            updates = [u for mid in dict.fromkeys(message_ids) for u in self._pending.pop(mid, [])]
+        try:
+            self.backend.apply(updates, self.ttl_ms)
+        except StoreUnavailable:
+            # Put them back in front of anything newer; DeferredWrites tries the batch again.
+            # (Any other error drops the batch, as DeferredWrites does: it would fail again.)
+            with self._lock:
+                for mid in dict.fromkeys(u.message_id for u in updates):
+                    older = [u for u in updates if u.message_id == mid]
+                    self._pending[mid] = older + self._pending.get(mid, [])
+            raise
+
+    def _update(
+        self,
+        message: Message[Any] | MessageProxy,
+        state: str | None,
+        attempt: int,
+        fields: dict[str, str] | None = None,
+        *,
+        delete: tuple[str, ...] = (),
+    ) -> None:
+        values = {"updated_at": _now_ms(), **(fields or {})}
+        once: dict[str, str] = {}
+        if state is not None:
+            values["state"] = state
+            once = {
+                "actor": message.actor_name,
+                "queue": q_name(message.queue_name),
+                "enqueued_at": str(message.message_timestamp),
+            }
+        self._submit(
+            StatusUpdate(
+                message_id=message.message_id,
+                queue=q_name(message.queue_name),
+                order=order_of(attempt, state or "running"),
+                fields=values,
+                once=once,
+                delete=delete,
+            )
+        )
+
+    def report_progress(self, message: Message[Any] | MessageProxy, value: float, note: str | None) -> None:
+        """Record ``value`` (clamped to 0..1) and ``note`` as the progress of the message's attempt."""
+        if math.isnan(value):
+            return
+        fields = {"progress": f"{min(max(value, 0.0), 1.0):.4g}"}
+        if note is not None:
+            fields["note"] = note[:200]
+        self._update(message, None, message.options.get("retries", 0) + 1, fields)
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        kind = self.attempts.enqueued(message, delay)
+        retries = int(message.options.get("retries", 0))
+        if kind == "retry":
+            # Retries counted the failed attempt already: ``retries`` attempts have run.
+            eta = message.options.get("eta")
+            self._update(message, "retrying", retries, {"retry_at": str(eta)} if eta else None)
+        elif retries == 0:
+            # A send (or a deferral or delayed move of a message that never ran: it is still queued).
+            self._update(message, "queued", 0)
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        _ACTIVE.set(self)
+        attempt = message.options.get("retries", 0) + 1
+        self._update(
+            message,
+            "running",
+            attempt,
+            {"attempts": str(attempt), "started_at": _now_ms()},
+            delete=("progress", "note", "retry_at"),
+        )
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        _ACTIVE.set(None)
+        attempt = message.options.get("retries", 0) + 1
+        if exception is None:
+            fields = {"finished_at": _now_ms(), "progress": "1"}
+            encoded = self._encode_result(result)
+            if encoded is not None:
+                fields["result"] = encoded
+            self._update(message, "succeeded", attempt, fields)
+            return
+        self.attempts.failed(message.message_id)
+        error = self.scrub(str(exception))[: self.error_max_chars]
+        self._update(message, "failed", attempt, {"error_type": type(exception).__name__, "error": error})
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        if message.failed:
+            return  # nacked next: after_nack records it dead
+        if self.attempts.deferred(message.message_id):
+            return  # re-enqueued with a delay to be tried again: it stays queued (or retrying)
+        attempt = message.options.get("retries", 0) + 1
+        self._update(message, "skipped", attempt, {"finished_at": _now_ms()})
+
+    def after_nack(self, broker: Broker, message: MessageProxy) -> None:
+        self.attempts.done()
+        # Failed for good (retries exhausted, ``throws``, too old, unknown actor): dead-lettered.
+        attempt = message.options.get("retries", 0) + 1
+        self._update(message, "dead", attempt, {"finished_at": _now_ms()})
+
+    def after_ack(self, broker: Broker, message: MessageProxy) -> None:
+        self.attempts.done()
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self.writes.stop()
+
+    def _encode_result(self, result: Any) -> str | None:
+        if result is None:
+            return None
+        try:
+            encoded = json.dumps(result)
+        except (TypeError, ValueError):
+            return None
+        return encoded if len(encoded) <= self.result_max_bytes else None
+
+
+def find_status(broker: Broker) -> Status | None:
+    """The :class:`Status` middleware of ``broker``, if it has one."""
+    return next((m for m in broker.middleware if isinstance(m, Status)), None)
+
+
+def progress(value: float, note: str | None = None) -> bool:
+    """Report the current job's progress, ``value`` from 0 to 1, with an optional short ``note``.
+
+    Call it from inside an actor, as often as you like: it costs a dict update, and only the
+    latest value per message reaches the store per flush. Outside a job (or without the Status
+    middleware) it does nothing and returns False.
+    """
+    message = CurrentMessage.get_current_message()
+    if message is None:
+        return False
+    status = _ACTIVE.get() or find_status(dramatiq.get_broker())
+    if status is None:
+        return False
+    status.report_progress(message, value, note)
+    return True

@@ -1,0 +1,301 @@
+"""Job status records in the state store: one record per message id, and per-queue counters.
+
+Every change is a :class:`StatusUpdate` carrying an ``order`` (attempt x 10 + phase rank). A record
+only takes an update whose order is not lower than its own, so writes from different processes
+(the sender's ``queued``, the worker's ``running``) may land in any order and the record still
+never goes back: a late ``queued`` cannot hide a ``running`` job, and a duplicate delivery skipped
+after the job succeeded cannot turn ``succeeded`` into ``skipped``.
+
+Many updates go to the store at once: one Lua script call on Redis, one transaction on SQLite.
+Each accepted change of state also counts one in the queue's counters (``succeeded``, ``dead``...),
+which outlive the records' TTL and give the totals that ``jobctl health`` prints.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from middleware.state import RedisStore, SqliteStore, StateStore, StoreUnavailable
+
+#: The states a job goes through, and the rank of each within one attempt.
+STATE_RANKS: dict[str, int] = {
+    "queued": 0,
+    "running": 1,
+    "failed": 2,
+    "retrying": 3,
+    "skipped": 4,
+    "succeeded": 5,
+    "dead": 5,
+}
+
+
+def order_of(attempt: int, state: str) -> int:
+    """The order of ``state`` within attempt number ``attempt`` (0 before the first run)."""
+    return attempt * 10 + STATE_RANKS[state]
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """A change to one message's record.
+
+    ``fields`` are set, ``once`` fields only when the record has none yet (actor, queue),
+    ``delete`` fields removed (a new attempt clears the last one's progress).
+    """
+
+    message_id: str
+    queue: str
+    order: int
+    fields: Mapping[str, str]
+    once: Mapping[str, str] = field(default_factory=dict)
+    delete: tuple[str, ...] = ()
+
+    @property
+    def progress_only(self) -> bool:
+        """True for a progress report: a newer one for the same message replaces it before it is written."""
+        return "state" not in self.fields and not self.once and not self.delete
+
+    def encode(self) -> str:
+        return json.dumps({"o": self.order, "f": dict(self.fields), "n": dict(self.once), "d": self.delete})
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What is known of one job, as an application shows it (``GET /videos/<id>/status``).
+
+    Times are milliseconds since the epoch (each writer's clock); ``progress`` is 0..1 as the actor
+    last reported it; ``error`` is the last failure's scrubbed message; ``result`` the actor's
+    return value when it was small and JSON.
+    """
+
+    message_id: str
+    state: str
+    actor: str | None = None
+    queue: str | None = None
+    attempts: int = 0
+    enqueued_at: int | None = None
+    started_at: int | None = None
+    finished_at: int | None = None
+    updated_at: int | None = None
+    retry_at: int | None = None
+    progress: float | None = None
+    note: str | None = None
+    error_type: str | None = None
+    error: str | None = None
+    result: Any = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job reached a final state (succeeded, dead or skipped)."""
+        return self.state in ("succeeded", "dead", "skipped")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_fields(cls, message_id: str, fields: Mapping[str, str]) -> JobStatus:
+        def number(name: str) -> int | None:
+            value = fields.get(name)
+            return int(value) if value else None
+
+        progress = fields.get("progress")
+        result = fields.get("result")
+        return cls(
+            message_id=message_id,
+            state=fields.get("state", "queued"),
+            actor=fields.get("actor") or None,
+            queue=fields.get("queue") or None,
+            attempts=int(fields.get("attempts") or 0),
+            enqueued_at=number("enqueued_at"),
+            started_at=number("started_at"),
+            finished_at=number("finished_at"),
+            updated_at=number("updated_at"),
+            retry_at=number("retry_at"),
+            progress=float(progress) if progress else None,
+            note=fields.get("note") or None,
+            error_type=fields.get("error_type") or None,
+            error=fields.get("error") or None,
+            result=json.loads(result) if result else None,
+        )
+
+
+class StatusBackend(ABC):
+    """The status operations, one implementation per store backend."""
+
+    @abstractmethod
+    def apply(self, updates: list[StatusUpdate], ttl_ms: int) -> None:
+        """Apply ``updates`` in order (several may concern one message); records live ``ttl_ms``."""
+
+    @abstractmethod
+    def get(self, message_id: str) -> JobStatus | None:
+        """The record of ``message_id``, or None when unknown or expired."""
+
+    @abstractmethod
+    def counts(self, queues: list[str]) -> dict[str, dict[str, int]]:
+        """For each queue, how many jobs entered each state since the counters began."""
+
+
+_APPLY = """
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local u = cjson.decode(ARGV[i])
+  local key, counts = KEYS[2 * i - 3], KEYS[2 * i - 2]
+  local current = tonumber(redis.call('HGET', key, 'ord') or '-1')
+  if u.o >= current then
+    local previous = redis.call('HGET', key, 'state')
+    local args = {'ord', u.o}
+    for name, value in pairs(u.f) do
+      args[#args + 1] = name
+      args[#args + 1] = value
+    end
+    redis.call('HSET', key, unpack(args))
+    for name, value in pairs(u.n) do redis.call('HSETNX', key, name, value) end
+    if #u.d > 0 then redis.call('HDEL', key, unpack(u.d)) end
+    redis.call('PEXPIRE', key, ttl)
+    if u.f.state and u.f.state ~= previous then redis.call('HINCRBY', counts, u.f.state, 1) end
+  end
+end
+return 0
+"""
+
+
+class RedisStatus(StatusBackend):
+    """Records as Redis hashes ``status:<message id>``; counters as hashes ``status-counts:<queue>``."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self._apply = store.client.register_script(_APPLY)
+
+    def _key(self, message_id: str) -> str:
+        return self.store.key("status:" + message_id)
+
+    def _counts_key(self, queue: str) -> str:
+        return self.store.key("status-counts:" + queue)
+
+    def apply(self, updates: list[StatusUpdate], ttl_ms: int) -> None:
+        """One script call for all the updates: one round trip, whatever their number."""
+        if not updates:
+            return
+        keys = [k for u in updates for k in (self._key(u.message_id), self._counts_key(u.queue))]
+        with self.store.errors():
+            self._apply(keys=keys, args=[ttl_ms, *(u.encode() for u in updates)])
+
+    def get(self, message_id: str) -> JobStatus | None:
+        with self.store.errors():
+            raw = self.store.client.hgetall(self._key(message_id))
+        if not raw:
+            return None
+        return JobStatus.from_fields(message_id, {_text(k): _text(v) for k, v in raw.items()})
+
+    def counts(self, queues: list[str]) -> dict[str, dict[str, int]]:
+        with self.store.errors():
+            pipe = self.store.client.pipeline(transaction=False)
+            for queue in queues:
+                pipe.hgetall(self._counts_key(queue))
+            replies = pipe.execute()
+        return {q: {_text(k): int(v) for k, v in r.items()} for q, r in zip(queues, replies, strict=True)}
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS job_status (
+    key TEXT PRIMARY KEY,
+    ord INTEGER NOT NULL,
+    fields TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_status_expires ON job_status (expires_at);
+CREATE TABLE IF NOT EXISTS job_status_counts (
+    queue TEXT NOT NULL,
+    state TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (queue, state)
+)
+"""
+
+
+class SqliteStatus(StatusBackend):
+    """Records as JSON rows of one table; a batch of updates is one ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        store.ensure_schema(_SCHEMA)
+
+    def apply(self, updates: list[StatusUpdate], ttl_ms: int) -> None:
+        if not updates:
+            return
+        now = self.store.now_ms()
+        with self.store.transaction() as conn:
+            for update in updates:
+                self._apply_one(conn, update, now + ttl_ms, now)
+            # Reads skip expired rows already; this reclaims their space, using the index.
+            conn.execute("DELETE FROM job_status WHERE expires_at <= ?", (now,))
+
+    def _apply_one(self, conn: sqlite3.Connection, update: StatusUpdate, expires_at: int, now: int) -> None:
+        key = self.store.key(update.message_id)
+        row = conn.execute(
+            "SELECT ord, fields FROM job_status WHERE key = ? AND expires_at > ?", (key, now)
+        ).fetchone()
+        order, fields = (row[0], json.loads(row[1])) if row else (-1, {})
+        if update.order < order:
+            return
+        previous = fields.get("state")
+        fields.update(update.fields)
+        for name, value in update.once.items():
+            fields.setdefault(name, value)
+        for name in update.delete:
+            fields.pop(name, None)
+        conn.execute(
+            "INSERT INTO job_status (key, ord, fields, expires_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET ord = excluded.ord, fields = excluded.fields, "
+            "expires_at = excluded.expires_at",
+            (key, update.order, json.dumps(fields), expires_at),
+        )
+        state = update.fields.get("state")
+        if state and state != previous:
+            conn.execute(
+                "INSERT INTO job_status_counts (queue, state, count) VALUES (?, ?, 1) "
+                "ON CONFLICT(queue, state) DO UPDATE SET count = count + 1",
+                (self.store.key(update.queue), state),
+            )
+
+    def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """A read outside any transaction (WAL readers do not wait for writers)."""
+        try:
+            return self.store.connection().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"sqlite: {exc}") from exc
+
+    def get(self, message_id: str) -> JobStatus | None:
+        rows = self._read(
+            "SELECT fields FROM job_status WHERE key = ? AND expires_at > ?",
+            (self.store.key(message_id), self.store.now_ms()),
+        )
+        return JobStatus.from_fields(message_id, json.loads(rows[0][0])) if rows else None
+
+    def counts(self, queues: list[str]) -> dict[str, dict[str, int]]:
+        return {
+            queue: {
+                state: int(count)
+                for state, count in self._read(
+                    "SELECT state, count FROM job_status_counts WHERE queue = ?", (self.store.key(queue),)
+                )
+            }
+            for queue in queues
+        }
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def status_backend(store: StateStore) -> StatusBackend:
+    """The status operations for ``store``'s backend."""
+    if isinstance(store, RedisStore):
+        return RedisStatus(store)
+    if isinstance(store, SqliteStore):
+        return SqliteStatus(store)
+    raise TypeError(f"no status backend for {type(store).__name__}")
