@@ -6,13 +6,22 @@ is wrong, never echoing the value (URLs carry passwords).
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from middleware.ratelimit import Limit, parse_limits
+
+#: ``RATE_LIMITS`` when unset: the reference email actor spends from ``smtp``. 100 mails a minute
+#: with bursts of 20 stays within what ordinary SMTP relays accept; raise it for a transactional
+#: email provider (they allow tens per second).
+DEFAULT_RATE_LIMITS: dict[str, object] = {"smtp": {"rate": "100/minute", "burst": 20}}
 
 
 class SettingsError(ImportError):
@@ -69,6 +78,11 @@ class Settings(BaseModel):
     idempotency_ttl_ms: int = Field(default=86_400_000, ge=1_000)
     idempotency_lease_ms: int = Field(default=30_000, ge=1_000)
     idempotency_drop_duplicates: bool = True
+
+    # Rate limits (JSON object: service -> {"rate": 25 | "N/second|minute|hour", "burst": N})
+    rate_limits: dict[str, Limit] = Field(default_factory=lambda: parse_limits(DEFAULT_RATE_LIMITS))
+    rate_limit_wait_ms: int = Field(default=1_000, ge=0, le=60_000)
+    rate_limit_max_delay_ms: int = Field(default=600_000, ge=1_000)
 
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
@@ -128,6 +142,18 @@ class Settings(BaseModel):
             return value
         raise ValueError("must be redis://host:port/db or sqlite:///path/to/file.db")
 
+    @field_validator("rate_limits", mode="before")
+    @classmethod
+    def _parse_rate_limits(cls, value: object) -> dict[str, Limit]:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("is not valid JSON") from None
+        if not isinstance(value, Mapping):
+            raise ValueError("must be a JSON object mapping service names to {rate, burst}")
+        return parse_limits(value)
+
     @field_validator("sentry_dsn")
     @classmethod
     def _check_sentry_dsn(cls, value: str | None) -> str | None:
@@ -149,6 +175,15 @@ class Settings(BaseModel):
                 "JOB_MAX_BACKOFF_MS must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
                 "(delayed retries are held unacked until they are due)"
             )
+        # Rate-limited messages are re-enqueued for at most RATE_LIMIT_MAX_DELAY_MS, held unacked
+        # meanwhile: keep well clear of the consumer timeout (a busy worker releases them late).
+        if self.rate_limit_max_delay_ms * 2 > self.rabbitmq_consumer_timeout_ms:
+            raise ValueError(
+                "RATE_LIMIT_MAX_DELAY_MS must be at most half of RABBITMQ_CONSUMER_TIMEOUT_MS "
+                "(deferred messages are held unacked until they are due)"
+            )
+        if self.rate_limit_wait_ms >= self.rate_limit_max_delay_ms:
+            raise ValueError("RATE_LIMIT_WAIT_MS must be below RATE_LIMIT_MAX_DELAY_MS")
         return self
 
     @property

@@ -266,10 +266,15 @@ class Idempotency(Middleware):
         self.writes.submit(_complete_many, (held.key, self._encode_result(result), ttl))
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        # Another middleware skipped the message after the claim (e.g. a rate limit deferral).
+        # The message was skipped after the claim (e.g. the actor raised RateLimited) and is
+        # re-enqueued by whoever skipped it: release now, not in the background, so the copy can
+        # never come back to find the claim still held (which would delay it by a whole lease).
         held = self._finish()
         if held is not None:
-            self.writes.submit(_release_many, (held.key, held.owner))
+            try:
+                self.backend.release_many([(held.key, held.owner)])
+            except StoreUnavailable:
+                self.writes.submit(_release_many, (held.key, held.owner))
 
     def _encode_result(self, result: Any) -> str | None:
         try:
