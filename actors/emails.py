@@ -3,7 +3,8 @@
 The pattern to copy: classify failures. A recipient that can never receive (bad syntax, a 5xx
 refusal) raises :class:`InvalidRecipient`, listed in ``throws`` so it fails at once without
 burning retries; a refused connection or a 4xx answer is an ordinary exception and is retried
-with backoff.
+with backoff. Every mail spends a token of the ``smtp`` rate limit (``RATE_LIMITS``), shared by all
+workers, so a campaign goes out at the relay's pace without spending retries.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def email_key(
     throws=(InvalidRecipient, ValueError),
     time_limit=120_000,
     idempotency_key=email_key,
+    rate_limit="smtp",
 )
 def send_email(
     to: str,

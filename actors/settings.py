@@ -6,9 +6,11 @@ is wrong, never echoing the value (URLs carry passwords).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -23,6 +25,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from middleware.ratelimit import Limit, parse_limits
+
+#: ``RATE_LIMITS`` when unset: the reference email actor spends from ``smtp``. 100 mails a minute
+#: with bursts of 20 stays within what ordinary SMTP relays accept; raise it for a transactional
+#: email provider (they allow tens per second).
+DEFAULT_RATE_LIMITS: dict[str, object] = {"smtp": {"rate": "100/minute", "burst": 20}}
 
 
 class SettingsError(ImportError):
@@ -99,6 +108,10 @@ class Settings(BaseModel):
     prometheus_port: int = Field(default=9191, ge=0, le=65_535)
     prometheus_host: str = "0.0.0.0"
     prometheus_dir: Path = Path(tempfile.gettempdir()) / "jobs-prometheus"
+    # Rate limits (JSON object: service -> {"rate": 25 | "N/second|minute|hour", "burst": N})
+    rate_limits: dict[str, Limit] = Field(default_factory=lambda: parse_limits(DEFAULT_RATE_LIMITS))
+    rate_limit_wait_ms: int = Field(default=1_000, ge=0, le=60_000)
+    rate_limit_max_delay_ms: int = Field(default=600_000, ge=1_000)
 
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
@@ -163,6 +176,18 @@ class Settings(BaseModel):
             return value
         raise ValueError("must be redis://host:port/db or sqlite:///path/to/file.db")
 
+    @field_validator("rate_limits", mode="before")
+    @classmethod
+    def _parse_rate_limits(cls, value: object) -> dict[str, Limit]:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("is not valid JSON") from None
+        if not isinstance(value, Mapping):
+            raise ValueError("must be a JSON object mapping service names to {rate, burst}")
+        return parse_limits(value)
+
     @field_validator("sentry_dsn")
     @classmethod
     def _check_sentry_dsn(cls, value: str | None) -> str | None:
@@ -201,6 +226,15 @@ class Settings(BaseModel):
                 "JOB_MAX_BACKOFF_MS must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
                 "(delayed retries are held unacked until they are due)"
             )
+        # Rate-limited messages are re-enqueued for at most RATE_LIMIT_MAX_DELAY_MS, held unacked
+        # meanwhile: keep well clear of the consumer timeout (a busy worker releases them late).
+        if self.rate_limit_max_delay_ms * 2 > self.rabbitmq_consumer_timeout_ms:
+            raise ValueError(
+                "RATE_LIMIT_MAX_DELAY_MS must be at most half of RABBITMQ_CONSUMER_TIMEOUT_MS "
+                "(deferred messages are held unacked until they are due)"
+            )
+        if self.rate_limit_wait_ms >= self.rate_limit_max_delay_ms:
+            raise ValueError("RATE_LIMIT_WAIT_MS must be below RATE_LIMIT_MAX_DELAY_MS")
         return self
 
     @property

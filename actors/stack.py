@@ -18,6 +18,7 @@ from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
 from middleware.metrics import Metrics
+from middleware.ratelimit import RateLimits
 from middleware.state import StateStore
 from middleware.status import Status
 from middleware.stored_tracebacks import ScrubStoredTracebacks
@@ -39,9 +40,18 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
       instead of lost): exponential backoff with jitter (``min_backoff * 2**n * U[1,2)``), a
       finite number of attempts and a cap below RabbitMQ's ``consumer_timeout`` (settings check it).
     - CurrentMessage: lets actors and helpers (``progress()``) find the message they run for.
-    - Idempotency after Retries: its ``after_process_message`` runs *before* Retries', so a failed
-      run's claim is released before the retry is enqueued; its ``before_process_message`` runs
-      after AgeLimit, so a message is claimed only when it is about to run.
+    - RateLimits after Retries and before Idempotency: a message waits for its token (sleeping
+      briefly or re-enqueued for its slot) *before* it is claimed, so a waiting message holds no
+      lease and costs no claim/release round trips, and its re-enqueued copy can never come back
+      to find its own claim still held (which would delay it by a whole lease). The price: a
+      duplicate delivery spends a token before Idempotency skips it; duplicate sends are dropped
+      at send, so only redeliveries pay it. An actor's ``RateLimited`` (upstream 429) is a skip,
+      not a failure, so Retries never counts it.
+    - Idempotency after them: its ``after_process_message`` runs before Retries' (``after`` hooks
+      run in reverse), so a failed run's claim is released before the retry is enqueued, and its
+      ``after_skip_message`` releases the claim before RateLimits re-enqueues a job whose upstream
+      said "slow down". Its ``before_process_message`` runs after AgeLimit and the rate limit, so
+      a message is claimed only when it is about to run.
     - Status after Retries and Idempotency (``JOB_STATUS``): its ``before_process_message`` runs
       only for a message that will run (not for one skipped or deferred before it), and its
       ``after_process_message`` runs before Retries', so it records the failed attempt and then
@@ -67,6 +77,13 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
             max_backoff=settings.job_max_backoff_ms,
         ),
         CurrentMessage(),
+        RateLimits(
+            store,
+            settings.rate_limits,
+            wait_ms=settings.rate_limit_wait_ms,
+            max_delay_ms=settings.rate_limit_max_delay_ms,
+            config_name="RATE_LIMITS",
+        ),
         Idempotency(
             store,
             ttl_ms=settings.idempotency_ttl_ms,

@@ -5,11 +5,17 @@ Each throughput run pre-fills a fresh queue with N no-op messages, starts a real
 worker (same processes x threads for both), and times the queue from the first message taken to
 empty. The few messages still prefetched when the queue reads empty (at most processes x threads
 x 2) are within a fraction of a percent at the default N.
+
+Rate limits: the overhead of a bucket that never runs dry (a take per job) as a ratio of bare
+throughput, and the accuracy of a paced bucket: enough jobs for ``--rate-duration`` seconds at
+``--rate`` per second, their start times noted by the actor; the observed rate is
+``(jobs - burst) / (last start - first start)`` (a full bucket lets ``burst`` go at once).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -58,6 +64,24 @@ def keyed_messages(queue: str, count: int) -> list[Message[Any]]:
         Message(queue_name=queue, actor_name="keyed_noop", args=(f"{run}-{i}",), kwargs={}, options={})
         for i in range(count)
     ]
+
+
+def metered_messages(queue: str, count: int) -> list[Message[Any]]:
+    """No-op messages of an actor that takes a token of an unconstrained bucket first."""
+    return [
+        Message(queue_name=queue, actor_name="metered_noop", args=(), kwargs={}, options={})
+        for _ in range(count)
+    ]
+
+
+#: The bench's buckets (RATE_LIMITS for the bench and its workers): one that never runs dry, one
+#: paced (its rate and burst come from the command line), and smtp, which the email actor needs.
+def bench_rate_limits(rate: float, burst: float) -> dict[str, dict[str, float]]:
+    return {
+        "smtp": {"rate": 100, "burst": 100},
+        "bench-open": {"rate": 1e9, "burst": 1e9},
+        "bench-paced": {"rate": rate, "burst": burst},
+    }
 
 
 def depth(broker: RabbitmqBroker, queue: str) -> int:
@@ -137,7 +161,14 @@ def main() -> None:
     parser.add_argument("-n", "--count", type=int, default=int(os.environ.get("BENCH_COUNT", 20_000)))
     parser.add_argument("-p", "--processes", type=int, default=2)
     parser.add_argument("-t", "--threads", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=100.0, help="paced bucket: tokens per second")
+    parser.add_argument("--rate-burst", type=float, default=10.0, help="paced bucket: burst")
+    parser.add_argument(
+        "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
+    )
     args = parser.parse_args()
+    # Before ``import actors``: the settings (and the workers started below) see the bench's buckets.
+    os.environ["RATE_LIMITS"] = json.dumps(bench_rate_limits(args.rate, args.rate_burst))
 
     import actors
 
@@ -219,6 +250,26 @@ def main() -> None:
             label = f"ratio status on ({name}) / {against}"
             print(f"  {label:<44} {tracked.per_second / rate.per_second:>9.2f}")
 
+    print("rate limits (a token taken per job, state store round trips coalesced)")
+    for name, url in stores.items():
+        metered = throughput(
+            f"unconstrained bucket, {name} store",
+            "bench.project",
+            store_broker(url),
+            args.count,
+            args.processes,
+            args.threads,
+            metered_messages,
+            STATE_URL=url,
+        )
+        print(metered.line())
+        ratio = metered.per_second / bare.per_second
+        print(f"  {'ratio unconstrained (' + name + ') / bare':<44} {ratio:>9.2f}")
+    for line in rate_accuracy(
+        stores["redis"], args.rate, args.rate_burst, args.rate_duration, args.processes, args.threads
+    ):
+        print(line)
+
     print(f"send rate, {args.count:,} messages, publisher confirms on")
     loop, bulk = send_rates(args.count)
     print(loop.line())
@@ -252,7 +303,78 @@ def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
     broker = build_broker(settings, build_middleware(settings, store))
     broker.actors.update(actors.broker.actors)
     broker.actors["keyed_noop"] = bench.project.keyed_noop
+    broker.actors["metered_noop"] = bench.project.metered_noop
+    broker.actors["paced_noop"] = bench.project.paced_noop
     return broker
+
+
+def rate_accuracy(
+    state_url: str, rate: float, burst: float, duration: float, processes: int, threads: int
+) -> list[str]:
+    """Run ``rate * duration + burst`` paced jobs through a fresh bucket; report the pace kept."""
+    import redis
+
+    import actors
+    from actors.bulk import send_bulk
+    from middleware.ratelimit_store import bucket_backend
+    from middleware.state import open_store
+
+    count = int(rate * duration + burst)
+    broker = store_broker(state_url)
+    # A full bucket to start from, whatever an earlier run left.
+    bucket_backend(open_store(state_url, namespace=actors.settings.state_namespace)).reset("bench-paced")
+    run = uuid.uuid4().hex[:8]
+    queue, starts_key = f"bench-{run}", f"bench:starts:{run}"
+    broker.declare_queue(queue, ensure=True)
+    send_bulk(
+        [
+            Message(queue_name=queue, actor_name="paced_noop", args=(), kwargs={}, options={})
+            for _ in range(count)
+        ],
+        broker=broker,
+    )
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/14")
+    env = {
+        **os.environ,
+        "BENCH_QUEUE": queue,
+        "BENCH_STARTS_KEY": starts_key,
+        "STATE_URL": state_url,
+        "LOG_LEVEL": "WARNING",
+    }
+    worker = subprocess.Popen(
+        [str(BIN / "dramatiq"), "bench.project", "-p", str(processes), "-t", str(threads)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + duration * 2 + 60
+        while client.llen(starts_key) < count and time.monotonic() < deadline:
+            time.sleep(0.2)
+        times = sorted(float(t) for t in client.lrange(starts_key, 0, -1))
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+        client.delete(starts_key)
+        for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
+            broker.channel.queue_delete(name)
+    if len(times) < count:
+        return [f"  paced bucket: only {len(times)} of {count} jobs started in time"]
+    observed = (count - burst) / (times[-1] - times[0])
+    off = abs(observed / rate - 1)
+    # The busiest one-second window, against the bucket's bound burst + rate * 1 s.
+    busiest, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] < t - 1.0:
+            j += 1
+        busiest = max(busiest, i - j + 1)
+    label = f"paced bucket {rate:g}/s burst {burst:g}, {count:,} jobs"
+    return [
+        f"  {label:<44} {observed:>9,.2f} /s   ({times[-1] - times[0]:.1f} s)",
+        f"  {'observed / configured rate':<44} {observed / rate:>9.4f}   (off by {off:.2%})",
+        f"  {'busiest 1 s window (bound burst + rate)':<44} {busiest:>9}   (bound {burst + rate:g})",
+    ]
 
 
 def dedup_send_rate(label: str, broker: RabbitmqBroker, count: int) -> Rate:

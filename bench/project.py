@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import time
 
 import dramatiq
+import redis
 
 import actors  # noqa: F401 - builds the project's broker and middleware
 
 QUEUE = os.environ.get("BENCH_QUEUE", "bench-project")
+#: Where ``paced_noop`` notes its start times (a list the bench reads, then deletes).
+STARTS_KEY = os.environ.get("BENCH_STARTS_KEY", "bench:starts")
+_starts = redis.Redis.from_url(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"))
 
 
 @dramatiq.actor(queue_name=QUEUE)
@@ -19,3 +24,14 @@ def noop() -> None:
 @dramatiq.actor(actor_name="keyed_noop", queue_name=QUEUE, idempotency_key=lambda i: f"bench-{i}")
 def keyed_noop(i: int) -> None:
     """Do nothing under an idempotency key: one claim before, one deferred completion after."""
+
+
+@dramatiq.actor(actor_name="metered_noop", queue_name=QUEUE, rate_limit="bench-open")
+def metered_noop() -> None:
+    """Do nothing, after taking a token from a bucket that never runs dry: the take's cost."""
+
+
+@dramatiq.actor(actor_name="paced_noop", queue_name=QUEUE, rate_limit="bench-paced")
+def paced_noop() -> None:
+    """Note the start time: the bench measures the pace the bucket allowed."""
+    _starts.rpush(STARTS_KEY, f"{time.time():.6f}")

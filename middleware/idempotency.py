@@ -26,7 +26,6 @@ import json
 import logging
 import random
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 from middleware.coalesce import Coalescer
 from middleware.deferred import DeferredWrites
 from middleware.idempotency_store import Claim, ClaimRequest, KeyRecord, idempotency_backend
+from middleware.requeue import backoff_ms, requeue_later, requeue_until_confirmed
 from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -212,11 +212,12 @@ class Idempotency(Middleware):
                 claim = self.claims.call(ClaimRequest(key, message.message_id, owner, self.lease_ms, ttl))
             except StoreUnavailable as exc:
                 waits = int(message.options.get("idempotency_store_waits", 0))
-                delay = min(self.store_retry_ms * 2**waits, self.max_store_retry_ms)
+                delay = backoff_ms(waits, self.store_retry_ms, self.max_store_retry_ms)
                 logger.warning(
                     "idempotency_store_unavailable", extra={"key": key, "delay_ms": delay, "error": str(exc)}
                 )
-                if self._defer(broker, message, delay, idempotency_store_waits=waits + 1):
+                options = {REGISTERED: True, "idempotency_store_waits": waits + 1}
+                if requeue_later(broker, message, delay, reason="store_unavailable", options=options):
                     raise SkipMessage("state store unavailable: deferred") from None
                 continue  # neither store nor broker answers: hold the delivery and ask again
             break
@@ -226,8 +227,9 @@ class Idempotency(Middleware):
         if claim.status == "held":
             delay = claim.wait_ms + random.randint(100, 1_000)
             logger.info("duplicate_deferred", extra={"key": key, "delay_ms": delay})
-            while not self._defer(broker, message, delay):
-                pass
+            requeue_until_confirmed(
+                broker, message, delay, reason="idempotency_key_held", options={REGISTERED: True}
+            )
             raise SkipMessage("key held by another worker: deferred")
         held = _Held(key, owner)
         self._local.held = held
@@ -237,16 +239,6 @@ class Idempotency(Middleware):
 
     def _claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         return self.backend.claim_many(requests)
-
-    def _defer(self, broker: Broker, message: AnyMessage, delay: int, **options: Any) -> bool:
-        """Re-enqueue ``message`` after ``delay`` ms (its retries untouched); False if RabbitMQ failed."""
-        try:
-            broker.enqueue(message.copy(options={REGISTERED: True, **options}), delay=delay)
-            return True
-        except Exception:
-            logger.exception("idempotency_defer_failed")
-            time.sleep(1.0)
-            return False
 
     def _finish(self) -> _Held | None:
         held: _Held | None = getattr(self._local, "held", None)
@@ -274,10 +266,15 @@ class Idempotency(Middleware):
         self.writes.submit(_complete_many, (held.key, self._encode_result(result), ttl))
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        # Another middleware skipped the message after the claim (e.g. a rate limit deferral).
+        # The message was skipped after the claim (e.g. the actor raised RateLimited) and is
+        # re-enqueued by whoever skipped it: release now, not in the background, so the copy can
+        # never come back to find the claim still held (which would delay it by a whole lease).
         held = self._finish()
         if held is not None:
-            self.writes.submit(_release_many, (held.key, held.owner))
+            try:
+                self.backend.release_many([(held.key, held.owner)])
+            except StoreUnavailable:
+                self.writes.submit(_release_many, (held.key, held.owner))
 
     def _encode_result(self, result: Any) -> str | None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,6 +17,9 @@ TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ["STATE_URL"] = TEST_REDIS_URL
 
 from tests.support import Queues, Worker, sender_broker  # noqa: E402
+
+#: Workers' RATE_LIMITS unless a test sets its own: the email tests send dozens of mails at once.
+TEST_RATE_LIMITS = json.dumps({"smtp": {"rate": 1000, "burst": 1000}})
 
 
 @pytest.fixture
@@ -57,6 +61,7 @@ def worker_env(prefix: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
         TEST_REDIS_URL=TEST_REDIS_URL,
         # No metrics server unless a test asks for one on a free port (9191 may be taken).
         PROMETHEUS_PORT="0",
+        RATE_LIMITS=TEST_RATE_LIMITS,
     )
     env.update(overrides)
     return env

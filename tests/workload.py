@@ -6,6 +6,7 @@ The worker under test imports them with ``dramatiq actors tests.workload``. The 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -19,6 +20,7 @@ from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
 
 from actors import settings
 from middleware.dead_letters import reject
+from middleware.ratelimit import RateLimited
 from middleware.status import progress
 
 store = redis.Redis.from_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
@@ -159,3 +161,17 @@ def staged(token: str, steps: int) -> dict[str, int]:
         while not store.exists(key(f"go:{token}:{step}")) and time.monotonic() < deadline:
             time.sleep(0.02)
     return {"steps": steps}
+
+
+@dramatiq.actor(queue_name=QUEUE, rate_limit=lambda token, bucket, **kw: bucket)
+def limited(token: str, bucket: str, upstream_429: float = 0.0) -> None:
+    """Spend a token of ``bucket`` (``service`` or ``service:tenant``) and note the start: time,
+    retries, message id. With ``upstream_429``, the first attempt answers like an API saying
+    "429, retry after that many seconds"."""
+    started = time.time()
+    message = CurrentMessage.get_current_message()
+    assert message is not None
+    note = {"t": started, "token": token, "bucket": bucket, "id": message.message_id}
+    store.rpush(key("starts"), json.dumps({**note, "retries": message.options.get("retries", 0)}))
+    if upstream_429 and store.incr(key(f"429:{token}")) == 1:
+        raise RateLimited(retry_after=upstream_429)

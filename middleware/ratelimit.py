@@ -1,0 +1,405 @@
+"""Per-service token-bucket rate limits shared by every worker, that never spend a retry.
+
+An actor names the budget it spends from: ``@dramatiq.actor(rate_limit="smtp")``, or a callable
+given the actor's args and kwargs that returns a bucket name. ``service:key`` (``smtp:tenant-42``)
+is a bucket of its own with the limits of ``service``, so each tenant has its own budget. A job
+takes ``rate_limit_cost`` tokens (1 by default) right before it runs; the buckets live in the
+shared state store (see :mod:`middleware.ratelimit_store`), so all processes on all hosts share one
+budget per bucket.
+
+When the bucket is empty the job is neither run nor failed, and its retries are untouched:
+
+- a wait up to ``wait_ms`` is slept in the worker thread, then the job runs;
+- a longer wait: the message is re-enqueued with a delay (same message id, retry count and
+  idempotency key; the original is acked only once RabbitMQ confirmed the copy). Each delay is at
+  most ``max_delay_ms``: Dramatiq holds delayed messages unacked in worker memory, and RabbitMQ's
+  ``consumer_timeout`` closes the channel under one held past it.
+
+Why reservations. If every worker that finds the bucket empty re-enqueued its message "for when
+the next token is due", they would all come back at that moment, one would win and the others
+would go round again: churn that grows with the number of waiting messages. Instead, a take that
+finds too few tokens *borrows*: the bucket goes negative and the caller owns the slot at which its
+tokens will have been refilled. Concurrent takes get successive slots, 1/rate apart; the wait
+grows with the backlog and each waiting message is re-enqueued once, for its own slot, carrying
+the slot in its options. It comes back a little before the slot (``slot_lead_ms``, which covers
+Dramatiq's one-second tick for releasing delayed messages), sleeps to it and runs, without asking
+for tokens again. Starts therefore keep to the bucket exactly: in any window of ``t`` seconds at
+most ``burst + rate * t`` tokens are spent. A slot that comes back too late (its worker died,
+RabbitMQ was slow) is void and the message takes afresh: a token is lost, never spent twice.
+
+Borrowing is bounded: no slot lies more than ``max_delay_ms`` ahead (so a reserved message is
+re-enqueued at most once, and a purged queue wastes at most that much budget). Past that bound the
+bucket refuses without taking anything; the message is re-enqueued for a random time of up to
+``max_delay_ms`` and checks again then, so a backlog far beyond the bucket's pace costs one store
+round trip and one re-enqueue per message per few minutes, spread out, instead of a hot loop.
+Dramatiq has no flow control per bucket: the only way to leave such a backlog untouched in the
+ready queue would be to let worker threads sit on it, and worker threads serve every actor; route
+a large, slow campaign to its own queue (and worker) when that matters.
+
+An actor whose upstream says "slow down" (HTTP 429 with ``Retry-After``) raises
+:class:`RateLimited`; the message is re-enqueued for at least that long without spending a retry,
+and its bucket is drained for that long so that every other worker backs off too.
+
+State store unreachable: fail closed, as idempotency does. The message is re-enqueued with a
+growing delay and runs once the store answers; it never runs unmetered.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
+
+from middleware.coalesce import Coalescer
+from middleware.ratelimit_store import Take, TakeRequest, bucket_backend
+from middleware.requeue import backoff_ms, requeue_later, requeue_until_confirmed
+from middleware.state import StateStore, StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+#: Message option carrying the slot a deferred message owns: ``{"bucket": name, "at": ms}``.
+SLOT = "rate_limit_slot"
+#: Message option counting consecutive deferrals while the state store is down.
+STORE_WAITS = "rate_limit_store_waits"
+
+_UNITS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(second|minute|hour)\s*$")
+_SERVICE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A bucket's limits: ``rate`` tokens per second, at most ``burst`` tokens at once."""
+
+    rate: float
+    burst: float
+
+
+def parse_limit(service: str, spec: object) -> Limit:
+    """``{"rate": 25 | "100/minute", "burst": 20}`` as a :class:`Limit`; ValueError names ``service``.
+
+    ``burst`` defaults to one second's worth of tokens, and at least 1.
+    """
+    if not _SERVICE.match(service):
+        raise ValueError(f"service name {service!r} must be letters, digits, '_', '.' or '-'")
+    if isinstance(spec, Limit):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"service {service!r}: must be an object with 'rate' and optional 'burst'")
+    unknown = set(spec) - {"rate", "burst"}
+    if unknown:
+        raise ValueError(f"service {service!r}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    rate = _parse_rate(spec.get("rate"))
+    if rate is None:
+        raise ValueError(
+            f"service {service!r}: rate must be a positive number (per second) or 'N/second|minute|hour'"
+        )
+    burst = spec.get("burst", max(1.0, rate))
+    if isinstance(burst, bool) or not isinstance(burst, int | float) or not math.isfinite(burst) or burst < 1:
+        raise ValueError(f"service {service!r}: burst must be a number of at least 1")
+    return Limit(rate=rate, burst=float(burst))
+
+
+def _parse_rate(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        rate = float(value)
+    elif isinstance(value, str) and (match := _RATE.match(value)):
+        rate = float(match[1]) / _UNITS[match[2]]
+    else:
+        return None
+    return rate if math.isfinite(rate) and rate > 0 else None
+
+
+def parse_limits(spec: Mapping[str, object]) -> dict[str, Limit]:
+    """Every service of ``spec`` (``{"smtp": {...}, ...}``) parsed; ValueError names the first bad one."""
+    if not isinstance(spec, Mapping):
+        raise ValueError("must be a JSON object mapping service names to {rate, burst}")
+    return {str(service): parse_limit(str(service), limit) for service, limit in spec.items()}
+
+
+class RateLimitConfigError(MiddlewareError):
+    """An actor names a service with no configured limit, or a cost its bucket can never hold."""
+
+
+class RateLimited(SkipMessage):
+    """Raise from an actor when the upstream says "slow down" (HTTP 429, ``Retry-After``).
+
+    The job is re-enqueued to run again after at least ``retry_after`` seconds, without spending a
+    retry, and its bucket is drained for that long so every worker backs off.
+
+    It is a ``SkipMessage``: Dramatiq's worker handles it like a middleware's skip, so Retries
+    never sees it (no retry is counted) and the idempotency claim is released.
+    """
+
+    def __init__(self, retry_after: float = 1.0) -> None:
+        if not (isinstance(retry_after, int | float) and math.isfinite(retry_after) and retry_after >= 0):
+            raise ValueError("retry_after must be a number of seconds, at least 0")
+        super().__init__(f"rate limited upstream: retry after {retry_after:g} s")
+        self.retry_after = float(retry_after)
+
+
+class _Unmetered(Exception):
+    """The message names a bucket that cannot be used; it is dead-lettered."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    bucket: str
+    service: str
+    limit: Limit
+    cost: float
+
+
+class RateLimits(Middleware):
+    """Token buckets per service in a :class:`~middleware.state.StateStore` (see the module docstring).
+
+    Parameters:
+      store: the shared state store.
+      limits: service name -> :class:`Limit` (see :func:`parse_limits`).
+      wait_ms: the longest wait slept in a worker thread; longer waits re-enqueue the message.
+      max_delay_ms: the longest a message is re-enqueued for, and how far ahead slots are reserved;
+        keep it well below RabbitMQ's ``consumer_timeout``.
+      slot_lead_ms: how long before its slot a deferred message is due back (it then sleeps to
+        the slot); it covers the lag with which Dramatiq releases delayed messages.
+      store_retry_ms, max_store_retry_ms: the delay while the state store is down, doubling.
+      config_name: how error messages call the configuration (e.g. the setting that holds it).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        limits: Mapping[str, Limit],
+        *,
+        wait_ms: int = 1_000,
+        max_delay_ms: int = 600_000,
+        slot_lead_ms: int = 1_000,
+        store_retry_ms: int = 2_000,
+        max_store_retry_ms: int = 60_000,
+        config_name: str = "the rate limits",
+    ) -> None:
+        if not 0 <= wait_ms < max_delay_ms or not 0 <= slot_lead_ms < max_delay_ms:
+            raise ValueError("wait_ms and slot_lead_ms must be at least 0 and below max_delay_ms")
+        self.limits = dict(limits)
+        self.backend = bucket_backend(store)
+        self.wait_ms = wait_ms
+        self.max_delay_ms = max_delay_ms
+        self.slot_lead_ms = slot_lead_ms
+        self.store_retry_ms = store_retry_ms
+        self.max_store_retry_ms = max_store_retry_ms
+        self.config_name = config_name
+        # Takes of concurrent worker threads share round trips (see middleware.coalesce).
+        self.takes: Coalescer[TakeRequest, Take] = Coalescer(self.backend.take_many)
+        self._local = threading.local()
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"rate_limit", "rate_limit_cost"}
+
+    # -- configuration ---------------------------------------------------------------------------
+
+    def limit_of(self, bucket: str) -> Limit | None:
+        """The limits of ``bucket`` (``service`` or ``service:key``), or None for an unknown service."""
+        return self.limits.get(bucket.split(":", 1)[0])
+
+    def _check_cost(self, cost: object, limit: Limit) -> float:
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost > 0:
+            raise ValueError("rate_limit_cost must be a positive number")
+        if cost > limit.burst:
+            raise ValueError(f"rate_limit_cost {cost:g} exceeds the bucket's burst {limit.burst:g}")
+        return float(cost)
+
+    def before_declare_actor(self, broker: Broker, actor: dramatiq.Actor[Any, Any]) -> None:
+        """Refuse an actor whose static ``rate_limit`` names an unknown service or whose cost its
+        bucket could never hold: a typo fails at start, not on the first job."""
+        option = actor.options.get("rate_limit")
+        if option is None:
+            if "rate_limit_cost" in actor.options:
+                raise RateLimitConfigError(f"actor {actor.actor_name!r}: rate_limit_cost without rate_limit")
+            return
+        if callable(option):
+            return
+        if not isinstance(option, str) or not option:
+            raise RateLimitConfigError(
+                f"actor {actor.actor_name!r}: rate_limit must be a service name or a callable"
+            )
+        limit = self.limit_of(option)
+        if limit is None:
+            raise RateLimitConfigError(self._unknown(actor.actor_name, option))
+        try:
+            self._check_cost(actor.options.get("rate_limit_cost", 1), limit)
+        except ValueError as exc:
+            raise RateLimitConfigError(f"actor {actor.actor_name!r}: {exc}") from None
+
+    def _unknown(self, actor_name: str, bucket: str) -> str:
+        known = ", ".join(sorted(self.limits)) or "none"
+        return (
+            f"actor {actor_name!r}: rate_limit service {bucket.split(':', 1)[0]!r} is not configured "
+            f"in {self.config_name} (configured: {known})"
+        )
+
+    def _target(self, broker: Broker, message: MessageProxy) -> _Target | None:
+        """The bucket ``message`` spends from, or None when its actor is not rate limited."""
+        try:
+            actor = broker.get_actor(message.actor_name)
+        except dramatiq.errors.ActorNotFound:
+            return None
+        name = message.options.get("rate_limit")
+        if name is None:
+            option: str | Callable[..., Any] | None = actor.options.get("rate_limit")
+            name = option(*message.args, **message.kwargs) if callable(option) else option
+        if name is None:
+            return None
+        if not isinstance(name, str) or not name:
+            raise _Unmetered(f"actor {actor.actor_name!r}: rate_limit gave {type(name).__name__}, not a name")
+        limit = self.limit_of(name)
+        if limit is None:
+            raise _Unmetered(self._unknown(actor.actor_name, name))
+        cost = message.options.get("rate_limit_cost", actor.options.get("rate_limit_cost", 1))
+        try:
+            return _Target(name, name.split(":", 1)[0], limit, self._check_cost(cost, limit))
+        except ValueError as exc:
+            raise _Unmetered(f"actor {actor.actor_name!r}: {exc}") from None
+
+    # -- run -------------------------------------------------------------------------------------
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        self._local.target = None
+        try:
+            target = self._target(broker, message)
+        except Exception as exc:
+            # Nothing silent: an unusable bucket dead-letters the message, with the reason logged.
+            logger.error(
+                "rate_limit_invalid",
+                extra={"actor": message.actor_name, "message_id": message.message_id, "error": str(exc)},
+            )
+            message.fail()
+            raise SkipMessage("unusable rate limit") from None
+        if target is None:
+            return
+        self._local.target = target
+        slot = message.options.get(SLOT)
+        slot_ms = slot["at"] if isinstance(slot, dict) and slot.get("bucket") == target.bucket else None
+        take = self._take(broker, message, target, slot_ms)
+        if slot_ms is not None and take.at_ms != slot_ms:
+            # Back after its slot (or after a drain): the slot is void and a token was lost.
+            logger.info(
+                "rate_limit_slot_missed",
+                extra={"bucket": target.bucket, "late_ms": take.at_ms - take.wait_ms - slot_ms},
+            )
+        # A message back for its slot may arrive up to slot_lead_ms early: it sleeps to its slot.
+        longest_sleep = max(self.wait_ms, self.slot_lead_ms) if slot_ms == take.at_ms else self.wait_ms
+        if take.status == "run":
+            return
+        if take.status == "wait" and take.wait_ms <= longest_sleep:
+            logger.info("rate_limited", extra=self._event(target, take, "wait"))
+            time.sleep(take.wait_ms / 1000)
+            return
+        self._postpone(broker, message, target, take, "deferred")
+        raise SkipMessage("rate limited: deferred")
+
+    def _take(self, broker: Broker, message: MessageProxy, target: _Target, slot_ms: int | None) -> Take:
+        request = TakeRequest(
+            target.bucket, target.limit.rate, target.limit.burst, target.cost, self.max_delay_ms, slot_ms
+        )
+        while True:
+            try:
+                return self.takes.call(request)
+            except StoreUnavailable as exc:
+                waits = int(message.options.get(STORE_WAITS, 0))
+                delay = backoff_ms(waits, self.store_retry_ms, self.max_store_retry_ms)
+                logger.warning(
+                    "rate_limit_store_unavailable",
+                    extra={"bucket": target.bucket, "delay_ms": delay, "error": str(exc)},
+                )
+                options = {STORE_WAITS: waits + 1}
+                if requeue_later(broker, message, delay, reason="store_unavailable", options=options):
+                    raise SkipMessage("state store unavailable: deferred") from None
+                # Neither the store nor the broker answers: hold the delivery and ask again.
+
+    def _postpone(
+        self, broker: Broker, message: MessageProxy, target: _Target, take: Take, action: str
+    ) -> None:
+        """Re-enqueue ``message`` for its slot (``wait``) or to ask again later (``refused``)."""
+        if take.status == "wait":
+            # Due back slot_lead_ms before the slot; a slot beyond max_delay_ms takes two hops.
+            delay = min(max(0, take.wait_ms - self.slot_lead_ms), self.max_delay_ms)
+            slot: dict[str, Any] | None = {"bucket": target.bucket, "at": take.at_ms}
+        else:
+            # Refused: the bucket's slots are booked max_delay_ms ahead. Spread the re-checks of the
+            # backlog over time instead of bringing them back together.
+            delay = min(self.max_delay_ms, take.wait_ms + random.randint(0, self.max_delay_ms // 2))
+            slot = None
+        logger.info("rate_limited", extra={**self._event(target, take, action), "delay_ms": delay})
+        requeue_until_confirmed(
+            broker, message, delay, reason="rate_limited", options={SLOT: slot, STORE_WAITS: 0}
+        )
+
+    @staticmethod
+    def _event(target: _Target, take: Take, action: str) -> dict[str, Any]:
+        return {
+            "service": target.service,
+            "bucket": target.bucket,
+            "wait_ms": take.wait_ms,
+            "action": action,
+        }
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        """An actor raised :class:`RateLimited`: drain its bucket and re-enqueue it, retries untouched.
+
+        Dramatiq emits this hook from inside its ``except SkipMessage`` block, so the exception
+        being handled is the one the actor (or a middleware) raised.
+        """
+        raised = sys.exc_info()[1]
+        target: _Target | None = getattr(self._local, "target", None)
+        self._local.target = None
+        if not isinstance(raised, RateLimited) or message.failed:
+            return
+        pause_ms = math.ceil(raised.retry_after * 1000)
+        if target is not None:
+            try:
+                self.backend.drain(target.bucket, target.limit.rate, target.limit.burst, pause_ms)
+                take = self.takes.call(
+                    TakeRequest(
+                        target.bucket, target.limit.rate, target.limit.burst, target.cost, self.max_delay_ms
+                    )
+                )
+            except StoreUnavailable as exc:
+                logger.warning(
+                    "rate_limit_store_unavailable", extra={"bucket": target.bucket, "error": str(exc)}
+                )
+            else:
+                self._postpone(broker, message, target, take, "upstream")
+                return
+        delay = min(pause_ms + random.randint(0, max(100, pause_ms // 10)), self.max_delay_ms)
+        logger.info(
+            "rate_limited",
+            extra={
+                "service": target.service if target else None,
+                "bucket": target.bucket if target else None,
+                "wait_ms": pause_ms,
+                "delay_ms": delay,
+                "action": "upstream",
+            },
+        )
+        requeue_until_confirmed(broker, message, delay, reason="rate_limited", options={SLOT: None})
+
+    def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        logger.info(
+            "rate_limits_configured",
+            extra={
+                "limits": {name: {"rate": lim.rate, "burst": lim.burst} for name, lim in self.limits.items()}
+            },
+        )
