@@ -105,8 +105,19 @@ def configure_logging(
     root.setLevel(level)
     # pika is chatty at INFO about every connection; keep its warnings and errors.
     logging.getLogger("pika").setLevel(max(level, logging.WARNING))
+    worker_log = logging.getLogger("dramatiq.worker.WorkerThread")
+    if not any(isinstance(f, _ResultsAreKept) for f in worker_log.filters):
+        worker_log.addFilter(_ResultsAreKept())
     logging.captureWarnings(True)
     _route_uncaught_exceptions()
+
+
+class _ResultsAreKept(logging.Filter):
+    """Drop Dramatiq's warning, on every job that returns a value, that its Results middleware is
+    missing: this project keeps results itself (idempotency records, job status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "you haven't added the Results middleware" not in str(record.msg)
 
 
 def get_logger(name: str, **context: Any) -> structlog.stdlib.BoundLogger:
