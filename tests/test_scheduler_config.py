@@ -211,6 +211,7 @@ def test_the_reference_schedules_are_valid():
         {"kind": "sales"},
     )
     assert schedules["purge-expired-exports"].actor == "purge_exports"
+    assert schedules["queue-health-check"].actor == "check_health"
 
 
 def test_an_entry_with_every_option(tmp_path):
