@@ -87,11 +87,18 @@ class IdempotencyBackend(ABC):
 
 
 _REGISTER = """
-local mid = redis.call('HGET', KEYS[1], 'mid')
-if mid then return mid end
-redis.call('HSET', KEYS[1], 'state', 'pending', 'mid', ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return false
+local out = {}
+for i, key in ipairs(KEYS) do
+  local mid = redis.call('HGET', key, 'mid')
+  if mid then
+    out[i] = mid
+  else
+    redis.call('HSET', key, 'state', 'pending', 'mid', ARGV[2 * i - 1])
+    redis.call('PEXPIRE', key, ARGV[2 * i])
+    out[i] = ''
+  end
+end
+return out
 """
 
 _CLAIM = """
@@ -153,29 +160,25 @@ class RedisIdempotency(IdempotencyBackend):
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
-        client = store.client
-        self._register = client.register_script(_REGISTER)
-        self._claim = client.register_script(_CLAIM)
-        self._renew = client.register_script(_RENEW)
-        self._complete = client.register_script(_COMPLETE)
-        self._release = client.register_script(_RELEASE)
+        self._register = store.script(_REGISTER)
+        self._claim = store.script(_CLAIM)
+        self._renew = store.script(_RENEW)
+        self._complete = store.script(_COMPLETE)
+        self._release = store.script(_RELEASE)
 
     def _key(self, key: str) -> str:
         return self.store.key("idem:" + key)
 
     def register(self, key: str, message_id: str, ttl_ms: int) -> str | None:
-        with self.store.errors():
-            existing = self._register(keys=[self._key(key)], args=[message_id, ttl_ms])
-        return existing.decode() if isinstance(existing, bytes) else None
+        return self.register_many([(key, message_id, ttl_ms)])[0]
 
     def register_many(self, items: list[tuple[str, str, int]]) -> list[str | None]:
-        """One pipeline for all the keys: one round trip per bulk send instead of one per message."""
-        with self.store.errors():
-            pipe = self.store.client.pipeline(transaction=False)
-            for key, message_id, ttl in items:
-                self._register(keys=[self._key(key)], args=[message_id, ttl], client=pipe)
-            replies = pipe.execute()
-        return [r.decode() if isinstance(r, bytes) else None for r in replies]
+        """One script call for all the keys: one round trip per bulk send instead of one per message."""
+        replies = self._register(
+            keys=[self._key(key) for key, _, _ in items],
+            args=[a for _, mid, ttl in items for a in (mid, ttl)],
+        )
+        return [_text(r) for r in replies]
 
     def claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         """One script call for all the requests: one round trip, whatever their number."""

@@ -182,8 +182,8 @@ class RedisBuckets(BucketBackend):
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
-        self._take = store.client.register_script(_TAKE)
-        self._drain = store.client.register_script(_DRAIN)
+        self._take = store.script(_TAKE)
+        self._drain = store.script(_DRAIN)
 
     def _key(self, key: str) -> str:
         return self.store.key("rate:" + key)

@@ -12,6 +12,8 @@ them in its own module, one implementation per backend, using :attr:`RedisStore.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sqlite3
 import threading
 import time
@@ -114,6 +116,38 @@ return 0
 """
 
 
+class RedisScript:
+    """A Lua script sent as ``EVALSHA`` straight over a dedicated connection of the calling thread.
+
+    redis-py's own script call costs ~55 us of CPU per call here against ~15 us for the same
+    command on a bare connection (pool checkout, retry and instrumentation wrappers); the claim and
+    completion scripts run once per job, so the difference is most of what idempotency costs a
+    worker. The script is loaded on first use and again after a Redis restart (``NOSCRIPT``).
+    """
+
+    def __init__(self, store: RedisStore, source: str) -> None:
+        self.store = store
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        conn = self.store.raw_connection()
+        try:
+            try:
+                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                return conn.read_response()
+            except redis.exceptions.NoScriptError:
+                conn.send_command("SCRIPT", "LOAD", self.source)
+                conn.read_response()
+                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+                return conn.read_response()
+        except redis.exceptions.ResponseError as exc:  # the script itself failed: a bug, not an outage
+            raise RuntimeError(f"redis script error: {exc}") from exc
+        except redis.RedisError as exc:
+            conn.disconnect()
+            raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+
 class RedisStore(StateStore):
     """The state store on Redis; ``namespace`` prefixes every key."""
 
@@ -137,8 +171,21 @@ class RedisStore(StateStore):
             socket_connect_timeout=socket_timeout,
             health_check_interval=30,
         )
-        self._acquire = self.client.register_script(_ACQUIRE_LEASE)
-        self._release = self.client.register_script(_RELEASE_LEASE)
+        self._acquire = self.script(_ACQUIRE_LEASE)
+        self._release = self.script(_RELEASE_LEASE)
+        self._local = threading.local()
+
+    def script(self, source: str) -> RedisScript:
+        """A Lua script run over this thread's own connection (see :class:`RedisScript`)."""
+        return RedisScript(self, source)
+
+    def raw_connection(self) -> Any:
+        """This thread's dedicated connection, outside the pool (made again after a fork)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            conn = self.client.connection_pool.make_connection()
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
 
     @contextmanager
     def errors(self) -> Iterator[None]:
@@ -169,11 +216,11 @@ class RedisStore(StateStore):
 
     def acquire_lease(self, name: str, owner: str, ttl_ms: int) -> bool:
         with self.errors():
-            return bool(self._acquire(keys=[self.key(name)], args=[owner, ttl_ms]))
+            return bool(self._acquire([self.key(name)], [owner, ttl_ms]))
 
     def release_lease(self, name: str, owner: str) -> bool:
         with self.errors():
-            return bool(self._release(keys=[self.key(name)], args=[owner]))
+            return bool(self._release([self.key(name)], [owner]))
 
     def lease_holder(self, name: str) -> str | None:
         value = self.get(name)

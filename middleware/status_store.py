@@ -168,7 +168,7 @@ class RedisStatus(StatusBackend):
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
-        self._apply = store.client.register_script(_APPLY)
+        self._apply = store.script(_APPLY)
 
     def _key(self, message_id: str) -> str:
         return self.store.key("status:" + message_id)
