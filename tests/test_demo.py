@@ -99,3 +99,22 @@ def test_ctrl_c_stops_the_demo_and_still_cleans_up(tmp_path):
     assert summary["prefix"] == prefix
     assert summary["cleanup"]["worker_exit"] is not None  # stopped, not left running
     assert _leftovers(prefix) == ([], [])
+
+
+def test_the_production_guide_names_only_real_settings_and_commands():
+    import re
+
+    from actors.settings import Settings
+    from jobctl.dlq import dlq
+    from jobctl.main import main as jobctl
+
+    guide = (ROOT / "docs" / "production.md").read_text()
+    settings = {name.upper() for name in Settings.model_fields}
+    named = set(re.findall(r"`([A-Z][A-Z0-9_]{3,})(?:=[^`]*)?`", guide))
+    assert named and named <= settings, named - settings
+    for command, sub in re.findall(r"`jobctl ([a-z-]+)(?: ([a-z-]+))?", guide):
+        assert command in jobctl.commands, command
+        if command == "dlq":
+            assert sub in dlq.commands, sub
+    assert "jobctl migrate-queues" in guide and "consumer_timeout" in guide
+    assert "docs/production.md" in (ROOT / "README.md").read_text()
