@@ -225,8 +225,7 @@ class Demo:
         for kind, to in (("sales", "boss@example.com"), ("inventory", "ops@example.com")):
             self._sent("reports", generate_report.send(kind, email_to=to))
         self.event("2 reports requested: written as CSV, then mailed")
-        for number in range(self.profile.media_jobs):
-            source = self._make_image(number)
+        for source in self.images:
             self._sent("media", make_renditions.send(str(source)))
         self.event(f"{self.profile.media_jobs} image(s) uploaded: renditions at 4 sizes, progress per stage")
         for _ in range(3):  # a user who clicks "send" three times
@@ -366,6 +365,7 @@ class Demo:
 
         self.snapshot.phase = "starting the worker and the scheduler"
         deadline = self.started + profile.timeout_s
+        self.images = [self._make_image(number) for number in range(profile.media_jobs)]  # the uploads
         while not self.workers_ready():
             self._tick(live, deadline)
         self.snapshot.phase = "running the workload"
@@ -501,7 +501,10 @@ def _print_summary(console: Console, summary: dict[str, Any], cleaned: dict[str,
             + ("" if mails is None else f", {mails} delivered to the demo's SMTP server"),
         ),
         ("deduplicated", f"{summary['deduplicated']}  (dropped at send by their idempotency key)"),
-        ("rate-limited", f"{summary['rate_limited_waits']} waits for an smtp token (no retry spent)"),
+        (
+            "rate-limited",
+            f"{summary['rate_limited_waits']} waits for an smtp token, slept or re-enqueued (no retry spent)",
+        ),
         ("dead-lettered", f"{summary['dead_lettered']}  (partner API down: retries spent)"),
         ("replayed", f"{summary['replayed']}  ({summary['partner_syncs_ok']} partner syncs then succeeded)"),
         ("scheduler", f"{summary['scheduler_health_checks']} check_health runs"),

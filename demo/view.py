@@ -76,7 +76,12 @@ def render(snapshot: Snapshot) -> RenderableType:
         ("jobs/s", "right"),
         ("", "left"),
     ):
-        queues.add_column(column, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        queues.add_column(
+            column,
+            justify=justify,  # type: ignore[arg-type]
+            no_wrap=True,
+            min_width=max(len(column), 7),
+        )
     for row in snapshot.queues:
         total = max(row.expected, row.done, 1)
         queues.add_row(
