@@ -72,7 +72,7 @@ def render(snapshot: Snapshot) -> RenderableType:
         ("waiting", "right"),
         ("running", "right"),
         ("delayed", "right"),
-        ("dead letters", "right"),
+        ("dead", "right"),
         ("jobs/s", "right"),
         ("", "left"),
     ):
@@ -86,7 +86,7 @@ def render(snapshot: Snapshot) -> RenderableType:
         total = max(row.expected, row.done, 1)
         queues.add_row(
             row.name,
-            ProgressBar(total=total, completed=row.done, width=30),
+            ProgressBar(total=total, completed=row.done, width=22),
             f"{row.done}/{row.expected}",
             _cell(row.waiting),
             _cell(row.running),
