@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install run scheduler test lint format bench services up down
+.PHONY: help install demo run scheduler test lint format bench services up down
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -12,6 +12,9 @@ install:  ## Create .venv and install the project with its dev tools
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+
+demo:  ## Watch a realistic workload flow through the system (~1.5 min; needs RabbitMQ and a state store)
+	$(BIN)/python -m demo
 
 run:  ## Run the worker (dramatiq actors) against the configured broker
 	$(BIN)/jobctl worker
@@ -25,7 +28,7 @@ test:  ## Run the test suite against the local RabbitMQ and Redis
 lint:  ## ruff check, ruff format --check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy actors middleware scheduler jobctl
+	$(BIN)/mypy actors middleware scheduler jobctl demo
 
 format:  ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

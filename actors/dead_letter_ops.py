@@ -140,9 +140,11 @@ class DeadLetter:
         return {**self.summary(), "traceback": self.traceback, "body": self.body.decode(errors="replace")}
 
     def replay_message(self) -> Message[Any]:
-        """The message to publish again: original queue, attempts reset, same id and key."""
+        """The message to publish again: original queue, attempts reset, same id and key, and
+        one more replay counted (its status then moves on from ``dead``)."""
         message = Message.decode(self.body)
         options = {k: v for k, v in message.options.items() if k not in RESET_OPTIONS}
+        options[record.REPLAYS] = int(message.options.get(record.REPLAYS, 0)) + 1
         return dataclasses.replace(message, queue_name=self.queue, options=options)
 
 

@@ -129,15 +129,21 @@ def send_email(
     return str(mail["Message-ID"])
 
 
-@dramatiq.actor(queue_name=settings.queue("emails"), time_limit=600_000)
-def send_campaign(campaign: str, recipients: list[str], context: dict[str, Any] | None = None) -> int:
-    """Fan a campaign out into one ``send_email`` job per recipient with one bulk send."""
-    messages = [
+def campaign_messages(
+    campaign: str, recipients: list[str], context: dict[str, Any] | None = None
+) -> list[dramatiq.Message[Any]]:
+    """One ``send_email`` message per recipient of ``campaign`` (keyed: re-sending one is dropped)."""
+    return [
         send_email.message_with_options(
             kwargs={"to": to, "template": "campaign", "context": context or {}, "campaign": campaign}
         )
         for to in recipients
     ]
-    sent = send_bulk(messages)
+
+
+@dramatiq.actor(queue_name=settings.queue("emails"), time_limit=600_000)
+def send_campaign(campaign: str, recipients: list[str], context: dict[str, Any] | None = None) -> int:
+    """Fan a campaign out into one ``send_email`` job per recipient with one bulk send."""
+    sent = send_bulk(campaign_messages(campaign, recipients, context))
     logger.info("campaign_fanned_out", campaign=campaign, recipients=len(recipients), sent=len(sent))
     return len(sent)

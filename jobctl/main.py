@@ -8,6 +8,7 @@ import shutil
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import click
 import pika
@@ -88,7 +89,10 @@ def worker(dramatiq_args: tuple[str, ...]) -> None:
     Extra arguments go to dramatiq as they are (for example extra modules or ``--queues``).
     """
     settings = load_actors().settings
-    executable = shutil.which("dramatiq") or "dramatiq"
+    # The dramatiq of this environment (next to the interpreter): `.venv/bin/jobctl` works without
+    # the venv on PATH, as `make run` calls it.
+    beside = Path(sys.executable).parent / "dramatiq"
+    executable = str(beside) if beside.is_file() else shutil.which("dramatiq") or "dramatiq"
     argv = [
         executable,
         "actors",

@@ -49,6 +49,9 @@ HEADER_FAILED_AT = "x-dl-failed-at"
 
 #: Message option counting the attempts that reached the actor (kept across retries).
 ATTEMPTS = "attempts"
+#: Message option: how many times the message was replayed from the dead letters (status records
+#: order a replay's attempts after the dead attempt they follow).
+REPLAYS = "replays"
 #: Attribute set on a message proxy whose follow-up publish failed: requeue it, do not ack it.
 _REDELIVER = "_redeliver"
 #: Attribute set on a message proxy by a middleware that rejects it, naming the reason; the

@@ -35,6 +35,7 @@ from dramatiq.common import q_name
 from dramatiq.middleware import CurrentMessage, Middleware
 
 from middleware.attempts import AttemptTracker
+from middleware.dead_letters import REPLAYS
 from middleware.deferred import DeferredWrites
 from middleware.state import StateStore, StoreUnavailable
 from middleware.status_store import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
@@ -160,7 +161,7 @@ class Status(Middleware):
             StatusUpdate(
                 message_id=message.message_id,
                 queue=q_name(message.queue_name),
-                order=order_of(attempt, state or "running"),
+                order=order_of(attempt, state or "running", int(message.options.get(REPLAYS, 0))),
                 fields=values,
                 once=once,
                 delete=delete,

@@ -34,9 +34,14 @@ STATE_RANKS: dict[str, int] = {
 }
 
 
-def order_of(attempt: int, state: str) -> int:
-    """The order of ``state`` within attempt number ``attempt`` (0 before the first run)."""
-    return attempt * 10 + STATE_RANKS[state]
+#: Orders of one replay of a message come after every order of the one before (attempts <= 101).
+REPLAY_STRIDE = 10_000
+
+
+def order_of(attempt: int, state: str, replays: int = 0) -> int:
+    """The order of ``state`` within attempt number ``attempt`` (0 before the first run) of the
+    message's ``replays``-th replay from the dead letters (its attempts start again at 1)."""
+    return replays * REPLAY_STRIDE + attempt * 10 + STATE_RANKS[state]
 
 
 @dataclass(frozen=True)

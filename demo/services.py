@@ -1,0 +1,263 @@
+"""What the demo runs around the workload: a mail server, a flaky partner API, the worker and the
+scheduler as child processes, and the clean-up of its queues and state keys."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from email import message_from_bytes
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import requests
+
+if TYPE_CHECKING:  # importing ``actors`` builds the broker: only once the demo's variables are set
+    from actors.settings import Settings
+
+
+class MailServer:
+    """An SMTP server in this process (aiosmtpd) that keeps every mail it receives."""
+
+    def __init__(self) -> None:
+        from aiosmtpd.controller import Controller
+
+        self.received: list[Message] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler:
+            async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+                with outer._lock:
+                    outer.received.append(message_from_bytes(envelope.content))
+                return "250 Message accepted"
+
+        # aiosmtpd checks its server by connecting to the port it was given: it needs a real one.
+        self.port = _free_port()
+        self._controller = Controller(Handler(), hostname="127.0.0.1", port=self.port)
+
+    def start(self) -> str:
+        """Start listening; returns the ``SMTP_URL`` to give the workers."""
+        self._controller.start()
+        return f"smtp://127.0.0.1:{self.port}"
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.received)
+
+    def recipients(self) -> Counter[str]:
+        with self._lock:
+            return Counter(str(mail["To"]) for mail in self.received)
+
+    def stop(self) -> None:
+        self._controller.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PartnerApi:
+    """A partner's HTTP API, answering 503 while ``up`` is False (the dependency that fails)."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.failed = 0
+        self.synced: list[int] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                answer: dict[str, Any]
+                if api.up:
+                    api.synced.append(int(body.get("batch", 0)))
+                    status, answer = 200, {"synced": 100}
+                else:
+                    api.failed += 1
+                    status, answer = 503, {"error": "maintenance"}
+                payload = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the live view says what happens."""
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="partner-api", daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        return f"http://127.0.0.1:{self._server.server_port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class Child:
+    """A child process (the worker or the scheduler) in a session of its own, so Ctrl-C in the
+    terminal reaches only the demo, which then stops it with one SIGTERM to its main process."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float) -> int | None:
+        """SIGTERM to the main process only (dramatiq forwards it to its worker processes; a
+        second signal would mean "stop now"); SIGKILL the group only if it outlives ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(10)
+        finally:
+            self._log.close()
+
+
+def start_worker(env: dict[str, str], log_path: Path, modules: list[str]) -> Child:
+    """``jobctl worker`` (``dramatiq actors`` with the configured processes and threads)."""
+    return Child("worker", [_script("jobctl"), "worker", *modules], env, log_path)
+
+
+def start_scheduler(env: dict[str, str], log_path: Path, schedules: Path) -> Child:
+    """``python -m scheduler`` on the demo's schedules file."""
+    return Child(
+        "scheduler", [sys.executable, "-m", "scheduler", "--schedules", str(schedules)], env, log_path
+    )
+
+
+def _script(name: str) -> str:
+    """A console script of this environment (next to the running interpreter), else from PATH."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def worker_ready(worker: Child, processes: int) -> bool:
+    """True once every worker process logged that it is ready; raises if the worker exited."""
+    if not worker.alive():
+        raise RuntimeError(
+            f"the worker exited with code {worker.proc.returncode}:\n{worker.output()[-3000:]}"
+        )
+    return worker.output().count("Worker process is ready for action") >= processes
+
+
+def count_events(log_path: Path, event: str) -> int:
+    """How many JSON log lines of ``log_path`` are ``event`` (e.g. ``rate_limited``)."""
+    needle = f'"{event}"'
+    total = 0
+    with contextlib.suppress(FileNotFoundError), log_path.open(errors="replace") as lines:
+        for line in lines:
+            if needle in line:
+                with contextlib.suppress(ValueError):
+                    total += json.loads(line[line.index("{") :]).get("event") == event
+    return total
+
+
+def _queues_api(settings: Settings) -> str:
+    return f"{settings.management_url}/api/queues/{quote(settings.rabbitmq_vhost, safe='')}"
+
+
+#: The only prefixes the clean-up deletes under: the demo's own, never an environment's.
+DEMO_PREFIX = re.compile(r"demo-[0-9a-f]{6}-")
+
+
+def _check_prefix(settings: Settings, prefix: str) -> None:
+    if not DEMO_PREFIX.fullmatch(prefix) or settings.queue_prefix != prefix:
+        raise ValueError(f"refusing to delete under {settings.queue_prefix!r}: not this demo's prefix")
+
+
+def prefixed_queues(settings: Settings, prefix: str) -> list[str]:
+    """The queues whose name starts with ``prefix`` (work, ``.DQ`` and ``.DLQ`` queues)."""
+    response = requests.get(_queues_api(settings), params={"columns": "name"}, timeout=10)
+    response.raise_for_status()
+    return [q["name"] for q in response.json() if q["name"].startswith(prefix)]
+
+
+def delete_queues(settings: Settings, prefix: str, declared: list[str]) -> list[str]:
+    """Delete the demo's queues: those the management API lists under ``prefix``, else (API down)
+    the declared ones with their ``.DQ``/``.DLQ`` over AMQP. Returns the names deleted."""
+    import pika
+
+    from actors.broker import DEAD_LETTER_SUFFIX, connection_urls
+
+    _check_prefix(settings, prefix)
+    try:
+        names = prefixed_queues(settings, prefix)
+        for name in names:
+            requests.delete(f"{_queues_api(settings)}/{quote(name, safe='')}", timeout=10).raise_for_status()
+        return names
+    except requests.RequestException:
+        pass
+    names = [n for q in declared if q.startswith(prefix) for n in (q, f"{q}.DQ", f"{q}{DEAD_LETTER_SUFFIX}")]
+    connection = pika.BlockingConnection(pika.URLParameters(connection_urls(settings)[0]))
+    try:
+        channel = connection.channel()
+        for name in names:
+            channel.queue_delete(name)
+    finally:
+        connection.close()
+    return names
+
+
+def delete_state_keys(settings: Settings, prefix: str) -> int:
+    """Delete the demo's keys from a Redis state store (SCAN + DEL on its namespace); a SQLite
+    store is a temporary file the demo removes with its folder."""
+    _check_prefix(settings, prefix)
+    if not settings.state_url.startswith(("redis://", "rediss://")):
+        return 0
+    import redis
+
+    client = redis.Redis.from_url(settings.state_url, socket_timeout=settings.state_timeout)
+    deleted = 0
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(f"{settings.state_namespace}*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += int(client.delete(*batch))
+                batch = []
+        if batch:
+            deleted += int(client.delete(*batch))
+    finally:
+        client.close()
+    return deleted
+
+
+def wait_until(predicate: Any, timeout: float, interval: float = 0.2) -> bool:
+    """Poll ``predicate`` until true; False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
