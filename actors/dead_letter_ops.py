@@ -1,9 +1,10 @@
 """Operations on the dead-letter queues: read, filter, replay and purge, streaming.
 
-A dead-letter queue is read by consuming it *without acking*: nothing leaves the queue unless an
-operation acks it, and whatever is left unacked goes back in its place when the connection
-closes. pika only reads the socket when the messages it has were handed out, so memory stays
-bounded however long the queue is.
+A dead-letter queue is read one ``basic.get`` at a time *without acking*: nothing leaves the
+queue unless an operation acks it, and whatever is left unacked goes back in its place when the
+connection closes. RabbitMQ holds the unacked messages, the reader one at a time, so memory stays
+flat however long the queue is (a consumer with an open prefetch would let the client library
+buffer the whole queue faster than it is read).
 
 Replay publishes a copy to the original queue (attempts reset; same message id and idempotency
 key), waits for RabbitMQ's confirms, and only then acks the dead letter. A crash in between leaves
@@ -204,17 +205,11 @@ class Reader:
 
     def stream(self, dead_letter_queue: str) -> Iterator[tuple[DeadLetter, int]]:
         """Each dead letter there was when the stream started, with its delivery tag to ack."""
-        remaining = self.count(dead_letter_queue)
-        if remaining == 0:
-            return
-        for method, properties, body in self.channel.consume(dead_letter_queue, inactivity_timeout=5):
-            if method is None:  # nothing more arrived: the queue shrank under us
-                break
+        for _ in range(self.count(dead_letter_queue)):
+            method, properties, body = self.channel.basic_get(dead_letter_queue, auto_ack=False)
+            if method is None:  # the queue shrank under us (another operator purged it)
+                return
             yield DeadLetter.from_delivery(dead_letter_queue, properties, body), method.delivery_tag
-            remaining -= 1
-            if remaining == 0:
-                break
-        self.channel.cancel()
 
     def ack(self, tag: int) -> None:
         self.channel.basic_ack(tag)
