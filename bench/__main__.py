@@ -51,6 +51,12 @@ class Rate:
         return f"  {self.label:<44} {self.per_second:>9,.0f} /s   ({self.count:,} in {self.seconds:.2f} s)"
 
 
+def delete_queues(broker: RabbitmqBroker, queue: str) -> None:
+    """Remove a bench queue and its companions (delay, dead letters, and Dramatiq's own .XQ)."""
+    for name in (queue, f"{queue}.DQ", f"{queue}.DLQ", f"{queue}.XQ"):
+        broker.channel.queue_delete(name)
+
+
 def noop_messages(queue: str, count: int) -> list[Message[Any]]:
     return [
         Message(queue_name=queue, actor_name="noop", args=(), kwargs={}, options={}) for _ in range(count)
@@ -129,8 +135,7 @@ def throughput(
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
-        for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
-            broker.channel.queue_delete(name)
+        delete_queues(broker, queue)
     return Rate(label, at_start, elapsed)
 
 
@@ -151,8 +156,7 @@ def send_rates(count: int) -> tuple[Rate, Rate]:
     started = time.perf_counter()
     send_bulk(messages)
     bulk = Rate("send_bulk(), pipelined confirms", count, time.perf_counter() - started)
-    for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
-        broker.channel.queue_delete(name)
+    delete_queues(broker, queue)
     return loop, bulk
 
 
@@ -357,8 +361,7 @@ def rate_accuracy(
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
         client.delete(starts_key)
-        for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
-            broker.channel.queue_delete(name)
+        delete_queues(broker, queue)
     if len(times) < count:
         return [f"  paced bucket: only {len(times)} of {count} jobs started in time"]
     observed = (count - burst) / (times[-1] - times[0])
@@ -387,8 +390,7 @@ def dedup_send_rate(label: str, broker: RabbitmqBroker, count: int) -> Rate:
     started = time.perf_counter()
     send_bulk(messages, broker=broker)
     rate = Rate(label, count, time.perf_counter() - started)
-    for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):
-        broker.channel.queue_delete(name)
+    delete_queues(broker, queue)
     return rate
 
 
