@@ -182,6 +182,15 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
 
     broker: ProjectBroker
 
+    def __next__(self) -> MessageProxy | None:
+        message: MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
+        if message is not None:
+            for middleware in self.broker.middleware:
+                on_receive = getattr(middleware, "on_receive", None)
+                if on_receive is not None:
+                    on_receive(self.broker, message)
+        return message
+
     def ack(self, message: MessageProxy) -> None:
         if wants_redelivery(message):
             self._requeue(message)

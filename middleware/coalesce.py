@@ -44,6 +44,10 @@ class Coalescer(Generic[Item, Answer]):
         self._start_lock = threading.Lock()
 
     def call(self, item: Item) -> Answer:
+        return self.wait(self.submit(item))
+
+    def submit(self, item: Item) -> _Pending[Item, Answer]:
+        """Queue ``item`` without waiting; :meth:`wait` collects its answer later."""
         if self._pump is None or not self._pump.is_alive():
             with self._start_lock:
                 if self._pump is None or not self._pump.is_alive():
@@ -51,6 +55,10 @@ class Coalescer(Generic[Item, Answer]):
                     self._pump.start()
         pending: _Pending[Item, Answer] = _Pending(item)
         self._queue.put(pending)
+        return pending
+
+    def wait(self, pending: _Pending[Item, Answer]) -> Answer:
+        """The answer to a submitted item (raising what its call raised); callable once."""
         pending.done.acquire()
         if pending.error is not None:
             raise pending.error

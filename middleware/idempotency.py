@@ -26,6 +26,7 @@ import json
 import logging
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -76,6 +77,22 @@ class _Held:
     owner: str
 
 
+#: How long a claim sent ahead at receipt is taken as the store's current answer. Under load a
+#: prefetched message waits a few milliseconds for a worker thread, and its claim's round trip has
+#: overlapped that wait; a message that waited longer is claimed again when it starts.
+CLAIM_AHEAD_FRESH_S = 0.1
+
+#: Attribute of a message proxy holding the claim sent ahead at receipt (:meth:`Idempotency.on_receive`).
+_AHEAD = "_idempotency_claim_ahead"
+
+
+@dataclass
+class _Ahead:
+    request: ClaimRequest
+    pending: Any
+    sent_at: float
+
+
 class Idempotency(Middleware):
     """Dedup at send and a leased claim at run, on a :class:`~middleware.state.StateStore`.
 
@@ -117,6 +134,8 @@ class Idempotency(Middleware):
         self._held: dict[int, _Held] = {}
         self._held_lock = threading.Lock()
         self._renewer: threading.Thread | None = None
+        #: When a claim last found the store unreachable (claims sent ahead before it are redone).
+        self._store_failed_at = float("-inf")
         self._stop = threading.Event()
 
     @property
@@ -200,14 +219,50 @@ class Idempotency(Middleware):
 
     # -- run -------------------------------------------------------------------------------------
 
+    def on_receive(self, broker: Broker, message: MessageProxy) -> None:
+        """Claim ahead: called by the project's consumer as a message arrives, it sends the claim
+        without waiting, so the round trip overlaps the time the message spends prefetched and
+        ``before_process_message`` usually finds the answer there already."""
+        if "eta" in message.options:  # a delayed message: it is re-enqueued, not run, when due
+            return
+        try:
+            key = self.key_of(broker, message)
+        except Exception:  # the key function fails: before_process_message reports it
+            return
+        if key is None:
+            return
+        ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
+        request = ClaimRequest(key, message.message_id, uuid.uuid4().hex, self.lease_ms, ttl)
+        setattr(message, _AHEAD, _Ahead(request, self.claims.submit(request), time.monotonic()))
+
+    def _take_ahead(self, message: MessageProxy) -> tuple[str | None, Claim | None]:
+        """The owner of a claim sent ahead, and its answer while still fresh (else None)."""
+        ahead: _Ahead | None = getattr(message, _AHEAD, None)
+        if ahead is None:
+            return None, None
+        try:
+            claim = self.claims.wait(ahead.pending)
+        except StoreUnavailable:
+            return ahead.request.owner, None
+        # A claim sent more than CLAIM_AHEAD_FRESH_S ago is made again (as the same owner), so a
+        # job starts on a claim the store confirmed just now, as without claiming ahead; nor is
+        # one trusted once the store has failed since it was granted: fail closed.
+        fresh = time.monotonic() - ahead.sent_at < CLAIM_AHEAD_FRESH_S
+        trusted = self._store_failed_at < ahead.sent_at
+        return ahead.request.owner, claim if fresh and trusted else None
+
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None
         key = self.key_of(broker, message)
         if key is None:
             return
-        owner = uuid.uuid4().hex
+        ahead_owner, claim_ahead = self._take_ahead(message)
+        owner = ahead_owner or uuid.uuid4().hex
         ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
         while True:
+            if claim_ahead is not None:
+                claim = claim_ahead
+                break
             try:
                 claim = self.claims.call(ClaimRequest(key, message.message_id, owner, self.lease_ms, ttl))
             except StoreUnavailable as exc:
@@ -238,7 +293,11 @@ class Idempotency(Middleware):
         self._ensure_renewer()
 
     def _claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
-        return self.backend.claim_many(requests)
+        try:
+            return self.backend.claim_many(requests)
+        except StoreUnavailable:
+            self._store_failed_at = time.monotonic()
+            raise
 
     def _finish(self) -> _Held | None:
         held: _Held | None = getattr(self._local, "held", None)
@@ -270,6 +329,10 @@ class Idempotency(Middleware):
         # re-enqueued by whoever skipped it: release now, not in the background, so the copy can
         # never come back to find the claim still held (which would delay it by a whole lease).
         held = self._finish()
+        ahead: _Ahead | None = getattr(message, _AHEAD, None)
+        if held is None and ahead is not None:
+            # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead.
+            held = _Held(ahead.request.key, ahead.request.owner)
         if held is not None:
             try:
                 self.backend.release_many([(held.key, held.owner)])

@@ -153,3 +153,16 @@ def test_redis_down_mid_run_runs_nothing_unguarded(start_worker, queues, store, 
     assert "idempotency_store_unavailable" in worker.output()
     for body in (json.loads(m["payload"]) for m in queues.peek(queue + ".DQ")):
         assert body["options"].get("retries", 0) == 0  # deferrals never burn a retry
+
+
+def test_a_claim_sent_ahead_goes_stale_and_is_renewed_by_its_own_owner(
+    start_worker, keyed, store, prefix, state_url
+):
+    """Claims are sent as messages arrive; one that waited behind a slow job is made again at start
+    by the same owner, so the message runs at once instead of finding its own claim 'held'."""
+    worker = start_worker(threads=1, STATE_URL=state_url)
+    keyed.send(workload.effect, "slow", seconds=1.0)
+    keyed.send(workload.effect, "behind")
+    wait_for(lambda: effects(store, prefix, "behind") == 1, what="the message that waited")
+    assert effects(store, prefix, "slow") == 1 and starts(store, prefix, "behind") == 1
+    assert "duplicate_deferred" not in worker.output()
