@@ -182,13 +182,17 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
 
     broker: ProjectBroker
 
+    def __init__(self, broker: ProjectBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        # The middleware that want each delivery as it arrives (claim ahead), looked up once per
+        # consumer rather than on every message.
+        self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
+
     def __next__(self) -> MessageProxy | None:
         message: MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
         if message is not None:
-            for middleware in self.broker.middleware:
-                on_receive = getattr(middleware, "on_receive", None)
-                if on_receive is not None:
-                    on_receive(self.broker, message)
+            for on_receive in self.receive_hooks:
+                on_receive(self.broker, message)
         return message
 
     def ack(self, message: MessageProxy) -> None:
