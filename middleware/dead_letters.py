@@ -57,6 +57,9 @@ _REDELIVER = "_redeliver"
 #: Attribute set on a message proxy by a middleware that rejects it, naming the reason; the
 #: consumer sets it too once the dead letter is confirmed, so later hooks can log the reason.
 DEAD_LETTER_REASON = "_dead_letter_reason"
+#: Attribute set on a message proxy by a middleware that rejects it because of an error (a key or
+#: rate-limit function that raised): the dead letter records that error, not the SkipMessage.
+_DEAD_LETTER_ERROR = "_dead_letter_error"
 
 
 def request_redelivery(message: MessageProxy) -> None:
@@ -68,9 +71,12 @@ def wants_redelivery(message: MessageProxy) -> bool:
     return bool(getattr(message, _REDELIVER, False))
 
 
-def reject(message: MessageProxy, reason: str) -> None:
-    """Fail ``message`` for good from a middleware, naming the reason its dead letter records."""
+def reject(message: MessageProxy, reason: str, *, error: BaseException | None = None) -> None:
+    """Fail ``message`` for good from a middleware, naming the reason its dead letter records and,
+    when an error is the cause, that error (its type, scrubbed message and traceback)."""
     setattr(message, DEAD_LETTER_REASON, reason)
+    if error is not None:
+        setattr(message, _DEAD_LETTER_ERROR, error)
     message.fail()
 
 
@@ -158,6 +164,7 @@ class DeadLetters(Middleware):
         origin and times."""
         reason = self.reason(broker, message, exception)
         error = exception if exception is not None and not isinstance(exception, SkipMessage) else None
+        error = getattr(message, _DEAD_LETTER_ERROR, None) or error
         trace = "".join(traceback.format_exception(error)) if error is not None else ""
         return {
             HEADER_REASON: reason,
