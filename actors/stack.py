@@ -21,6 +21,7 @@ from middleware.metrics import Metrics
 from middleware.ratelimit import RateLimits
 from middleware.state import StateStore
 from middleware.status import Status
+from middleware.store_check import StoreCheck
 from middleware.stored_tracebacks import ScrubStoredTracebacks
 
 
@@ -28,7 +29,10 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire
     (``after_*`` hooks run in the reverse order).
 
-    - JobLifecycle first: its ``before_process_message`` binds the job context before any other
+    - StoreCheck first: at worker boot it checks that the state store answers and accepts writes
+      (``state_store_ready``), warns every few seconds while it does not, and stops the worker
+      with exit code 2 when ``STATE_URL`` names a store that will never serve.
+    - JobLifecycle next: its ``before_process_message`` binds the job context before any other
       middleware logs, and its ``after_*`` hooks run last, once Retries has chosen between a retry
       and the dead letters; it also declares ``log_args``.
     - AgeLimit: a message too old to matter goes to the dead letters before any work.
@@ -64,6 +68,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     """
     scrubber = get_scrubber(settings)
     stack: list[Middleware] = [
+        StoreCheck(store, setting="STATE_URL"),
         JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),
