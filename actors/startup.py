@@ -57,5 +57,9 @@ def configuration_checked() -> Iterator[None]:
         if not _in_dramatiq_worker():
             raise error from None
         if _reports_for_the_group():
-            sys.stderr.write(error.report("dramatiq"))
+            # Straight to the process's stderr: Dramatiq's parent stops relaying its workers'
+            # output once they have all exited, and may drop what the last one wrote.
+            stream = sys.__stderr__ or sys.stderr
+            stream.write(error.report("dramatiq"))
+            stream.flush()
         raise SystemExit(EXIT_CONFIG) from None

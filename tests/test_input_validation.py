@@ -76,11 +76,7 @@ def assert_clean_exit(result: subprocess.CompletedProcess[str], *names: str) -> 
         ("SMTP_URL", f"smtp://app:{SECRET}@mail:25?starttls=ture"),
         ("SMTP_URL", f"smtps://app:{SECRET}@mail?starttls=1"),
         ("SMTP_URL", f"smtp://app:{SECRET}@mail?tls=1"),
-        ("SMTP_TIMEOUT", "inf"),
-        ("SMTP_TIMEOUT", "-inf"),
         ("SMTP_TIMEOUT", "1e300"),
-        ("STATE_TIMEOUT", "nan"),
-        ("STATE_TIMEOUT", "inf"),
         ("JOB_TIME_LIMIT_MS", "1800000"),  # the default RABBITMQ_CONSUMER_TIMEOUT_MS
         ("WORKER_SHUTDOWN_TIMEOUT_MS", "99999999999999999999999"),
         ("IDEMPOTENCY_LEASE_MS", str(10**16)),
@@ -96,6 +92,15 @@ def test_a_bad_setting_is_one_line_naming_the_variable(variable, value):
     assert problem.startswith(f"{variable}: ") and "\n" not in problem
     assert SECRET not in str(caught.value) and SECRET not in caught.value.report("x")
     assert caught.value.report("jobctl") == f"jobctl: invalid setting {problem}\n"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "infinity"])
+@pytest.mark.parametrize("variable", ["SMTP_TIMEOUT", "STATE_TIMEOUT"])
+def test_a_number_that_is_not_finite_is_refused_as_such(variable, value):
+    # nan compares false with every bound: without the check it would pass them.
+    with pytest.raises(SettingsError) as caught:
+        load_settings({variable: value})
+    assert caught.value.problems == [f"{variable}: Input should be a finite number"]
 
 
 def test_url_parameters_the_clients_accept_pass_and_reach_the_broker():
