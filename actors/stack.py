@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from dramatiq.middleware import (
     AgeLimit,
     Callbacks,
@@ -13,7 +15,8 @@ from dramatiq.middleware import (
 )
 
 from actors.privacy import get_scrubber
-from actors.settings import Settings
+from actors.settings import Settings, SettingsError
+from actors.startup import configuration_checked
 from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
@@ -68,7 +71,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     """
     scrubber = get_scrubber(settings)
     stack: list[Middleware] = [
-        StoreCheck(store, setting="STATE_URL"),
+        StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),
@@ -104,3 +107,10 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
         stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     stack.append(ScrubStoredTracebacks(scrubber.text))
     return stack
+
+
+def _stop_misconfigured(problem: str) -> NoReturn:
+    """A store that will never serve stops the worker like any bad setting: one line, exit code 2."""
+    with configuration_checked():
+        raise SettingsError([problem])
+    raise AssertionError("unreachable: configuration_checked re-raises")

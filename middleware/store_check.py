@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import NoReturn
 
 from dramatiq.broker import Broker
 from dramatiq.middleware import Middleware
@@ -34,14 +36,22 @@ class StoreCheck(Middleware):
       store: the shared state store.
       setting: what operators call the store's configuration (e.g. ``STATE_URL``), named in errors.
       retry_s: how often an unavailable store is checked again, with a warning each time.
+      on_misconfigured: called with the problem (a sentence naming the store, never its password)
+        to stop the process; by default it raises ``SystemExit(2)``.
     """
 
     def __init__(
-        self, store: StateStore, *, setting: str = "the state store URL", retry_s: float = 5.0
+        self,
+        store: StateStore,
+        *,
+        setting: str = "the state store URL",
+        retry_s: float = 5.0,
+        on_misconfigured: Callable[[str], NoReturn] | None = None,
     ) -> None:
         self.store = store
         self.setting = setting
         self.retry_s = retry_s
+        self.on_misconfigured = on_misconfigured or _exit
         self._stop = threading.Event()
 
     def after_process_boot(self, broker: Broker) -> None:
@@ -90,6 +100,10 @@ class StoreCheck(Middleware):
             },
         )
 
-    def _misconfigured(self, exc: StoreMisconfigured) -> None:
+    def _misconfigured(self, exc: StoreMisconfigured) -> NoReturn:
         logger.critical("state_store_misconfigured", extra=self._fields(exc))
-        raise SystemExit(EXIT_MISCONFIGURED)
+        self.on_misconfigured(f"{self.setting}: the state store {self.store.label} cannot serve: {exc}")
+
+
+def _exit(problem: str) -> NoReturn:
+    raise SystemExit(EXIT_MISCONFIGURED)
