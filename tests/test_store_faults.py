@@ -15,7 +15,7 @@ import redis as redis_lib
 
 from middleware.idempotency import IdempotencyKeyError, IdempotencyStoreError
 from tests import workload
-from tests.support import free_port, sender_broker, wait_for
+from tests.support import free_port, sender_broker, wait_for, wait_for_final_events
 from tests.test_ratelimit import assert_conforms, limits, starts
 
 
@@ -119,10 +119,11 @@ def test_store_error_replies_fail_closed(start_worker, queues, store, prefix, pr
     assert events(worker.output(), "guard_failed") == []  # the contract mapped every error reply
 
     private_redis.heal()
-    wait_for(lambda: store.llen(f"test:{prefix}starts") >= 16, timeout=90, what="16 starts")
-    wait_for(
-        lambda: len(events(worker.output(), "duplicate_skipped")) == 7, timeout=90, what="7 copies skipped"
-    )
+    # Every delivery ends: the keyed copies in one run and seven skips, each limited job in a run.
+    deliveries = {keyed.message_id: 8, **{m.message_id: 1 for m in limited}}
+    outcomes = wait_for_final_events([worker], deliveries, timeout=90)
+    assert outcomes.pop(keyed.message_id) == {"job_succeeded": 1, "duplicate_skipped": 7}
+    assert all(events == {"job_succeeded": 1} for events in outcomes.values()), outcomes
     assert effects("once") == 1
     notes = starts(store, prefix)
     assert sorted(n["token"] for n in notes) == sorted(f"l{i}" for i in range(16))
@@ -180,8 +181,9 @@ def test_a_429_while_the_store_fails_loses_nothing(start_worker, queues, store, 
         what="the re-enqueued job deferred by the failing store",
     )
     private_redis.heal()
-    wait_for(lambda: counter(store, prefix, "effect")("t429") == 1, timeout=60, what="the job run once")
-    assert events(worker.output(), "job_succeeded", message_id=message.message_id)
+    outcome = wait_for_final_events([worker], {message.message_id: 1}, timeout=60)[message.message_id]
+    assert outcome == {"job_succeeded": 1}
+    assert counter(store, prefix, "effect")("t429") == 1
 
 
 def test_user_callables_that_raise_dead_letter_the_job(start_worker, queues, store, prefix):
