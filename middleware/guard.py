@@ -30,7 +30,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
 from middleware.dead_letters import request_redelivery
-from middleware.requeue import backoff_ms, postpone
+from middleware.requeue import backoff_ms, option_count, postpone
 
 __all__ = ["FailClosed", "GuardError"]
 
@@ -145,7 +145,7 @@ class FailClosed(Middleware):
     ) -> NoReturn:
         """Re-enqueue ``message`` after a delay that doubles with each consecutive deferral (no
         retry spent), then skip it. Never returns."""
-        waits = _count(message.options.get(self.defer_option))
+        waits = option_count(message.options.get(self.defer_option))
         delay = backoff_ms(waits, self.defer_base_ms, self.defer_max_ms)
         logger.warning(
             "job_deferred",
@@ -164,8 +164,3 @@ class FailClosed(Middleware):
     def after_hook_failed(self, broker: Broker, message: MessageProxy, hook: str) -> None:
         """Called once an ``after_*`` hook raised; a subclass whose hook decides the message's fate
         makes sure it is not lost here (raising makes the consumer put the delivery back)."""
-
-
-def _count(value: object) -> int:
-    """A counter read from a message option, whatever a hand-made message put there."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

@@ -42,7 +42,7 @@ from middleware.dead_letters import reject
 from middleware.deferred import DeferredWrites
 from middleware.guard import FailClosed
 from middleware.idempotency_store import Claim, ClaimRequest, KeyRecord, idempotency_backend
-from middleware.requeue import postpone
+from middleware.requeue import backoff_ms, option_count, postpone
 from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ AnyMessage = Message[Any] | MessageProxy
 #: Message option set once a message's key is registered, so that re-enqueues of the same message
 #: (retries, delayed moves, deferrals) are not taken for duplicate sends.
 REGISTERED = "idempotency_registered"
+#: Message option counting how often a message found its key held by another worker in a row.
+HELD_WAITS = "idempotency_held_waits"
 
 
 class DuplicateMessage(MiddlewareError):
@@ -318,9 +320,12 @@ class Idempotency(FailClosed):
             logger.info("duplicate_skipped", extra={"key": key, "original_message_id": claim.message_id})
             raise SkipMessage("duplicate of a completed message")
         if claim.status == "held":
-            delay = claim.wait_ms + random.randint(100, 1_000)
+            # Ask again soon, then less and less often, never later than the holder's lease
+            # lapses: the holder usually finishes long before its lease would.
+            waits = option_count(message.options.get(HELD_WAITS))
+            delay = min(claim.wait_ms, backoff_ms(waits, 500, self.lease_ms)) + random.randint(50, 250)
             logger.info("duplicate_deferred", extra={"key": key, "delay_ms": delay})
-            postpone(broker, message, delay, reason="idempotency_key_held")
+            postpone(broker, message, delay, reason="idempotency_key_held", options={HELD_WAITS: waits + 1})
             raise SkipMessage("key held by another worker: deferred")
         held = _Held(key, owner)
         self._local.held = held

@@ -88,3 +88,8 @@ def backoff_ms(attempts: int, base_ms: int, cap_ms: int) -> int:
     message again while a dependency (the state store) stays down."""
     delay = base_ms * 2 ** min(max(attempts, 0), 30) * (1 + random.random() / 10)
     return int(min(delay, cap_ms))
+
+
+def option_count(value: object) -> int:
+    """A counter read from a message option, whatever a hand-made message put there."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0

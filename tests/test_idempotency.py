@@ -48,12 +48,12 @@ def test_three_sends_with_one_key_run_once(start_worker, keyed, store, prefix, s
 
 
 def test_the_same_message_delivered_twice_runs_once(start_worker, keyed, store, prefix, state_url):
-    # A copy that arrives while the original holds the key is deferred until the holder's lease
-    # would lapse: a short lease keeps the wait for its final event short.
-    worker = start_worker(STATE_URL=state_url, IDEMPOTENCY_LEASE_MS="3000")
+    # A copy that arrives while the original holds the key asks again soon (0.5 s, doubling), not
+    # only once the holder's 30 s lease would lapse: its final event comes within seconds.
+    worker = start_worker(STATE_URL=state_url)
     message = keyed.send(workload.effect, "k2")
     keyed.publish_raw(message)  # the copy RabbitMQ would redeliver, or a client that sent twice
-    outcome = wait_for_final_events([worker], {message.message_id: 2})[message.message_id]
+    outcome = wait_for_final_events([worker], {message.message_id: 2}, timeout=15)[message.message_id]
     assert outcome == {"job_succeeded": 1, "duplicate_skipped": 1}
     assert effects(store, prefix, "k2") == 1 and starts(store, prefix, "k2") == 1
 

@@ -132,8 +132,7 @@ def test_a_deferred_message_stays_queued_and_a_duplicate_delivery_never_hides_su
     start_worker, tracked, store, prefix
 ):
     sender, read = tracked
-    # A short lease: the deferral waits for the holder's lease (renewed while it runs) to lapse.
-    worker = start_worker(threads=2, IDEMPOTENCY_LEASE_MS="3000")
+    worker = start_worker(threads=2)
     options = {"idempotency_drop_duplicates": False}
     first = sender.send_with_options(workload.effect, args=("d1",), kwargs={"seconds": 2.0}, **options)
     wait_for(lambda: store.llen(f"test:{prefix}started:d1") == 1, what="the first run")
