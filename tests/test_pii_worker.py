@@ -113,7 +113,7 @@ def test_no_personal_data_in_any_process_output_or_stored_traceback(start_worker
     # Values are replaced where they were, so the lines stay useful.
     (seen,) = run.events("customer_seen")
     assert (seen["full_name"], seen["email"], seen["phone"]) == ("[name]", "[email]", "[phone]")
-    assert seen["contacts"] == [{"kind": "mobile", "value": "[phone]"}, ["card", "[card]"]]
+    assert seen["channels"] == [{"kind": "mobile", "value": "[phone]"}, ["card", "[card]"]]
     assert run.events("customer_note")[0]["note"].startswith("Customer wrote: [email]; then [email]")
 
     # Dramatiq's own lines are all there, without argument values or raw bodies.
