@@ -171,6 +171,13 @@ class Scrubber:
             cut = text.rfind(" ", self.max_length - 256, self.max_length)
             cut = cut if cut > 0 else self.max_length
             text = f"{text[:cut]}...[truncated {len(text) - cut} chars]"
+        if len(text) > 256 and "\n" in text:
+            # A traceback or a multi-line message: line by line, so each finder looks only at the
+            # lines its cheap test picks, and lines that repeat (file paths, frames) are memoised.
+            return "\n".join([self._text(line) for line in text.split("\n")])
+        return self._scan_line(text)
+
+    def _scan_line(self, text: str) -> str:
         replace = self._replace
         if self._secrets:
             text = shapes.known_secrets(text, self._secrets)

@@ -273,7 +273,7 @@ class NumberFinder:
         parts: list[str] = []
         done = index = 0
         while index < len(groups):
-            hit = self._window(run, groups, index, done)
+            hit = self._window(run, groups, index, done, whole=index == 0 or done == groups[index - 1][1])
             if hit is None:
                 index += 1
                 continue
@@ -284,9 +284,10 @@ class NumberFinder:
         return "".join(parts) + run[done:] if parts else run
 
     def _window(
-        self, run: str, groups: list[tuple[int, int]], first: int, done: int
+        self, run: str, groups: list[tuple[int, int]], first: int, done: int, *, whole: bool
     ) -> tuple[int, int, str, str] | None:
-        """The longest window of digit groups from ``first`` that is a confirmed value."""
+        """The longest window of digit groups from ``first`` that is a confirmed value; ``whole``
+        when the window starts the run or follows a replaced value."""
         begin = groups[first][0]
         while begin > done and run[begin - 1] in "+(":
             begin -= 1
@@ -307,7 +308,7 @@ class NumberFinder:
             formatted = run[begin : groups[last][1]]
             if formatted.count("(") > formatted.count(")"):
                 formatted = formatted.lstrip("(")  # a parenthesis around the number, not its area code
-            label = self.classify(digits, formatted, first == 0)
+            label = self.classify(digits, formatted, whole)
             if label is not None:
                 value = self.phone(formatted) if label == "phone" else digits
                 return groups[last][1] - len(formatted), last, label, value or digits

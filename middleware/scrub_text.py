@@ -19,6 +19,7 @@ import base64
 import ipaddress
 import re
 from collections.abc import Callable, Iterable
+from urllib.parse import unquote
 
 __all__ = [
     "REPLACEMENT",
@@ -54,6 +55,7 @@ _KEY_PREFIXES = (
     *("sk_", "pk_", "rk_", "sk-", "AKIA", "AIza", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
     *("github_pat_", "xox", "glpat-", "SG."),
 )
+_HAS_KEY_PREFIX = re.compile("|".join(re.escape(prefix) for prefix in _KEY_PREFIXES))
 _PREFIXED_KEY = re.compile(
     r"(?<![\w\-])(?:(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{10,}|sk-[A-Za-z0-9_\-]{20,}|AKIA[0-9A-Z]{16}"
     r"|AIza[\w\-]{35}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}"
@@ -114,7 +116,7 @@ def secrets(text: str) -> str:
         text = _BEARER.sub(lambda m: m.group().split(None, 1)[0] + " [token]", text)
     if "Basic" in text:
         text = _BASIC.sub(_basic, text)
-    if any(prefix in text for prefix in _KEY_PREFIXES):
+    if _HAS_KEY_PREFIX.search(text):
         text = _PREFIXED_KEY.sub("[secret]", text)
     if len(text) >= 32:
         text = _GENERIC_SECRET.sub(_generic_secret, text)
@@ -174,6 +176,8 @@ def _addresses(text: str, at_sign: str, replace: Replace) -> str:
         domain = _EMAIL_DOMAIN.match(text, at + len(at_sign)) if start < at else None
         if domain is not None:
             address = text[start:at] + "@" + text[at + len(at_sign) : domain.end()]
+            if at_sign != "@":
+                address = unquote(address)  # one person, one hash: encoded or not
             parts += (text[done:start], replace("email", address))
             done = domain.end()
         at = text.find(at_sign, max(at + 1, done))
