@@ -102,9 +102,12 @@ def scrub_event(scrubber: Scrubber, event: Event) -> Event | None:
     try:
         tags = event.get("tags")
         event["tags"] = {**(tags if isinstance(tags, dict) else {}), **_job_tags(event)}
-        data = event.get("contexts", {}).get("dramatiq", {}).get("data")
+        dramatiq_context = event.get("contexts", {}).get("dramatiq", {})
+        data = dramatiq_context.get("data")
         if isinstance(data, dict):
             data.update({key: REMOVED for key in ("args", "kwargs") if key in data})
+        elif data is not None:  # the SDK's marker for a body over its size limit, or anything else
+            dramatiq_context["data"] = REMOVED
         for frame in _frames(event):
             _scrub_locals(scrubber, frame)
         scrubbed: dict[str, Any] = {}

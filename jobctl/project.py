@@ -1,4 +1,5 @@
-"""Load the project (settings, broker, actors) once for a command, turning bad settings into a clean exit."""
+"""Load the project (settings, broker, actors) once for a command, turning bad settings into a clean
+exit, and scrub everything the command prints from then on (:mod:`jobctl.output`)."""
 
 from __future__ import annotations
 
@@ -23,4 +24,8 @@ def load_actors() -> ModuleType:
         sys.exit(EXIT_UNREACHABLE)
     # A command reports an unreachable broker itself; pika's own account of it is noise here.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
+    from actors.privacy import get_scrubber
+    from jobctl.output import protect_output
+
+    protect_output(get_scrubber(actors.settings).text)  # every line printed from here on
     return actors

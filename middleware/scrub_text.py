@@ -73,8 +73,8 @@ _IPV6 = re.compile(
     r"(?<![\w:.%])(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)[0-9A-Fa-f:]{2,39}(?:%[\w.]+)?(?![\w:])"
 )
 
-#: Labels whose values have a shape of their own: in free text, a value after such a key is
-#: replaced only if it could be one (``actor 'send_email': rate_limit`` is no email address).
+#: Labels whose values have a shape of their own: in free text, an unquoted value after such a key
+#: is replaced only if it could be one (``actor 'send_email': rate_limit`` is no email address).
 SHAPED_LABELS: dict[str, Callable[[str], bool]] = {
     "email": lambda value: "@" in value or "%40" in value.lower(),
     "phone": lambda value: any(c.isdigit() for c in value),
@@ -241,6 +241,6 @@ def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Repla
     if own_hash and label == key.lower() and _HEX12.fullmatch(inner):
         return None  # our own ``label:hash``
     shaped = SHAPED_LABELS.get(label)
-    if shaped is not None and not shaped(inner):
-        return None
+    if not quote and shaped is not None and not shaped(inner):
+        return None  # a bare word after a key, not a value of it (``'send_email': rate_limit``)
     return f"{quote}{replace(label, inner)}{quote if closed else ''}"
