@@ -446,7 +446,9 @@ class Idempotency(FailClosed):
         if not self.hasher.keyed:
             logger.warning(
                 "state_keys_unkeyed",
-                extra={"detail": "idempotency keys are hashed without a secret: set STATE_KEY_SECRET"},
+                extra={
+                    "detail": "no STATE_KEY_SECRET set, so idempotency keys are hashed under a public key"
+                },
             )
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
