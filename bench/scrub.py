@@ -2,6 +2,12 @@
 
 Events are built up front with unique message ids and timestamps, as a worker's are, so the
 scrubber's cache of repeated short strings helps only where it would in production.
+
+Measured when detection moved to python-stdnum, phonenumbers and ipaddress (issue 13; 2 cores,
+median of 5 runs, µs per event, before -> after): lifecycle event 5.5 -> 5.4 (the path every job
+takes: unchanged), email/name/phone 22.5 -> 30.5, the same hashed 34.3 -> 45.2, national ids/
+IBAN/phones/IP 59 -> 116 (most of it was not found before), a failure with a traceback 172 -> 74
+(tracebacks are now scanned line by line, repeated lines memoised).
 """
 
 from __future__ import annotations
