@@ -40,7 +40,8 @@ bench:  ## Throughput and send-rate benchmarks (prints figures, asserts nothing)
 services:  ## Start the local RabbitMQ (with management) and Redis if they are installed but not running
 	scripts/services.sh
 
-up:  ## Start the whole system with docker compose
+up:  ## Start the whole system with docker compose (needs .env: see .env.example)
+	@test -f .env || { echo "make up: no .env. Copy .env.example to .env and fill in random passwords." >&2; exit 1; }
 	docker compose up --build -d
 
 down:  ## Stop it

@@ -2,11 +2,17 @@
 
 ``sentry_sdk.init`` must run before the broker is built: the Dramatiq integration patches
 ``Broker.__init__`` to add its middleware. ``send_default_pii`` stays off, and ``before_send`` /
-``before_breadcrumb`` run the project's scrubber over the whole event: exception values, frames'
-local variables, extra, contexts, breadcrumbs, request data. Two things a pattern cannot catch are
-removed outright: the job's arguments that the integration copies into ``contexts.dramatiq`` and
-the local variables of Dramatiq's own frames (they hold the message and the raw body). Events are
-tagged with the job's actor, queue and message id.
+``before_breadcrumb`` run the project's scrubber over the whole event: exception values (every
+exception of a chain or group), extra, contexts, breadcrumbs, request data. Events are tagged
+with the job's actor, queue and message id.
+
+Frames' local variables (the SDK sends them by default) follow one rule: **only the application's
+own frames keep them** (``in_app``: the project's packages and code outside site-packages), and
+there each value is scrubbed and any free text (a string with spaces, such as a mail's subject or
+body, where a name cannot be told from other words) becomes ``[text, N chars]``. Library frames
+(Dramatiq's, smtplib's, pika's, requests') lose their locals: they hold raw message bodies,
+protocol buffers and credentials that no pattern can vouch for. The job's arguments, which the
+integration copies into ``contexts.dramatiq``, are removed outright.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ SDK_FIELDS = frozenset(
 #: Contexts written by the SDK: runtime and OS versions, trace ids.
 SDK_CONTEXTS = frozenset({"runtime", "os", "trace", "device", "app"})
 REMOVED = "[removed]"
+#: The project's packages: their frames are the application's own (``in_app``) wherever installed.
+PROJECT_PACKAGES = ["actors", "middleware", "scheduler", "jobctl", "demo"]
 #: Tags of a job's events, and the field of Dramatiq's message each comes from.
 _TAGS = {"actor": "actor_name", "queue": "queue_name", "message_id": "message_id"}
 
@@ -71,17 +79,37 @@ def _job_tags(event: Event) -> dict[str, str]:
     return {key: str(value) for key, value in found.items() if value}
 
 
+def _brief(value: Any) -> Any:
+    """A scrubbed local variable with its free text reduced to its length."""
+    if isinstance(value, str):
+        return f"[text, {len(value)} chars]" if any(c.isspace() for c in value) else value
+    if isinstance(value, dict):
+        return {key: _brief(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_brief(item) for item in value]
+    return value
+
+
+def _scrub_locals(scrubber: Scrubber, frame: dict[str, Any]) -> None:
+    """Drop a library frame's locals; scrub and brief an application frame's (module docstring)."""
+    local_vars = frame.pop("vars", None)
+    if frame.get("in_app") is True and isinstance(local_vars, dict):
+        frame["vars"] = _brief(scrubber(local_vars))
+
+
 def scrub_event(scrubber: Scrubber, event: Event) -> Event | None:
     """``event`` tagged with its job and scrubbed; None (dropped) if that fails."""
     try:
         tags = event.get("tags")
         event["tags"] = {**(tags if isinstance(tags, dict) else {}), **_job_tags(event)}
-        data = event.get("contexts", {}).get("dramatiq", {}).get("data")
+        dramatiq_context = event.get("contexts", {}).get("dramatiq", {})
+        data = dramatiq_context.get("data")
         if isinstance(data, dict):
             data.update({key: REMOVED for key in ("args", "kwargs") if key in data})
+        elif data is not None:  # the SDK's marker for a body over its size limit, or anything else
+            dramatiq_context["data"] = REMOVED
         for frame in _frames(event):
-            if str(frame.get("module") or "").startswith("dramatiq."):
-                frame.pop("vars", None)
+            _scrub_locals(scrubber, frame)
         scrubbed: dict[str, Any] = {}
         for key, value in event.items():
             if key in SDK_FIELDS:
@@ -114,6 +142,7 @@ def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bo
         release=settings.sentry_release,
         environment=settings.sentry_environment,
         send_default_pii=False,
+        in_app_include=PROJECT_PACKAGES,
         integrations=[DramatiqIntegration()],
         before_send=before_send,
         before_breadcrumb=before_breadcrumb,

@@ -110,7 +110,7 @@ class Settings(BaseModel):
     health_max_dead_letters: int = Field(default=100, ge=0)
     health_max_age_ms: int = Field(default=600_000, ge=1_000, le=MAX_DURATION_MS)
     prometheus_port: int = Field(default=9191, ge=0, le=65_535)
-    prometheus_host: str = "0.0.0.0"
+    prometheus_host: str = "127.0.0.1"
     prometheus_dir: Path = Path(tempfile.gettempdir()) / "jobs-prometheus"
     # Rate limits (JSON object: service -> {"rate": 25 | "N/second|minute|hour", "burst": N})
     rate_limits: dict[str, Limit] = Field(default_factory=lambda: parse_limits(DEFAULT_RATE_LIMITS))
@@ -126,6 +126,8 @@ class Settings(BaseModel):
     # Personal data in logs and Sentry: a hash key turns removed values into stable keyed hashes.
     pii_hash_key: SecretStr | None = None
     pii_extra_keys: tuple[str, ...] = ()
+    # Store keys built from job data (idempotency keys, rate-limit bucket keys) are keyed hashes.
+    state_key_secret: SecretStr | None = None
     sentry_crons: bool = True
 
     # Reference actors
@@ -203,7 +205,7 @@ class Settings(BaseModel):
             raise ValueError("must be a Sentry DSN such as https://key@o0.ingest.sentry.io/0")
         return value
 
-    @field_validator("pii_hash_key")
+    @field_validator("pii_hash_key", "state_key_secret")
     @classmethod
     def _check_hash_key(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < 16:

@@ -14,7 +14,7 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
-from actors.privacy import get_scrubber
+from actors.privacy import get_key_hasher, get_scrubber
 from actors.settings import Settings, SettingsError
 from actors.startup import configuration_checked
 from middleware.dead_letters import DeadLetters, SafeRetries
@@ -70,6 +70,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
       an after-hook would be too late).
     """
     scrubber = get_scrubber(settings)
+    key_hasher = get_key_hasher(settings)
     stack: list[Middleware] = [
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         JobLifecycle(scrub=scrubber),
@@ -91,12 +92,14 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
             wait_ms=settings.rate_limit_wait_ms,
             max_delay_ms=settings.rate_limit_max_delay_ms,
             config_name="RATE_LIMITS",
+            key_hasher=key_hasher,
         ),
         Idempotency(
             store,
             ttl_ms=settings.idempotency_ttl_ms,
             lease_ms=settings.idempotency_lease_ms,
             drop_duplicates=settings.idempotency_drop_duplicates,
+            key_hasher=key_hasher,
         ),
     ]
     if settings.job_status:

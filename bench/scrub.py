@@ -2,6 +2,12 @@
 
 Events are built up front with unique message ids and timestamps, as a worker's are, so the
 scrubber's cache of repeated short strings helps only where it would in production.
+
+Measured when detection moved to python-stdnum, phonenumbers and ipaddress (issue 13; 2 cores,
+median of 5 runs, µs per event, before -> after): lifecycle event 5.5 -> 5.4 (the path every job
+takes: unchanged), email/name/phone 22.5 -> 30.5, the same hashed 34.3 -> 45.2, national ids/
+IBAN/phones/IP 59 -> 116 (most of it was not found before), a failure with a traceback 172 -> 74
+(tracebacks are now scanned line by line, repeated lines memoised).
 """
 
 from __future__ import annotations
@@ -46,8 +52,19 @@ def _events(kind: str, count: int) -> list[dict[str, Any]]:
                 customer={"full_name": "Ana Lopez", "phone": "+44 20 7946 0958", "tier": "gold"},
                 note=f"order ord-2026-{i:06d} paid, reach me at user{i}@example.com",
             )
+        elif kind == "international":
+            event.update(
+                event="customer_updated",
+                customer={"tax_id": "52891637437", "tel": "+4915112345678", "tier": "gold"},
+                note=(
+                    f"order ord-2026-{i:06d}: IBAN de89-3704-0044-0532-0130-00, CPF 528.916.374-37, "
+                    f"NIE Y-4829173-S, call 07400123456, from 81.2.69.142, mar\u00eda{i}@example.es"
+                ),
+            )
         elif kind == "failure":
-            event.update(event="job_failed", level="error", exception=TRACEBACK * 3)
+            # The message varies per event, as a real failure's would (only repeated lines are memoised).
+            varied = TRACEBACK.replace("declined", f"declined (order {i})")
+            event.update(event="job_failed", level="error", exception=varied * 3)
         events.append(event)
     return events
 
@@ -67,6 +84,7 @@ def scrub_costs(count: int = 20_000) -> list[tuple[str, float]]:
     for kind, label in (
         ("lifecycle", "lifecycle event, 9 fields, nothing personal"),
         ("personal", "event with email, name, phone, free text"),
+        ("international", "event with national ids, IBAN, phones, IP"),
         ("failure", "failure with a 1.3 kB traceback holding PII"),
     ):
         n = count if kind != "failure" else max(count // 10, 100)

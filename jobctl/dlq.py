@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -95,19 +96,42 @@ def list_(
     click.echo(f"{count} dead letter(s) in {len(ctx.queues)} queue(s)", err=True)
 
 
+def body_view(body: bytes) -> dict[str, Any] | str:
+    """A body as the terminal shows it: the message with its positional arguments counted, not
+    shown (a name among them cannot be told from other words; the scrubbing output stream takes
+    care of the rest), or only the size of a body that is not a message."""
+    from dramatiq import Message
+    from dramatiq.errors import DecodeError
+
+    try:
+        message = Message.decode(body)
+    except DecodeError:
+        return f"({len(body)} bytes, not a message: not shown; `jobctl dlq export -o FILE` has it)"
+    data: dict[str, Any] = message.asdict()
+    data["args"] = f"<{len(message.args)} positional, hidden>"
+    return data
+
+
+def _shown(body: bytes) -> str:
+    view = body_view(body)
+    return view if isinstance(view, str) else json.dumps(view, ensure_ascii=False, indent=2, default=str)
+
+
 @dlq.command()
 @click.argument("message_id")
 @click.option("--queue", help="Look only in this (original) queue's dead letters.")
 def show(message_id: str, queue: str | None) -> None:
-    """Show one dead letter whole: record, traceback and body."""
+    """Show one dead letter: record, traceback and body, scrubbed of personal data.
+
+    Positional arguments are counted, not shown; `jobctl dlq export -o FILE` writes bodies whole.
+    """
     ctx = Context((message_id,), queue, None, None, None)
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
-        data = dead.full()
+        data = dead.summary()
         width = max(len(k) for k in data)
         for key, value in data.items():
-            if key not in ("traceback", "body"):
-                click.echo(f"{key:<{width}}  {value}")
-        click.echo(f"\nbody\n{data['body']}\n\ntraceback\n{data['traceback'] or '(none)'}")
+            click.echo(f"{key:<{width}}  {value}")
+        click.echo(f"\nbody\n{_shown(dead.body)}\n\ntraceback\n{dead.traceback or '(none)'}")
         return
     click.echo(f"no dead letter {message_id}", err=True)
     sys.exit(1)
@@ -180,10 +204,18 @@ def purge(
 def export(
     queue: str | None, actor: str | None, exception: str | None, since: str | None, output: Any
 ) -> None:
-    """Write dead letters as JSON lines (record, traceback, body), for audit; removes nothing."""
+    """Write dead letters as JSON lines (record, traceback, body), for audit; removes nothing.
+
+    Bodies are the jobs' own data, personal data included: written whole to a file (-o), scrubbed
+    when written to the terminal.
+    """
     ctx = Context((), queue, actor, exception, since)
+    terminal = getattr(output, "name", None) == "<stdout>"
     count = 0
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
-        output.write(ctx.ops.to_json_line(dead.full()) + "\n")
+        data = dead.full()
+        if terminal:  # through the scrubbing stream, the body as `show` has it
+            data["body"] = body_view(dead.body)
+        (sys.stdout if terminal else output).write(ctx.ops.to_json_line(data) + "\n")
         count += 1
     click.echo(f"exported {count} dead letter(s)", err=True)

@@ -1,5 +1,6 @@
 """Load the project (settings, broker, actors) for a command-line program, turning bad settings
-into one line per problem and exit code 2 instead of a traceback."""
+into one line per problem and exit code 2 instead of a traceback, and scrub everything the
+command prints from then on (:mod:`jobctl.output`)."""
 
 from __future__ import annotations
 
@@ -74,4 +75,8 @@ def load_actors() -> ModuleType:
     actors = import_project("jobctl")
     # A command reports an unreachable broker itself; pika's own account of it is noise here.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
+    from actors.privacy import get_scrubber
+    from jobctl.output import protect_output
+
+    protect_output(get_scrubber(actors.settings).text)  # every line printed from here on
     return actors

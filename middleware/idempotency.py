@@ -17,7 +17,9 @@ At send, a message whose key is pending or completed within its window is not pu
 
 Keys come from the message option ``idempotency_key`` or from the actor option of the same name,
 a callable given the actor's args and kwargs that returns the key or None. Keys are scoped by
-actor name.
+actor name. A key is job data (``ana@example.com|welcome``): it is stored, and logged, only as
+``actor:<keyed hash>`` (:class:`~middleware.keyhash.KeyHasher`), computed the same way at send,
+at run and in :meth:`Idempotency.lookup`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from middleware.dead_letters import reject
 from middleware.deferred import DeferredWrites
 from middleware.guard import FailClosed
 from middleware.idempotency_store import Claim, ClaimRequest, KeyRecord, idempotency_backend
+from middleware.keyhash import KeyHasher
 from middleware.requeue import backoff_ms, option_count, postpone
 from middleware.state import StateStore, StoreUnavailable
 
@@ -114,6 +117,8 @@ class Idempotency(FailClosed):
       store_retry_ms: the delay before a message is checked again while the store is down or a
         check fails unexpectedly (doubling per consecutive deferral, up to ``max_store_retry_ms``).
       result_max_bytes: results larger than this, once JSON-encoded, are not stored.
+      key_hasher: hashes each scoped key before it becomes a store key or a log field (every
+        process sharing the store needs the same secret); without one, keys are hashed unkeyed.
     """
 
     def __init__(
@@ -126,8 +131,10 @@ class Idempotency(FailClosed):
         store_retry_ms: int = 2_000,
         max_store_retry_ms: int = 60_000,
         result_max_bytes: int = 65_536,
+        key_hasher: KeyHasher | None = None,
     ) -> None:
         self.store = store
+        self.hasher = key_hasher or KeyHasher()
         self.backend = idempotency_backend(store)
         self.ttl_ms = ttl_ms
         self.lease_ms = lease_ms
@@ -157,8 +164,12 @@ class Idempotency(FailClosed):
 
     # -- keys ------------------------------------------------------------------------------------
 
+    def scoped(self, actor_name: str, key: str) -> str:
+        """The name a key has in the store and the logs: ``actor:<hash of actor:key>``."""
+        return f"{actor_name}:{self.hasher(f'{actor_name}:{key}')}"
+
     def key_of(self, broker: Broker, message: AnyMessage) -> str | None:
-        """The message's scoped key (``actor:key``), from its option or its actor's callable.
+        """The message's scoped, hashed key (:meth:`scoped`), from its option or its actor's callable.
 
         Raises :class:`IdempotencyKeyError` when the callable raises or the key is not a string or
         number: such a message can be neither checked nor safely run.
@@ -185,7 +196,7 @@ class Idempotency(FailClosed):
                 f"actor {message.actor_name!r}: idempotency_key gave {type(key).__name__}, not a key"
             )
         message.options["idempotency_key"] = str(key)
-        return f"{message.actor_name}:{key}"
+        return self.scoped(message.actor_name, str(key))
 
     def _option(self, broker: Broker, message: AnyMessage, name: str, default: Any) -> Any:
         if name in message.options:
@@ -197,7 +208,7 @@ class Idempotency(FailClosed):
 
     def lookup(self, actor_name: str, key: str) -> KeyRecord | None:
         """What the store knows of ``key`` for ``actor_name`` (state, first message id, result)."""
-        return self.backend.lookup(f"{actor_name}:{key}")
+        return self.backend.lookup(self.scoped(actor_name, str(key)))
 
     # -- send ------------------------------------------------------------------------------------
 
@@ -435,6 +446,15 @@ class Idempotency(FailClosed):
             logger.info("claims_released", extra={"claims": len(unstarted)})
         except StoreUnavailable as exc:
             logger.warning("claims_release_failed", extra={"claims": len(unstarted), "error": str(exc)})
+
+    def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        if not self.hasher.keyed:
+            logger.warning(
+                "state_keys_unkeyed",
+                extra={
+                    "detail": "no STATE_KEY_SECRET set, so idempotency keys are hashed under a public key"
+                },
+            )
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self.writes.stop()

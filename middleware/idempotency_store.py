@@ -155,6 +155,11 @@ return 0
 """
 
 
+#: Prefix of the keys' store names. ``idem2:`` holds hashed keys only; names under ``idem:`` (Redis)
+#: or without a prefix (SQLite) were written in clear by earlier releases (see the README).
+KEY_PREFIX = "idem2:"
+
+
 class RedisIdempotency(IdempotencyBackend):
     """Keys as Redis hashes (``state``, ``mid``, ``owner``, ``until``, ``result``)."""
 
@@ -167,7 +172,7 @@ class RedisIdempotency(IdempotencyBackend):
         self._release = store.script(_RELEASE)
 
     def _key(self, key: str) -> str:
-        return self.store.key("idem:" + key)
+        return self.store.key(KEY_PREFIX + key)
 
     def register(self, key: str, message_id: str, ttl_ms: int) -> str | None:
         return self.register_many([(key, message_id, ttl_ms)])[0]
@@ -244,7 +249,7 @@ class SqliteIdempotency(IdempotencyBackend):
         row = conn.execute(
             "SELECT state, message_id, owner, lease_until, result FROM idempotency "
             "WHERE key = ? AND expires_at > ?",
-            (self.store.key(key), now),
+            (self.store.key(KEY_PREFIX + key), now),
         ).fetchone()
         return tuple(row) if row else None
 
@@ -257,7 +262,7 @@ class SqliteIdempotency(IdempotencyBackend):
             conn.execute(
                 "INSERT OR REPLACE INTO idempotency (key, state, message_id, expires_at) "
                 "VALUES (?, 'pending', ?, ?)",
-                (self.store.key(key), message_id, now + ttl_ms),
+                (self.store.key(KEY_PREFIX + key), message_id, now + ttl_ms),
             )
             return None
 
@@ -287,7 +292,7 @@ class SqliteIdempotency(IdempotencyBackend):
                 "message_id = excluded.message_id, owner = excluded.owner, "
                 "lease_until = excluded.lease_until, "
                 "expires_at = MAX(idempotency.expires_at, excluded.expires_at)",
-                (self.store.key(key), mid, owner, now + lease_ms, now + ttl_ms),
+                (self.store.key(KEY_PREFIX + key), mid, owner, now + lease_ms, now + ttl_ms),
             )
             return Claim("claimed", 0, None, mid)
 
@@ -298,7 +303,7 @@ class SqliteIdempotency(IdempotencyBackend):
                 conn.executemany(
                     "UPDATE idempotency SET lease_until = ? "
                     "WHERE key = ? AND owner = ? AND state = 'running'",
-                    [(until, self.store.key(key), owner) for key, owner in claims],
+                    [(until, self.store.key(KEY_PREFIX + key), owner) for key, owner in claims],
                 )
 
     def complete_many(self, items: list[tuple[str, str | None, int]]) -> None:
@@ -307,7 +312,7 @@ class SqliteIdempotency(IdempotencyBackend):
             conn.executemany(
                 "UPDATE idempotency SET state = 'done', result = ?, owner = NULL, lease_until = NULL, "
                 "expires_at = ? WHERE key = ?",
-                [(result, now + ttl, self.store.key(key)) for key, result, ttl in items],
+                [(result, now + ttl, self.store.key(KEY_PREFIX + key)) for key, result, ttl in items],
             )
 
     def release_many(self, claims: list[tuple[str, str]]) -> None:
@@ -315,7 +320,7 @@ class SqliteIdempotency(IdempotencyBackend):
             conn.executemany(
                 "UPDATE idempotency SET state = 'pending', owner = NULL, lease_until = NULL "
                 "WHERE key = ? AND owner = ? AND state = 'running'",
-                [(self.store.key(key), owner) for key, owner in claims],
+                [(self.store.key(KEY_PREFIX + key), owner) for key, owner in claims],
             )
 
     def lookup(self, key: str) -> KeyRecord | None:

@@ -176,9 +176,12 @@ class JobLifecycle(Middleware):
 
     @staticmethod
     def _arguments(broker: Broker, message: MessageProxy) -> dict[str, Any]:
-        """The arguments by parameter name, so each is judged by its name (``email=...``)."""
+        """The arguments by parameter name, so each is judged by its name (``email=...``).
+
+        Positional arguments that do not bind to the signature are counted, not shown: without a
+        name, a person's name among them cannot be told from any other word."""
         try:
             signature = inspect.signature(broker.get_actor(message.actor_name).fn)
             return dict(signature.bind_partial(*message.args, **message.kwargs).arguments)
         except (TypeError, ValueError, ActorNotFound):
-            return {"args": list(message.args), "kwargs": dict(message.kwargs)}
+            return {"args": f"<{len(message.args)} not bound, hidden>", "kwargs": dict(message.kwargs)}

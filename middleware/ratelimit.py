@@ -2,7 +2,8 @@
 
 An actor names the budget it spends from: ``@dramatiq.actor(rate_limit="smtp")``, or a callable
 given the actor's args and kwargs that returns a bucket name. ``service:key`` (``smtp:tenant-42``)
-is a bucket of its own with the limits of ``service``, so each tenant has its own budget. A job
+is a bucket of its own with the limits of ``service``, so each tenant has its own budget (its
+``key`` is job data: it is stored and logged as a keyed hash, ``smtp:<hash>``). A job
 takes ``rate_limit_cost`` tokens (1 by default) right before it runs; the buckets live in the
 shared state store (see :mod:`middleware.ratelimit_store`), so all processes on all hosts share one
 budget per bucket.
@@ -64,6 +65,7 @@ from dramatiq.middleware import MiddlewareError, SkipMessage
 from middleware.coalesce import Coalescer
 from middleware.dead_letters import reject
 from middleware.guard import FailClosed
+from middleware.keyhash import KeyHasher
 from middleware.ratelimit_store import Take, TakeRequest, bucket_backend
 from middleware.requeue import postpone
 from middleware.state import StateStore, StoreUnavailable
@@ -187,6 +189,8 @@ class RateLimits(FailClosed):
         the slot); it covers the lag with which Dramatiq releases delayed messages.
       store_retry_ms, max_store_retry_ms: the delay while the state store is down, doubling.
       config_name: how error messages call the configuration (e.g. the setting that holds it).
+      key_hasher: hashes the ``key`` of a ``service:key`` bucket (job data, such as a tenant or a
+        recipient) before it becomes a store key, a log field or a message option.
     """
 
     def __init__(
@@ -200,6 +204,7 @@ class RateLimits(FailClosed):
         store_retry_ms: int = 2_000,
         max_store_retry_ms: int = 60_000,
         config_name: str = "the rate limits",
+        key_hasher: KeyHasher | None = None,
     ) -> None:
         if not 0 <= wait_ms < max_delay_ms or not 0 <= slot_lead_ms < max_delay_ms:
             raise ValueError("wait_ms and slot_lead_ms must be at least 0 and below max_delay_ms")
@@ -211,6 +216,7 @@ class RateLimits(FailClosed):
         self.defer_base_ms = store_retry_ms
         self.defer_max_ms = max_store_retry_ms
         self.config_name = config_name
+        self.hasher = key_hasher or KeyHasher()
         # Takes of concurrent worker threads share round trips (see middleware.coalesce).
         self.takes: Coalescer[TakeRequest, Take] = Coalescer(self.backend.take_many)
         self._local = threading.local()
@@ -281,8 +287,10 @@ class RateLimits(FailClosed):
         if limit is None:
             raise _Unmetered(self._unknown(actor.actor_name, name))
         cost = message.options.get("rate_limit_cost", actor.options.get("rate_limit_cost", 1))
+        service = name.split(":", 1)[0]
+        bucket = service if service == name else f"{service}:{self.hasher(name)}"
         try:
-            return _Target(name, name.split(":", 1)[0], limit, self._check_cost(cost, limit))
+            return _Target(bucket, service, limit, self._check_cost(cost, limit))
         except ValueError as exc:
             raise _Unmetered(f"actor {actor.actor_name!r}: {exc}") from None
 

@@ -2,12 +2,118 @@
 
 Values found by pattern appear in free text; values found only by their key (a name, an address,
 a password) appear only under a key naming them: no pattern can tell "Ana Lopez" from other words.
+National identity numbers are generated: a stem of our own, completed with the check digits
+``python-stdnum`` computes (or accepts), so each is valid and belongs to nobody we know of.
 """
 
 from __future__ import annotations
 
 import json
+import random
+import re
+from types import ModuleType
 from typing import Any
+
+from stdnum.au import tfn
+from stdnum.br import cpf
+from stdnum.cn import ric
+from stdnum.de import idnr
+from stdnum.es import dni, nie
+from stdnum.fr import nir
+from stdnum.gb import nhs
+from stdnum.in_ import aadhaar
+from stdnum.it import codicefiscale
+from stdnum.nl import bsn
+from stdnum.pl import pesel
+from stdnum.se import personnummer
+from stdnum.za import idnr as za_idnr
+
+
+def _complete(module: ModuleType, stem: str, alphabet: str = "0123456789X") -> str:
+    """``stem`` and the check character ``module`` accepts."""
+    for char in alphabet:
+        if module.is_valid(stem + char):
+            return stem + char
+    raise ValueError(f"no check character makes {stem} valid for {module.__name__}")
+
+
+def _german_idnr() -> str:
+    """A valid IdNr: its first ten digits follow digit-repetition rules, so search a seeded stream."""
+    rng = random.Random(13)
+    while True:
+        stem = str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(9))
+        try:
+            return _complete(idnr, stem, "0123456789")
+        except ValueError:
+            continue
+
+
+def _spaced(value: str, *sizes: int, sep: str = " ") -> str:
+    out, at = [], 0
+    for size in sizes:
+        out.append(value[at : at + size])
+        at += size
+    return sep.join(out)
+
+
+_IDNR = _german_idnr()
+_NIR = "2870275123456" + nir.calc_check_digits("2870275123456")
+_CPF = "528916374" + cpf._calc_check_digits("528916374")
+_PESEL = "9107251234" + pesel.calc_check_digit("9107251234")
+_RIC = _complete(ric, "11010519850307293")
+_RIC_X = next(r for r in (_complete(ric, f"44030419870615{i:03d}") for i in range(100)) if r.endswith("X"))
+
+#: (label, value) of national identity and tax numbers, each written as people write it.
+NATIONAL_IDS: list[tuple[str, str]] = [
+    ("id_number", "AB 12 34 56 C"),  # UK NINO (format rules only: it has no check digit)
+    ("id_number", "jg103759a"),  # UK NINO, lower case, no spaces
+    ("id_number", _spaced(_IDNR, 2, 3, 3, 3)),  # German IdNr
+    ("id_number", _IDNR),
+    ("id_number", _spaced(_NIR, 1, 2, 2, 2, 3, 3, 2)),  # French NIR
+    ("id_number", "48263917" + dni.calc_check_digit("48263917")),  # Spanish DNI
+    ("id_number", "Y-4829173-" + nie.calc_check_digit("Y4829173")),  # Spanish NIE
+    ("id_number", "BNCGLI90A41H501" + codicefiscale.calc_check_digit("BNCGLI90A41H501")),  # Italian CF
+    ("id_number", _complete(bsn, "27318495")),  # Dutch BSN
+    ("id_number", _spaced(_complete(personnummer, "900612239"), 6, 4, sep="-")),  # Swedish
+    ("id_number", _PESEL),  # Polish PESEL
+    ("id_number", f"{_CPF[:3]}.{_CPF[3:6]}.{_CPF[6:9]}-{_CPF[9:]}"),  # Brazilian CPF
+    ("id_number", _CPF),
+    ("id_number", _spaced(_complete(aadhaar, "49186273051"), 4, 4, 4)),  # Indian Aadhaar
+    ("id_number", _RIC),  # Chinese resident id
+    ("id_number", _RIC_X),  # Chinese resident id ending in X
+    ("id_number", _complete(za_idnr, "860415512308")),  # South African id
+    ("id_number", _spaced(_complete(tfn, "46581327"), 3, 3, 3)),  # Australian TFN
+    ("id_number", _spaced(_complete(nhs, "485777345"), 3, 3, 4)),  # UK NHS number
+]
+
+#: (label, value) in the shapes that used to slip past the patterns.
+SHAPES: list[tuple[str, str]] = [
+    ("email", "maría.garcía@example.es"),
+    ("email", "Søren.Ødegård@eksempel.dk"),
+    ("card", "4111.1111.1111.1111"),
+    ("card", "5555/5555/5555/4444"),
+    ("iban", "de89-3704-0044-0532-0130-00"),
+    ("iban", "gb82 west 1234 5698 7654 32"),
+    ("phone", "+4915112345678"),
+    ("phone", "07400123456"),
+    ("phone", "0033612345678"),
+    ("ip", "81.2.69.142"),
+    ("ip", "2a00:1450:4001:82b::200e"),
+]
+
+#: Email addresses URL-encoded inside a URL: (URL, the encoded address, the address).
+ENCODED_EMAILS: list[tuple[str, str, str]] = [
+    (
+        "https://shop.example/unsubscribe?u=ana.lopez%40example.com&list=7",
+        "ana.lopez%40example.com",
+        "ana.lopez@example.com",
+    ),
+    (
+        "/api/customers/mar%C3%ADa.garc%C3%ADa%40example.es/orders",
+        "mar%C3%ADa.garc%C3%ADa%40example.es",
+        "maría.garcía@example.es",
+    ),
+]
 
 #: (label, value) found by pattern anywhere, in several formats each.
 BY_PATTERN: list[tuple[str, str]] = [
@@ -34,8 +140,8 @@ BY_PATTERN: list[tuple[str, str]] = [
     ("card", "3782 822463 10005"),
     ("card", "6011 1111 1111 1117"),
     ("card", "2223 0031 2200 3222"),
-    ("ssn", "078-05-1120"),
-    ("ssn", "219-09-9999"),
+    ("ssn", "512-34-5678"),
+    ("ssn", "123-45-6789"),
     ("ssn", "536 22 8726"),
     ("iban", "DE89 3704 0044 0532 0130 00"),
     ("iban", "GB82WEST12345698765432"),
@@ -116,31 +222,111 @@ ORDINARY: list[str] = [
     "Basic authentication failed",
     "email_sent",
     "WorkerThread-3 took 0.25 s",
+    "order 73905561427 placed",
+    "actor 'send_email': rate_limit service 'smtp' is not configured in RATE_LIMITS",
+    "3.11.7",
+    "python3.11",
+    "10.0.3.7:5672",
+    "::1",
+    "fe80::1%eth0",
+    "00:1a:2b:3c:4d:5e",
+    "2026-11-02 12:00:00,123",
+    "02/11/2026 10:20:33",
+    "build 20261102.3",
+    "amount 1234567.89",
+    "EUR 1 234 567,89",
+    "x-dl-attempts: 3",
+    "HTTP 401 Unauthorized for url: http://127.0.0.1:15672/api/overview",
+    "timeout after 30000 ms",
+    "job 12 of 5000",
+    "0.0.0.0:9191",
+    "epoch 1764432000",
+    "at 19:13:00 UTC",
+    "std::vector<int>",
+    "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    "invoice INV-2026-000123 due 2026-12-01",
+    "retry in 15000 ms (attempt 2 of 6)",
+    "192.168.1.20",
+    "172.16.254.101",
+    "counts: 1 2 3 4 5 6 7 8 9 10 11 12",
+    "Nov 29 19:13:00 host kernel: [12345.678901] eth0: link up",
+    "sequence 0000123456",
+    "size 1048576 bytes",
+    "idem2:send_email:9f86d081884c7d659a2feaa0c55ad015",
+    "mail_server=smtp.example.com",
+    "ip_whitelist=10.0.0.0/8",
+    "pass_rate: 0.97",
 ]
+
+
+#: Keys named in ways the scrubber did not recognise before, each with a value only the key gives away.
+NEW_KEYS: list[tuple[str, str, str]] = [
+    ("mail", "email", "Ana at the office"),
+    ("Tel", "phone", "home line via reception"),
+    ("cell", "phone", "ring-twice-after-six"),
+    ("fname", "name", "Marta-Beatriz"),
+    ("recipient", "recipient", "Marta Kowalska"),
+    ("emergency-contact", "contact", "Jean-Luc Picard"),
+    ("ip", "ip", "client-behind-the-proxy"),
+    ("REMOTE_ADDR", "ip", "edge-node-sofia"),
+    ("dni", "id_number", "kept-at-front-desk"),
+    ("nino", "id_number", "awaiting-hmrc-letter"),
+    ("pass", "password", "open sesame mellon"),
+    ("db_pw", "password", "mellon-friend-99"),
+]
+
+
+def all_pattern_values() -> list[tuple[str, str]]:
+    """(label, value) of everything found by its shape, old kinds and new."""
+    return BY_PATTERN + NATIONAL_IDS + SHAPES
 
 
 def free_text() -> str:
     """One paragraph holding every value found by pattern, and every secret."""
-    values = [value for _, value in BY_PATTERN] + [text for _, text, _ in SECRETS]
+    values = [value for _, value in all_pattern_values()] + [text for _, text, _ in SECRETS]
+    values += [url for url, _, _ in ENCODED_EMAILS]
     return "Customer wrote: " + "; then ".join(values) + "."
 
 
 def keyed() -> dict[str, Any]:
     """A customer record: every value found by key, plus pattern values under neutral keys."""
-    record: dict[str, Any] = {key: value for key, _, value in BY_KEY}
+    record: dict[str, Any] = {key: value for key, _, value in BY_KEY + NEW_KEYS}
     record["email"] = "ana.lopez@example.com"
-    record["contacts"] = [{"kind": "mobile", "value": "+44 20 7946 0958"}, ("card", "4111 1111 1111 1111")]
+    record["channels"] = [{"kind": "mobile", "value": "+44 20 7946 0958"}, ("card", "4111 1111 1111 1111")]
+    record["documents"] = [value for _, value in NATIONAL_IDS[:6]]
     return record
+
+
+def _values() -> list[str]:
+    """Every personal value and secret of the corpus, as written."""
+    raw = [value for _, value in all_pattern_values()] + [secret for _, _, secret in SECRETS]
+    raw += [str(value) for _, _, value in BY_KEY + NEW_KEYS if len(str(value)) > 4]
+    raw += [form for _, encoded, address in ENCODED_EMAILS for form in (encoded, address)]
+    return [*raw, "4111111111111111", "4155550134"]
 
 
 def needles() -> list[str]:
     """Strings whose presence anywhere in an output is a leak (raw and JSON-escaped)."""
-    raw = [value for _, value in BY_PATTERN] + [secret for _, _, secret in SECRETS]
-    raw += [str(value) for _, _, value in BY_KEY if len(str(value)) > 4]
-    raw += ["4111111111111111", "4155550134"]
-    return sorted({form for value in raw for form in (value, json.dumps(value)[1:-1])})
+    return sorted({form for value in _values() for form in (value, json.dumps(value)[1:-1])})
+
+
+_SEPARATORS = re.compile(r"(?<=[0-9a-z])[\s.\-/()+]{1,3}(?=[0-9a-z])")
+
+
+def _joined(text: str) -> str:
+    """``text`` folded to lower case with separators between letters and digits removed."""
+    return _SEPARATORS.sub("", text.casefold())
 
 
 def leaks(output: str) -> list[str]:
-    """The needles found in ``output``."""
-    return [needle for needle in needles() if needle in output]
+    """The corpus values found in ``output``: as written, JSON-escaped, in any case, and for numbers
+    and identifiers in any separator variant (``4111 1111…``, ``4111-1111…``, ``41111111…``)."""
+    found = {needle for needle in needles() if needle in output}
+    folded, joined = output.casefold(), _joined(output)
+    for value in _values():
+        if value.casefold() in folded or value.casefold().replace("@", "%40") in folded:
+            found.add(value)
+        compact = re.sub(r"[^0-9a-z]", "", value.casefold())
+        if sum(c.isdigit() for c in compact) >= 6 and compact in joined:
+            found.add(value)
+    return sorted(found)

@@ -15,14 +15,26 @@ from actors.settings import Settings, load_settings
 from jobctl.main import main as jobctl
 from tests.support import ROOT
 
-COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+COMPOSE_TEXT = (ROOT / "compose.yaml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES = COMPOSE["services"]
+#: What a user puts in .env for the required variables (random values of their own).
+DOTENV = {
+    "RABBITMQ_PASSWORD": "rabbit-Pa55-x9",
+    "REDIS_PASSWORD": "redis-Pa55-x9",
+    "STATE_KEY_SECRET": "s" * 24,
+}
+
+
+def _resolve(value: str) -> str:
+    """``${VAR:-default}`` and ``${VAR:?error}`` as compose resolves them with DOTENV as .env."""
+    value = re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: DOTENV.get(m[1], m[2]), value)
+    return re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: DOTENV[m[1]], value)
 
 
 def _environment(service: str) -> dict[str, str]:
-    # Resolve ${VAR:-default} the way compose does when VAR is unset.
     env = SERVICES[service]["environment"]
-    return {k: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
+    return {k: _resolve(str(v)) for k, v in env.items()}
 
 
 def test_services_are_all_there():
@@ -43,10 +55,10 @@ def test_app_environment_is_valid_settings(service):
 def test_rabbitmq_uses_a_real_user_and_the_declared_consumer_timeout():
     rabbit = SERVICES["rabbitmq"]
     assert "management" in rabbit["image"]
-    assert "15672:15672" in rabbit["ports"]
+    assert "127.0.0.1:15672:15672" in rabbit["ports"]
     user, password = (
-        rabbit["environment"]["RABBITMQ_DEFAULT_USER"],
-        rabbit["environment"]["RABBITMQ_DEFAULT_PASS"],
+        _environment("rabbitmq")["RABBITMQ_DEFAULT_USER"],
+        _environment("rabbitmq")["RABBITMQ_DEFAULT_PASS"],
     )
     assert user != "guest"
     url = urlsplit(_environment("worker")["RABBITMQ_URL"])
@@ -58,9 +70,37 @@ def test_rabbitmq_uses_a_real_user_and_the_declared_consumer_timeout():
     assert settings.job_max_backoff_ms < timeout and settings.job_time_limit_ms < timeout
 
 
+def test_every_published_port_listens_on_loopback_only():
+    published = [(name, port) for name, service in SERVICES.items() for port in service.get("ports", [])]
+    assert published and all(str(port).startswith("127.0.0.1:") for _, port in published), published
+
+
+def test_passwords_come_from_dotenv_and_have_no_default():
+    used = set(re.findall(r"\$\{(\w+)", COMPOSE_TEXT))
+    documented = set(re.findall(r"^(\w+)=", (ROOT / ".env.example").read_text(), re.M))
+    assert used <= documented, used - documented
+    for name in ("RABBITMQ_PASSWORD", "REDIS_PASSWORD", "STATE_KEY_SECRET"):
+        assert re.search(rf"\$\{{{name}:\?", COMPOSE_TEXT) and not re.search(rf"\$\{{{name}:-", COMPOSE_TEXT)
+    assert "jobs-secret" not in COMPOSE_TEXT
+    assert ".env" in (ROOT / ".gitignore").read_text().split()
+    # Redis asks for the password the workers connect with.
+    command = SERVICES["redis"]["command"]
+    assert _resolve(command[command.index("--requirepass") + 1]) == DOTENV["REDIS_PASSWORD"]
+    assert urlsplit(_environment("worker")["STATE_URL"]).password == DOTENV["REDIS_PASSWORD"]
+
+
+def test_make_up_refuses_to_start_without_dotenv(tmp_path):
+    import shutil
+    import subprocess
+
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    result = subprocess.run(["make", "up"], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0 and ".env.example" in result.stderr
+
+
 def test_redis_keeps_an_append_only_file():
     command = SERVICES["redis"]["command"]
-    assert command[command.index("--appendonly") + 1] == "yes"
+    assert str(command[command.index("--appendonly") + 1]) == "yes"
     assert any(v.endswith(":/data") for v in SERVICES["redis"]["volumes"])
 
 

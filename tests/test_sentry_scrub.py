@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 from actors.sentry import scrub_event
 from middleware.scrub import Scrubber
@@ -49,11 +50,13 @@ def _event():
                             {
                                 "module": "dramatiq.worker",
                                 "function": "process_message",
+                                "in_app": False,
                                 "vars": {"message": MESSAGE_REPR},
                             },
                             {
                                 "module": "actors.billing",
                                 "function": "bill",
+                                "in_app": True,
                                 "vars": {**keyed(), "note": repr(free_text())},
                             },
                         ]
@@ -93,7 +96,7 @@ def test_no_corpus_value_survives_and_the_sdk_fields_stay():
     ):
         assert out[field] == event[field]
     assert out["contexts"]["runtime"] == event["contexts"]["runtime"]
-    assert out["user"] == {"email": "[email]", "ip_address": "[address]"}
+    assert out["user"] == {"email": "[email]", "ip_address": "[ip]"}
     assert out["request"]["headers"] == {"Authorization": "[authorization]", "Cookie": "[cookie]"}
 
 
@@ -105,6 +108,56 @@ def test_job_arguments_and_dramatiq_frame_locals_are_removed_outright():
     dramatiq_frame, actor_frame = out["exception"]["values"][0]["stacktrace"]["frames"]
     assert "vars" not in dramatiq_frame  # a message repr hides a name in a positional argument
     assert actor_frame["vars"]["full_name"] == "[name]" and actor_frame["vars"]["email"] == "[email]"
+    assert re.fullmatch(r"\[text, \d+ chars\]", actor_frame["vars"]["note"])  # free text, scrubbed, briefed
+
+
+def _frame(module: str, in_app: bool, local_vars: dict[str, object]) -> dict[str, object]:
+    return {"module": module, "function": "f", "in_app": in_app, "vars": local_vars}
+
+
+def test_locals_of_library_frames_go_and_application_frames_keep_scrubbed_brief_ones():
+    from urllib.parse import urlsplit
+
+    smtp = urlsplit("smtp://mailer:Sm7p-Pa55word@smtp.example.com:587?starttls=1")
+    event = {
+        "exception": {
+            "values": [
+                {  # the cause of a chain, as the SDK sends it: its own frames and value
+                    "type": "SMTPAuthenticationError",
+                    "value": "(535, b'5.7.8 auth failed for mailer:Sm7p-Pa55word@smtp.example.com')",
+                    "stacktrace": {
+                        "frames": [
+                            _frame("smtplib", False, {"password": "'Sm7p-Pa55word'", "msg": "'x'"}),
+                            _frame(
+                                "actors.emails",
+                                True,
+                                {
+                                    "url": [repr(part) for part in smtp],  # how the SDK serialises it
+                                    "subject": "'Welcome, Ana Lucia'",
+                                    "to": "'ana.lopez@example.com'",
+                                    "attempt": 2,
+                                    "template": "'welcome'",
+                                },
+                            ),
+                        ]
+                    },
+                }
+            ]
+        },
+        "threads": {"values": [{"stacktrace": {"frames": [_frame("pika.channel", False, {"b": "x"})]}}]},
+    }
+    out = scrub_event(Scrubber(), event)
+    text = json.dumps(out)
+    assert "Sm7p-Pa55word" not in text and "Ana Lucia" not in text and leaks(text) == []
+    library, own = out["exception"]["values"][0]["stacktrace"]["frames"]
+    assert "vars" not in library and "vars" not in out["threads"]["values"][0]["stacktrace"]["frames"][0]
+    assert own["vars"]["url"][1] == "'mailer:[password]@smtp.example.com:587'"
+    assert own["vars"]["subject"] == "[text, 20 chars]"
+    assert (own["vars"]["to"], own["vars"]["attempt"], own["vars"]["template"]) == (
+        "'[email]'",
+        2,
+        "'welcome'",
+    )
 
 
 def test_event_is_tagged_with_the_job():

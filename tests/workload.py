@@ -108,11 +108,25 @@ def customer_update(customer: dict[str, Any], note: str) -> None:
     store.incr(key("count:customer_update"))
 
 
+def _failed_lookups(email: str, note: str, customer: dict[str, Any]) -> ExceptionGroup:
+    """An exception group with personal data in its members' messages and args, and in the
+    context of the exception it was raised while handling."""
+    try:
+        raise KeyError(email, note)
+    except KeyError:
+        try:
+            raise ExceptionGroup("lookups failed", [ValueError(note), LookupError(email, customer)])
+        except ExceptionGroup as group:
+            return group
+
+
 @dramatiq.actor(queue_name=QUEUE)
 def leaky_failure(full_name: str, email: str, note: str, customer: dict[str, Any]) -> None:
-    """Fail with personal data in the exception's message and locals, until dead-lettered."""
+    """Fail with personal data in the exception's message, its cause (a group whose members and
+    context carry more) and the locals, until dead-lettered."""
     _note("attempt", "leaky")
-    raise RuntimeError(f"could not bill full_name={full_name!r} <{email}>: {note} {customer!r}")
+    cause = _failed_lookups(email, note, customer)
+    raise RuntimeError(f"could not bill full_name={full_name!r} <{email}>: {note} {customer!r}") from cause
 
 
 # --- Dead letters: every way a message can end there (tests/test_dead_letters.py) ---

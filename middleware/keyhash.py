@@ -1,0 +1,38 @@
+"""Store keys built from job data, hashed so that the store's key names carry no personal data.
+
+An idempotency key (``send_email:ana@example.com|welcome||``) or a per-recipient rate-limit bucket
+would otherwise be readable by anyone who can list the state store's keys (Redis ``SCAN``, the
+SQLite file). The part that comes from job data is replaced by the first 128 bits of its
+HMAC-SHA256 under a secret, the same in every process that shares the store, so a key looked up
+at send, at run or by an operator (``Idempotency.lookup``) lands on the same name.
+
+Without a secret the hash is still taken, under a fixed public key: names are no longer
+readable, but someone who can list them can test guesses (a list of email addresses) against
+them. :attr:`KeyHasher.keyed` tells which; the worker warns at start when it is False.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+__all__ = ["KeyHasher"]
+
+#: The key used when no secret is configured (public: it hides names, it does not protect them).
+UNKEYED = b"jobsystem: store keys without a secret"
+
+
+class KeyHasher:
+    """``hasher(text)``: 32 hex digits of HMAC-SHA256 of ``text`` under ``secret``.
+
+    Parameters:
+      secret: the secret shared by every process using the store; None hashes without one.
+    """
+
+    def __init__(self, secret: bytes | str | None = None) -> None:
+        self.keyed = bool(secret)
+        key = secret.encode() if isinstance(secret, str) else secret
+        self._key = key or UNKEYED
+
+    def __call__(self, text: str) -> str:
+        return hmac.new(self._key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]

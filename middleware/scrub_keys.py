@@ -1,0 +1,215 @@
+"""Which key names hold personal data or secrets, and with what label.
+
+A key is split into lower-case tokens (``customerEmail``, ``customer-email`` and ``CUSTOMER_EMAIL``
+all become ``customer email``). Three kinds of name match:
+
+- :data:`DEFAULT_KEYS`: unambiguous names, wherever their tokens appear in the key, in order
+  (``billing_email``, ``email_address``), as one word (``firstname``) or plural (``emails``);
+- :data:`DEFAULT_TAIL_KEYS`: short or common words that name personal data only as the key's last
+  word, its head noun (``client_ip``, ``db_pass``, ``customer_mail``), not as a qualifier
+  (``ip_whitelist``, ``pass_rate``, ``mail_server``);
+- :data:`DEFAULT_EXACT_KEYS`: names that match only as the whole key (``name`` alone is a
+  person's name far more often than not, ``queue_name`` or ``template_name`` are not).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+__all__ = [
+    "DEFAULT_EXACT_KEYS",
+    "DEFAULT_KEYS",
+    "DEFAULT_TAIL_KEYS",
+    "EXTRA_LABEL",
+    "SECRET_LABELS",
+    "KeyMatcher",
+    "tokens",
+]
+
+#: Labels of secrets: always ``[label]``, never a hash (a hash of a password is still a secret).
+SECRET_LABELS = frozenset({"password", "secret", "token", "authorization", "cookie", "redacted"})
+
+#: Label of keys added by configuration (``extra_keys``).
+EXTRA_LABEL = "redacted"
+
+DEFAULT_KEYS: Mapping[str, str] = {
+    # Secrets: replaced, never hashed.
+    "password": "password",
+    "passwd": "password",
+    "pwd": "password",
+    "passphrase": "password",
+    "passcode": "password",
+    "secret": "secret",
+    "credential": "secret",
+    "api_key": "secret",
+    "access_key": "secret",
+    "private_key": "secret",
+    "signing_key": "secret",
+    "token": "token",
+    "authorization": "authorization",
+    "auth": "authorization",
+    "cookie": "cookie",
+    "session_id": "cookie",
+    "cvv": "card",
+    "cvc": "card",
+    # Personal data: replaced, or hashed with a hash key.
+    "email": "email",
+    "e_mail": "email",
+    "phone": "phone",
+    "mobile": "phone",
+    "telephone": "phone",
+    "fax": "phone",
+    "msisdn": "phone",
+    "ssn": "ssn",
+    "social_security": "ssn",
+    "tax_id": "id_number",
+    "national_id": "id_number",
+    "national_insurance": "id_number",
+    "id_number": "id_number",
+    "passport": "id_number",
+    "personnummer": "id_number",
+    "codice_fiscale": "id_number",
+    "aadhaar": "id_number",
+    "pesel": "id_number",
+    "nhs_number": "id_number",
+    "card": "card",
+    "card_number": "card",
+    "cardholder": "name",
+    "iban": "iban",
+    "account_number": "account",
+    "address": "address",
+    "street": "address",
+    "postcode": "address",
+    "postal_code": "address",
+    "zip_code": "address",
+    "zipcode": "address",
+    "ip_address": "ip",
+    "remote_addr": "ip",
+    "x_forwarded_for": "ip",
+    "first_name": "name",
+    "last_name": "name",
+    "full_name": "name",
+    "middle_name": "name",
+    "given_name": "name",
+    "family_name": "name",
+    "maiden_name": "name",
+    "display_name": "name",
+    "customer_name": "name",
+    "recipient_name": "name",
+    "contact_name": "name",
+    "holder_name": "name",
+    "surname": "name",
+    "username": "name",
+    "user_name": "name",
+    "birth_date": "birth_date",
+    "birthdate": "birth_date",
+    "date_of_birth": "birth_date",
+    "birthday": "birth_date",
+    "dob": "birth_date",
+}
+
+DEFAULT_TAIL_KEYS: Mapping[str, str] = {
+    "pass": "password",
+    "pw": "password",
+    "mail": "email",
+    "tel": "phone",
+    "cell": "phone",
+    "fname": "name",
+    "lname": "name",
+    "recipient": "recipient",
+    "contact": "contact",
+    "ip": "ip",
+    "dni": "id_number",
+    "nie": "id_number",
+    "nif": "id_number",
+    "nino": "id_number",
+    "cpf": "id_number",
+    "bsn": "id_number",
+    "nir": "id_number",
+    "tfn": "id_number",
+    "curp": "id_number",
+}
+
+DEFAULT_EXACT_KEYS: Mapping[str, str] = {"name": "name"}
+
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_SPLIT = re.compile(r"[^a-z0-9]+")
+
+
+def tokens(key: str) -> tuple[str, ...]:
+    """The lower-case words of a key name: ``customerEmail`` -> ``("customer", "email")``."""
+    return tuple(t for t in _SPLIT.split(_CAMEL.sub("_", key).lower()) if t)
+
+
+def _singular(word: str) -> tuple[str, ...]:
+    return (word, word.removesuffix("s"), word.removesuffix("es"))
+
+
+class KeyMatcher:
+    """The label of a key name, or None; see the module's docstring.
+
+    Parameters:
+      keys: names matched anywhere in a key, by label.
+      tail_keys: names matched as the key's last word(s), by label.
+      exact_keys: names matched as the whole key, by label.
+      extra_keys: more names matched anywhere, labelled :data:`EXTRA_LABEL`.
+    """
+
+    def __init__(
+        self,
+        keys: Mapping[str, str] = DEFAULT_KEYS,
+        tail_keys: Mapping[str, str] = DEFAULT_TAIL_KEYS,
+        exact_keys: Mapping[str, str] = DEFAULT_EXACT_KEYS,
+        extra_keys: Iterable[str] = (),
+    ) -> None:
+        specs = {tokens(k): label for k, label in keys.items()}
+        specs.update({tokens(k): EXTRA_LABEL for k in extra_keys if tokens(k)})
+        self._specs = specs
+        self._joined = {"".join(t): label for t, label in specs.items()}
+        self._widths = sorted({len(t) for t in specs}, reverse=True)
+        self._tails = {tokens(k): label for k, label in tail_keys.items()}
+        self._tail_widths = sorted({len(t) for t in self._tails}, reverse=True)
+        self._exact = {"_".join(tokens(k)): label for k, label in exact_keys.items()}
+        self._cache: dict[str, str | None] = {}
+
+    def label(self, key: str) -> str | None:
+        """The label of ``key`` if it names personal data or a secret, else None (memoised)."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        label = self._label(key)
+        if len(self._cache) < 8192:  # key names come from code: a bounded set in practice
+            self._cache[key] = label
+        return label
+
+    def _label(self, key: str) -> str | None:
+        words = tokens(key)
+        if not words:
+            return None
+        exact = self._exact.get("_".join(words))
+        if exact:
+            return exact
+        for width in self._tail_widths:
+            if len(words) >= width:
+                *head, last = words[-width:]
+                for form in _singular(last):
+                    label = self._tails.get((*head, form))
+                    if label:
+                        return label
+        return self._anywhere(words)
+
+    def _anywhere(self, words: tuple[str, ...]) -> str | None:
+        for width in self._widths:
+            for start in range(len(words) - width + 1):
+                window = words[start : start + width]
+                label = self._specs.get(window)
+                if label is None and width == 1:
+                    word = window[0]
+                    label = self._joined.get(word) or next(
+                        (self._specs[(w,)] for w in _singular(word)[1:] if (w,) in self._specs), None
+                    )
+                if label:
+                    return label
+        return None

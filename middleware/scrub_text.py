@@ -1,0 +1,246 @@
+"""Personal data and secrets recognised by their shape in free text (numbers: :mod:`scrub_numbers`).
+
+Each finder takes the text and ``replace(label, value)`` and returns the text with what it found
+replaced; each runs only when a cheap test on the text passes (``"@" in text``...), so ordinary
+lines pay a few substring checks.
+
+- Credentials: a URL's password (``scheme://user:password@host``), and a bare ``user:password@host``
+  (what ``urlsplit()`` leaves in ``netloc``, as a Sentry frame shows a ``SplitResult``); bearer and
+  basic credentials, JWTs, API keys with a known prefix, long random-looking tokens.
+- Email addresses, with non-ASCII local parts (``maría@…``, also as JSON's ``\\u00ed`` escapes) and
+  URL-encoded (``ana%40example.com`` in a query string).
+- Values after a key that names personal data in ``key=value`` or ``"key": "value"`` text.
+- Public IPv6 addresses (IPv4: :mod:`scrub_numbers`).
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from collections.abc import Callable, Iterable
+from urllib.parse import unquote
+
+__all__ = [
+    "REPLACEMENT",
+    "SHAPED_LABELS",
+    "Replace",
+    "credentials",
+    "emails",
+    "encoded_emails",
+    "ipv6",
+    "key_values",
+    "known_secrets",
+    "secrets",
+]
+
+#: ``replace(label, value)``: the text that takes a found value's place.
+Replace = Callable[[str, str], str]
+
+#: What a replaced value looks like: scrubbing its own output changes nothing.
+REPLACEMENT = re.compile(r"\[[a-z_]+\]|[a-z_]+:[0-9a-f]{12}")
+_HEX12 = re.compile(r"[0-9a-f]{12}")
+
+#: The password of a URL: up to the last ``@`` of the authority, as ``urlsplit`` reads it.
+_URL_PASSWORD = re.compile(r"(?P<head>://[^\s/:@]{0,256}:)(?P<pw>[^\s/]{1,256}?)@(?=[^\s/@]*(?:[/\s]|$))")
+#: ``user:password@host`` without a scheme; the user part is what a URL's userinfo allows.
+_NETLOC_PASSWORD = re.compile(
+    r"(?<![\w.%+\-~:/@])(?!mailto:)(?P<head>[\w.%+\-~]{1,64}:)"
+    r"(?P<pw>[^\s/'\"\\\]\[,;(){}<>]{1,256}?)@(?=[\w\[][^\s/@'\"]*(?:[^\w.\-:\[\]@]|$))"
+)
+_JWT = re.compile(r"eyJ(?<!\weyJ)[\w\-]{4,}\.eyJ[\w\-]{4,}\.[\w\-]*")
+_BEARER = re.compile(r"[Bb](?<!\w[Bb])(?:earer|EARER)\s+[\w\-.~+/]{8,}=*")
+_BASIC = re.compile(r"B(?<!\wB)asic\s+(?P<credentials>[A-Za-z0-9+/]{6,}={0,2})")
+_KEY_PREFIXES = (
+    *("sk_", "pk_", "rk_", "sk-", "AKIA", "AIza", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+    *("github_pat_", "xox", "glpat-", "SG."),
+)
+_HAS_KEY_PREFIX = re.compile("|".join(re.escape(prefix) for prefix in _KEY_PREFIXES))
+_PREFIXED_KEY = re.compile(
+    r"(?<![\w\-])(?:(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]{10,}|sk-[A-Za-z0-9_\-]{20,}|AKIA[0-9A-Z]{16}"
+    r"|AIza[\w\-]{35}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}"
+    r"|glpat-[\w\-]{20,}|SG\.[\w\-]{16,}\.[\w\-]{16,})(?![\w\-])"
+)
+_GENERIC_SECRET = re.compile(r"[A-Za-z0-9_\-](?<![\w\-][A-Za-z0-9_\-])[A-Za-z0-9_\-]{31,}(?![\w\-])")
+_EMAIL_LOCAL_PUNCT = frozenset("._%+-!#$&*^~")
+_EMAIL_DOMAIN = re.compile(r"(?:[^\W_](?:[\w\-]{0,61}[^\W_])?\.){1,8}[^\W\d_]{2,24}\b")
+_UNICODE_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{4}")
+_ENCODED_AT = re.compile(r"%40", re.IGNORECASE)
+_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_SEPARATOR = re.compile(r"[:=]")
+_VALUE = re.compile(r"\s*(?P<val>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)")
+_IPV6 = re.compile(
+    r"(?<![\w:.%])(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)[0-9A-Fa-f:]{2,39}(?:%[\w.]+)?(?![\w:])"
+)
+
+#: Labels whose values have a shape of their own: in free text, an unquoted value after such a key
+#: is replaced only if it could be one (``actor 'send_email': rate_limit`` is no email address).
+SHAPED_LABELS: dict[str, Callable[[str], bool]] = {
+    "email": lambda value: "@" in value or "%40" in value.lower(),
+    "phone": lambda value: any(c.isdigit() for c in value),
+    "card": lambda value: any(c.isdigit() for c in value),
+    "iban": lambda value: any(c.isdigit() for c in value),
+    "ip": lambda value: any(c.isdigit() for c in value) or ":" in value,
+}
+
+
+def _kept(value: str) -> bool:
+    """Already a replacement, or a masked value: nothing to remove."""
+    return bool(REPLACEMENT.fullmatch(value)) or value in ("***", "*****", "[Filtered]")
+
+
+def credentials(text: str) -> str:
+    """Passwords in URLs and in bare ``user:password@host`` become ``[password]``."""
+
+    def password(match: re.Match[str]) -> str:
+        return match.group() if _kept(match["pw"]) else f"{match['head']}[password]@"
+
+    if "://" in text:
+        text = _URL_PASSWORD.sub(password, text)
+    return _NETLOC_PASSWORD.sub(password, text)
+
+
+def known_secrets(text: str, values: Iterable[str]) -> str:
+    """Every occurrence of a configured secret (a password from a URL setting) becomes ``[secret]``."""
+    for value in values:
+        if value in text:
+            text = text.replace(value, "[secret]")
+    return text
+
+
+def secrets(text: str) -> str:
+    """Tokens and keys: JWTs, bearer and basic credentials, prefixed API keys, random-looking strings."""
+    if "eyJ" in text:
+        text = _JWT.sub("[token]", text)
+    if "earer" in text or "EARER" in text:
+        text = _BEARER.sub(lambda m: m.group().split(None, 1)[0] + " [token]", text)
+    if "Basic" in text:
+        text = _BASIC.sub(_basic, text)
+    if _HAS_KEY_PREFIX.search(text):
+        text = _PREFIXED_KEY.sub("[secret]", text)
+    if len(text) >= 32:
+        text = _GENERIC_SECRET.sub(_generic_secret, text)
+    return text
+
+
+def _basic(match: re.Match[str]) -> str:
+    try:
+        encoded = match["credentials"]
+        decoded = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except ValueError:
+        return match.group()
+    return "Basic [token]" if b":" in decoded else match.group()  # else the English word "Basic"
+
+
+def _generic_secret(match: re.Match[str]) -> str:
+    found = match.group()
+    letters = sum(c.isalpha() for c in found)
+    digits = sum(c.isdigit() for c in found)
+    if found.lower() == found or found.upper() == found or digits < 2 or letters < 8:
+        return found  # lower-case hex (ids, hashes), constants, words: not a secret
+    return "[secret]"
+
+
+def _local_start(text: str, at: int, floor: int) -> int:
+    """Where the local part of an address whose ``@`` is at ``at`` begins (``at`` if none)."""
+    start = at
+    while start > floor and at - start < 128:
+        char = text[start - 1]
+        if char.isalnum() or char in _EMAIL_LOCAL_PUNCT:
+            start -= 1
+        elif char == "\\" and _UNICODE_ESCAPE.match(text, start - 1):
+            start -= 1  # ``\\u00ed``: a non-ASCII letter as JSON or repr() escapes it
+        else:
+            break
+    while start < at and text[start] in "._%+-":
+        start += 1  # punctuation cannot start a local part (``'x.-ana@…``)
+    return start
+
+
+def emails(text: str, replace: Replace) -> str:
+    """Addresses ``local@domain`` (any script) become ``replace("email", address)``."""
+    return _addresses(text, "@", replace)
+
+
+def encoded_emails(text: str, replace: Replace) -> str:
+    """Addresses URL-encoded as ``local%40domain`` become ``replace("email", address)``."""
+    return _addresses(_ENCODED_AT.sub("%40", text), "%40", replace)
+
+
+def _addresses(text: str, at_sign: str, replace: Replace) -> str:
+    parts: list[str] = []
+    done = 0
+    at = text.find(at_sign)
+    while at != -1:
+        start = _local_start(text, at, done)
+        domain = _EMAIL_DOMAIN.match(text, at + len(at_sign)) if start < at else None
+        if domain is not None:
+            address = text[start:at] + "@" + text[at + len(at_sign) : domain.end()]
+            if at_sign != "@":
+                address = unquote(address)  # one person, one hash: encoded or not
+            parts += (text[done:start], replace("email", address))
+            done = domain.end()
+        at = text.find(at_sign, max(at + 1, done))
+    if not parts:
+        return text
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def ipv6(text: str, replace: Replace) -> str:
+    """Public IPv6 addresses become ``replace("ip", address)``; others (loopback, link-local,
+    private, documentation) name machines, not people, and stay."""
+
+    def found(match: re.Match[str]) -> str:
+        candidate = match.group()
+        try:
+            address = ipaddress.IPv6Address(candidate.split("%", 1)[0])
+        except ValueError:
+            return candidate
+        return replace("ip", candidate) if address.is_global else candidate
+
+    return _IPV6.sub(found, text)
+
+
+def key_values(text: str, label_for_key: Callable[[str], str | None], replace: Replace) -> str:
+    """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``."""
+    parts: list[str] = []
+    done = 0
+    for separator in _SEPARATOR.finditer(text):
+        at = separator.start()
+        if at < done:
+            continue
+        end = at
+        while end > done and text[end - 1] in " \t":
+            end -= 1
+        quoted = end > done and text[end - 1] in "\"'"
+        start = end = end - quoted
+        while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
+            start -= 1
+        label = label_for_key(text[start:end]) if start < end else None
+        value = _VALUE.match(text, at + 1) if label else None
+        if label is None or value is None:
+            continue
+        own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
+        replaced = _pair_value(label, text[start:end], value["val"], own_hash, replace)
+        if replaced is not None:
+            parts += (text[done : value.start("val")], replaced)
+            done = value.end("val")
+    if not parts:
+        return text
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:
+    quote = value[0] if value[0] in "\"'" else ""
+    closed = bool(quote) and len(value) > 1 and value.endswith(quote)
+    inner = value[1:-1] if closed else value[len(quote) :]
+    if not inner.strip() or inner.startswith("[") or _kept(inner):
+        return None
+    if own_hash and label == key.lower() and _HEX12.fullmatch(inner):
+        return None  # our own ``label:hash``
+    shaped = SHAPED_LABELS.get(label)
+    if not quote and shaped is not None and not shaped(inner):
+        return None  # a bare word after a key, not a value of it (``'send_email': rate_limit``)
+    return f"{quote}{replace(label, inner)}{quote if closed else ''}"
