@@ -65,11 +65,13 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
         == "TimeLimitExceeded"
     )
     assert letters[unknown.message_id]["properties"]["headers"]["x-dl-reason"] == "unknown_actor"
-    assert "junk" in letters  # undecodable: dead-lettered natively, told apart by jobctl
+    junk = letters["junk"]["properties"]["headers"]  # not a message: dead-lettered as it came
+    assert junk["x-dl-reason"] == "malformed" and junk["x-dl-field"] == "body"
+    assert junk["x-dl-queue"] == queue and junk["x-dl-attempts"] == 0
 
     listed = [json.loads(line) for line in jobctl(prefix, "dlq", "list", "--json").stdout.splitlines()]
     by_id = {d["message_id"]: d for d in listed}
-    assert by_id["junk"]["reason"] == "undecodable"
+    assert by_id["junk"]["reason"] == "malformed"
     assert by_id[unknown.message_id]["reason"] == "unknown_actor"
     assert {by_id[m.message_id]["reason"] for m in sent.values()} == set(sent)
     shown = jobctl(prefix, "dlq", "show", sent["retries_exhausted"].message_id).stdout
@@ -182,18 +184,22 @@ def test_a_retry_that_cannot_be_published_is_redelivered_not_lost(start_worker, 
     wait_for(lambda: store.llen(f"test:{prefix}effect:n1") == 1, timeout=60, what="the redelivered run")
 
 
-def test_a_dead_letter_that_cannot_be_published_leaves_the_message_for_redelivery(
+def test_a_dead_letter_that_cannot_be_published_is_held_then_published_without_running_again(
     start_worker, queues, store, prefix
 ):
     queue = queues.name(workload.permanent)
     queues.broker.declare_queue(queue, ensure=True)
     worker = start_worker()
     with queues.capped(queue + ".DLQ", 0):  # the dead-letter queue refuses everything
-        queues.send(workload.permanent, "n2")
+        message = queues.send(workload.permanent, "n2")
         wait_for(
             lambda: "dead_letter_publish_failed" in worker.output(), timeout=60, what="a refused dead letter"
         )
         assert queues.depth(queue + ".DLQ") == 0
     wait_for(lambda: queues.depth(queue + ".DLQ") == 1, timeout=60, what="the dead letter, once accepted")
-    assert store.llen(f"test:{prefix}attempt:n2") >= 2  # it ran again: redelivered, not dropped
-    assert queues.depth(queue) == 0
+    # The outcome was decided: the redelivery published the dead letter, it did not run again.
+    assert store.llen(f"test:{prefix}attempt:n2") == 1
+    (letter,) = queues.peek(queue + ".DLQ")
+    assert letter["properties"]["message_id"] == message.message_id
+    assert letter["properties"]["headers"]["x-dl-reason"] == "non_retryable"
+    wait_for(lambda: queues.depth(queue) == 0, what="the original acked")
