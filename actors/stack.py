@@ -22,13 +22,17 @@ from middleware.ratelimit import RateLimits
 from middleware.state import StateStore
 from middleware.status import Status
 from middleware.stored_tracebacks import ScrubStoredTracebacks
+from middleware.watchdog import ThreadWatchdog
 
 
 def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire
     (``after_*`` hooks run in the reverse order).
 
-    - JobLifecycle first: its ``before_process_message`` binds the job context before any other
+    - ThreadWatchdog first: a worker or consumer thread that dies anyway (the consumer dead-letters
+      malformed messages before any hook sees them) is replaced and logged; it stops watching as
+      soon as shutdown begins, before any other middleware's ``before_worker_shutdown``.
+    - JobLifecycle next: its ``before_process_message`` binds the job context before any other
       middleware logs, and its ``after_*`` hooks run last, once Retries has chosen between a retry
       and the dead letters; it also declares ``log_args``.
     - AgeLimit: a message too old to matter goes to the dead letters before any work.
@@ -64,6 +68,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     """
     scrubber = get_scrubber(settings)
     stack: list[Middleware] = [
+        ThreadWatchdog(),
         JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),
