@@ -59,6 +59,17 @@ class Worker:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def events(self, event: str, **fields: Any) -> list[dict[str, Any]]:
+        """The worker's JSON log lines (``LOG_FORMAT=json``) of ``event`` with the ``fields`` given."""
+        import json
+
+        lines = [json.loads(line) for line in self.output().splitlines() if line.startswith("{")]
+        return [
+            line
+            for line in lines
+            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items())
+        ]
+
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ready() -> bool:
             if self.proc.poll() is not None:

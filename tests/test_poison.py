@@ -17,13 +17,7 @@ import pika
 
 import actors
 from tests import workload
-from tests.support import BIN, ROOT, Queues, Worker, wait_for
-
-
-def events(worker: Worker, name: str) -> list[dict[str, Any]]:
-    """The worker's JSON log lines whose event is ``name``."""
-    lines = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
-    return [line for line in lines if line.get("event") == name]
+from tests.support import BIN, ROOT, Queues, wait_for
 
 
 def valid_body(queue: str, token: str) -> dict[str, Any]:
@@ -146,8 +140,8 @@ def test_each_poison_shape_is_dead_lettered_once_and_the_jobs_behind_it_run(
     assert "ana.lopez" not in json.dumps([letter["properties"] for letter in letters])
 
     # Each was logged once (no loop), and no thread died or was restarted on the way.
-    assert len(events(worker, "message_malformed")) == len(sent) + 1
-    assert not events(worker, "worker_thread_replaced") and not events(worker, "uncaught_exception")
+    assert len(worker.events("message_malformed")) == len(sent) + 1
+    assert not worker.events("worker_thread_replaced") and not worker.events("uncaught_exception")
     assert "Consumer encountered" not in worker.output()
     assert_all_threads_alive(queues, store, prefix, threads=4)
 
@@ -167,12 +161,12 @@ def test_a_thread_that_dies_anyway_is_replaced_and_the_jobs_behind_it_run(
         queues.send_with_options(workload.record, args=(f"killer-{i}",), kill_thread="worker")
     late = workload.record.message_with_options(args=("late",), kill_thread="consumer")
     queues.broker.enqueue(late.copy(queue_name=queues.name(workload.record)), delay=200)
-    wait_for(lambda: len(events(worker, "worker_thread_replaced")) == 5, timeout=60, what="5 replacements")
+    wait_for(lambda: len(worker.events("worker_thread_replaced")) == 5, timeout=60, what="5 replacements")
     for i in range(10):
         queues.send(workload.record, f"after-{i}")
 
     wait_for(lambda: store.scard(f"test:{prefix}tokens") == 15, timeout=60, what="every job")
-    replaced = events(worker, "worker_thread_replaced")
+    replaced = worker.events("worker_thread_replaced")
     assert sorted(line["kind"] for line in replaced) == ["consumer"] + ["worker"] * 4
     assert all(line["level"] == "error" for line in replaced)
     assert_all_threads_alive(queues, store, prefix, threads=2)

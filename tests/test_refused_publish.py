@@ -11,16 +11,7 @@ import pika
 
 import actors
 from tests import workload
-from tests.support import Worker, sentry_events, sentry_server, wait_for
-
-
-def events(worker: Worker, name: str, **fields: Any) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
-    return [
-        line
-        for line in lines
-        if line.get("event") == name and all(line.get(k) == v for k, v in fields.items())
-    ]
+from tests.support import sentry_events, sentry_server, wait_for
 
 
 def test_a_refused_retry_backs_off_alerts_and_runs_the_actor_once(start_worker, queues, store, prefix):
@@ -31,7 +22,10 @@ def test_a_refused_retry_backs_off_alerts_and_runs_the_actor_once(start_worker, 
         worker = start_worker(JOB_MIN_BACKOFF_MS="100", SENTRY_DSN=dsn)
         with queues.capped(queue + ".DQ", 0):  # every retry publish is refused by RabbitMQ
             message = queues.send(workload.flaky, "r1", failures=1)
-            refused = lambda: events(worker, "follow_up_publish_refused", message_id=message.message_id)  # noqa: E731
+
+            def refused() -> list[dict[str, Any]]:
+                return worker.events("follow_up_publish_refused", message_id=message.message_id)
+
             wait_for(lambda: len(refused()) >= 4, timeout=60, what="four refusals")
             # Today's Dramatiq requeues at once: ~200 runs in these seconds. Held, it ran once.
             assert store.llen(attempts) == 1
@@ -55,9 +49,9 @@ def test_a_refused_retry_backs_off_alerts_and_runs_the_actor_once(start_worker, 
         # RabbitMQ takes publishes again: the redelivery publishes the decided retry, counted.
         wait_for(lambda: store.llen(f"test:{prefix}effect:r1") == 1, timeout=60, what="the retry's run")
     assert store.llen(attempts) == 2
-    (published,) = events(worker, "follow_up_published", message_id=message.message_id)
+    (published,) = worker.events("follow_up_published", message_id=message.message_id)
     assert published["kind"] == "retry" and published["refusals"] >= 4
-    started = events(worker, "job_started", message_id=message.message_id)
+    started = worker.events("job_started", message_id=message.message_id)
     assert [line["attempt"] for line in started] == [1, 2]  # the refused attempt was counted
 
 
@@ -73,7 +67,10 @@ def test_a_malformed_message_whose_dead_letter_is_refused_is_held_then_dead_lett
         )
         for i in range(5):
             queues.send(workload.record, f"behind-{i}")
-        refused = lambda: events(worker, "follow_up_publish_refused", message_id="poison-held")  # noqa: E731
+
+        def refused() -> list[dict[str, Any]]:
+            return worker.events("follow_up_publish_refused", message_id="poison-held")
+
         wait_for(lambda: len(refused()) >= 2, timeout=60, what="two refusals")
         wait_for(lambda: store.scard(f"test:{prefix}tokens") == 5, what="the jobs behind it")
         assert [line["delay_ms"] for line in refused()[:2]] == [1000, 2000]
@@ -82,5 +79,5 @@ def test_a_malformed_message_whose_dead_letter_is_refused_is_held_then_dead_lett
     (letter,) = queues.peek(queue + ".DLQ")
     assert letter["properties"]["message_id"] == "poison-held" and letter["payload"] == '{"options": null}'
     assert letter["properties"]["headers"]["x-dl-reason"] == "malformed"
-    assert len(events(worker, "message_malformed", message_id="poison-held")) == 1
-    wait_for(lambda: events(worker, "follow_up_published", message_id="poison-held"), what="the log line")
+    assert len(worker.events("message_malformed", message_id="poison-held")) == 1
+    wait_for(lambda: worker.events("follow_up_published", message_id="poison-held"), what="the log line")
