@@ -13,15 +13,18 @@ from actors.logs import configure_logging
 from actors.sentry import configure_sentry
 from actors.settings import get_settings
 from actors.stack import build_middleware
+from actors.startup import configuration_checked
 from middleware.state import open_store
 
-settings = get_settings()
+with configuration_checked():  # bad settings: one line each and exit code 2 in a worker
+    settings = get_settings()
 configure_logging(settings)
 configure_sentry(settings)  # before the broker: Sentry's Dramatiq integration patches Broker.__init__
 store = open_store(settings.state_url, namespace=settings.state_namespace, timeout=settings.state_timeout)
 broker = build_broker(settings, build_middleware(settings, store))
 dramatiq.set_broker(broker)
 
-from actors import emails, health, media, reports  # noqa: E402
+with configuration_checked():  # an actor's rate_limit that RATE_LIMITS lacks
+    from actors import emails, health, media, reports
 
 __all__ = ["broker", "emails", "health", "media", "reports", "settings", "store"]

@@ -154,14 +154,32 @@ class _Passive:
         self.connection = connection
         self.channel = connection.channel()
 
-    def counts(self, name: str) -> tuple[int, int]:
-        """(ready messages, consumers) of ``name``, exact and current; (0, 0) for a missing queue."""
+    def declare(self, name: str) -> tuple[int, int] | None:
+        """(ready messages, consumers) of ``name``, exact and current; None for a missing queue."""
         try:
             ok = self.channel.queue_declare(name, passive=True).method
             return int(ok.message_count), int(ok.consumer_count)
         except pika.exceptions.ChannelClosedByBroker:
             self.channel = self.connection.channel()
-            return 0, 0
+            return None
+
+    def counts(self, name: str) -> tuple[int, int]:
+        """(ready messages, consumers) of ``name``; (0, 0) for a missing queue."""
+        return self.declare(name) or (0, 0)
+
+
+def missing_queues(config: Settings, queues: list[str], timeout: float = 5.0) -> list[str]:
+    """Those of ``queues`` RabbitMQ does not have (a typo in ``--queue``); ConnectionError when
+    RabbitMQ cannot be reached."""
+    connection = _connect(config, timeout)
+    try:
+        passive = _Passive(connection)
+        return [queue for queue in queues if passive.declare(queue) is None]
+    except pika.exceptions.AMQPError as exc:
+        raise ConnectionError(f"connection lost: {type(exc).__name__}") from exc
+    finally:
+        if connection.is_open:
+            connection.close()
 
 
 def _oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:

@@ -1,7 +1,9 @@
 """Every setting of the project, read from environment variables and validated once.
 
 A bad value fails at start-up with a :class:`SettingsError` that names the variable and says what
-is wrong, never echoing the value (URLs carry passwords).
+is wrong, never echoing the value (URLs carry passwords). Numbers must be finite, and durations
+end at :data:`MAX_DURATION_MS`: a value a client cannot hold would otherwise fail later, in a
+worker thread, at shutdown or on the first job.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from actors.urls import check_amqp_url, check_redis_url, check_smtp_url, check_sqlite_url, check_url
 from middleware.ratelimit import Limit, parse_limits
 
 #: ``RATE_LIMITS`` when unset: the reference email actor spends from ``smtp``. 100 mails a minute
@@ -34,28 +37,28 @@ from middleware.ratelimit import Limit, parse_limits
 DEFAULT_RATE_LIMITS: dict[str, object] = {"smtp": {"rate": "100/minute", "burst": 20}}
 
 
-class SettingsError(ImportError):
-    """The environment holds invalid settings; the message names each bad variable.
+#: The longest duration a setting may hold: ten years, RabbitMQ's own limit for a message TTL.
+#: Past it Redis refuses expiry times and thread joins overflow; nothing sensible waits longer.
+MAX_DURATION_MS = 315_360_000_000
 
-    An ``ImportError`` because ``import actors`` is where it surfaces: ``dramatiq actors`` then
-    reports "Failed to import module" and exits with code 2 instead of crashing a worker process.
+
+class SettingsError(ImportError):
+    """The environment holds invalid settings; ``problems`` says ``VARIABLE: what is wrong``, one each.
+
+    An ``ImportError`` because ``import actors`` is where it surfaces. The entry points turn it
+    into one line per problem and exit code 2 (see :mod:`actors.startup`).
     """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid settings: " + "; ".join(problems))
+        self.problems = problems
+
+    def report(self, program: str) -> str:
+        """What ``program`` prints: one line per problem, ``program: invalid setting NAME: ...``."""
+        return "".join(f"{program}: invalid setting {problem}\n" for problem in self.problems)
 
 
 _KEY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
-
-
-def _check_url(value: str, schemes: tuple[str, ...]) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in schemes:
-        raise ValueError(f"must be a URL starting with {' or '.join(s + '://' for s in schemes)}")
-    if not parts.hostname:
-        raise ValueError("must name a host")
-    try:
-        parts.port  # noqa: B018 - parsing the port validates it
-    except ValueError:
-        raise ValueError("has an invalid port") from None
-    return value
 
 
 def redact_url(url: str) -> str:
@@ -72,15 +75,16 @@ def redact_url(url: str) -> str:
 class Settings(BaseModel):
     """The project's configuration; each field is the environment variable of the same name, upper-cased."""
 
-    model_config = ConfigDict(frozen=True)
+    # nan and inf pass every bound (nan compares false, inf is above any minimum): refuse them.
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
 
     # RabbitMQ
     rabbitmq_url: str = "amqp://guest:guest@127.0.0.1:5672/%2F"
     rabbitmq_management_url: str = "http://127.0.0.1:15672"
     rabbitmq_heartbeat: int = Field(default=60, ge=0, le=3600)
-    rabbitmq_blocked_connection_timeout: int = Field(default=300, ge=1)
+    rabbitmq_blocked_connection_timeout: int = Field(default=300, ge=1, le=86_400)
     rabbitmq_max_priority: int = Field(default=10, ge=1, le=255)
-    rabbitmq_consumer_timeout_ms: int = Field(default=1_800_000, ge=60_000)
+    rabbitmq_consumer_timeout_ms: int = Field(default=1_800_000, ge=60_000, le=MAX_DURATION_MS)
     queue_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$", max_length=100)
 
     # Shared state (idempotency, rate limits, job status, scheduler lease)
@@ -88,12 +92,12 @@ class Settings(BaseModel):
     state_timeout: float = Field(default=2.0, gt=0, le=60)
 
     # Dead letters (kept until replayed or purged unless capped)
-    dead_letter_ttl_ms: int | None = Field(default=None, ge=1_000)
-    dead_letter_max_length: int | None = Field(default=None, ge=1)
+    dead_letter_ttl_ms: int | None = Field(default=None, ge=1_000, le=MAX_DURATION_MS)
+    dead_letter_max_length: int | None = Field(default=None, ge=1, le=2**63 - 1)
 
     # Idempotency keys
-    idempotency_ttl_ms: int = Field(default=86_400_000, ge=1_000)
-    idempotency_lease_ms: int = Field(default=30_000, ge=1_000)
+    idempotency_ttl_ms: int = Field(default=86_400_000, ge=1_000, le=MAX_DURATION_MS)
+    idempotency_lease_ms: int = Field(default=30_000, ge=1_000, le=MAX_DURATION_MS)
     idempotency_drop_duplicates: bool = True
 
     # Scheduler (python -m scheduler)
@@ -101,17 +105,17 @@ class Settings(BaseModel):
     scheduler_lease_ms: int = Field(default=15_000, ge=1_000, le=600_000)
     # Job status, queue health, metrics
     job_status: bool = True
-    job_status_ttl_ms: int = Field(default=86_400_000, ge=1_000)
+    job_status_ttl_ms: int = Field(default=86_400_000, ge=1_000, le=MAX_DURATION_MS)
     health_max_waiting: int = Field(default=10_000, ge=0)
     health_max_dead_letters: int = Field(default=100, ge=0)
-    health_max_age_ms: int = Field(default=600_000, ge=1_000)
+    health_max_age_ms: int = Field(default=600_000, ge=1_000, le=MAX_DURATION_MS)
     prometheus_port: int = Field(default=9191, ge=0, le=65_535)
     prometheus_host: str = "0.0.0.0"
     prometheus_dir: Path = Path(tempfile.gettempdir()) / "jobs-prometheus"
     # Rate limits (JSON object: service -> {"rate": 25 | "N/second|minute|hour", "burst": N})
     rate_limits: dict[str, Limit] = Field(default_factory=lambda: parse_limits(DEFAULT_RATE_LIMITS))
     rate_limit_wait_ms: int = Field(default=1_000, ge=0, le=60_000)
-    rate_limit_max_delay_ms: int = Field(default=600_000, ge=1_000)
+    rate_limit_max_delay_ms: int = Field(default=600_000, ge=1_000, le=MAX_DURATION_MS)
 
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
@@ -126,7 +130,7 @@ class Settings(BaseModel):
 
     # Reference actors
     smtp_url: str = "smtp://127.0.0.1:1025"
-    smtp_timeout: float = Field(default=30.0, gt=0)
+    smtp_timeout: float = Field(default=30.0, gt=0, le=3600)
     mail_from: str = "jobs@example.com"
     reports_dir: Path = Path("var/reports")
     media_dir: Path = Path("var/media")
@@ -134,12 +138,12 @@ class Settings(BaseModel):
     # Worker tuning
     worker_processes: int = Field(default=2, ge=1, le=256)
     worker_threads: int = Field(default=8, ge=1, le=1024)
-    worker_shutdown_timeout_ms: int = Field(default=600_000, ge=1_000)
-    job_time_limit_ms: int = Field(default=600_000, ge=1_000)
-    job_max_age_ms: int | None = Field(default=None, ge=1_000)
+    worker_shutdown_timeout_ms: int = Field(default=600_000, ge=1_000, le=MAX_DURATION_MS)
+    job_time_limit_ms: int = Field(default=600_000, ge=1_000, le=MAX_DURATION_MS)
+    job_max_age_ms: int | None = Field(default=None, ge=1_000, le=MAX_DURATION_MS)
     job_max_retries: int = Field(default=5, ge=0, le=100)
-    job_min_backoff_ms: int = Field(default=15_000, ge=100)
-    job_max_backoff_ms: int = Field(default=600_000, ge=100)
+    job_min_backoff_ms: int = Field(default=15_000, ge=100, le=MAX_DURATION_MS)
+    job_max_backoff_ms: int = Field(default=600_000, ge=100, le=MAX_DURATION_MS)
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -153,28 +157,29 @@ class Settings(BaseModel):
     def _check_amqp_url(cls, value: str) -> str:
         # Several nodes of a cluster are separated by ";"; clients fail over in order.
         for node in value.split(";"):
-            _check_url(node, ("amqp", "amqps"))
+            check_amqp_url(node)
         return value
 
     @field_validator("rabbitmq_management_url")
     @classmethod
     def _check_http_url(cls, value: str) -> str:
-        return _check_url(value, ("http", "https"))
+        check_url(value, ("http", "https"))
+        return value
 
     @field_validator("smtp_url")
     @classmethod
     def _check_smtp_url(cls, value: str) -> str:
-        return _check_url(value, ("smtp", "smtps"))
+        check_smtp_url(value)
+        return value
 
     @field_validator("state_url")
     @classmethod
     def _check_state_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme in ("redis", "rediss"):
-            return _check_url(value, ("redis", "rediss"))
-        if parts.scheme == "sqlite" and parts.path not in ("", "/"):
-            return value
-        raise ValueError("must be redis://host:port/db or sqlite:///path/to/file.db")
+        if urlsplit(value).scheme in ("redis", "rediss"):
+            check_redis_url(value)
+        else:
+            check_sqlite_url(value)
+        return value
 
     @field_validator("rate_limits", mode="before")
     @classmethod
@@ -216,25 +221,36 @@ class Settings(BaseModel):
         return keys
 
     @model_validator(mode="after")
-    def _check_backoff(self) -> Settings:
+    def _check_against_consumer_timeout(self) -> Settings:
+        """Settings that must agree with each other; every disagreement, one line each."""
+        problems = []
         if self.job_min_backoff_ms > self.job_max_backoff_ms:
-            raise ValueError("JOB_MIN_BACKOFF_MS must not exceed JOB_MAX_BACKOFF_MS")
+            problems.append("JOB_MIN_BACKOFF_MS: must not exceed JOB_MAX_BACKOFF_MS")
         # Dramatiq holds delayed retries unacked in worker memory: a backoff past RabbitMQ's
         # consumer_timeout would make the broker close the channel under it.
         if self.job_max_backoff_ms >= self.rabbitmq_consumer_timeout_ms:
-            raise ValueError(
-                "JOB_MAX_BACKOFF_MS must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
+            problems.append(
+                "JOB_MAX_BACKOFF_MS: must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
                 "(delayed retries are held unacked until they are due)"
+            )
+        # A job running past consumer_timeout has its channel closed under it and is redelivered
+        # while it still runs: the time limit must stop it first.
+        if self.job_time_limit_ms >= self.rabbitmq_consumer_timeout_ms:
+            problems.append(
+                "JOB_TIME_LIMIT_MS: must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
+                "(RabbitMQ redelivers a job still running past it)"
             )
         # Rate-limited messages are re-enqueued for at most RATE_LIMIT_MAX_DELAY_MS, held unacked
         # meanwhile: keep well clear of the consumer timeout (a busy worker releases them late).
         if self.rate_limit_max_delay_ms * 2 > self.rabbitmq_consumer_timeout_ms:
-            raise ValueError(
-                "RATE_LIMIT_MAX_DELAY_MS must be at most half of RABBITMQ_CONSUMER_TIMEOUT_MS "
+            problems.append(
+                "RATE_LIMIT_MAX_DELAY_MS: must be at most half of RABBITMQ_CONSUMER_TIMEOUT_MS "
                 "(deferred messages are held unacked until they are due)"
             )
         if self.rate_limit_wait_ms >= self.rate_limit_max_delay_ms:
-            raise ValueError("RATE_LIMIT_WAIT_MS must be below RATE_LIMIT_MAX_DELAY_MS")
+            problems.append("RATE_LIMIT_WAIT_MS: must be below RATE_LIMIT_MAX_DELAY_MS")
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     @property
@@ -264,14 +280,16 @@ class Settings(BaseModel):
         return unquote(path[1:]) if len(path) > 1 else "/"
 
 
-def _describe(error: dict[str, object]) -> str:
+def _describe(error: dict[str, object]) -> list[str]:
+    """``VARIABLE: what is wrong`` for one pydantic error (a cross-field one may hold several)."""
     loc = error.get("loc") or ()
-    name = str(loc[0]).upper() if isinstance(loc, tuple) and loc else "settings"
     message = str(error.get("msg", "is invalid")).removeprefix("Value error, ")
-    return f"{name}: {message}"
+    if isinstance(loc, tuple) and loc:
+        return [f"{str(loc[0]).upper()}: {message}"]
+    return message.splitlines()  # from _check_against_consumer_timeout, each naming its variable
 
 
-def load_settings(environ: dict[str, str] | None = None) -> Settings:
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings; raise :class:`SettingsError` naming every bad variable."""
     env = os.environ if environ is None else environ
     # An empty variable counts as unset, as compose files and shells often pass them.
@@ -279,8 +297,8 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     try:
         return Settings.model_validate(values)
     except ValidationError as exc:
-        problems = "\n  ".join(_describe(dict(e)) for e in exc.errors(include_input=False, include_url=False))
-        raise SettingsError(f"invalid settings:\n  {problems}") from None
+        errors = exc.errors(include_input=False, include_url=False, include_context=False)
+        raise SettingsError([line for e in errors for line in _describe(dict(e))]) from None
 
 
 @cache

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from dramatiq.middleware import (
     AgeLimit,
     Callbacks,
@@ -13,7 +15,8 @@ from dramatiq.middleware import (
 )
 
 from actors.privacy import get_scrubber
-from actors.settings import Settings
+from actors.settings import Settings, SettingsError
+from actors.startup import configuration_checked
 from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
@@ -21,6 +24,7 @@ from middleware.metrics import Metrics
 from middleware.ratelimit import RateLimits
 from middleware.state import StateStore
 from middleware.status import Status
+from middleware.store_check import StoreCheck
 from middleware.stored_tracebacks import ScrubStoredTracebacks
 from middleware.watchdog import ThreadWatchdog
 
@@ -29,9 +33,12 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire
     (``after_*`` hooks run in the reverse order).
 
-    - ThreadWatchdog first: a worker or consumer thread that dies anyway (the consumer dead-letters
+    - StoreCheck first: at worker boot it checks that the state store answers and accepts writes
+      (``state_store_ready``), warns every few seconds while it does not, and stops the worker
+      with exit code 2 when ``STATE_URL`` names a store that will never serve.
+    - ThreadWatchdog next: a worker or consumer thread that dies anyway (the consumer dead-letters
       malformed messages before any hook sees them) is replaced and logged; it stops watching as
-      soon as shutdown begins, before any other middleware's ``before_worker_shutdown``.
+      soon as shutdown begins, before Dramatiq stops the threads itself.
     - JobLifecycle next: its ``before_process_message`` binds the job context before any other
       middleware logs, and its ``after_*`` hooks run last, once Retries has chosen between a retry
       and the dead letters; it also declares ``log_args``.
@@ -68,6 +75,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     """
     scrubber = get_scrubber(settings)
     stack: list[Middleware] = [
+        StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
         JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
@@ -104,3 +112,10 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
         stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     stack.append(ScrubStoredTracebacks(scrubber.text))
     return stack
+
+
+def _stop_misconfigured(problem: str) -> NoReturn:
+    """A store that will never serve stops the worker like any bad setting: one line, exit code 2."""
+    with configuration_checked():
+        raise SettingsError([problem])
+    raise AssertionError("unreachable: configuration_checked re-raises")

@@ -72,12 +72,24 @@ RETRY_ENV = {"JOB_MAX_RETRIES": "2", "JOB_MIN_BACKOFF_MS": "500", "JOB_MAX_BACKO
 def settings_module() -> ModuleType:
     """``actors/settings.py`` loaded on its own, to read the configured settings *without*
     ``import actors``: that builds the broker, the store and the actors' queue names from the
-    environment, which must first carry the demo's prefix and store."""
+    environment, which must first carry the demo's prefix and store.
+
+    Its one import from the package, ``actors.urls``, is loaded on its own too, under its own name
+    for the time of the load: Python takes a submodule found in ``sys.modules`` without importing
+    its package."""
     package = importlib.util.find_spec("actors")
     assert package is not None and package.submodule_search_locations
-    spec = importlib.util.spec_from_file_location(
-        "demo._configured_settings", Path(package.submodule_search_locations[0]) / "settings.py"
-    )
+    folder = Path(package.submodule_search_locations[0])
+    borrowed = None if "actors.urls" in sys.modules else _load("actors.urls", folder / "urls.py")
+    try:
+        return _load("demo._configured_settings", folder / "settings.py")
+    finally:
+        if borrowed is not None:
+            del sys.modules["actors.urls"]  # ``import actors`` later loads it as part of the package
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # pydantic resolves the annotations through it
@@ -537,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         demo = Demo(arguments, config)
     except config.SettingsError as exc:
-        console.print(f"demo: {exc}", markup=False)
+        console.print(exc.report("demo").rstrip("\n"), markup=False)
         return EXIT_CONFIG
     # SIGTERM (a `timeout`, a closed terminal) stops the run as Ctrl-C does: with the clean-up.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from jobctl.project import load_actors
+from jobctl.project import load_actors, require_queues
 
 
 def _since(value: str | None) -> datetime | None:
@@ -54,6 +54,8 @@ class Context:
         self.ops = ops
         self.broker = actors.broker
         self.queues = ops.dead_letter_queues(actors.settings, actors.broker, queue)
+        if queue is not None:  # a typo: say so, rather than "0 dead letters" or a channel error
+            require_queues({name: f"--queue {queue!r}" for name in self.queues})
         self.filters = ops.Filters(
             message_ids=frozenset(ids), queue=None, actor=actor, exception=exception, since=_since(since)
         )
@@ -120,7 +122,13 @@ def _selection(ids: tuple[str, ...], all_: bool) -> None:
 @click.argument("message_ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every dead letter that matches the filters.")
 @filter_options
-@click.option("--batch-size", default=500, show_default=True, help="Messages published per confirmed batch.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=500,
+    show_default=True,
+    help="Messages published per confirmed batch.",
+)
 def retry(
     message_ids: tuple[str, ...],
     all_: bool,

@@ -3,22 +3,66 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 import pika
 import requests
 
 from jobctl.dlq import dlq
-from jobctl.project import EXIT_DEGRADED, EXIT_OK, EXIT_UNREACHABLE, load_actors
+from jobctl.project import (
+    EXIT_DEGRADED,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    fail,
+    import_modules,
+    load_actors,
+    require_queues,
+)
+
+if TYPE_CHECKING:  # importing actors runs its start-up: commands do that through load_actors()
+    from actors.settings import Settings
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Seconds(click.ParamType[float, Any]):
+    """A timeout: a finite number of seconds above 0 and at most an hour (not 0, nan or inf)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = math.nan
+        if not (math.isfinite(seconds) and 0 < seconds <= 3600):
+            self.fail("must be a number of seconds above 0 and at most 3600", param, ctx)
+        return seconds
+
+
+#: ``--timeout`` of the commands that talk to RabbitMQ.
+timeout_option = click.option(
+    "--timeout", type=Seconds(), default=5.0, show_default=True, help="Seconds to wait for each service."
+)
+
+
+class _Commands(click.Group):
+    """jobctl's commands, where an unreachable RabbitMQ is one line and exit code 2, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except pika.exceptions.AMQPConnectionError as exc:
+            fail(f"jobctl: RabbitMQ unreachable ({type(exc).__name__})")
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Operate the job system: run the worker, check the broker, inspect jobs and dead letters."""
 
@@ -37,6 +81,7 @@ def migrate_queues(queues: tuple[str, ...]) -> None:
     actors = load_actors()
     from actors.queue_migration import MigrationError, migrate
 
+    require_queues({queue: f"--queue {queue!r}" for queue in queues})
     try:
         report = migrate(actors.broker, actors.settings, list(queues) or None)
     except (MigrationError, requests.RequestException) as exc:
@@ -47,7 +92,7 @@ def migrate_queues(queues: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for each service.")
+@timeout_option
 def ping(timeout: float) -> None:
     """Check that RabbitMQ (AMQP and management API) answers.
 
@@ -81,30 +126,44 @@ def ping(timeout: float) -> None:
     sys.exit(EXIT_OK)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.argument("dramatiq_args", nargs=-1, type=click.UNPROCESSED)
-def worker(dramatiq_args: tuple[str, ...]) -> None:
-    """Run ``dramatiq actors`` with processes, threads and shutdown timeout from settings.
+def dramatiq_argv(executable: str, settings: Settings, arguments: tuple[str, ...]) -> list[str]:
+    """``dramatiq actors`` with the settings' processes, threads and shutdown timeout.
 
-    Extra arguments go to dramatiq as they are (for example extra modules or ``--queues``).
+    Dramatiq takes modules right after its broker module: the leading ``arguments`` up to the
+    first option. Everything from that option on (``-Q a b`` included) comes after the options
+    set here, so the caller's win.
     """
-    settings = load_actors().settings
-    # The dramatiq of this environment (next to the interpreter): `.venv/bin/jobctl` works without
-    # the venv on PATH, as `make run` calls it.
-    beside = Path(sys.executable).parent / "dramatiq"
-    executable = str(beside) if beside.is_file() else shutil.which("dramatiq") or "dramatiq"
-    argv = [
+    first = next((i for i, a in enumerate(arguments) if a.startswith("-")), len(arguments))
+    return [
         executable,
         "actors",
-        *[a for a in dramatiq_args if not a.startswith("-")],
+        *arguments[:first],
         "--processes",
         str(settings.worker_processes),
         "--threads",
         str(settings.worker_threads),
         "--worker-shutdown-timeout",
         str(settings.worker_shutdown_timeout_ms),
-        *[a for a in dramatiq_args if a.startswith("-")],
+        *arguments[first:],
     ]
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("dramatiq_args", nargs=-1, type=click.UNPROCESSED)
+def worker(dramatiq_args: tuple[str, ...]) -> None:
+    """Run ``dramatiq actors`` with processes, threads and shutdown timeout from settings.
+
+    Extra arguments go to dramatiq as they are: modules first, then options (``--queues a b``).
+    """
+    settings = load_actors().settings
+    # The dramatiq of this environment (next to the interpreter): `.venv/bin/jobctl` works without
+    # the venv on PATH, as `make run` calls it.
+    beside = Path(sys.executable).parent / "dramatiq"
+    executable = str(beside) if beside.is_file() else shutil.which("dramatiq") or "dramatiq"
+    argv = dramatiq_argv(executable, settings, dramatiq_args)
+    # A module that does not import or declares a bad rate_limit: one line here rather than a
+    # traceback from every worker process.
+    import_modules("jobctl", argv[2 : argv.index("--processes")])
     os.execv(executable, argv)
 
 
@@ -172,17 +231,19 @@ def _number(value: float | None, digits: int = 0) -> str:
     "--queue", "queues", multiple=True, help="Check only this queue (repeatable; QUEUE_PREFIX is added)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-@click.option("--timeout", default=5.0, show_default=True, help="Seconds to wait for each service.")
+@timeout_option
 def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
     """Queue health: backlog, running, delayed, dead letters, consumers, rates, totals, verdicts.
 
     Checks the queues the project's actors declare (or those given with --queue) against the
-    HEALTH_* thresholds. Exit code 0 healthy, 1 degraded, 2 broker unreachable: usable as a
-    container health check or a cron alert.
+    HEALTH_* thresholds. Exit code 0 healthy, 1 degraded, 2 broker unreachable or a --queue
+    RabbitMQ does not have: usable as a container health check or a cron alert.
     """
     load_actors()
     from actors.health import check, resolve_queues
 
+    named = {queue: f"--queue {name!r}" for name in queues for queue in resolve_queues([name])}
+    require_queues(named, timeout)
     report = check(resolve_queues(list(queues)), timeout=timeout)
     if as_json:
         click.echo(json.dumps(report.to_dict()))

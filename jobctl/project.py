@@ -1,26 +1,77 @@
-"""Load the project (settings, broker, actors) once for a command, turning bad settings into a clean exit."""
+"""Load the project (settings, broker, actors) for a command-line program, turning bad settings
+into one line per problem and exit code 2 instead of a traceback."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
+from collections.abc import Iterable, Mapping
 from types import ModuleType
+from typing import NoReturn
 
 import click
 
 #: Exit codes shared by the commands.
 EXIT_OK, EXIT_DEGRADED, EXIT_UNREACHABLE = 0, 1, 2
+#: Bad settings, schedules or options (the same code as a usage error).
+EXIT_CONFIG = 2
 
 
-def load_actors() -> ModuleType:
-    """Import ``actors`` (validating settings); on bad settings print what is wrong and exit 2."""
+def fail(message: str) -> NoReturn:
+    """Print ``message`` (one line or several, each naming what is wrong) on stderr and exit 2."""
+    click.echo(message.rstrip("\n"), err=True)
+    sys.exit(EXIT_CONFIG)
+
+
+def import_project(program: str) -> ModuleType:
+    """Import ``actors``: settings validated, broker built, actors declared."""
     try:
         import actors
     except ImportError as exc:
-        if type(exc).__name__ != "SettingsError":
+        # actors.settings.SettingsError: importing the class here would run actors/__init__ again.
+        report = getattr(exc, "report", None)
+        if report is None:
             raise
-        click.echo(f"jobctl: {exc}", err=True)
-        sys.exit(EXIT_UNREACHABLE)
+        fail(report(program))
+    return actors
+
+
+def import_modules(program: str, modules: Iterable[str]) -> None:
+    """Import the application's modules that declare more actors (``dramatiq actors MODULE``)."""
+    from actors.settings import SettingsError
+    from actors.startup import configuration_checked
+
+    for module in modules:
+        try:
+            with configuration_checked():
+                importlib.import_module(module)
+        except SettingsError as exc:
+            fail(exc.report(program))
+        except ImportError as exc:
+            fail(f"{program}: cannot import {module}: {exc}")
+
+
+def require_queues(named: Mapping[str, str], timeout: float = 5.0) -> None:
+    """Exit 2 naming each queue RabbitMQ does not have: ``named`` maps a queue to how the user
+    gave it (``--queue 'emails'``). An unreachable RabbitMQ checks nothing: commands report it."""
+    if not named:
+        return
+    from actors import settings
+    from actors.health import missing_queues
+
+    try:
+        missing = missing_queues(settings, list(named), timeout)
+    except ConnectionError:
+        return
+    vhost = settings.rabbitmq_vhost
+    if missing:
+        fail("\n".join(f"jobctl: {named[q]}: RabbitMQ has no queue {q!r} (vhost {vhost!r})" for q in missing))
+
+
+def load_actors() -> ModuleType:
+    """The project for a ``jobctl`` command (exit 2 on bad settings)."""
+    actors = import_project("jobctl")
     # A command reports an unreachable broker itself; pika's own account of it is noise here.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
     return actors

@@ -67,6 +67,9 @@ _REDELIVER = "_redeliver"
 #: Attribute set on a message proxy by a middleware that rejects it, naming the reason; the
 #: consumer sets it too once the dead letter is confirmed, so later hooks can log the reason.
 DEAD_LETTER_REASON = "_dead_letter_reason"
+#: Attribute set on a message proxy by a middleware that rejects it because of an error (a key or
+#: rate-limit function that raised): the dead letter records that error, not the SkipMessage.
+_DEAD_LETTER_ERROR = "_dead_letter_error"
 
 
 def request_redelivery(message: MessageProxy, follow_up: FollowUp | None = None) -> None:
@@ -85,9 +88,12 @@ def pending_follow_up(message: MessageProxy) -> FollowUp | None:
     return follow_up if isinstance(follow_up, RetryFollowUp | DeadLetterFollowUp) else None
 
 
-def reject(message: MessageProxy, reason: str) -> None:
-    """Fail ``message`` for good from a middleware, naming the reason its dead letter records."""
+def reject(message: MessageProxy, reason: str, *, error: BaseException | None = None) -> None:
+    """Fail ``message`` for good from a middleware, naming the reason its dead letter records and,
+    when an error is the cause, that error (its type, scrubbed message and traceback)."""
     setattr(message, DEAD_LETTER_REASON, reason)
+    if error is not None:
+        setattr(message, _DEAD_LETTER_ERROR, error)
     message.fail()
 
 
@@ -183,6 +189,7 @@ class DeadLetters(Middleware):
         """The AMQP headers of ``message``'s dead letter: final error (scrubbed), attempts, reason,
         origin and times. Never fails: a field it cannot read is left empty."""
         error = exception if exception is not None and not isinstance(exception, SkipMessage) else None
+        error = getattr(message, _DEAD_LETTER_ERROR, None) or error
         trace = _safely(lambda: "".join(traceback.format_exception(error))) if error is not None else ""
         return {
             HEADER_REASON: _safely(lambda: self.reason(broker, message, exception), "rejected"),

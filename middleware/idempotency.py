@@ -35,12 +35,14 @@ from typing import Any
 import dramatiq
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
+from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from middleware.coalesce import Coalescer
+from middleware.dead_letters import reject
 from middleware.deferred import DeferredWrites
+from middleware.guard import FailClosed
 from middleware.idempotency_store import Claim, ClaimRequest, KeyRecord, idempotency_backend
-from middleware.requeue import backoff_ms, requeue_later, requeue_until_confirmed
+from middleware.requeue import backoff_ms, option_count, postpone
 from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ AnyMessage = Message[Any] | MessageProxy
 #: Message option set once a message's key is registered, so that re-enqueues of the same message
 #: (retries, delayed moves, deferrals) are not taken for duplicate sends.
 REGISTERED = "idempotency_registered"
+#: Message option counting how often a message found its key held by another worker in a row.
+HELD_WAITS = "idempotency_held_waits"
 
 
 class DuplicateMessage(MiddlewareError):
@@ -69,6 +73,10 @@ def as_duplicate(message: Message[Any], original_message_id: str) -> Message[Any
 
 class IdempotencyStoreError(MiddlewareError):
     """The state store could not be asked at send: the caller sees it and nothing is published."""
+
+
+class IdempotencyKeyError(MiddlewareError):
+    """The actor's ``idempotency_key`` function raised or gave something that is not a key."""
 
 
 @dataclass
@@ -93,7 +101,7 @@ class _Ahead:
     sent_at: float
 
 
-class Idempotency(Middleware):
+class Idempotency(FailClosed):
     """Dedup at send and a leased claim at run, on a :class:`~middleware.state.StateStore`.
 
     Parameters:
@@ -103,8 +111,8 @@ class Idempotency(Middleware):
       lease_ms: the run claim's lease; renewed every third of it while the job runs.
       drop_duplicates: whether a duplicate send is dropped (actor option
         ``idempotency_drop_duplicates``); when False it is published and the run guard skips it.
-      store_retry_ms: the delay before a message is checked again while the store is down
-        (doubling per consecutive deferral, up to ``max_store_retry_ms``).
+      store_retry_ms: the delay before a message is checked again while the store is down or a
+        check fails unexpectedly (doubling per consecutive deferral, up to ``max_store_retry_ms``).
       result_max_bytes: results larger than this, once JSON-encoded, are not stored.
     """
 
@@ -124,8 +132,8 @@ class Idempotency(Middleware):
         self.ttl_ms = ttl_ms
         self.lease_ms = lease_ms
         self.drop_duplicates = drop_duplicates
-        self.store_retry_ms = store_retry_ms
-        self.max_store_retry_ms = max_store_retry_ms
+        self.defer_base_ms = store_retry_ms
+        self.defer_max_ms = max_store_retry_ms
         self.result_max_bytes = result_max_bytes
         self.writes = DeferredWrites(store)
         # Claims of concurrent worker threads share round trips (see middleware.coalesce).
@@ -137,6 +145,11 @@ class Idempotency(Middleware):
         #: When a claim last found the store unreachable (claims sent ahead before it are redone).
         self._store_failed_at = float("-inf")
         self._stop = threading.Event()
+        #: Claims sent ahead for messages not started yet, given back if the worker stops first.
+        self._ahead: dict[tuple[str, str], ClaimRequest] = {}
+
+    send_error = IdempotencyStoreError
+    defer_option = "idempotency_store_waits"
 
     @property
     def actor_options(self) -> set[str]:
@@ -145,7 +158,11 @@ class Idempotency(Middleware):
     # -- keys ------------------------------------------------------------------------------------
 
     def key_of(self, broker: Broker, message: AnyMessage) -> str | None:
-        """The message's scoped key (``actor:key``), from its option or its actor's callable."""
+        """The message's scoped key (``actor:key``), from its option or its actor's callable.
+
+        Raises :class:`IdempotencyKeyError` when the callable raises or the key is not a string or
+        number: such a message can be neither checked nor safely run.
+        """
         key = message.options.get("idempotency_key")
         if key is None:
             try:
@@ -155,10 +172,19 @@ class Idempotency(Middleware):
             make_key: Callable[..., Any] | None = actor.options.get("idempotency_key")
             if make_key is None:
                 return None
-            key = make_key(*message.args, **message.kwargs)
+            try:
+                key = make_key(*message.args, **message.kwargs)
+            except Exception as exc:
+                raise IdempotencyKeyError(
+                    f"actor {message.actor_name!r}: idempotency_key raised {type(exc).__name__}: {exc}"
+                ) from exc
             if key is None:
                 return None
-            message.options["idempotency_key"] = str(key)
+        if isinstance(key, bool) or not isinstance(key, str | int | float) or key == "":
+            raise IdempotencyKeyError(
+                f"actor {message.actor_name!r}: idempotency_key gave {type(key).__name__}, not a key"
+            )
+        message.options["idempotency_key"] = str(key)
         return f"{message.actor_name}:{key}"
 
     def _option(self, broker: Broker, message: AnyMessage, name: str, default: Any) -> Any:
@@ -223,21 +249,36 @@ class Idempotency(Middleware):
         """Claim ahead: called by the project's consumer as a message arrives, it sends the claim
         without waiting, so the round trip overlaps the time the message spends prefetched and
         ``before_process_message`` usually finds the answer there already."""
+        # A received message is past its send: re-enqueues of it (retries, deferrals, delayed
+        # moves) are never duplicate sends, and must not need the store to be published.
+        message.options[REGISTERED] = True
         if "eta" in message.options:  # a delayed message: it is re-enqueued, not run, when due
             return
         try:
             key = self.key_of(broker, message)
-        except Exception:  # the key function fails: before_process_message reports it
+        except IdempotencyKeyError:  # before_process_message dead-letters it
             return
         if key is None:
             return
         ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
         request = ClaimRequest(key, message.message_id, uuid.uuid4().hex, self.lease_ms, ttl)
+        with self._held_lock:
+            self._ahead[(request.message_id, request.owner)] = request
         setattr(message, _AHEAD, _Ahead(request, self.claims.submit(request), time.monotonic()))
+
+    def _pop_ahead(self, message: MessageProxy) -> _Ahead | None:
+        """The claim sent ahead for ``message``, taken off it (its answer is collected once) and
+        no longer to be given back at shutdown."""
+        ahead: _Ahead | None = getattr(message, _AHEAD, None)
+        if ahead is not None:
+            delattr(message, _AHEAD)
+            with self._held_lock:
+                self._ahead.pop((ahead.request.message_id, ahead.request.owner), None)
+        return ahead
 
     def _take_ahead(self, message: MessageProxy) -> tuple[str | None, Claim | None]:
         """The owner of a claim sent ahead, and its answer while still fresh (else None)."""
-        ahead: _Ahead | None = getattr(message, _AHEAD, None)
+        ahead = self._pop_ahead(message)
         if ahead is None:
             return None, None
         try:
@@ -253,38 +294,38 @@ class Idempotency(Middleware):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None
-        key = self.key_of(broker, message)
+        message.options[REGISTERED] = True
+        try:
+            key = self.key_of(broker, message)
+        except IdempotencyKeyError as exc:
+            # The key cannot be known, so neither can the guard: dead-letter it with the error.
+            logger.error(
+                "idempotency_key_invalid", extra={"message_id": message.message_id, "error": str(exc)}
+            )
+            reject(message, "rejected", error=exc)
+            raise SkipMessage("idempotency key invalid") from None
         if key is None:
             return
-        ahead_owner, claim_ahead = self._take_ahead(message)
+        ahead_owner, claim = self._take_ahead(message)
         owner = ahead_owner or uuid.uuid4().hex
-        ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
-        while True:
-            if claim_ahead is not None:
-                claim = claim_ahead
-                break
+        if claim is None:
+            ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
             try:
                 claim = self.claims.call(ClaimRequest(key, message.message_id, owner, self.lease_ms, ttl))
             except StoreUnavailable as exc:
-                waits = int(message.options.get("idempotency_store_waits", 0))
-                delay = backoff_ms(waits, self.store_retry_ms, self.max_store_retry_ms)
-                logger.warning(
-                    "idempotency_store_unavailable", extra={"key": key, "delay_ms": delay, "error": str(exc)}
-                )
-                options = {REGISTERED: True, "idempotency_store_waits": waits + 1}
-                if requeue_later(broker, message, delay, reason="store_unavailable", options=options):
-                    raise SkipMessage("state store unavailable: deferred") from None
-                continue  # neither store nor broker answers: hold the delivery and ask again
-            break
+                logger.warning("idempotency_store_unavailable", extra={"key": key, "error": str(exc)})
+                self._local.held = _Held(key, owner)  # a claim granted ahead: given back on skip
+                self.defer(broker, message, reason="store_unavailable")
         if claim.status == "completed":
             logger.info("duplicate_skipped", extra={"key": key, "original_message_id": claim.message_id})
             raise SkipMessage("duplicate of a completed message")
         if claim.status == "held":
-            delay = claim.wait_ms + random.randint(100, 1_000)
+            # Ask again soon, then less and less often, never later than the holder's lease
+            # lapses: the holder usually finishes long before its lease would.
+            waits = option_count(message.options.get(HELD_WAITS))
+            delay = min(claim.wait_ms, backoff_ms(waits, 500, self.lease_ms)) + random.randint(50, 250)
             logger.info("duplicate_deferred", extra={"key": key, "delay_ms": delay})
-            requeue_until_confirmed(
-                broker, message, delay, reason="idempotency_key_held", options={REGISTERED: True}
-            )
+            postpone(broker, message, delay, reason="idempotency_key_held", options={HELD_WAITS: waits + 1})
             raise SkipMessage("key held by another worker: deferred")
         held = _Held(key, owner)
         self._local.held = held
@@ -329,10 +370,16 @@ class Idempotency(Middleware):
         # re-enqueued by whoever skipped it: release now, not in the background, so the copy can
         # never come back to find the claim still held (which would delay it by a whole lease).
         held = self._finish()
-        ahead: _Ahead | None = getattr(message, _AHEAD, None)
+        ahead = self._pop_ahead(message)
         if held is None and ahead is not None:
-            # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead.
-            held = _Held(ahead.request.key, ahead.request.owner)
+            # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead
+            # once it is answered, if it was granted (a refused one has nothing to give back).
+            try:
+                granted = self.claims.wait(ahead.pending).status == "claimed"
+            except StoreUnavailable:
+                granted = True  # unknown: give it back in case
+            if granted:
+                held = _Held(ahead.request.key, ahead.request.owner)
         if held is not None:
             try:
                 self.backend.release_many([(held.key, held.owner)])
@@ -369,18 +416,25 @@ class Idempotency(Middleware):
             except StoreUnavailable as exc:
                 logger.warning("lease_renewal_failed", extra={"claims": len(claims), "error": str(exc)})
 
-    def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        if self.store.kind == "sqlite":
-            logger.warning(
-                "state_store_single_host",
-                extra={
-                    "store": self.store.label,
-                    "hint": "SQLite is for a single host; use redis:// for several",
-                },
-            )
-
     def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self._stop.set()
+
+    def before_consumer_thread_shutdown(self, broker: Broker, thread: Any) -> None:
+        """Give back the claims sent ahead for messages that will not start here.
+
+        Dramatiq stops consumers once every worker thread has stopped, and closes them (RabbitMQ
+        then redelivers what was prefetched) only afterwards: released now, those messages run
+        at once wherever they are redelivered instead of waiting out this worker's lease.
+        """
+        with self._held_lock:
+            unstarted, self._ahead = list(self._ahead.values()), {}
+        if not unstarted:
+            return
+        try:
+            self.backend.release_many([(r.key, r.owner) for r in unstarted])
+            logger.info("claims_released", extra={"claims": len(unstarted)})
+        except StoreUnavailable as exc:
+            logger.warning("claims_release_failed", extra={"claims": len(unstarted), "error": str(exc)})
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self.writes.stop()

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from middleware.state import RedisStore, SqliteStore, StateStore
+from middleware.state import RedisStore, SqliteStore, StateStore, StoreUnavailable
 
 
 @dataclass(frozen=True)
@@ -326,7 +326,8 @@ class SqliteIdempotency(IdempotencyBackend):
 
 def _claim_status(value: bytes) -> Literal["claimed", "completed", "held"]:
     status = value.decode()
-    assert status in ("claimed", "completed", "held"), status
+    if status not in ("claimed", "completed", "held"):  # a reply of the wrong shape
+        raise StoreUnavailable(f"unexpected reply {status!r}")
     return status  # type: ignore[return-value]
 
 

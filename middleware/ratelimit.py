@@ -59,11 +59,13 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
+from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from middleware.coalesce import Coalescer
+from middleware.dead_letters import reject
+from middleware.guard import FailClosed
 from middleware.ratelimit_store import Take, TakeRequest, bucket_backend
-from middleware.requeue import backoff_ms, requeue_later, requeue_until_confirmed
+from middleware.requeue import postpone
 from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -123,6 +125,15 @@ def _parse_rate(value: object) -> float | None:
     return rate if math.isfinite(rate) and rate > 0 else None
 
 
+def _slot_of(option: object, bucket: str) -> int | None:
+    """The slot a deferred message owns in ``bucket``, if its option names one (else None)."""
+    if isinstance(option, dict) and option.get("bucket") == bucket:
+        at = option.get("at")
+        if isinstance(at, int) and not isinstance(at, bool):
+            return at
+    return None
+
+
 def parse_limits(spec: Mapping[str, object]) -> dict[str, Limit]:
     """Every service of ``spec`` (``{"smtp": {...}, ...}``) parsed; ValueError names the first bad one."""
     if not isinstance(spec, Mapping):
@@ -163,7 +174,7 @@ class _Target:
     cost: float
 
 
-class RateLimits(Middleware):
+class RateLimits(FailClosed):
     """Token buckets per service in a :class:`~middleware.state.StateStore` (see the module docstring).
 
     Parameters:
@@ -197,12 +208,14 @@ class RateLimits(Middleware):
         self.wait_ms = wait_ms
         self.max_delay_ms = max_delay_ms
         self.slot_lead_ms = slot_lead_ms
-        self.store_retry_ms = store_retry_ms
-        self.max_store_retry_ms = max_store_retry_ms
+        self.defer_base_ms = store_retry_ms
+        self.defer_max_ms = max_store_retry_ms
         self.config_name = config_name
         # Takes of concurrent worker threads share round trips (see middleware.coalesce).
         self.takes: Coalescer[TakeRequest, Take] = Coalescer(self.backend.take_many)
         self._local = threading.local()
+
+    defer_option = STORE_WAITS
 
     @property
     def actor_options(self) -> set[str]:
@@ -280,18 +293,18 @@ class RateLimits(Middleware):
         try:
             target = self._target(broker, message)
         except Exception as exc:
-            # Nothing silent: an unusable bucket dead-letters the message, with the reason logged.
+            # Nothing silent: an unusable bucket (or a rate_limit callable that raised)
+            # dead-letters the message with the error, which is also logged.
             logger.error(
                 "rate_limit_invalid",
                 extra={"actor": message.actor_name, "message_id": message.message_id, "error": str(exc)},
             )
-            message.fail()
+            reject(message, "rejected", error=exc)
             raise SkipMessage("unusable rate limit") from None
         if target is None:
             return
         self._local.target = target
-        slot = message.options.get(SLOT)
-        slot_ms = slot["at"] if isinstance(slot, dict) and slot.get("bucket") == target.bucket else None
+        slot_ms = _slot_of(message.options.get(SLOT), target.bucket)
         take = self._take(broker, message, target, slot_ms)
         if slot_ms is not None and take.at_ms != slot_ms:
             # Back after its slot (or after a drain): the slot is void and a token was lost.
@@ -314,20 +327,11 @@ class RateLimits(Middleware):
         request = TakeRequest(
             target.bucket, target.limit.rate, target.limit.burst, target.cost, self.max_delay_ms, slot_ms
         )
-        while True:
-            try:
-                return self.takes.call(request)
-            except StoreUnavailable as exc:
-                waits = int(message.options.get(STORE_WAITS, 0))
-                delay = backoff_ms(waits, self.store_retry_ms, self.max_store_retry_ms)
-                logger.warning(
-                    "rate_limit_store_unavailable",
-                    extra={"bucket": target.bucket, "delay_ms": delay, "error": str(exc)},
-                )
-                options = {STORE_WAITS: waits + 1}
-                if requeue_later(broker, message, delay, reason="store_unavailable", options=options):
-                    raise SkipMessage("state store unavailable: deferred") from None
-                # Neither the store nor the broker answers: hold the delivery and ask again.
+        try:
+            return self.takes.call(request)
+        except StoreUnavailable as exc:
+            logger.warning("rate_limit_store_unavailable", extra={"bucket": target.bucket, "error": str(exc)})
+            self.defer(broker, message, reason="store_unavailable")
 
     def _postpone(
         self, broker: Broker, message: MessageProxy, target: _Target, take: Take, action: str
@@ -343,9 +347,7 @@ class RateLimits(Middleware):
             delay = min(self.max_delay_ms, take.wait_ms + random.randint(0, self.max_delay_ms // 2))
             slot = None
         logger.info("rate_limited", extra={**self._event(target, take, action), "delay_ms": delay})
-        requeue_until_confirmed(
-            broker, message, delay, reason="rate_limited", options={SLOT: slot, STORE_WAITS: 0}
-        )
+        postpone(broker, message, delay, reason="rate_limited", options={SLOT: slot, STORE_WAITS: 0})
 
     @staticmethod
     def _event(target: _Target, take: Take, action: str) -> dict[str, Any]:
@@ -360,13 +362,16 @@ class RateLimits(Middleware):
         """An actor raised :class:`RateLimited`: drain its bucket and re-enqueue it, retries untouched.
 
         Dramatiq emits this hook from inside its ``except SkipMessage`` block, so the exception
-        being handled is the one the actor (or a middleware) raised.
+        being handled is the one the actor (or a middleware) raised. Dramatiq acks a skipped
+        message, so the re-enqueue must happen whatever the store answers: a store that fails
+        costs the drain (the other workers are not told to back off), never the message.
         """
         raised = sys.exc_info()[1]
         target: _Target | None = getattr(self._local, "target", None)
         self._local.target = None
         if not isinstance(raised, RateLimited) or message.failed:
             return
+        self._local.upstream = message  # until re-enqueued; see after_hook_failed
         pause_ms = math.ceil(raised.retry_after * 1000)
         if target is not None:
             try:
@@ -382,7 +387,14 @@ class RateLimits(Middleware):
                 )
             else:
                 self._postpone(broker, message, target, take, "upstream")
+                self._local.upstream = None
                 return
+        self._requeue_upstream(broker, message, pause_ms, target)
+        self._local.upstream = None
+
+    def _requeue_upstream(
+        self, broker: Broker, message: MessageProxy, pause_ms: int, target: _Target | None
+    ) -> None:
         delay = min(pause_ms + random.randint(0, max(100, pause_ms // 10)), self.max_delay_ms)
         logger.info(
             "rate_limited",
@@ -394,7 +406,13 @@ class RateLimits(Middleware):
                 "action": "upstream",
             },
         )
-        requeue_until_confirmed(broker, message, delay, reason="rate_limited", options={SLOT: None})
+        postpone(broker, message, delay, reason="rate_limited", options={SLOT: None})
+
+    def after_hook_failed(self, broker: Broker, message: MessageProxy, hook: str) -> None:
+        """A RateLimited message whose hook failed before it was re-enqueued: re-enqueue it now."""
+        if getattr(self._local, "upstream", None) is message:
+            self._local.upstream = None
+            self._requeue_upstream(broker, message, self.defer_base_ms, None)
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         logger.info(

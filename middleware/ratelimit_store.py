@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from middleware.state import RedisStore, SqliteStore, StateStore
+from middleware.state import RedisStore, SqliteStore, StateStore, StoreUnavailable
 
 Status = Literal["run", "wait", "refused"]
 
@@ -278,7 +278,8 @@ class SqliteBuckets(BucketBackend):
 
 def _status(value: bytes | str) -> Status:
     status = value.decode() if isinstance(value, bytes) else value
-    assert status in ("run", "wait", "refused"), status
+    if status not in ("run", "wait", "refused"):  # a reply of the wrong shape
+        raise StoreUnavailable(f"unexpected reply {status!r}")
     return status  # type: ignore[return-value]
 
 

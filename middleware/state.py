@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import sqlite3
 import threading
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +30,48 @@ import redis
 
 
 class StoreUnavailable(RuntimeError):
-    """The state store could not be reached or answered with an error."""
+    """The state store could not be reached or answered with an error: callers fail closed.
+
+    Every error a backend can raise surfaces as this class or its subclass
+    :class:`StoreMisconfigured` (see :func:`redis_error`, :func:`sqlite_error`), so one ``except``
+    covers connection refusals, timeouts and error replies alike (``OOM``, ``READONLY``, ``BUSY``,
+    a script lost in a restart, a reply of the wrong shape).
+    """
+
+
+class StoreMisconfigured(StoreUnavailable):
+    """The store answers, but will never serve this configuration (a database index it does not
+    have, credentials it refuses, a file that is not a database): a worker stops at start-up with
+    the setting named; at run time it is handled like any outage."""
+
+
+#: Redis error replies (first word) that no amount of waiting fixes.
+_REDIS_MISCONFIGURED = ("NOAUTH", "WRONGPASS", "NOPERM")
+_REDIS_MISCONFIGURED_TEXT = ("DB index is out of range", "unknown command", "invalid DB index")
+
+
+def redis_error(exc: redis.RedisError) -> StoreUnavailable:
+    """The store error for anything redis-py raised: misconfigured, or unavailable (everything
+    else, error replies included: they mean "not now", so callers defer)."""
+    text = str(exc)
+    refused = redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError
+    misconfigured = isinstance(exc, refused) or (
+        isinstance(exc, redis.ResponseError)
+        and (text.startswith(_REDIS_MISCONFIGURED) or any(t in text for t in _REDIS_MISCONFIGURED_TEXT))
+    )
+    kind = StoreMisconfigured if misconfigured else StoreUnavailable
+    return kind(f"redis: {type(exc).__name__}: {text}")
+
+
+#: SQLite errors that mean the file can never serve (wrong path, permissions, not a database).
+_SQLITE_MISCONFIGURED = ("unable to open database", "not a database", "readonly database", "malformed")
+
+
+def sqlite_error(exc: sqlite3.Error) -> StoreUnavailable:
+    """The store error for anything sqlite3 raised (a busy lock or a full disk is unavailable)."""
+    text = str(exc)
+    kind = StoreMisconfigured if any(t in text for t in _SQLITE_MISCONFIGURED) else StoreUnavailable
+    return kind(f"sqlite: {type(exc).__name__}: {text}")
 
 
 class StateStore(ABC):
@@ -91,6 +134,15 @@ class StateStore(ABC):
     def ping(self) -> None:
         """Raise :class:`StoreUnavailable` unless the store answers."""
 
+    def check(self) -> None:
+        """Raise a store error unless the store answers *and* accepts writes: a probe lease (a
+        script and a write on Redis, a write transaction on SQLite), given back at once. A read-only
+        replica or a full Redis answers a ping but refuses this."""
+        probe, owner = f"probe:{uuid.uuid4().hex}", "probe"
+        if not self.acquire_lease(probe, owner, 10_000):
+            raise StoreUnavailable("the store did not grant a fresh probe lease")
+        self.release_lease(probe, owner)
+
     @abstractmethod
     def close(self) -> None:
         """Release connections."""
@@ -134,18 +186,20 @@ class RedisScript:
         conn = self.store.raw_connection()
         try:
             try:
-                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
-                return conn.read_response()
-            except redis.exceptions.NoScriptError:
+                return self._evalsha(conn, keys, args)
+            except redis.exceptions.NoScriptError:  # Redis restarted or flushed its scripts
                 conn.send_command("SCRIPT", "LOAD", self.source)
                 conn.read_response()
-                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
-                return conn.read_response()
-        except redis.exceptions.ResponseError as exc:  # the script itself failed: a bug, not an outage
-            raise RuntimeError(f"redis script error: {exc}") from exc
+                return self._evalsha(conn, keys, args)
+        except redis.ResponseError as exc:  # an error reply: the connection itself is fine
+            raise redis_error(exc) from exc
         except redis.RedisError as exc:
             conn.disconnect()
-            raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+            raise redis_error(exc) from exc
+
+    def _evalsha(self, conn: Any, keys: list[str], args: list[Any]) -> Any:
+        conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        return conn.read_response()
 
 
 class RedisStore(StateStore):
@@ -189,11 +243,11 @@ class RedisStore(StateStore):
 
     @contextmanager
     def errors(self) -> Iterator[None]:
-        """Turn redis-py's connection and server errors into :class:`StoreUnavailable`."""
+        """Turn anything redis-py raises into a store error (see :func:`redis_error`)."""
         try:
             yield
         except redis.RedisError as exc:
-            raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+            raise redis_error(exc) from exc
 
     def now_ms(self) -> int:
         with self.errors():
@@ -259,43 +313,76 @@ class SqliteStore(StateStore):
         self.namespace = namespace
         self.label = f"sqlite:///{self.path}"
         self.busy_timeout_ms = busy_timeout_ms
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._schemas: set[str] = set()
+        # Tables are created on first use, not here: building a store touches no disk, and a file
+        # that cannot be opened yet is an outage like any other, not a crash at import.
+        self._schemas: list[str] = []
+        self._applied: set[str] = set()
         self.ensure_schema(_SCHEMA)
 
     def connection(self) -> sqlite3.Connection:
-        """This thread's connection (SQLite connections must not cross threads)."""
+        """This thread's connection (SQLite connections must not cross threads), with every
+        registered schema applied."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                conn = sqlite3.connect(
-                    self.path,
-                    timeout=self.busy_timeout_ms / 1000,
-                    isolation_level=None,
-                    check_same_thread=False,
-                )
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
-            except sqlite3.Error as exc:
-                raise StoreUnavailable(f"sqlite: {exc}") from exc
+                conn = self._open()
+            except (sqlite3.Error, OSError) as exc:
+                raise _as_store_error(exc) from exc
             self._local.conn = conn
             with self._lock:
                 self._connections.append(conn)
+        if len(self._applied) < len(self._schemas):
+            self._apply_schemas(conn)
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        # Switching a new file to WAL answers "database is locked" at once, without waiting, while
+        # another process switches it too (two workers starting together): try again a while.
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.01 + random.random() * 0.05)
+        conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
     def ensure_schema(self, ddl: str) -> None:
-        """Create a feature's tables once per process (``CREATE TABLE IF NOT EXISTS`` statements)."""
-        if ddl in self._schemas:
-            return
-        with self.transaction() as conn:
-            for statement in ddl.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-        self._schemas.add(ddl)
+        """Register a feature's tables (``CREATE TABLE IF NOT EXISTS`` statements); they are
+        created once per process, before the first statement that could need them."""
+        with self._lock:
+            if ddl not in self._schemas:
+                self._schemas.append(ddl)
+
+    def _apply_schemas(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            pending = [ddl for ddl in self._schemas if ddl not in self._applied]
+            if not pending:
+                return
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for ddl in pending:
+                    for statement in ddl.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise sqlite_error(exc) from exc
+            self._applied.update(pending)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -314,20 +401,23 @@ class SqliteStore(StateStore):
                 raise
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"sqlite: {exc}") from exc
+            raise sqlite_error(exc) from exc
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)
 
     def get(self, key: str) -> bytes | None:
-        row = (
-            self.connection()
-            .execute(
-                "SELECT value FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
-                (self.key(key), self.now_ms()),
+        try:
+            row = (
+                self.connection()
+                .execute(
+                    "SELECT value FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
+                    (self.key(key), self.now_ms()),
+                )
+                .fetchone()
             )
-            .fetchone()
-        )
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
         return _as_bytes(row[0]) if row else None
 
     def set(self, key: str, value: bytes | str, ttl_ms: int | None = None) -> None:
@@ -386,7 +476,7 @@ class SqliteStore(StateStore):
         try:
             self.connection().execute("SELECT 1").fetchone()
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"sqlite: {exc}") from exc
+            raise sqlite_error(exc) from exc
 
     def close(self) -> None:
         with self._lock:
@@ -394,6 +484,13 @@ class SqliteStore(StateStore):
                 conn.close()
             self._connections.clear()
         self._local = threading.local()
+
+
+def _as_store_error(exc: sqlite3.Error | OSError) -> StoreUnavailable:
+    """A file that cannot be created (a missing or read-only folder) is misconfigured."""
+    if isinstance(exc, sqlite3.Error):
+        return sqlite_error(exc)
+    return StoreMisconfigured(f"sqlite: {type(exc).__name__}: {exc.strerror or exc}")
 
 
 def _as_bytes(value: Any) -> bytes:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from middleware.state import RedisStore, SqliteStore, StateStore, StoreUnavailable
+from middleware.state import RedisStore, SqliteStore, StateStore, sqlite_error
 
 #: The states a job goes through, and the rank of each within one attempt.
 STATE_RANKS: dict[str, int] = {
@@ -272,7 +272,7 @@ class SqliteStatus(StatusBackend):
         try:
             return self.store.connection().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"sqlite: {exc}") from exc
+            raise sqlite_error(exc) from exc
 
     def get(self, message_id: str) -> JobStatus | None:
         rows = self._read(

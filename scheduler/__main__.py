@@ -8,7 +8,6 @@ nothing. Exit codes: 0 on a clean stop (SIGTERM, SIGINT), 2 for bad settings or 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import signal
 import sys
@@ -16,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
+from jobctl.project import import_modules, import_project
 from scheduler.schedules import DEFAULT_FILE, Schedule, ScheduleError, load_schedules
 from scheduler.triggers import format_duration, next_fires
 
@@ -52,19 +52,8 @@ def describe(schedules: list[Schedule], queues: dict[str, str], count: int = 3) 
 
 def main(argv: list[str] | None = None) -> int:
     arguments = _arguments(argv)
-    try:
-        import actors
-    except ImportError as exc:
-        if type(exc).__name__ != "SettingsError":
-            raise
-        print(f"scheduler: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    for module in arguments.modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            print(f"scheduler: cannot import {module}: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
+    actors = import_project("scheduler")  # exits 2 on bad settings
+    import_modules("scheduler", arguments.modules)
 
     from actors.logs import get_logger
     from scheduler.checkins import sentry_checkins
@@ -79,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         schedules = load_schedules(path, actors.broker.actors, max_priority=settings.rabbitmq_max_priority)
     except ScheduleError as exc:
         if arguments.check:
-            print(f"scheduler: {exc}", file=sys.stderr)
+            sys.stderr.write("".join(f"scheduler: {path}: {problem}\n" for problem in exc.problems))
         else:
             logger.error("schedules_invalid", path=str(path), problems=exc.problems)
         return EXIT_CONFIG

@@ -1,8 +1,9 @@
 """The schedules file (TOML): read, check every entry against the actors, and build the triggers.
 
 Any problem stops the scheduler at start with every bad entry named: an unknown actor, key, time
-zone or queue, a bad cron expression or duration, ``cron`` and ``every`` together, a missing or
-repeated ``id``, or args that the actor's signature does not accept.
+zone or queue, a bad cron expression (or one that never fires, ``0 0 30 2 *``), a duration that is
+not above zero and at most ten years, ``cron`` and ``every`` together, a missing or repeated
+``id``, args that the actor's signature does not accept, or a file that is not UTF-8 TOML.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from typing import Any
 import dramatiq
 from apscheduler.triggers.base import BaseTrigger
 
-from scheduler.triggers import CronSchedule, format_duration, interval_trigger, parse_duration, zone
+from scheduler.triggers import (
+    CronSchedule,
+    format_duration,
+    interval_trigger,
+    parse_duration,
+    seconds_duration,
+    zone,
+)
 
 #: The schedules shipped with the project (``SCHEDULES_FILE`` or ``--schedules`` name another).
 DEFAULT_FILE = Path(__file__).with_name("schedules.toml")
@@ -83,7 +91,7 @@ class Schedule:
 def _duration(value: object) -> timedelta:
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ValueError("must be a duration such as 30s, 5m, 1h, or a number of seconds")
-    return timedelta(seconds=value) if isinstance(value, int) else parse_duration(value)
+    return seconds_duration(value) if isinstance(value, int) else parse_duration(value)
 
 
 def _check_json(name: str, value: object) -> None:
@@ -234,11 +242,13 @@ def parse_schedules(
 def load_schedules(
     path: Path, actors: Mapping[str, dramatiq.Actor[Any, Any]], *, max_priority: int = 255
 ) -> list[Schedule]:
-    """Read and check the schedules file at ``path``."""
+    """Read and check the schedules file at ``path`` (UTF-8, as TOML requires)."""
     try:
-        document = tomllib.loads(path.read_text())
+        document = tomllib.loads(path.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise ScheduleError(path, [f"cannot read it: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ScheduleError(path, [f"not UTF-8 text (invalid byte at offset {exc.start})"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ScheduleError(path, [f"not valid TOML: {exc}"]) from None
     return parse_schedules(document, actors, path=path, max_priority=max_priority)

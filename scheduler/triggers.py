@@ -29,6 +29,9 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 #: Fixed intervals count from here, so every replica fires at the same instants.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The longest ``every`` or ``misfire_grace``: ten years (the settings' limit for durations too).
+#: Past it datetime arithmetic overflows (``every = "99999999999d"``) and fire times leave the calendar.
+MAX_DURATION = timedelta(days=3650)
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
@@ -61,10 +64,16 @@ def parse_duration(text: str) -> timedelta:
     if not text.strip() or match is None:
         raise ValueError("must be a duration such as 30s, 5m, 1h, 1d or 1h30m")
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    duration = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    if duration <= timedelta(0):
+    return seconds_duration(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def seconds_duration(seconds: int) -> timedelta:
+    """``seconds`` as a timedelta, refused unless above zero and at most :data:`MAX_DURATION`."""
+    if seconds <= 0:
         raise ValueError("must be longer than zero")
-    return duration
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"must be at most {format_duration(MAX_DURATION)}")
+    return timedelta(seconds=seconds)
 
 
 def format_duration(duration: timedelta) -> str:
@@ -148,7 +157,7 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
         else:
             days = [(day, "*"), ("*", weekdays)]
         try:
-            self._triggers = [
+            triggers = [
                 CronTrigger(
                     minute=minute, hour=hour, day=d, month=month, day_of_week=w, timezone=self.timezone
                 )
@@ -156,6 +165,12 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
             ]
         except ValueError as exc:
             raise ValueError(str(exc)) from None
+        # APScheduler takes dates that never occur (``0 0 30 2 *``) and finds no fire time, each
+        # time after a search through the years: refuse them, and drop a half that never fires.
+        now = datetime.now(UTC)
+        self._triggers = [t for t in triggers if t.get_next_fire_time(None, now) is not None]
+        if not self._triggers:
+            raise ValueError("never fires: no date matches its day-of-month and month")
         # crontab's "fixed-time" jobs run once per wall-clock time; "wildcard" ones by elapsed time.
         self._once_per_wall_time = not (minute.startswith("*") or hour.startswith("*"))
 

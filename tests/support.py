@@ -4,6 +4,7 @@ reading and deleting those queues through RabbitMQ's management API."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -11,7 +12,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -24,6 +26,15 @@ from actors.settings import get_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+
+#: Job states after which nothing more happens to a message (``middleware/status_store.py``).
+FINISHED_STATES = frozenset({"succeeded", "dead", "skipped"})
+
+#: Worker log events that end one delivery of a message for good: it ran, it was dead-lettered,
+#: or it was a duplicate of a completed idempotency key and dropped. ``job_skipped`` alone is not
+#: one: a message deferred (key held, store down, rate limit) is skipped too, and comes back.
+FINAL_EVENTS = ("job_succeeded", "job_dead_lettered", "duplicate_skipped")
 
 
 def wait_for(
@@ -59,15 +70,13 @@ class Worker:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def events(self, event: str, **fields: Any) -> list[dict[str, Any]]:
-        """The worker's JSON log lines (``LOG_FORMAT=json``) of ``event`` with the ``fields`` given."""
-        import json
-
-        lines = [json.loads(line) for line in self.output().splitlines() if line.startswith("{")]
+    def events(self, *names: str, **fields: Any) -> list[dict[str, Any]]:
+        """The worker's JSON log lines (``LOG_FORMAT=json``), only those of the events ``names``
+        when given, and whose fields have the values given (``message_id=...``)."""
         return [
             line
-            for line in lines
-            if line.get("event") == event and all(line.get(k) == v for k, v in fields.items())
+            for line in json_lines(self.output())
+            if (not names or line.get("event") in names) and all(line.get(k) == v for k, v in fields.items())
         ]
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -91,6 +100,53 @@ class Worker:
         """SIGKILL the whole process group, as a crashed host would."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of ``text``, one a line; other lines (Dramatiq's parent process, a line
+    still being written) are left out."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    lines.append(record)
+    return lines
+
+
+def final_events(workers: Iterable[Worker], message_ids: Iterable[str]) -> dict[str, list[str]]:
+    """For each of ``message_ids``, the :data:`FINAL_EVENTS` the workers logged for it, in order."""
+    found: dict[str, list[str]] = {message_id: [] for message_id in message_ids}
+    for worker in workers:
+        for line in worker.events(*FINAL_EVENTS):
+            if line.get("message_id") in found:
+                found[line["message_id"]].append(line["event"])
+    return found
+
+
+def wait_for_final_events(
+    workers: Iterable[Worker], deliveries: Mapping[str, int], timeout: float = 60.0
+) -> dict[str, Counter[str]]:
+    """Wait until each message id in ``deliveries`` has that many final events (one per delivered
+    copy: the run, the skipped duplicates, the dead letter) in the workers' logs; returns them
+    counted by event name, for the test to assert the exact outcome of every copy.
+
+    Only a delivery that ended has a final event; a copy still prefetched, deferred or held by a
+    worker has none yet: unlike a queue's depth, this cannot be reached while work is pending.
+    """
+    workers = list(workers)
+
+    def done() -> dict[str, Counter[str]] | None:
+        found = final_events(workers, deliveries)
+        if all(len(found[m]) >= n for m, n in deliveries.items()):
+            return {m: Counter(events) for m, events in found.items()}
+        return None
+
+    result: dict[str, Counter[str]] = wait_for(
+        done, timeout, interval=0.1, what=f"the final events of {dict(deliveries)}"
+    )
+    return result
 
 
 def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
@@ -157,9 +213,70 @@ class Queues:
         return info
 
     def depth(self, queue: str) -> int:
-        """Messages in ``queue`` (ready and unacked), as the broker counts them right now."""
+        """Messages *ready* in ``queue`` right now (a passive declare's count). Messages a worker
+        has prefetched, is running, or holds until their eta (``.DQ``) are not counted: zero does
+        not mean "done" while a consumer is attached. The count is exact with no consumer (a
+        dead-letter queue, a queue before any worker starts or after :meth:`left_after_stop`)."""
         channel = actors.broker.channel
         return int(channel.queue_declare(queue, passive=True).method.message_count)
+
+    # -- terminal signals ---------------------------------------------------------------------------
+
+    def _status(self) -> Any:
+        from middleware.status import find_status
+
+        status = find_status(self.broker)
+        if status is None:
+            raise AssertionError("the sending broker has no Status middleware (JOB_STATUS is off)")
+        return status
+
+    def status(self, message_id: str) -> Any:
+        """The job status record of ``message_id`` (a ``JobStatus``), read from the state store the
+        sending broker uses (the test's namespace), or None."""
+        return self._status().get(message_id)
+
+    def wait_finished(
+        self, messages: Iterable[dramatiq.Message[Any] | str], timeout: float = 60.0
+    ) -> dict[str, Any]:
+        """Wait until each message has a final status (succeeded, dead, skipped); returns the
+        records by message id. The worker writes them a few ms after the job ended."""
+        ids = [m if isinstance(m, str) else m.message_id for m in messages]
+
+        def finished() -> dict[str, Any] | None:
+            records = {message_id: self.status(message_id) for message_id in ids}
+            if all(r is not None and r.state in FINISHED_STATES for r in records.values()):
+                return records
+            return None
+
+        result: dict[str, Any] = wait_for(finished, timeout, interval=0.1, what=f"final states of {ids}")
+        return result
+
+    def totals(self, queue: str) -> dict[str, int]:
+        """How many distinct messages of ``queue`` reached each state so far (the status counters:
+        a message counts once per state, however often it is delivered)."""
+        counts: dict[str, int] = self._status().backend.counts([queue])[queue]
+        return counts
+
+    def wait_totals(self, queue: str, timeout: float = 60.0, **states: int) -> dict[str, int]:
+        """Wait until ``queue``'s status counters reach at least ``states`` (``succeeded=200``):
+        that many distinct messages got there. Returns the counters."""
+
+        def reached() -> dict[str, int] | None:
+            counts = self.totals(queue)
+            return counts if all(counts.get(s, 0) >= n for s, n in states.items()) else None
+
+        result: dict[str, int] = wait_for(reached, timeout, interval=0.1, what=f"{queue} totals {states}")
+        return result
+
+    def left_after_stop(self, workers: Iterable[Worker], *queues: str) -> int:
+        """Stop ``workers`` with SIGTERM and count the messages left in ``queues`` and their
+        ``.DQ``. A stopped worker has finished its running jobs and handed back every message it
+        prefetched or held until its eta (its channel closed only after RabbitMQ requeued them):
+        with no consumer left, the passive declares count everything still waiting."""
+        for worker in workers:
+            code = worker.stop()
+            assert code == 0, f"worker exited with {code}:\n{worker.output()}"
+        return sum(self.depth(q) + self.depth(q + ".DQ") for q in queues)
 
     def peek(self, queue: str, count: int = 100) -> list[dict[str, Any]]:
         """Messages in ``queue`` without consuming them (the management API's requeueing get)."""

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+from collections import Counter
 
 import pika
 import pytest
@@ -14,7 +15,7 @@ from dramatiq import Message
 
 import actors
 from tests import workload
-from tests.support import BIN, ROOT, wait_for
+from tests.support import BIN, ROOT, wait_for, wait_for_final_events
 
 
 def jobctl(prefix, *args, check=True):
@@ -83,8 +84,9 @@ def test_retry_brings_a_thousand_dead_letters_back_to_one_successful_run_each(
     start_worker, queues, store, prefix
 ):
     store.set(f"test:{prefix}dependency-down", "1")
-    start_worker(threads=8)
-    dead = queues.name(workload.depends) + ".DLQ"
+    worker = start_worker(threads=8)
+    queue = queues.name(workload.depends)
+    dead = queue + ".DLQ"
     for i in range(1000):
         queues.send(workload.depends, f"t{i}")
     wait_for(lambda: queues.depth(dead) == 1000, timeout=120, what="1,000 dead letters")
@@ -92,15 +94,19 @@ def test_retry_brings_a_thousand_dead_letters_back_to_one_successful_run_each(
 
     result = jobctl(prefix, "dlq", "retry", "--all", "--actor", "depends")
     assert "retried 1000 of 1000 matching, 0 failed" in result.stdout
-    wait_for(lambda: store.hlen(f"test:{prefix}effects") == 1000, timeout=120, what="1,000 runs")
+    # Each replayed message's record went from dead to succeeded; then nothing is left to run.
+    queues.wait_totals(queue, timeout=120, succeeded=1000)
+    assert queues.left_after_stop([worker], queue) == 0
+    assert store.hlen(f"test:{prefix}effects") == 1000
     assert set(store.hvals(f"test:{prefix}effects")) == {"1"}
     assert queues.depth(dead) == 0
 
 
 def test_killing_retry_midway_loses_nothing(start_worker, queues, store, prefix):
     store.set(f"test:{prefix}dependency-down", "1")
-    start_worker(threads=8)
-    dead = queues.name(workload.depends) + ".DLQ"
+    worker = start_worker(threads=8)
+    queue = queues.name(workload.depends)
+    dead = queue + ".DLQ"
     for i in range(1000):
         queues.send(workload.depends, f"k{i}")
     wait_for(lambda: queues.depth(dead) == 1000, timeout=120, what="1,000 dead letters")
@@ -119,7 +125,18 @@ def test_killing_retry_midway_loses_nothing(start_worker, queues, store, prefix)
     retry.wait(10)
     assert queues.depth(dead) + store.hlen(f"test:{prefix}effects") > 0
     jobctl(prefix, "dlq", "retry", "--all")  # the operator runs it again
-    wait_for(lambda: store.hlen(f"test:{prefix}effects") == 1000, timeout=120, what="1,000 runs")
+    queues.wait_totals(queue, timeout=120, succeeded=1000)  # every message ran to success
+    # The killed run may have published copies it had not yet removed from the dead letters, which
+    # the second run published again: any still waiting must end as skipped duplicates too.
+    left = queues.left_after_stop([worker], queue)
+    if left:
+        copies = queues.peek(queue, count=left) + queues.peek(queue + ".DQ", count=left)
+        second = start_worker(threads=8)
+        ids = Counter(json.loads(m["payload"])["message_id"] for m in copies)
+        outcomes = wait_for_final_events([second], ids)
+        assert all(set(events) == {"duplicate_skipped"} for events in outcomes.values()), outcomes
+        assert queues.left_after_stop([second], queue) == 0
+    assert store.hlen(f"test:{prefix}effects") == 1000
     assert set(store.hvals(f"test:{prefix}effects")) == {"1"}  # duplicates, if any, were harmless
     assert queues.depth(dead) == 0
 
@@ -197,9 +214,12 @@ def test_a_dead_letter_that_cannot_be_published_is_held_then_published_without_r
         )
         assert queues.depth(queue + ".DLQ") == 0
     wait_for(lambda: queues.depth(queue + ".DLQ") == 1, timeout=60, what="the dead letter, once accepted")
+    outcome = wait_for_final_events([worker], {message.message_id: 1})[message.message_id]
+    assert outcome == {"job_dead_lettered": 1}
+    assert worker.events("job_requeued", message_id=message.message_id)  # each refusal put it back
     # The outcome was decided: the redelivery published the dead letter, it did not run again.
     assert store.llen(f"test:{prefix}attempt:n2") == 1
     (letter,) = queues.peek(queue + ".DLQ")
     assert letter["properties"]["message_id"] == message.message_id
     assert letter["properties"]["headers"]["x-dl-reason"] == "non_retryable"
-    wait_for(lambda: queues.depth(queue) == 0, what="the original acked")
+    assert queues.left_after_stop([worker], queue) == 0

@@ -60,10 +60,12 @@ def test_refused_connection_is_retried(start_worker, queues):
 
 def test_campaign_fans_out_one_mail_per_recipient(start_worker, queues, smtp):
     port, received = smtp
-    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", threads=8)
+    worker = start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", threads=8)
     recipients = [f"user{i}@example.com" for i in range(60)]
     queues.send(emails.send_campaign, "spring", recipients, {"headline": "Spring sale", "text": "20% off"})
-    wait_for(lambda: len(received) >= 60, what="60 mails")
+    queue = queues.name(emails.send_email)
+    queues.wait_totals(queue, succeeded=61)  # the campaign and its 60 mails, each mailed once done
+    assert queues.left_after_stop([worker], queue) == 0
     assert sorted(m["To"] for m in received) == sorted(recipients)
     assert {m["X-Campaign"] for m in received} == {"spring"}
 
@@ -95,17 +97,17 @@ def test_a_campaign_sent_twice_mails_nobody_twice(start_worker, queues, smtp, pr
     from tests.support import sender_broker
 
     port, received = smtp
-    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", STATE_URL=state_url)
+    worker = start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", STATE_URL=state_url)
     keyed = queues.using(sender_broker(prefix, state_url))
     recipients = [f"fan{i}@example.com" for i in range(20)]
     keyed.send(emails.send_campaign, "autumn", recipients, {"headline": "Autumn"})
-    wait_for(lambda: len(received) >= 20, what="20 mails")
-    keyed.send(emails.send_campaign, "autumn", recipients, {"headline": "Autumn"})  # by mistake
-    dead_or_waiting = keyed.name(emails.send_email)
-    import time
-
-    time.sleep(2.0)
-    wait_for(lambda: keyed.depth(dead_or_waiting) == 0, what="the second fan-out handled")
+    queue = keyed.name(emails.send_email)
+    keyed.wait_totals(queue, succeeded=21)  # the campaign and its 20 mails
+    again = keyed.send(emails.send_campaign, "autumn", recipients, {"headline": "Autumn"})  # by mistake
+    (record,) = keyed.wait_finished([again]).values()
+    assert record.state == "succeeded"  # the second fan-out is done
+    # Whatever it published has run or is still waiting: with the worker stopped, nothing is left.
+    assert keyed.left_after_stop([worker], queue) == 0
     assert sorted(m["To"] for m in received) == sorted(recipients)
 
 
@@ -114,6 +116,8 @@ def test_a_dead_lettered_report_tells_its_user(start_worker, queues, smtp):
     start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", JOB_MAX_RETRIES="0")
     bad_rows = [{"region": "north"}, {"unexpected": "column"}]  # DictWriter refuses the second row
     message = queues.send(reports.generate_report, "sales", rows=bad_rows, email_to="boss@example.com")
+    (record,) = queues.wait_finished([message]).values()
+    assert record.state == "dead"
     wait_for(lambda: received, what="the failure mail")
     assert received[0]["Subject"] == "Your sales report could not be made"
     assert message.message_id in received[0].get_payload(decode=True).decode()

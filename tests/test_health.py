@@ -9,7 +9,7 @@ import time
 
 from tests import workload
 from tests.conftest import worker_env
-from tests.support import BIN, ROOT, free_port, wait_for
+from tests.support import BIN, ROOT, free_port
 
 
 def jobctl_health(prefix, tmp_path, *args, **env):
@@ -25,8 +25,7 @@ def jobctl_health(prefix, tmp_path, *args, **env):
 
 
 def test_backed_up_queue_is_degraded_then_healthy_once_served(start_worker, queues, prefix, tmp_path):
-    for i in range(10):
-        queues.send(workload.record, f"h{i}")
+    sent = [queues.send(workload.record, f"h{i}") for i in range(10)]
     time.sleep(1.2)  # the oldest message is now older than HEALTH_MAX_AGE_MS
     code, out = jobctl_health(prefix, tmp_path, "--json", HEALTH_MAX_WAITING="5", HEALTH_MAX_AGE_MS="1000")
     assert code == 1, out
@@ -54,9 +53,10 @@ def test_backed_up_queue_is_degraded_then_healthy_once_served(start_worker, queu
     assert {p["kind"] for p in report["queues"][0]["problems"]} == {"backlog", "no_consumers"}
 
     start_worker()
-    queues.send(workload.permanent, "dead-one")
-    wait_for(lambda: queues.depth(f"{prefix}workload.DLQ") == 1, what="the dead letter")
-    wait_for(lambda: queues.depth(f"{prefix}workload") == 0, what="the backlog served")
+    sent.append(queues.send(workload.permanent, "dead-one"))
+    finished = queues.wait_finished(sent)
+    assert sorted(r.state for r in finished.values()) == ["dead"] + ["succeeded"] * 10
+    assert queues.depth(f"{prefix}workload.DLQ") == 1
     code, out = jobctl_health(prefix, tmp_path)
     assert code == 0, out
     assert out.splitlines()[1].split()[:2] == [f"{prefix}workload", "healthy"]

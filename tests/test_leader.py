@@ -33,13 +33,30 @@ def lease(store, events: list[str], name: str) -> LeaderLease:
     )
 
 
+def recording_polls(leader: LeaderLease) -> list[bool]:
+    """Record the outcome of each attempt ``leader`` makes to take or renew its lease."""
+    outcomes: list[bool] = []
+    poll = leader.poll
+
+    def recorded() -> bool:
+        outcomes.append(poll())
+        return outcomes[-1]
+
+    leader.poll = recorded  # type: ignore[method-assign]
+    return outcomes
+
+
 def test_one_leader_and_a_take_over_within_the_ttl_after_a_crash(lease_store):
     events: list[str] = []
     first, second = lease(lease_store, events, "a"), lease(lease_store, events, "b")
+    renewals, attempts = recording_polls(first), recording_polls(second)
     first.start()
     wait_for(lambda: first.is_leader, what="the first election")
     second.start()
-    time.sleep(TTL_MS * 2 / 1000)  # several renewals and attempts
+    # Not a sleep: wait until the standby has tried several times and the leader renewed since.
+    renewed_before = len(renewals)
+    wait_for(lambda: len(attempts) >= 5 and len(renewals) >= renewed_before + 3, what="renewals and attempts")
+    assert not any(attempts) and all(renewals)  # the standby never got it, the leader never lost it
     assert first.is_leader and not second.is_leader
     assert lease_store.lease_holder("leader") == "a"
 

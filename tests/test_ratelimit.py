@@ -24,7 +24,7 @@ from middleware.ratelimit import Limit, RateLimitConfigError, RateLimits
 from middleware.state import open_store
 from tests import workload
 from tests.conftest import worker_env
-from tests.support import BIN, ROOT, sender_broker, wait_for
+from tests.support import BIN, ROOT, sender_broker, wait_for, wait_for_final_events
 
 TIMING_SLACK = 0.1
 
@@ -57,12 +57,15 @@ def deferrals(output: str) -> int:
 
 
 def test_two_worker_processes_share_one_bucket(start_worker, queues, store, prefix, state_url):
-    start_worker(
+    worker = start_worker(
         processes=2, threads=4, STATE_URL=state_url, RATE_LIMITS=limits(api={"rate": 20, "burst": 5})
     )
+    sender = queues.using(sender_broker(prefix, state_url))  # the worker's store: its status records
     tokens = [f"j{i}" for i in range(200)]
-    send_bulk([queues.message(workload.limited, token, "api") for token in tokens], broker=queues.broker)
-    wait_for(lambda: store.llen(f"test:{prefix}starts") >= 200, timeout=90, what="200 starts")
+    send_bulk([sender.message(workload.limited, token, "api") for token in tokens], broker=sender.broker)
+    queue = queues.name(workload.limited)
+    sender.wait_totals(queue, timeout=90, succeeded=200)
+    assert queues.left_after_stop([worker], queue) == 0
     notes = starts(store, prefix)
     assert sorted(n["token"] for n in notes) == sorted(tokens)  # each job ran once
     times = sorted(n["t"] for n in notes)
@@ -90,9 +93,11 @@ def test_tenants_have_their_own_buckets_and_long_waits_are_deferred(
                 workload.limited, args=(token, f"mail:{tenant}"), idempotency_key=token
             )
             sent[token] = message.message_id
-    wait_for(lambda: store.llen(f"test:{prefix}starts") >= 12, timeout=60, what="12 starts")
+    finished = sender.wait_finished(sent.values())
+    assert {r.state for r in finished.values()} == {"succeeded"}
     notes = starts(store, prefix)
-    assert {n["token"]: n["id"] for n in notes} == sent  # once each, under its own message id
+    assert sorted(n["token"] for n in notes) == sorted(sent)  # once each
+    assert {n["token"]: n["id"] for n in notes} == sent  # under its own message id
     assert {n["retries"] for n in notes} == {0}
     for tenant in "ab":
         times = sorted(n["t"] for n in notes if n["bucket"] == f"mail:{tenant}")
@@ -112,7 +117,10 @@ def test_tenants_have_their_own_buckets_and_long_waits_are_deferred(
         )
 
     wait_for(completed, what="every key completed by its own message")
-    assert queues.depth(queues.name(workload.limited) + ".DLQ") == 0
+    queue = queues.name(workload.limited)
+    assert queues.left_after_stop([worker], queue) == 0
+    assert len(starts(store, prefix)) == 12  # no copy ran later either
+    assert queues.depth(queue + ".DLQ") == 0
 
 
 def test_an_upstream_429_delays_the_job_and_drains_the_bucket_without_a_retry(
@@ -121,17 +129,20 @@ def test_an_upstream_429_delays_the_job_and_drains_the_bucket_without_a_retry(
     worker = start_worker(
         threads=4, STATE_URL=state_url, RATE_LIMITS=limits(partner={"rate": 50, "burst": 5})
     )
-    queues.send(workload.limited, "x", "partner", upstream_429=1.5)
+    sender = queues.using(sender_broker(prefix, state_url))  # the worker's store: its status records
+    x = sender.send(workload.limited, "x", "partner", upstream_429=1.5)
     wait_for(lambda: '"action": "upstream"' in worker.output(), what="the 429 handled")
-    queues.send(workload.limited, "y", "partner")
-    wait_for(lambda: store.llen(f"test:{prefix}starts") >= 3, timeout=30, what="the rerun and the other job")
+    y = sender.send(workload.limited, "y", "partner")
+    finished = sender.wait_finished([x, y])
+    assert {r.state for r in finished.values()} == {"succeeded"}
+    queue = queues.name(workload.limited)
+    assert queues.left_after_stop([worker], queue) == 0
     notes = starts(store, prefix)
     x1, x2 = sorted((n for n in notes if n["token"] == "x"), key=lambda n: n["t"])
     (y,) = (n for n in notes if n["token"] == "y")
     assert x2["t"] - x1["t"] >= 1.5 - TIMING_SLACK  # delayed by Retry-After
     assert y["t"] - x1["t"] >= 1.5 - TIMING_SLACK  # the other job backed off too
     assert x2["id"] == x1["id"] and x2["retries"] == 0  # not failed, no retry spent
-    queue = queues.name(workload.limited)
     assert queues.depth(queue + ".DLQ") == 0
 
 
@@ -143,19 +154,24 @@ def test_a_backlog_beyond_the_horizon_is_rechecked_not_spun(start_worker, queues
         RATE_LIMIT_WAIT_MS="100",
     )
     send_bulk([queues.message(workload.limited, f"s{i}", "slow") for i in range(30)], broker=queues.broker)
-    wait_for(lambda: store.llen(f"test:{prefix}starts") >= 30, timeout=90, what="30 starts")
+    queue = queues.name(workload.limited)
+    queues.wait_totals(queue, timeout=90, succeeded=30)
+    assert queues.left_after_stop([worker], queue) == 0  # the log below is complete too
     notes = starts(store, prefix)
     assert_conforms([n["t"] for n in notes], rate=5, burst=1)
-    assert {n["retries"] for n in notes} == {0} and len({n["token"] for n in notes}) == 30
+    assert {n["retries"] for n in notes} == {0} and sorted(n["token"] for n in notes) == sorted(
+        f"s{i}" for i in range(30)
+    )
     # Each job went back to RabbitMQ a few times at most while it waited its turn: no hot loop.
     assert deferrals(worker.output()) <= 4 * 30
 
 
 def test_a_bucket_of_an_unknown_service_dead_letters_the_job(start_worker, queues, store, prefix):
     worker = start_worker(RATE_LIMITS=limits())
-    queues.send(workload.limited, "u", "nope:tenant-1")
+    message = queues.send(workload.limited, "u", "nope:tenant-1")
     dead = queues.name(workload.limited) + ".DLQ"
-    wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
+    outcome = wait_for_final_events([worker], {message.message_id: 1})[message.message_id]
+    assert outcome == {"job_dead_lettered": 1} and queues.depth(dead) == 1
     assert "rate_limit_invalid" in worker.output() and "'nope' is not configured" in worker.output()
     assert store.llen(f"test:{prefix}starts") == 0
 

@@ -160,12 +160,12 @@ def test_racing_processes_share_one_bucket(store: StateStore):
     url = store.url if isinstance(store, RedisStore) else f"sqlite:///{store.path}"
     namespace = store.namespace if isinstance(store, RedisStore) else ""
     ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_take_in_process, args=(url, namespace, start, out)) for _ in range(4)]
+    # All start together: each waits at the barrier until every process is up.
+    racers = 4
+    start, out = ctx.Barrier(racers, timeout=60), ctx.Queue()
+    procs = [ctx.Process(target=_take_in_process, args=(url, namespace, start, out)) for _ in range(racers)]
     for p in procs:
         p.start()
-    time.sleep(1.0)
-    start.set()
     slots = [slot for _ in procs for slot in out.get(timeout=30)]
     for p in procs:
         p.join(10)

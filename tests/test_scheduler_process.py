@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from scheduler.service import parse_utc_iso
+from tests import workload
 from tests.conftest import worker_env
 from tests.support import BIN, ROOT, sender_broker, wait_for
 
@@ -116,15 +117,28 @@ def fires(store, prefix: str) -> list[int]:
     return [_seconds(t) for t in store.lrange(f"test:{prefix}fires:tick", 0, -1)]
 
 
+def fired_ids(*schedulers: SchedulerProcess) -> list[str]:
+    """The message ids the schedulers published."""
+    return [e["message_id"] for s in schedulers for e in s.events("schedule_fired")]
+
+
+def settle(queues, worker, *schedulers: SchedulerProcess) -> None:
+    """Wait until every message the (stopped) schedulers published has run, then stop the worker:
+    nothing may be left in the queue, so the fire times recorded are all there will be."""
+    finished = queues.wait_finished(fired_ids(*schedulers))
+    assert {r.state for r in finished.values()} == {"succeeded"}
+    assert queues.left_after_stop([worker], queues.name(workload.scheduled)) == 0
+
+
 def assert_consecutive(times: list[int]) -> None:
     assert len(times) == len(set(times)), f"a fire ran twice: {sorted(times)}"
     assert sorted(times) == list(range(min(times), max(times) + 1)), f"a fire is missing: {sorted(times)}"
 
 
 def test_every_second_sends_once_per_second_to_a_worker(
-    start_worker, start_scheduler, store, prefix, state_url
+    start_worker, start_scheduler, queues, store, prefix, state_url
 ):
-    start_worker(STATE_URL=state_url)
+    worker = start_worker(STATE_URL=state_url)
     scheduler = start_scheduler(TICK, STATE_URL=state_url)
     loaded = scheduler.wait_event("schedule_loaded")
     assert (loaded["schedule"], loaded["spec"], loaded["queue"]) == ("tick", "every 1s", f"{prefix}workload")
@@ -133,7 +147,7 @@ def test_every_second_sends_once_per_second_to_a_worker(
     assert scheduler.stop() == 0
     assert scheduler.events("scheduler_stopped")
     sent = scheduler.fired()
-    wait_for(lambda: set(fires(store, prefix)) >= sent, timeout=30, what="the worker to run every fire")
+    settle(queues.using(sender_broker(prefix, state_url)), worker, scheduler)
     assert_consecutive(fires(store, prefix))
     assert set(fires(store, prefix)) == sent
     # Each message carried the fire's idempotency key; the worker completed it.
@@ -144,8 +158,10 @@ def test_every_second_sends_once_per_second_to_a_worker(
         assert record is not None and record.state == "done", key
 
 
-def test_two_schedulers_run_each_fire_once_across_a_take_over(start_worker, start_scheduler, store, prefix):
-    start_worker()
+def test_two_schedulers_run_each_fire_once_across_a_take_over(
+    start_worker, start_scheduler, queues, store, prefix
+):
+    worker = start_worker()
     leader = start_scheduler(TICK)
     leader.wait_event("scheduler_leader")
     standby = start_scheduler(TICK)
@@ -158,8 +174,9 @@ def test_two_schedulers_run_each_fire_once_across_a_take_over(start_worker, star
     assert standby.stop() == 0
     sent_by_leader, sent_by_standby = leader.fired(), standby.fired()
     sent = sent_by_leader | sent_by_standby
-    wait_for(lambda: set(fires(store, prefix)) >= sent, timeout=30, what="the worker to run every fire")
+    settle(queues, worker, leader, standby)
     times = fires(store, prefix)
+    assert set(times) == sent
     assert_consecutive(times)  # nothing lost in the take-over gap, nothing run twice
     assert not sent_by_leader & sent_by_standby  # and no fire published by both
     # The standby stayed quiet while the leader lived, and took over within the lease's TTL
@@ -171,22 +188,24 @@ def test_two_schedulers_run_each_fire_once_across_a_take_over(start_worker, star
     assert datetime.fromisoformat(elected["timestamp"]).timestamp() - killed < LEASE_MS * 1.1 / 1000 + 2.0
 
 
-def test_a_restart_within_the_grace_sends_the_missed_fire_once(start_worker, start_scheduler, store, prefix):
-    start_worker()
+def test_a_restart_within_the_grace_sends_the_missed_fire_once(
+    start_worker, start_scheduler, queues, store, prefix
+):
+    worker = start_worker()
     first = start_scheduler(TICK)
     wait_for(lambda: len(fires(store, prefix)) >= 2, timeout=30, what="two fires")
     assert first.stop() == 0
     before = first.fired()
-    wait_for(lambda: set(fires(store, prefix)) >= before, timeout=30, what="the first fires to run")
+    queues.wait_finished(fired_ids(first))  # the first fires ran
     time.sleep(3.5)  # down for three fires or more
     second = start_scheduler(TICK)
     coalesced = second.wait_event("schedule_misfire_coalesced")
     wait_for(lambda: len(fires(store, prefix)) >= len(before) + 3, timeout=30, what="fires after the restart")
     assert second.stop() == 0
     after = second.fired()
-    wait_for(lambda: set(fires(store, prefix)) >= after, timeout=30, what="the worker to run every fire")
+    settle(queues, worker, first, second)
     times = fires(store, prefix)
-    assert len(times) == len(set(times))
+    assert len(times) == len(set(times)) and set(times) == before | after
     # The fires missed while no scheduler ran: only the latest was sent, once, by the catch-up.
     missed = list(range(max(before) + 1, min(after)))
     assert len(missed) >= 2 and not set(missed) & set(times)

@@ -100,10 +100,10 @@ def test_worker_refuses_to_start_on_bad_settings():
         WORKER_THREADS="zero",
         SMTP_URL="ftp://x:hunter2@h",
     )
-    assert result.returncode != 0
+    assert result.returncode == 2
     output = result.stdout + result.stderr
     assert "WORKER_THREADS" in output and "SMTP_URL" in output
-    assert "hunter2" not in output
+    assert "hunter2" not in output and "Traceback" not in output
 
 
 def test_jobctl_ping_exits_2_when_the_broker_is_unreachable():

@@ -146,14 +146,15 @@ def test_one_claim_wins_among_processes(store: StateStore, tmp_path):
     url = store.url if isinstance(store, RedisStore) else f"sqlite:///{store.path}"
     namespace = store.namespace if isinstance(store, RedisStore) else ""
     ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    # All start together: each waits at the barrier until every process is up.
+    racers = 6
+    start, out = ctx.Barrier(racers, timeout=60), ctx.Queue()
     procs = [
-        ctx.Process(target=_claim_in_process, args=(url, namespace, f"p{i}", start, out)) for i in range(6)
+        ctx.Process(target=_claim_in_process, args=(url, namespace, f"p{i}", start, out))
+        for i in range(racers)
     ]
     for p in procs:
         p.start()
-    time.sleep(1.0)
-    start.set()
     statuses = sorted(out.get(timeout=30) for _ in procs)
     for p in procs:
         p.join(10)

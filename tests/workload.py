@@ -208,3 +208,40 @@ def limited(token: str, bucket: str, upstream_429: float = 0.0) -> None:
     store.rpush(key("starts"), json.dumps({**note, "retries": message.options.get("retries", 0)}))
     if upstream_429 and store.incr(key(f"429:{token}")) == 1:
         raise RateLimited(retry_after=upstream_429)
+
+
+# --- Faults of the state store and of user callables (tests/test_store_faults.py) ---
+
+
+def _key_or_raise(token: str) -> str:
+    if token.startswith("bad"):
+        raise ValueError(f"no key for {token}")
+    return token
+
+
+@dramatiq.actor(queue_name=QUEUE, idempotency_key=_key_or_raise)
+def keyed_by_callable(token: str) -> None:
+    """Keyed by a function that raises for tokens starting with ``bad``."""
+    _note("effect", token)
+
+
+def _bucket_or_raise(token: str) -> str:
+    if token.startswith("bad"):
+        raise ValueError(f"no bucket for {token}")
+    return "api"
+
+
+@dramatiq.actor(queue_name=QUEUE, rate_limit=_bucket_or_raise)
+def limited_by_callable(token: str) -> None:
+    """Rate limited by a function that raises for tokens starting with ``bad``."""
+    _note("effect", token)
+
+
+@dramatiq.actor(queue_name=QUEUE, rate_limit=lambda token: "api")  # a name the test configures
+def breaks_store_then_429(token: str) -> None:
+    """First attempt: make the state store answer errors (out of memory), then say "429" upstream,
+    so the rate limiter must re-enqueue the job while the store refuses its writes."""
+    if store.incr(key(f"429:{token}")) == 1:
+        redis.Redis.from_url(os.environ["STATE_URL"]).config_set("maxmemory", 1)
+        raise RateLimited(retry_after=0.5)
+    _note("effect", token)

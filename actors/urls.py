@@ -1,0 +1,166 @@
+"""What the URLs in settings may hold: scheme, host, port, path, and every query parameter.
+
+The clients accept too much, or fail late: redis-py reads ``redis://host/abc`` as database 0,
+pika takes ``?retry_delay=nan`` and only rejects ``?heartbeat=abc`` when the broker is built (a
+traceback in every worker), and ``?starttls=ture`` would send mail in the clear. Each check
+raises ValueError saying which part is wrong, never its value: URLs carry passwords.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit
+
+import pika
+import redis
+
+__all__ = ["check_amqp_url", "check_redis_url", "check_smtp_url", "check_sqlite_url", "check_url"]
+
+
+@dataclass(frozen=True)
+class _Range:
+    """A numeric query parameter: whole or not, its bounds, and whether the low bound is excluded."""
+
+    whole: bool
+    low: float
+    high: float
+    above_low: bool = False
+
+    def check(self, name: str, text: str) -> None:
+        if self.whole:
+            valid = re.fullmatch(r"\d{1,19}", text) is not None and self.low <= int(text) <= self.high
+        else:
+            try:
+                number = float(text)
+            except ValueError:
+                number = math.nan
+            valid = (
+                math.isfinite(number)
+                and self.high >= number
+                and (number > self.low if self.above_low else number >= self.low)
+            )
+        if not valid:
+            kind = "a whole number" if self.whole else "a finite number"
+            low = f"above {self.low:.0f}" if self.above_low else f"at least {self.low:.0f}"
+            raise ValueError(f"query parameter {name} must be {kind} {low} and at most {self.high:.0f}")
+
+
+#: pika's numeric URL parameters (bounds as in the settings of the same name where there is one).
+_AMQP_NUMBERS = {
+    "heartbeat": _Range(whole=True, low=0, high=3600),
+    "blocked_connection_timeout": _Range(whole=False, low=0, high=86_400, above_low=True),
+    "connection_attempts": _Range(whole=True, low=1, high=100),
+    "retry_delay": _Range(whole=False, low=0, high=3600),
+    "socket_timeout": _Range(whole=False, low=0, high=3600, above_low=True),
+    "stack_timeout": _Range(whole=False, low=0, high=3600, above_low=True),
+    "channel_max": _Range(whole=True, low=1, high=65_535),
+    "frame_max": _Range(whole=True, low=4096, high=131_072),
+}
+
+#: redis-py's numeric URL parameters; the store's own timeouts come from STATE_TIMEOUT.
+_REDIS_NUMBERS = {
+    "db": _Range(whole=True, low=0, high=2**31 - 1),
+    "socket_timeout": _Range(whole=False, low=0, high=3600, above_low=True),
+    "socket_connect_timeout": _Range(whole=False, low=0, high=3600, above_low=True),
+    "timeout": _Range(whole=False, low=0, high=3600, above_low=True),
+    "health_check_interval": _Range(whole=True, low=0, high=86_400),
+    "max_connections": _Range(whole=True, low=1, high=2**31 - 1),
+}
+
+_TRUE, _FALSE = ("1", "true", "yes"), ("0", "false", "no")
+
+
+def check_url(value: str, schemes: tuple[str, ...]) -> SplitResult:
+    """The parts of ``value``, a URL with one of ``schemes``, a host and a valid port if any."""
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        raise ValueError(f"must be a URL starting with {' or '.join(s + '://' for s in schemes)}")
+    if not parts.hostname:
+        raise ValueError("must name a host")
+    try:
+        parts.port  # noqa: B018 - parsing the port validates it
+    except ValueError:
+        raise ValueError("has an invalid port") from None
+    return parts
+
+
+def _query(parts: SplitResult) -> dict[str, str]:
+    """The query string's parameters; a repeated one is an error (clients keep one or refuse)."""
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query: dict[str, str] = {}
+    for name, value in pairs:
+        if name in query:
+            raise ValueError(f"repeats query parameter {name}")
+        query[name] = value
+    return query
+
+
+def _accepted_by(build: Callable[[str], object], name: str, value: str) -> bool:
+    """Whether the client builds from a URL whose query is ``name=value``: its own parser has the
+    last word (unknown names, pika's ``ssl_options`` naming missing files, ...)."""
+    try:
+        build(urlencode({name: value}))
+    except Exception:  # each client raises its own mix of ValueError, TypeError, OSError, ...
+        return False
+    return True
+
+
+def check_amqp_url(node: str) -> None:
+    """One node of ``RABBITMQ_URL``: ``amqp[s]://user:pass@host:port/vhost?heartbeat=...``."""
+    parts = check_url(node, ("amqp", "amqps"))
+    if "/" in parts.path[1:]:
+        raise ValueError("names a virtual host with a '/' in it: write it as %2F")
+    for name, value in _query(parts).items():
+        if name in _AMQP_NUMBERS:
+            _AMQP_NUMBERS[name].check(name, value)
+        if not _accepted_by(lambda q: pika.URLParameters(f"{parts.scheme}://localhost/?{q}"), name, value):
+            raise ValueError(f"query parameter {name} is unknown to pika or invalid")
+
+
+def check_redis_url(value: str) -> None:
+    """``STATE_URL`` on Redis: ``redis[s]://[user:pass@]host:port/db``, ``db`` a number."""
+    parts = check_url(value, ("redis", "rediss"))
+    query = _query(parts)
+    if parts.path.strip("/"):
+        if "db" in query:
+            raise ValueError("names its database twice (path and ?db=)")
+        try:
+            _REDIS_NUMBERS["db"].check("db", parts.path[1:])
+        except ValueError:
+            raise ValueError(
+                "must name its database by number (redis://host:6379/0), or none for 0"
+            ) from None
+    for name, text in query.items():
+        if name in _REDIS_NUMBERS:
+            _REDIS_NUMBERS[name].check(name, text)
+        if not _accepted_by(_redis_connection(parts.scheme), name, text):
+            raise ValueError(f"query parameter {name} is unknown to redis-py or invalid")
+
+
+def _redis_connection(scheme: str) -> Callable[[str], object]:
+    """Build (without connecting) a redis-py connection from a URL with ``query``."""
+    return lambda query: redis.ConnectionPool.from_url(f"{scheme}://localhost/?{query}").make_connection()
+
+
+def check_sqlite_url(value: str) -> None:
+    """``STATE_URL`` on SQLite: ``sqlite:///relative/path`` or ``sqlite:////absolute/path``."""
+    parts = urlsplit(value)
+    if parts.scheme != "sqlite" or parts.netloc or parts.path in ("", "/"):
+        raise ValueError("must be redis://host:port/db or sqlite:///path/to/file.db")
+    if parts.query or parts.fragment:
+        raise ValueError("sqlite:///path takes no query string")
+
+
+def check_smtp_url(value: str) -> None:
+    """``SMTP_URL``: ``smtp://[user:pass@]host:port[?starttls=1]`` or ``smtps://...``."""
+    parts = check_url(value, ("smtp", "smtps"))
+    for name, text in _query(parts).items():
+        if name != "starttls":
+            raise ValueError(f"has an unknown query parameter {name} (only starttls)")
+        if text.lower() not in _TRUE + _FALSE:
+            raise ValueError("query parameter starttls must be 1/0, true/false or yes/no")
+        if parts.scheme == "smtps":
+            raise ValueError("takes starttls with smtp:// only (smtps:// is TLS from the start)")

@@ -1,0 +1,109 @@
+"""Check at worker start that the state store answers and accepts writes, and say so.
+
+Without it a worker whose store is down or misconfigured starts quietly and defers every keyed or
+rate-limited job forever. With it the operator reads one line at start: ``state_store_ready``;
+or ``state_store_unavailable`` repeated every few seconds until the store answers (the worker
+runs meanwhile, and guarded jobs wait: they fail closed); or, for a store that will never serve
+this configuration (a database index it does not have, refused credentials, a file that is not
+a database), ``state_store_misconfigured`` naming the setting, and the worker process exits with
+code 2, which ``dramatiq`` passes on as its own exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import NoReturn
+
+from dramatiq.broker import Broker
+from dramatiq.middleware import Middleware
+
+from middleware.state import StateStore, StoreMisconfigured, StoreUnavailable
+
+__all__ = ["StoreCheck"]
+
+logger = logging.getLogger(__name__)
+
+#: Exit code of a worker process whose store is misconfigured (Dramatiq's code for a bad import).
+EXIT_MISCONFIGURED = 2
+
+
+class StoreCheck(Middleware):
+    """Check the state store once per worker process, at boot (see the module docstring).
+
+    Parameters:
+      store: the shared state store.
+      setting: what operators call the store's configuration (e.g. ``STATE_URL``), named in errors.
+      retry_s: how often an unavailable store is checked again, with a warning each time.
+      on_misconfigured: called with the problem (a sentence naming the store, never its password)
+        to stop the process; by default it raises ``SystemExit(2)``.
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        setting: str = "the state store URL",
+        retry_s: float = 5.0,
+        on_misconfigured: Callable[[str], NoReturn] | None = None,
+    ) -> None:
+        self.store = store
+        self.setting = setting
+        self.retry_s = retry_s
+        self.on_misconfigured = on_misconfigured or _exit
+        self._stop = threading.Event()
+
+    def after_process_boot(self, broker: Broker) -> None:
+        try:
+            self.store.check()
+        except StoreMisconfigured as exc:
+            self._misconfigured(exc)
+        except StoreUnavailable as exc:
+            self._unavailable(exc)
+            threading.Thread(target=self._keep_checking, name="store-check", daemon=True).start()
+        else:
+            self._ready()
+
+    def before_worker_shutdown(self, broker: Broker, worker: object) -> None:
+        self._stop.set()
+
+    def _keep_checking(self) -> None:
+        while not self._stop.wait(self.retry_s):
+            try:
+                self.store.check()
+            except StoreUnavailable as exc:
+                self._unavailable(exc)
+            else:
+                self._ready()
+                return
+
+    def _fields(self, exc: BaseException | None = None) -> dict[str, str]:
+        fields = {"setting": self.setting, "store": self.store.label, "kind": self.store.kind}
+        return {**fields, "error": str(exc)} if exc is not None else fields
+
+    def _ready(self) -> None:
+        logger.info("state_store_ready", extra=self._fields())
+        if self.store.kind == "sqlite":
+            logger.warning(
+                "state_store_single_host",
+                extra={**self._fields(), "hint": "SQLite is for a single host; use redis:// for several"},
+            )
+
+    def _unavailable(self, exc: StoreUnavailable) -> None:
+        logger.warning(
+            "state_store_unavailable",
+            extra={
+                **self._fields(exc),
+                "retry_s": self.retry_s,
+                "effect": "guarded jobs wait until it answers",
+            },
+        )
+
+    def _misconfigured(self, exc: StoreMisconfigured) -> NoReturn:
+        logger.critical("state_store_misconfigured", extra=self._fields(exc))
+        self.on_misconfigured(f"{self.setting}: the state store {self.store.label} cannot serve: {exc}")
+
+
+def _exit(problem: str) -> NoReturn:
+    raise SystemExit(EXIT_MISCONFIGURED)
