@@ -179,9 +179,13 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
                 message_id,
                 self.queue_name,
             )
-        if self._publish_then_ack(tag, message_id, follow_up.kind, publish, follow_up) and isinstance(
-            follow_up, DeadLetterFollowUp
-        ):
+        published = self._publish_then_ack(tag, message_id, follow_up.kind, publish, follow_up)
+        if published and isinstance(follow_up, DeadLetterFollowUp):
+            # Now it is dead-lettered: the nack hooks that skipped the refused one (lifecycle's
+            # job_dead_lettered, the dead status, the reject count) see it, then its hook is told.
+            message = _RabbitmqMessage(True, tag, follow_up.message)  # type: ignore[no-untyped-call]
+            setattr(message, DEAD_LETTER_REASON, follow_up.headers.get(HEADER_REASON))
+            self.broker.emit_after("nack", message)
             self._notify(follow_up.message, follow_up.headers)
 
     def _publish_then_ack(
