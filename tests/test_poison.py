@@ -170,3 +170,30 @@ def test_a_thread_that_dies_anyway_is_replaced_and_the_jobs_behind_it_run(
     assert sorted(line["kind"] for line in replaced) == ["consumer"] + ["worker"] * 4
     assert all(line["level"] == "error" for line in replaced)
     assert_all_threads_alive(queues, store, prefix, threads=2)
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this error")
+
+
+def test_building_a_dead_letter_record_never_fails_whatever_the_message_holds():
+    from types import SimpleNamespace
+
+    from middleware.dead_letters import DeadLetters
+
+    odd = [
+        SimpleNamespace(),  # every field missing
+        SimpleNamespace(options=None, queue_name=5, actor_name=["a"], message_timestamp="yesterday"),
+        SimpleNamespace(
+            options={"attempts": "3"}, queue_name=None, actor_name=None, message_timestamp=10**30
+        ),
+        SimpleNamespace(options=[], queue_name="q\udc80", actor_name="a\udc80", message_timestamp=None),
+    ]
+    for message in odd:
+        for error in (None, _Unprintable(), ValueError("bad \udc80 value")):
+            headers = DeadLetters().record(actors.broker, message, error)
+            assert headers["x-dl-reason"] in ("rejected", "retries_exhausted", "unknown_actor")
+            assert headers["x-dl-attempts"] == 0
+            for value in headers.values():  # AMQP can carry every value
+                assert isinstance(value, int) or isinstance(value.encode("utf-8"), bytes)
