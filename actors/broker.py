@@ -3,29 +3,23 @@ timeouts, and dead letters routed through an exchange of the project's."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from functools import partial
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
 from dramatiq import Message
-from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
+from actors.consumer import DeadLetteringConsumer
 from actors.settings import Settings
-from middleware.dead_letters import (
-    DEAD_LETTER_REASON,
-    HEADER_REASON,
-    DeadLetters,
-    request_redelivery,
-    wants_redelivery,
-)
+from middleware.dead_letters import DeadLetters
+from middleware.follow_ups import RefusedFollowUps
 from middleware.idempotency import DuplicateMessage, as_duplicate
 
 logger = logging.getLogger(__name__)
@@ -59,7 +53,8 @@ class ProjectBroker(RabbitmqBroker):
       (optionally capped by ``dead_letter_ttl_ms`` / ``dead_letter_max_length``).
     - Failed messages are not left to RabbitMQ's own dead-lettering (which keeps the body as last
       delivered): the consumer publishes the final record (see ``middleware.dead_letters``),
-      confirmed, then acks.
+      confirmed, then acks; so it does with bodies that are not well-formed messages
+      (``actors.consumer``). Follow-ups RabbitMQ refuses are counted in ``refused_follow_ups``.
     - A send dropped as a duplicate by the idempotency middleware returns the message carrying the
       first message's id and ``duplicate=True``, as BullMQ answers a known ``jobId``.
     """
@@ -78,6 +73,7 @@ class ProjectBroker(RabbitmqBroker):
         self.dead_letter_max_length = dead_letter_max_length
         found = [m for m in self.middleware if isinstance(m, DeadLetters)]
         self.dead_letters = found[0] if found else DeadLetters()
+        self.refused_follow_ups = RefusedFollowUps()
 
     @property
     def consumer_class(self) -> type[_RabbitmqConsumer]:
@@ -140,17 +136,27 @@ class ProjectBroker(RabbitmqBroker):
     # -- dead letters ----------------------------------------------------------------------------
 
     def publish_dead_letter(
-        self, body: bytes, headers: dict[str, Any], message_id: str, queue_name: str
+        self,
+        body: bytes,
+        headers: dict[str, Any],
+        message_id: str,
+        queue_name: str,
+        *,
+        properties: Mapping[str, Any] | None = None,
     ) -> None:
-        """Publish one dead letter and wait for RabbitMQ's confirm; raise if it cannot be had."""
+        """Publish one dead letter and wait for RabbitMQ's confirm; raise if it cannot be had.
+        ``properties``: more AMQP properties (a malformed delivery's content type...)."""
         self.declare_queue(q_name(queue_name), ensure=True)
+        amqp = pika.BasicProperties(
+            **{**(properties or {}), "delivery_mode": 2, "message_id": message_id, "headers": headers}
+        )
         for attempt in range(1, DEAD_LETTER_PUBLISH_ATTEMPTS + 1):
             try:
                 self.channel.basic_publish(
                     exchange=self.dead_letter_exchange,
                     routing_key=q_name(queue_name),
                     body=body,
-                    properties=pika.BasicProperties(delivery_mode=2, message_id=message_id, headers=headers),
+                    properties=amqp,
                     mandatory=True,
                 )
                 return
@@ -158,74 +164,6 @@ class ProjectBroker(RabbitmqBroker):
                 del self.connection
                 if attempt == DEAD_LETTER_PUBLISH_ATTEMPTS:
                     raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
-
-
-def dead_letter_body(message: MessageProxy) -> bytes:
-    """The message as it goes to the dead letters: without Dramatiq's stored traceback (the
-    previous attempt's, unscrubbed); the record's headers carry the final one."""
-    options = {k: v for k, v in message.options.items() if k not in ("traceback", "eta")}
-    final: Message[Any] = dataclasses.replace(
-        message._message, queue_name=q_name(message.queue_name), options=options
-    )
-    return final.encode()
-
-
-class DeadLetteringConsumer(_RabbitmqConsumer):
-    """Dramatiq's consumer, where a rejection publishes the dead letter itself and never loses it.
-
-    - ``nack``: publish the record to the dead-letter exchange, wait for the confirm, then ack the
-      original. If the publish fails, requeue the original (a duplicate at worst, never a loss).
-    - ``ack`` of a message whose follow-up publish failed (``request_redelivery``): requeue it.
-    Bodies that are not messages at all are still rejected natively and reach the same queue
-    through the dead-letter exchange, with RabbitMQ's ``x-death`` header.
-    """
-
-    broker: ProjectBroker
-
-    def __init__(self, broker: ProjectBroker, queue_name: str, prefetch: int, timeout: int) -> None:
-        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
-        # The middleware that want each delivery as it arrives (claim ahead), looked up once per
-        # consumer rather than on every message.
-        self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
-
-    def __next__(self) -> MessageProxy | None:
-        message: MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
-        if message is not None:
-            for on_receive in self.receive_hooks:
-                on_receive(self.broker, message)
-        return message
-
-    def ack(self, message: MessageProxy) -> None:
-        if wants_redelivery(message):
-            self._requeue(message)
-        else:
-            super().ack(message)  # type: ignore[no-untyped-call]
-
-    def nack(self, message: MessageProxy) -> None:
-        broker = self.broker
-        try:
-            headers = broker.dead_letters.record(broker, message, message._exception)
-            broker.publish_dead_letter(
-                dead_letter_body(message), headers, message.message_id, message.queue_name
-            )
-        except Exception:
-            logger.exception("dead_letter_publish_failed", extra={"message_id": message.message_id})
-            request_redelivery(message)  # the lifecycle log then says "requeued", not "dead-lettered"
-            self._requeue(message)
-            return
-        setattr(message, DEAD_LETTER_REASON, headers[HEADER_REASON])
-        super().ack(message)  # type: ignore[no-untyped-call]
-        try:
-            broker.dead_letters.notify(broker, message, headers)
-        except Exception:  # the dead letter is safe; only the application's hook was not told
-            logger.exception("dead_letter_hook_failed", extra={"message_id": message.message_id})
-
-    def _requeue(self, message: MessageProxy) -> None:
-        try:
-            self.known_tags.remove(message._tag)
-        except KeyError:
-            return
-        self.connection.add_callback_threadsafe(partial(self.channel.basic_nack, message._tag, requeue=True))
 
 
 def connection_urls(settings: Settings) -> list[str]:

@@ -9,11 +9,14 @@ buffer the whole queue faster than it is read).
 Replay publishes a copy to the original queue (attempts reset; same message id and idempotency
 key), waits for RabbitMQ's confirms, and only then acks the dead letter. A crash in between leaves
 the dead letter in place: replaying it again duplicates at worst, and the idempotency key makes
-the duplicate harmless.
+the duplicate harmless. Bodies that are not well-formed messages (reason ``malformed``, or
+``undecodable`` from before the consumer checked shapes) are not replayed: they would only be
+dead-lettered again. Their sender needs fixing; ``export`` keeps them for that.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from collections.abc import Callable, Iterator
@@ -28,20 +31,33 @@ import pika.spec
 import requests
 from dramatiq import Message
 from dramatiq.common import q_name
-from dramatiq.errors import DecodeError
 
 from actors.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from actors.bulk import BulkSendError, send_bulk
 from actors.settings import Settings
 from middleware import dead_letters as record
+from middleware.message_shape import decode
 
 #: Options a replayed message starts without: it gets a fresh set of attempts.
 RESET_OPTIONS = ("retries", record.ATTEMPTS, "traceback", "eta", "requeue_timestamp")
+#: Reasons of dead letters that are not messages at all: never replayed.
+NOT_REPLAYABLE = ("malformed", "undecodable")
 
 
 def _header(headers: dict[str, Any], name: str) -> Any:
     value = headers.get(name)
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _from_millis(millis: int) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(millis / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -90,22 +106,22 @@ class DeadLetter:
                 exception=_header(headers, record.HEADER_EXCEPTION) or "",
                 error=_header(headers, record.HEADER_ERROR) or "",
                 traceback=_header(headers, record.HEADER_TRACEBACK) or "",
-                attempts=int(headers.get(record.HEADER_ATTEMPTS) or 0),
+                attempts=_count(headers.get(record.HEADER_ATTEMPTS)),
                 enqueued_at=_parse_time(_header(headers, record.HEADER_ENQUEUED_AT)),
                 failed_at=_parse_time(_header(headers, record.HEADER_FAILED_AT)),
                 body=body,
             )
         deaths = headers.get("x-death") or [{}]
         death = deaths[0] if isinstance(deaths, list) and deaths else {}
-        try:
-            message = Message.decode(body)
+        message = decode(body, None)
+        if isinstance(message, Message):
             message_id, actor, reason = (
                 message.message_id,
                 message.actor_name,
                 _header(death, "reason") or "rejected",
             )
-            enqueued = datetime.fromtimestamp(message.message_timestamp / 1000, UTC)
-        except DecodeError:
+            enqueued = _from_millis(message.message_timestamp)
+        else:
             message_id, actor, reason, enqueued = properties.message_id or "", "", "undecodable", None
         return cls(
             dead_letter_queue=dead_letter_queue,
@@ -137,8 +153,14 @@ class DeadLetter:
         }
 
     def full(self) -> dict[str, Any]:
-        """Everything, the body included as text (``show``, ``export``)."""
-        return {**self.summary(), "traceback": self.traceback, "body": self.body.decode(errors="replace")}
+        """Everything, the body included as text (``show``, ``export``); a body that is not UTF-8
+        also as ``body_base64``, byte for byte."""
+        data = {**self.summary(), "traceback": self.traceback, "body": self.body.decode(errors="replace")}
+        try:
+            self.body.decode()
+        except UnicodeDecodeError:
+            data["body_base64"] = base64.b64encode(self.body).decode()
+        return data
 
     def replay_message(self) -> Message[Any]:
         """The message to publish again: original queue, attempts reset, same id and key, and
@@ -256,7 +278,7 @@ def replay(
                 if not filters.match(dead):
                     continue
                 outcome.matched += 1
-                if dead.reason == "undecodable":
+                if dead.reason in NOT_REPLAYABLE:
                     outcome.skipped += 1
                     continue
                 batch.append((dead.replay_message(), tag))
@@ -265,7 +287,9 @@ def replay(
                     batch = []
             _publish_then_ack(broker, reader, batch, outcome)
     if outcome.skipped:
-        outcome.notes.append(f"{outcome.skipped} undecodable (purge or export them)")
+        outcome.notes.append(
+            f"{outcome.skipped} malformed, not replayed (fix the sender; export or purge them)"
+        )
     return outcome
 
 

@@ -26,6 +26,7 @@ from middleware.state import StateStore
 from middleware.status import Status
 from middleware.store_check import StoreCheck
 from middleware.stored_tracebacks import ScrubStoredTracebacks
+from middleware.watchdog import ThreadWatchdog
 
 
 def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
@@ -35,6 +36,9 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     - StoreCheck first: at worker boot it checks that the state store answers and accepts writes
       (``state_store_ready``), warns every few seconds while it does not, and stops the worker
       with exit code 2 when ``STATE_URL`` names a store that will never serve.
+    - ThreadWatchdog next: a worker or consumer thread that dies anyway (the consumer dead-letters
+      malformed messages before any hook sees them) is replaced and logged; it stops watching as
+      soon as shutdown begins, before Dramatiq stops the threads itself.
     - JobLifecycle next: its ``before_process_message`` binds the job context before any other
       middleware logs, and its ``after_*`` hooks run last, once Retries has chosen between a retry
       and the dead letters; it also declares ``log_args``.
@@ -73,6 +77,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     key_hasher = get_key_hasher(settings)
     stack: list[Middleware] = [
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
+        ThreadWatchdog(),
         JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),

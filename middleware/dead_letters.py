@@ -8,7 +8,8 @@ management UI), waits for the confirm, and only then acks the original. When tha
 the delivery is requeued instead: a duplicate at worst, never a loss.
 
 Header names are stable and documented (``x-dl-*``); values are scrubbed by the ``scrub``
-callable given to the middleware, so no personal data lands in the headers.
+callable given to the middleware, so no personal data lands in the headers. Building a record never
+fails, whatever the message holds: a field that is missing or of the wrong type is left empty.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import AgeLimit, Middleware, Retries, SkipMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
+from middleware.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
+from middleware.message_shape import Malformed, int_option
+
 #: Why a message ended in the dead letters.
 REASONS = (
     "retries_exhausted",
@@ -33,8 +37,9 @@ REASONS = (
     "time_limit",
     "age_limit",
     "unknown_actor",
-    "undecodable",
+    "malformed",
     "rejected",
+    "undecodable",  # bodies RabbitMQ dead-lettered itself, before the consumer checked shapes
 )
 
 HEADER_REASON = "x-dl-reason"
@@ -46,13 +51,18 @@ HEADER_QUEUE = "x-dl-queue"
 HEADER_ACTOR = "x-dl-actor"
 HEADER_ENQUEUED_AT = "x-dl-enqueued-at"
 HEADER_FAILED_AT = "x-dl-failed-at"
+#: Of a malformed message: the field that is wrong (``options.retries``); ``x-dl-error`` says how.
+HEADER_FIELD = "x-dl-field"
+#: The exception type a malformed message's record names.
+MALFORMED_EXCEPTION = "MalformedMessage"
 
 #: Message option counting the attempts that reached the actor (kept across retries).
 ATTEMPTS = "attempts"
 #: Message option: how many times the message was replayed from the dead letters (status records
 #: order a replay's attempts after the dead attempt they follow).
 REPLAYS = "replays"
-#: Attribute set on a message proxy whose follow-up publish failed: requeue it, do not ack it.
+#: Attribute set on a message proxy whose follow-up publish failed: requeue it, do not ack it. It
+#: holds the follow-up to publish again (a :data:`FollowUp`), or True when none was decided.
 _REDELIVER = "_redeliver"
 #: Attribute set on a message proxy by a middleware that rejects it, naming the reason; the
 #: consumer sets it too once the dead letter is confirmed, so later hooks can log the reason.
@@ -62,13 +72,20 @@ DEAD_LETTER_REASON = "_dead_letter_reason"
 _DEAD_LETTER_ERROR = "_dead_letter_error"
 
 
-def request_redelivery(message: MessageProxy) -> None:
-    """Ask the consumer to requeue ``message`` instead of acking it (its follow-up was not published)."""
-    setattr(message, _REDELIVER, True)
+def request_redelivery(message: MessageProxy, follow_up: FollowUp | None = None) -> None:
+    """Ask the consumer to requeue ``message`` instead of acking it: its ``follow_up`` (the retry
+    or dead letter its attempt decided) was not published."""
+    setattr(message, _REDELIVER, follow_up or True)
 
 
 def wants_redelivery(message: MessageProxy) -> bool:
     return bool(getattr(message, _REDELIVER, False))
+
+
+def pending_follow_up(message: MessageProxy) -> FollowUp | None:
+    """The follow-up of ``message`` that could not be published, if one was decided."""
+    follow_up = getattr(message, _REDELIVER, None)
+    return follow_up if isinstance(follow_up, RetryFollowUp | DeadLetterFollowUp) else None
 
 
 def reject(message: MessageProxy, reason: str, *, error: BaseException | None = None) -> None:
@@ -88,6 +105,17 @@ def _identity(text: str) -> str:
     return text
 
 
+def _safely(compute: Callable[[], Any], default: str = "") -> str:
+    """``compute()`` as text that AMQP can carry, or ``default`` if it fails or is not text."""
+    try:
+        value = compute()
+    except Exception:
+        return default
+    if not isinstance(value, str):
+        return default
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
 class DeadLetters(Middleware):
     """Counts attempts and builds the record of a message's final failure.
 
@@ -105,7 +133,7 @@ class DeadLetters(Middleware):
         return {"on_dead_letter"}
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        message.options[ATTEMPTS] = int(message.options.get(ATTEMPTS, 0)) + 1
+        message.options[ATTEMPTS] = int_option(message.options, ATTEMPTS) + 1
 
     def notify(self, broker: Broker, message: MessageProxy, headers: dict[str, Any]) -> Message[Any] | None:
         """Send the actor named by the option ``on_dead_letter`` (message or actor) a message about
@@ -157,40 +185,39 @@ class DeadLetters(Middleware):
             max_age = next((m.max_age for m in broker.middleware if isinstance(m, AgeLimit)), None)
         return max_age is not None and message.message_timestamp + int(max_age) < time.time() * 1000
 
-    def record(
-        self, broker: Broker, message: MessageProxy, exception: BaseException | None
-    ) -> dict[str, Any]:
+    def record(self, broker: Broker, message: Any, exception: BaseException | None) -> dict[str, Any]:
         """The AMQP headers of ``message``'s dead letter: final error (scrubbed), attempts, reason,
-        origin and times."""
-        reason = self.reason(broker, message, exception)
+        origin and times. Never fails: a field it cannot read is left empty."""
         error = exception if exception is not None and not isinstance(exception, SkipMessage) else None
         error = getattr(message, _DEAD_LETTER_ERROR, None) or error
-        trace = "".join(traceback.format_exception(error)) if error is not None else ""
+        trace = _safely(lambda: "".join(traceback.format_exception(error))) if error is not None else ""
         return {
-            HEADER_REASON: reason,
+            HEADER_REASON: _safely(lambda: self.reason(broker, message, exception), "rejected"),
             HEADER_EXCEPTION: type(error).__name__ if error is not None else "",
-            HEADER_ERROR: self.scrub(str(error))[:1_000] if error is not None else "",
-            HEADER_TRACEBACK: self.scrub(trace)[-self.max_traceback :],
-            HEADER_ATTEMPTS: int(message.options.get(ATTEMPTS, 0)),
-            HEADER_QUEUE: dramatiq.common.q_name(message.queue_name),
-            HEADER_ACTOR: message.actor_name,
-            HEADER_ENQUEUED_AT: _iso(message.message_timestamp),
+            HEADER_ERROR: _safely(lambda: self.scrub(str(error))[:1_000]) if error is not None else "",
+            HEADER_TRACEBACK: _safely(lambda: self.scrub(trace)[-self.max_traceback :]),
+            HEADER_ATTEMPTS: int_option(getattr(message, "options", None), ATTEMPTS),
+            HEADER_QUEUE: _safely(lambda: dramatiq.common.q_name(message.queue_name)),
+            HEADER_ACTOR: _safely(lambda: message.actor_name),
+            HEADER_ENQUEUED_AT: _safely(lambda: _iso(message.message_timestamp)),
             HEADER_FAILED_AT: _iso(time.time() * 1000),
         }
 
-    def undecodable_record(self, queue_name: str, error: BaseException) -> dict[str, Any]:
-        """The headers of a body that is not a message at all (no actor, no attempts)."""
-        now = _iso(time.time() * 1000)
+    def malformed_record(self, queue_name: str, malformed: Malformed) -> dict[str, Any]:
+        """The headers of a body that is not a well-formed message: what is wrong (never the
+        value), where it came from, and what could be read of it; no attempt reached an actor."""
+        enqueued = malformed.message_timestamp
         return {
-            HEADER_REASON: "undecodable",
-            HEADER_EXCEPTION: type(error).__name__,
-            HEADER_ERROR: "the body could not be decoded as a message",
+            HEADER_REASON: "malformed",
+            HEADER_EXCEPTION: MALFORMED_EXCEPTION,
+            HEADER_ERROR: str(malformed),
+            HEADER_FIELD: malformed.field,
             HEADER_TRACEBACK: "",
             HEADER_ATTEMPTS: 0,
             HEADER_QUEUE: dramatiq.common.q_name(queue_name),
-            HEADER_ACTOR: "",
-            HEADER_ENQUEUED_AT: now,
-            HEADER_FAILED_AT: now,
+            HEADER_ACTOR: malformed.actor_name or "",
+            HEADER_ENQUEUED_AT: _safely(lambda: _iso(enqueued)) if enqueued is not None else "",
+            HEADER_FAILED_AT: _iso(time.time() * 1000),
         }
 
 
@@ -206,12 +233,29 @@ def _throws(broker: Broker, message: Message[Any] | MessageProxy) -> tuple[type[
     return throws if isinstance(throws, tuple) else (throws,)
 
 
+class _RetryRecorder:
+    """The broker as Retries sees it: the retry it enqueues is noted, to be published again by
+    the consumer if RabbitMQ refuses it now."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self.retry: RetryFollowUp | None = None
+
+    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
+        self.retry = RetryFollowUp(message.copy(), int(delay or 0))
+        return self._broker.enqueue(message, delay=delay)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._broker, name)
+
+
 class SafeRetries(Retries):
     """Dramatiq's Retries, except that a retry that cannot be published is not lost.
 
     Dramatiq swallows the error when re-enqueueing a retry fails (after its own publish attempts),
     and the worker then acks the original: the message is gone (Dramatiq PR #545). Here the
-    delivery is flagged for redelivery instead, so the consumer requeues it.
+    delivery is flagged for redelivery instead, carrying the retry (attempt counted), which the
+    consumer publishes again once the delivery comes back rather than running the actor again.
     """
 
     def after_process_message(
@@ -222,8 +266,9 @@ class SafeRetries(Retries):
         result: Any | None = None,
         exception: BaseException | None = None,
     ) -> None:
+        recorder = _RetryRecorder(broker)
         try:
-            super().after_process_message(broker, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
+            super().after_process_message(recorder, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
         except Exception:
             self.logger.exception("retry_publish_failed")
-            request_redelivery(message)
+            request_redelivery(message, recorder.retry)

@@ -29,6 +29,7 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware
 
 from middleware.dead_letters import DEAD_LETTER_REASON, wants_redelivery
+from middleware.message_shape import int_option
 
 
 @dataclass
@@ -57,7 +58,7 @@ def job_fields(message: Message[Any] | MessageProxy) -> dict[str, Any]:
         "message_id": message.message_id,
         "actor": message.actor_name,
         "queue": q_name(message.queue_name),
-        "attempt": int(message.options.get("retries") or 0) + 1,
+        "attempt": int_option(message.options, "retries") + 1,
     }
 
 

@@ -42,6 +42,7 @@ from dramatiq.common import q_name
 from dramatiq.middleware import Middleware
 
 from middleware.attempts import AttemptTracker
+from middleware.dead_letters import wants_redelivery
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ class Metrics(Middleware):
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()
-        if self._instruments is not None:
+        if self._instruments is not None and not wants_redelivery(message):  # counted once published
             self._instruments.rejects.labels(*_labels(message)).inc()
 
     def after_ack(self, broker: Broker, message: MessageProxy) -> None:

@@ -35,7 +35,7 @@ from dramatiq.common import q_name
 from dramatiq.middleware import CurrentMessage, Middleware
 
 from middleware.attempts import AttemptTracker
-from middleware.dead_letters import REPLAYS
+from middleware.dead_letters import REPLAYS, wants_redelivery
 from middleware.deferred import DeferredWrites
 from middleware.state import StateStore, StoreUnavailable
 from middleware.status_store import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
@@ -232,6 +232,8 @@ class Status(Middleware):
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()
+        if wants_redelivery(message):
+            return  # its dead letter was refused: held and requeued, dead once the consumer publishes it
         # Failed for good (retries exhausted, ``throws``, too old, unknown actor): dead-lettered.
         attempt = message.options.get("retries", 0) + 1
         self._update(message, "dead", attempt, {"finished_at": _now_ms()})

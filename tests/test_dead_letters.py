@@ -66,11 +66,13 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
         == "TimeLimitExceeded"
     )
     assert letters[unknown.message_id]["properties"]["headers"]["x-dl-reason"] == "unknown_actor"
-    assert "junk" in letters  # undecodable: dead-lettered natively, told apart by jobctl
+    junk = letters["junk"]["properties"]["headers"]  # not a message: dead-lettered as it came
+    assert junk["x-dl-reason"] == "malformed" and junk["x-dl-field"] == "body"
+    assert junk["x-dl-queue"] == queue and junk["x-dl-attempts"] == 0
 
     listed = [json.loads(line) for line in jobctl(prefix, "dlq", "list", "--json").stdout.splitlines()]
     by_id = {d["message_id"]: d for d in listed}
-    assert by_id["junk"]["reason"] == "undecodable"
+    assert by_id["junk"]["reason"] == "malformed"
     assert by_id[unknown.message_id]["reason"] == "unknown_actor"
     assert {by_id[m.message_id]["reason"] for m in sent.values()} == set(sent)
     shown = jobctl(prefix, "dlq", "show", sent["retries_exhausted"].message_id).stdout
@@ -202,7 +204,7 @@ def test_a_retry_that_cannot_be_published_is_redelivered_not_lost(start_worker, 
     wait_for(lambda: store.llen(f"test:{prefix}effect:n1") == 1, timeout=60, what="the redelivered run")
 
 
-def test_a_dead_letter_that_cannot_be_published_leaves_the_message_for_redelivery(
+def test_a_dead_letter_that_cannot_be_published_is_held_then_published_without_running_again(
     start_worker, queues, store, prefix
 ):
     queue = queues.name(workload.permanent)
@@ -218,5 +220,9 @@ def test_a_dead_letter_that_cannot_be_published_leaves_the_message_for_redeliver
     outcome = wait_for_final_events([worker], {message.message_id: 1})[message.message_id]
     assert outcome == {"job_dead_lettered": 1}
     assert worker.events("job_requeued", message_id=message.message_id)  # each refusal put it back
-    assert store.llen(f"test:{prefix}attempt:n2") >= 2  # it ran again: redelivered, not dropped
+    # The outcome was decided: the redelivery published the dead letter, it did not run again.
+    assert store.llen(f"test:{prefix}attempt:n2") == 1
+    (letter,) = queues.peek(queue + ".DLQ")
+    assert letter["properties"]["message_id"] == message.message_id
+    assert letter["properties"]["headers"]["x-dl-reason"] == "non_retryable"
     assert queues.left_after_stop([worker], queue) == 0

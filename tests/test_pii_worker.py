@@ -3,7 +3,7 @@ tracebacks stored in RabbitMQ, or in Sentry events.
 
 Each test runs the same scenario on a worker of its own: the corpus goes into job arguments,
 structlog and standard-library log calls (as values and inside messages), exception messages, and
-Dramatiq's failure, skip, unknown-actor and decode-error paths (bodies published by hand with pika),
+Dramatiq's failure, skip, unknown-actor and malformed-body paths (bodies published by hand with pika),
 at LOG_LEVEL=DEBUG so that Dramatiq's argument-dumping DEBUG lines run too.
 """
 
@@ -25,7 +25,7 @@ from tests import workload
 from tests.pii_corpus import free_text, keyed, leaks
 from tests.support import BIN, ROOT, Queues, Worker, sentry_events, sentry_server, wait_for
 
-DEAD_LETTERS = 5  # leaky_failure, the skipped message, the unknown actor, two undecodable bodies
+DEAD_LETTERS = 5  # leaky_failure, the skipped message, the unknown actor, two malformed bodies
 
 
 @dataclass
@@ -131,9 +131,10 @@ def test_no_personal_data_in_any_process_output_or_stored_traceback(start_worker
     assert f"Received message leaky_failure(message_id={run.leaky_id}) with id '{run.leaky_id}'." in events
     assert "Received args=<4 hidden> kwargs=<hidden: >." in events
     assert "Received message for undefined actor 'no_such_actor'. Moving it to the DLQ." in events
-    decode_errors = [line for line in run.lines if line["event"].startswith("Failed to decode message")]
-    assert len(decode_errors) == 2
-    assert all("bytes, body not logged)" in line["exception"] for line in decode_errors)
+    malformed = run.events("message_malformed", field="body")  # what is wrong, never the body
+    assert len(malformed) == 2 and all(
+        line["problem"].startswith("could not be decoded") for line in malformed
+    )
 
     # The dead letter carries the final attempt's traceback in its headers, scrubbed; the body
     # keeps no stored traceback at all; no header of any dead letter holds personal data.
@@ -196,8 +197,8 @@ def test_sentry_events_hold_no_personal_data_and_are_tagged_with_the_job(start_w
             # A worker process ends with os._exit, past Sentry's exit-time flush: wait for its events.
             events = sentry_events(list(envelopes))
             failures = [e for e in events if e.get("tags", {}).get("message_id") == run.leaky_id]
-            decode_errors = [e for e in events if "DecodeError" in json.dumps(e.get("exception", {}))]
-            return len(failures) == 2 and len(decode_errors) == 2
+            malformed = [e for e in events if "message_malformed" in json.dumps(e.get("logentry", {}))]
+            return len(failures) == 2 and len(malformed) == 2
 
         env = {"SENTRY_DSN": dsn, "SENTRY_ENVIRONMENT": "pii-test", "SENTRY_RELEASE": "jobsystem@test"}
         run = _scenario(start_worker, queues, store, prefix, until=reported, **env)

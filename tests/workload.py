@@ -144,6 +144,39 @@ class RejectFlagged(Middleware):
 dramatiq.get_broker().add_middleware(RejectFlagged())
 
 
+# --- Threads that die anyway: faults injected to show the watchdog replaces them (tests/test_poison.py) ---
+
+
+class ThreadKilled(BaseException):
+    """What no hook may raise: a ``BaseException`` escapes Dramatiq's ``emit_after`` and ``emit_before``."""
+
+
+class KillThreadFlagged(Middleware):
+    """Kill the thread handling a message sent with the option ``kill_thread`` (``"worker"``: the
+    worker thread, after the actor ran; ``"consumer"``: the delay queue's consumer thread, once
+    per message id, as it receives the message)."""
+
+    def __init__(self) -> None:
+        self.killed_consumers: set[str] = set()
+
+    def after_process_message(
+        self, broker: dramatiq.Broker, message: MessageProxy, *, result: Any = None, exception: Any = None
+    ) -> None:
+        if message.options.get("kill_thread") == "worker":
+            raise ThreadKilled("worker thread killed on purpose")
+
+    def before_delay_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        if (
+            message.options.get("kill_thread") == "consumer"
+            and message.message_id not in self.killed_consumers
+        ):
+            self.killed_consumers.add(message.message_id)
+            raise ThreadKilled("consumer thread killed on purpose")
+
+
+dramatiq.get_broker().add_middleware(KillThreadFlagged())
+
+
 @dramatiq.actor(queue_name=QUEUE, max_retries=0, idempotency_key=lambda token, reject=False: token)
 def depends(token: str, reject: bool = False) -> None:
     """Fail while the test says its dependency is down; count the effect per token once it is up."""

@@ -1,0 +1,274 @@
+"""The project's RabbitMQ consumer: every delivery ends acked once what it decided is safe in
+RabbitMQ, dead-lettered, or held and requeued later; none can crash a thread or loop hot.
+
+- Each body is checked (``middleware.message_shape``) before anything reads its fields; one that
+  is not a well-formed message for this queue is dead-lettered as it is, byte for byte, with
+  reason ``malformed`` and headers naming what is wrong, then acked. Non-JSON bodies included.
+- A failed message's dead letter is published by the consumer (the final record as headers,
+  confirmed) and only then is the original acked.
+- A follow-up publish (the retry, the dead letter) that RabbitMQ refuses holds the delivery and
+  requeues it after a growing delay, counted, with an alert after a few refusals
+  (``middleware.follow_ups``); when the delivery comes back, the consumer publishes the decided
+  follow-up itself instead of running the actor again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import pika
+import pika.exceptions
+import pika.spec
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.rabbitmq import _RabbitmqConsumer, _RabbitmqMessage
+from dramatiq.common import q_name
+from dramatiq.errors import ConnectionClosed
+
+from middleware.dead_letters import (
+    DEAD_LETTER_REASON,
+    HEADER_REASON,
+    pending_follow_up,
+    request_redelivery,
+    wants_redelivery,
+)
+from middleware.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
+from middleware.message_shape import Malformed, decode
+
+if TYPE_CHECKING:
+    from actors.broker import ProjectBroker
+
+__all__ = ["DeadLetteringConsumer", "dead_letter_body"]
+
+logger = logging.getLogger(__name__)
+
+#: AMQP properties of a malformed delivery that its dead letter keeps (others, such as
+#: ``expiration`` or ``user_id``, would change what happens to the dead letter itself).
+KEPT_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "app_id", "type", "timestamp")
+
+_Delivery = tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes]
+
+
+def dead_letter_body(message: MessageProxy) -> bytes:
+    """The message as it goes to the dead letters: without Dramatiq's stored traceback (the
+    previous attempt's, unscrubbed); the record's headers carry the final one."""
+    options = {k: v for k, v in message.options.items() if k not in ("traceback", "eta")}
+    final: Message[Any] = dataclasses.replace(
+        message._message, queue_name=q_name(message.queue_name), options=options
+    )
+    return final.encode()
+
+
+def _kept(properties: pika.spec.BasicProperties) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The AMQP properties and the plain headers of a malformed delivery that its dead letter keeps."""
+    kept = {name: getattr(properties, name) for name in KEPT_PROPERTIES if getattr(properties, name)}
+    headers = {
+        str(k): v
+        for k, v in (properties.headers or {}).items()
+        if not str(k).startswith("x-dl-") and isinstance(v, str | int | float | bytes)
+    }
+    return kept, headers
+
+
+class DeadLetteringConsumer(_RabbitmqConsumer):
+    """Dramatiq's consumer, checking every body and never losing or spinning on a follow-up.
+
+    - ``__next__``: check the body's shape (malformed: dead-lettered here); a redelivery whose
+      follow-up was decided and refused before: publish that follow-up, do not run it again.
+    - ``nack``: publish the record to the dead-letter exchange, wait for the confirm, then ack.
+    - ``ack`` of a message whose follow-up publish failed (``request_redelivery``), or a dead
+      letter that cannot be published: hold it, requeue it after a growing delay.
+    """
+
+    broker: ProjectBroker
+
+    def __init__(self, broker: ProjectBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        # The middleware that want each delivery as it arrives (claim ahead), looked up once per
+        # consumer rather than on every message.
+        self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def __next__(self) -> MessageProxy | None:
+        delivery = self._next_delivery()
+        if delivery is None:
+            return None
+        method, properties, body = delivery
+        decoded = decode(body, self.queue_name)
+        if isinstance(decoded, Malformed):
+            self._dead_letter_malformed(method.delivery_tag, properties, body, decoded)
+            return None
+        if method.redelivered:
+            follow_up = self.broker.refused_follow_ups.decided(decoded.message_id)
+            if follow_up is not None:
+                self._publish_decided(method.delivery_tag, decoded.message_id, follow_up)
+                return None
+        message = _RabbitmqMessage(method.redelivered, method.delivery_tag, decoded)  # type: ignore[no-untyped-call]
+        self.known_tags.add(method.delivery_tag)
+        for on_receive in self.receive_hooks:
+            try:
+                on_receive(self.broker, message)
+            except Exception:  # an optimisation only: the hook's before_process_message decides
+                logger.exception("receive_hook_failed", extra={"message_id": decoded.message_id})
+        return message
+
+    def _next_delivery(self) -> _Delivery | None:
+        """The next delivery, or None when the queue stayed idle for the consumer's timeout."""
+        try:
+            method, properties, body = next(self.iterator)
+        except (
+            AssertionError,
+            pika.exceptions.AMQPConnectionError,
+            pika.exceptions.AMQPChannelError,
+        ) as exc:
+            # A queue that disappeared is declared again when the consumer restarts.
+            if getattr(exc, "reply_code", None) == 404:
+                self.broker.queues_pending.add(q_name(self.queue_name))
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        return None if method is None else (method, properties, body)
+
+    def _dead_letter_malformed(
+        self, tag: int, properties: pika.spec.BasicProperties, body: bytes, malformed: Malformed
+    ) -> None:
+        """Publish a malformed body to the dead letters as it is, confirmed, then ack it. Its id:
+        the delivery's ``message_id`` property, else the body's if well formed, else a hash."""
+        key = (
+            properties.message_id
+            or malformed.message_id
+            or f"malformed-{hashlib.sha256(body).hexdigest()[:16]}"
+        )
+        if not self.broker.refused_follow_ups.refusals(key):  # logged once, not per redelivery
+            logger.error(
+                "message_malformed",
+                extra={
+                    "message_id": key,
+                    "queue": q_name(self.queue_name),
+                    "field": malformed.field,
+                    "problem": malformed.problem,
+                    "size": len(body),
+                },
+            )
+        kept, original_headers = _kept(properties)
+        record = self.broker.dead_letters.malformed_record(self.queue_name, malformed)
+        publish = partial(
+            self.broker.publish_dead_letter,
+            body,
+            {**original_headers, **record},
+            key,
+            self.queue_name,
+            properties=kept,
+        )
+        self._publish_then_ack(tag, key, "dead_letter", publish, None)
+
+    def _publish_decided(self, tag: int, message_id: str, follow_up: FollowUp) -> None:
+        """Publish the follow-up a refused delivery had decided, then ack it (or hold it again)."""
+        publish: Callable[[], Any]
+        if isinstance(follow_up, RetryFollowUp):
+            publish = partial(self.broker.enqueue, follow_up.message, delay=follow_up.delay_ms)
+        else:
+            publish = partial(
+                self.broker.publish_dead_letter,
+                follow_up.body,
+                follow_up.headers,
+                message_id,
+                self.queue_name,
+            )
+        published = self._publish_then_ack(tag, message_id, follow_up.kind, publish, follow_up)
+        if published and isinstance(follow_up, DeadLetterFollowUp):
+            # Now it is dead-lettered: the nack hooks that skipped the refused one (lifecycle's
+            # job_dead_lettered, the dead status, the reject count) see it, then its hook is told.
+            message = _RabbitmqMessage(True, tag, follow_up.message)  # type: ignore[no-untyped-call]
+            setattr(message, DEAD_LETTER_REASON, follow_up.headers.get(HEADER_REASON))
+            self.broker.emit_after("nack", message)
+            self._notify(follow_up.message, follow_up.headers)
+
+    def _publish_then_ack(
+        self, tag: int, key: str, kind: str, publish: Callable[[], Any], follow_up: FollowUp | None
+    ) -> bool:
+        """``publish()`` then ack delivery ``tag``; if RabbitMQ refuses, count it and requeue the
+        delivery later instead. Returns whether it was published."""
+        refused = self.broker.refused_follow_ups
+        queue = q_name(self.queue_name)
+        try:
+            publish()
+        except Exception as exc:
+            delay = refused.refused(key, kind=kind, queue=queue, follow_up=follow_up, error=exc)
+            self._requeue_later(tag, delay)
+            return False
+        refused.published(key, kind=kind, queue=queue)
+        self._settle(partial(self.channel.basic_ack, tag))
+        return True
+
+    # -- settling --------------------------------------------------------------------------------
+
+    def ack(self, message: MessageProxy) -> None:
+        if wants_redelivery(message):
+            self._hold(message, pending_follow_up(message), "retry", None)
+        else:
+            super().ack(message)  # type: ignore[no-untyped-call]
+
+    def nack(self, message: MessageProxy) -> None:
+        broker = self.broker
+        headers = broker.dead_letters.record(broker, message, message._exception)
+        body: bytes | None = None
+        try:
+            body = dead_letter_body(message)
+            broker.publish_dead_letter(body, headers, message.message_id, message.queue_name)
+        except Exception as exc:
+            logger.exception("dead_letter_publish_failed", extra={"message_id": message.message_id})
+            follow_up = DeadLetterFollowUp(body, headers, message._message) if body is not None else None
+            request_redelivery(message, follow_up)  # the lifecycle log then says "requeued"
+            self._hold(message, follow_up, "dead_letter", exc)
+            return
+        setattr(message, DEAD_LETTER_REASON, headers[HEADER_REASON])
+        super().ack(message)  # type: ignore[no-untyped-call]
+        self._notify(message, headers)
+
+    def _notify(self, message: Message[Any] | MessageProxy, headers: dict[str, Any]) -> None:
+        try:
+            self.broker.dead_letters.notify(self.broker, message, headers)  # type: ignore[arg-type]
+        except Exception:  # the dead letter is safe; only the application's hook was not told
+            logger.exception("dead_letter_hook_failed", extra={"message_id": message.message_id})
+
+    def _hold(
+        self, message: MessageProxy, follow_up: FollowUp | None, kind: str, error: BaseException | None
+    ) -> None:
+        """Count the refused follow-up of ``message``, remember it, and requeue the delivery later."""
+        delay = self.broker.refused_follow_ups.refused(
+            message.message_id, kind=kind, queue=q_name(self.queue_name), follow_up=follow_up, error=error
+        )
+        try:
+            self.known_tags.remove(message._tag)
+        except KeyError:  # the consumer reconnected since: RabbitMQ redelivers it anyway
+            return
+        self._requeue_later(message._tag, delay)
+
+    def _requeue_later(self, tag: int, delay: float) -> None:
+        """Requeue delivery ``tag`` in ``delay`` seconds, on the connection's own thread (the
+        delivery stays unacked, so held by this consumer, until then)."""
+        requeue = partial(self._requeue_now, self.channel, tag)
+        try:
+            self.connection.add_callback_threadsafe(partial(self.connection.call_later, delay, requeue))
+        except pika.exceptions.AMQPError:  # the connection closed: RabbitMQ requeues it anyway
+            logger.warning("requeue_failed", extra={"delivery_tag": tag}, exc_info=True)
+
+    @staticmethod
+    def _requeue_now(channel: Any, tag: int) -> None:
+        try:
+            if channel.is_open:
+                channel.basic_nack(tag, requeue=True)
+        except Exception:  # the channel closed meanwhile: RabbitMQ requeued the delivery itself
+            logger.warning("requeue_failed", extra={"delivery_tag": tag}, exc_info=True)
+
+    def _settle(self, callback: Callable[[], Any]) -> None:
+        """Run ``callback`` (an ack) on the connection's thread, as Dramatiq's ``ack`` does."""
+        try:
+            self.connection.add_callback_threadsafe(callback)
+        except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
