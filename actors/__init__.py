@@ -21,7 +21,7 @@ with configuration_checked():  # bad settings: one line each and exit code 2 in 
 configure_logging(settings)
 configure_sentry(settings)  # before the broker: Sentry's Dramatiq integration patches Broker.__init__
 store = open_store(settings.state_url, namespace=settings.state_namespace, timeout=settings.state_timeout)
-broker = build_broker(settings, build_middleware(settings, store))
+broker = build_broker(settings, build_middleware(settings, store), store)
 dramatiq.set_broker(broker)
 
 with configuration_checked():  # an actor's rate_limit that RATE_LIMITS lacks

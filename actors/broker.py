@@ -21,6 +21,7 @@ from actors.settings import Settings
 from middleware.dead_letters import DeadLetters
 from middleware.follow_ups import RefusedFollowUps
 from middleware.idempotency import DuplicateMessage, as_duplicate
+from middleware.state import StateStore
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class ProjectBroker(RabbitmqBroker):
         dead_letter_exchange: str = DEAD_LETTER_EXCHANGE,
         dead_letter_ttl_ms: int | None = None,
         dead_letter_max_length: int | None = None,
+        state: StateStore | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -73,7 +75,7 @@ class ProjectBroker(RabbitmqBroker):
         self.dead_letter_max_length = dead_letter_max_length
         found = [m for m in self.middleware if isinstance(m, DeadLetters)]
         self.dead_letters = found[0] if found else DeadLetters()
-        self.refused_follow_ups = RefusedFollowUps()
+        self.refused_follow_ups = RefusedFollowUps(store=state)
 
     @property
     def consumer_class(self) -> type[_RabbitmqConsumer]:
@@ -184,7 +186,9 @@ def connection_urls(settings: Settings) -> list[str]:
     return urls
 
 
-def build_broker(settings: Settings, middleware: list[Middleware]) -> ProjectBroker:
+def build_broker(
+    settings: Settings, middleware: list[Middleware], state: StateStore | None = None
+) -> ProjectBroker:
     """A broker whose every publish waits for RabbitMQ's confirm and whose queues take priorities.
 
     Dramatiq declares its queues durable and publishes persistent messages (delivery mode 2);
@@ -198,4 +202,5 @@ def build_broker(settings: Settings, middleware: list[Middleware]) -> ProjectBro
         confirm_delivery=True,
         max_priority=settings.rabbitmq_max_priority,
         middleware=middleware,
+        state=state,
     )

@@ -304,7 +304,7 @@ def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
 
     settings = load_settings({**os.environ, "STATE_URL": state_url, **env})
     store = open_store(settings.state_url, namespace=settings.state_namespace)
-    broker = build_broker(settings, build_middleware(settings, store))
+    broker = build_broker(settings, build_middleware(settings, store), store)
     broker.actors.update(actors.broker.actors)
     broker.actors["keyed_noop"] = bench.project.keyed_noop
     broker.actors["metered_noop"] = bench.project.metered_noop

@@ -11,12 +11,16 @@ that grows with each refusal (:meth:`RefusedFollowUps.refused`), and counts the 
 message: from the ``alert_after``-th on, each is logged at ERROR (``follow_up_publish_refused``),
 which reaches Sentry as an error event. The decided follow-up is remembered by message id, so the
 redelivery is not handed to a worker thread again: the consumer publishes the follow-up itself
-(:meth:`RefusedFollowUps.decided`). The memory is this process's: a redelivery that another
-worker process receives runs the actor again (once per process at most).
+(:meth:`RefusedFollowUps.decided`). The memory is this process's, shared through the state store
+when one is given: a redelivery that another worker process (or host) receives finds the decision
+there. The store is asked only for redelivered messages, and best effort: if it does not answer,
+the redelivery runs the actor again (once per process at most), as plain at-least-once delivery.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
 import time
@@ -26,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dramatiq import Message
+
+from middleware.state import StateStore
 
 __all__ = ["DeadLetterFollowUp", "FollowUp", "RefusedFollowUps", "RetryFollowUp"]
 
@@ -73,6 +79,8 @@ class RefusedFollowUps:
         have gone to another process, which published the follow-up).
       max_entries: at most this many messages remembered (the oldest are forgotten first).
       clock: monotonic seconds.
+      store: the shared state store, so that every worker process knows what was decided; None
+        keeps the memory in this process only.
     """
 
     def __init__(
@@ -84,6 +92,7 @@ class RefusedFollowUps:
         forget_after_s: float = 3600.0,
         max_entries: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        store: StateStore | None = None,
     ) -> None:
         self.first_delay_s = first_delay_s
         self.max_delay_s = max_delay_s
@@ -91,6 +100,7 @@ class RefusedFollowUps:
         self.forget_after_s = forget_after_s
         self.max_entries = max_entries
         self.clock = clock
+        self.store = store
         self._entries: OrderedDict[str, _Refusals] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -100,16 +110,19 @@ class RefusedFollowUps:
         """Count a refused follow-up of message ``key`` (remembering ``follow_up``, the publish to
         try again), log it, and return how many seconds to hold the delivery before requeueing it."""
         now = self.clock()
+        shared = self._shared(key)  # another process may have counted refusals since
         with self._lock:
             self._forget_old(now)
             entry = self._entries.pop(key, None) or _Refusals(follow_up, 0, now)
-            entry.count += 1
+            entry.count = max(entry.count, shared.count if shared is not None else 0) + 1
             entry.last = now
             entry.follow_up = follow_up or entry.follow_up
             self._entries[key] = entry
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
             count = entry.count
+            decided = entry.follow_up
+        self._share(key, decided, count)
         delay = float(min(self.first_delay_s * 2 ** min(count - 1, 30), self.max_delay_s))
         logger.log(
             logging.ERROR if count >= self.alert_after else logging.WARNING,
@@ -126,10 +139,18 @@ class RefusedFollowUps:
         return delay
 
     def decided(self, key: str) -> FollowUp | None:
-        """The follow-up remembered for message ``key``, if one was refused here."""
+        """The follow-up remembered for message ``key``, if one was refused here or, per the
+        state store, in another process."""
         with self._lock:
             entry = self._entries.get(key)
-            return entry.follow_up if entry is not None else None
+            if entry is not None:
+                return entry.follow_up
+        entry = self._shared(key)
+        if entry is None:
+            return None
+        with self._lock:
+            self._entries[key] = self._entries.get(key) or entry
+            return self._entries[key].follow_up
 
     def refusals(self, key: str) -> int:
         with self._lock:
@@ -140,11 +161,15 @@ class RefusedFollowUps:
         """The follow-up of ``key`` was published at last: forget it, and say so."""
         with self._lock:
             entry = self._entries.pop(key, None)
-        if entry is not None:
-            logger.info(
-                "follow_up_published",
-                extra={"kind": kind, "message_id": key, "queue": queue, "refusals": entry.count},
-            )
+        if entry is None:
+            return
+        shared = self._shared(key)  # the count other processes reached, when they took part
+        self._unshare(key)
+        refusals = max(entry.count, shared.count if shared is not None else 0)
+        logger.info(
+            "follow_up_published",
+            extra={"kind": kind, "message_id": key, "queue": queue, "refusals": refusals},
+        )
 
     def _forget_old(self, now: float) -> None:
         while self._entries:
@@ -152,3 +177,61 @@ class RefusedFollowUps:
             if now - oldest.last < self.forget_after_s:
                 return
             del self._entries[key]
+
+    # -- the state store's copy ------------------------------------------------------------------
+
+    def _share(self, key: str, follow_up: FollowUp | None, count: int) -> None:
+        if self.store is None or follow_up is None:
+            return
+        try:
+            record = json.dumps({"count": count, **_encode(follow_up)}, default=str)
+            self.store.set(_STORE_KEY + key, record, ttl_ms=int(self.forget_after_s * 1000))
+        except Exception as exc:  # best effort: this process still remembers it
+            logger.warning("follow_up_not_shared", extra={"message_id": key, "error": type(exc).__name__})
+
+    def _shared(self, key: str) -> _Refusals | None:
+        if self.store is None:
+            return None
+        try:
+            raw = self.store.get(_STORE_KEY + key)
+            if raw is None:
+                return None
+            record = json.loads(raw)
+            return _Refusals(_decode(record), int(record["count"]), self.clock())
+        except Exception as exc:  # unreadable or unavailable: the delivery runs as a plain redelivery
+            logger.warning("follow_up_not_read", extra={"message_id": key, "error": type(exc).__name__})
+            return None
+
+    def _unshare(self, key: str) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.delete(_STORE_KEY + key)
+        except Exception:  # it expires on its own
+            logger.warning("follow_up_not_forgotten", extra={"message_id": key})
+
+
+#: Prefix of the state store's copy of a decided follow-up, by message id.
+_STORE_KEY = "follow-up:"
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _encode(follow_up: FollowUp) -> dict[str, Any]:
+    if isinstance(follow_up, RetryFollowUp):
+        return {"kind": "retry", "message": _b64(follow_up.message.encode()), "delay_ms": follow_up.delay_ms}
+    return {
+        "kind": "dead_letter",
+        "message": _b64(follow_up.message.encode()),
+        "body": _b64(follow_up.body),
+        "headers": follow_up.headers,
+    }
+
+
+def _decode(record: dict[str, Any]) -> FollowUp:
+    message: Message[Any] = Message.decode(base64.b64decode(record["message"]))
+    if record["kind"] == "retry":
+        return RetryFollowUp(message, int(record["delay_ms"]))
+    return DeadLetterFollowUp(base64.b64decode(record["body"]), dict(record["headers"]), message)

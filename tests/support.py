@@ -159,7 +159,7 @@ def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
 
     settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})
     store = open_store(settings.state_url, namespace=settings.state_namespace)
-    broker = build_broker(settings, build_middleware(settings, store))
+    broker = build_broker(settings, build_middleware(settings, store), store)
     broker.actors.update(actors.broker.actors)
     return broker
 

@@ -8,18 +8,24 @@ import json
 from typing import Any
 
 import pika
+import pytest
 
 import actors
 from tests import workload
 from tests.support import sentry_events, sentry_server, wait_for
 
 
-def test_a_refused_retry_backs_off_alerts_and_runs_the_actor_once(start_worker, queues, store, prefix):
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_refused_retry_backs_off_alerts_and_runs_the_actor_once(
+    start_worker, queues, store, prefix, processes
+):
+    """With two worker processes the redelivery often reaches the other one: it learns what was
+    decided from the state store and does not run the actor again either."""
     queue = queues.name(workload.flaky)
     queues.broker.declare_queue(queue, ensure=True)
     attempts = f"test:{prefix}attempt:r1"
     with sentry_server() as (dsn, envelopes):
-        worker = start_worker(JOB_MIN_BACKOFF_MS="100", SENTRY_DSN=dsn)
+        worker = start_worker(processes=processes, JOB_MIN_BACKOFF_MS="100", SENTRY_DSN=dsn)
         with queues.capped(queue + ".DQ", 0):  # every retry publish is refused by RabbitMQ
             message = queues.send(workload.flaky, "r1", failures=1)
 
