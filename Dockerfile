@@ -2,6 +2,7 @@ FROM python:3.11-slim
 WORKDIR /app
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY pyproject.toml README.md ./
+COPY jobsystem ./jobsystem
 COPY actors ./actors
 COPY middleware ./middleware
 COPY scheduler ./scheduler

@@ -28,7 +28,7 @@ test:  ## Run the test suite against the local RabbitMQ and Redis
 lint:  ## ruff check, ruff format --check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy actors middleware scheduler jobctl demo
+	$(BIN)/mypy jobsystem actors middleware scheduler jobctl demo
 
 format:  ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

@@ -18,8 +18,8 @@ from dramatiq.middleware import Middleware
 
 from actors.consumer import DeadLetteringConsumer
 from actors.settings import Settings
+from jobsystem.runtime.follow_ups import RefusedFollowUps
 from middleware.dead_letters import DeadLetters
-from middleware.follow_ups import RefusedFollowUps
 from middleware.idempotency import DuplicateMessage, as_duplicate
 from middleware.state import StateStore
 

@@ -1,14 +1,14 @@
 """The project's RabbitMQ consumer: every delivery ends acked once what it decided is safe in
 RabbitMQ, dead-lettered, or held and requeued later; none can crash a thread or loop hot.
 
-- Each body is checked (``middleware.message_shape``) before anything reads its fields; one that
+- Each body is checked (``jobsystem.runtime.message_shape``) before anything reads its fields; one that
   is not a well-formed message for this queue is dead-lettered as it is, byte for byte, with
   reason ``malformed`` and headers naming what is wrong, then acked. Non-JSON bodies included.
 - A failed message's dead letter is published by the consumer (the final record as headers,
   confirmed) and only then is the original acked.
 - A follow-up publish (the retry, the dead letter) that RabbitMQ refuses holds the delivery and
   requeues it after a growing delay, counted, with an alert after a few refusals
-  (``middleware.follow_ups``); when the delivery comes back, the consumer publishes the decided
+  (``jobsystem.runtime.follow_ups``); when the delivery comes back, the consumer publishes the decided
   follow-up itself instead of running the actor again.
 """
 
@@ -30,6 +30,8 @@ from dramatiq.brokers.rabbitmq import _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 
+from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
+from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import (
     DEAD_LETTER_REASON,
     HEADER_REASON,
@@ -37,8 +39,6 @@ from middleware.dead_letters import (
     request_redelivery,
     wants_redelivery,
 )
-from middleware.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
-from middleware.message_shape import Malformed, decode
 
 if TYPE_CHECKING:
     from actors.broker import ProjectBroker

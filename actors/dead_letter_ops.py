@@ -35,8 +35,8 @@ from dramatiq.common import q_name
 from actors.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from actors.bulk import BulkSendError, send_bulk
 from actors.settings import Settings
+from jobsystem.runtime.message_shape import decode
 from middleware import dead_letters as record
-from middleware.message_shape import decode
 
 #: Options a replayed message starts without: it gets a fresh set of attempts.
 RESET_OPTIONS = ("retries", record.ATTEMPTS, "traceback", "eta", "requeue_timestamp")

@@ -52,7 +52,7 @@ SDK_FIELDS = frozenset(
 SDK_CONTEXTS = frozenset({"runtime", "os", "trace", "device", "app"})
 REMOVED = "[removed]"
 #: The project's packages: their frames are the application's own (``in_app``) wherever installed.
-PROJECT_PACKAGES = ["actors", "middleware", "scheduler", "jobctl", "demo"]
+PROJECT_PACKAGES = ["jobsystem", "actors", "middleware", "scheduler", "jobctl", "demo"]
 #: Tags of a job's events, and the field of Dramatiq's message each comes from.
 _TAGS = {"actor": "actor_name", "queue": "queue_name", "message_id": "message_id"}
 

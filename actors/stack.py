@@ -66,7 +66,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     - Status after Retries and Idempotency (``JOB_STATUS``): its ``before_process_message`` runs
       only for a message that will run (not for one skipped or deferred before it), and its
       ``after_process_message`` runs before Retries', so it records the failed attempt and then
-      sees Retries' re-enqueue as the retry (middleware/attempts.py).
+      sees Retries' re-enqueue as the retry (jobsystem/runtime/attempts.py).
     - Metrics (``PROMETHEUS_PORT``, 0 turns it off) after them, so its timer measures the actor.
     - ScrubStoredTracebacks last: ``before_enqueue`` runs in list order, so it scrubs the
       traceback Retries stored in the options after every other middleware wrote its own, just

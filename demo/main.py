@@ -475,7 +475,7 @@ class Demo:
             code = child.stop(timeout=30.0)
             self.cleaned[f"{child.name}_exit"] = code
         if hasattr(self, "actors"):
-            from middleware.deferred import DeferredWrites
+            from jobsystem.runtime.deferred import DeferredWrites
 
             for middleware in self.actors.broker.middleware:
                 writes = getattr(middleware, "writes", None)

@@ -27,8 +27,8 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import AgeLimit, Middleware, Retries, SkipMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
-from middleware.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
-from middleware.message_shape import Malformed, int_option
+from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
+from jobsystem.runtime.message_shape import Malformed, int_option
 
 #: Why a message ended in the dead letters.
 REASONS = (

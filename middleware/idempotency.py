@@ -39,13 +39,13 @@ from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
-from middleware.coalesce import Coalescer
+from jobsystem.runtime.coalesce import Coalescer
+from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
 from middleware.dead_letters import reject
-from middleware.deferred import DeferredWrites
 from middleware.guard import FailClosed
 from middleware.idempotency_store import Claim, ClaimRequest, KeyRecord, idempotency_backend
 from middleware.keyhash import KeyHasher
-from middleware.requeue import backoff_ms, option_count, postpone
 from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Idempotency(FailClosed):
         self.defer_max_ms = max_store_retry_ms
         self.result_max_bytes = result_max_bytes
         self.writes = DeferredWrites(store)
-        # Claims of concurrent worker threads share round trips (see middleware.coalesce).
+        # Claims of concurrent worker threads share round trips (see jobsystem.runtime.coalesce).
         self.claims: Coalescer[ClaimRequest, Claim] = Coalescer(self._claim_many)
         self._local = threading.local()
         self._held: dict[int, _Held] = {}

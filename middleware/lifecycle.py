@@ -28,8 +28,8 @@ from dramatiq.common import q_name
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware
 
+from jobsystem.runtime.message_shape import int_option
 from middleware.dead_letters import DEAD_LETTER_REASON, wants_redelivery
-from middleware.message_shape import int_option
 
 
 @dataclass

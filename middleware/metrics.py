@@ -10,7 +10,7 @@ working), with what its source shows fixed:
 - Its host and port are environment variables read at import; here they are constructor arguments.
 - Its ``dramatiq_message_retries_total`` counts every enqueue carrying a ``retries`` option, so a
   retried message counts again when it moves from the delay queue, and deferrals count as retries.
-  Here only Retries' re-enqueue of a failed attempt counts (:mod:`middleware.attempts`); skips and
+  Here only Retries' re-enqueue of a failed attempt counts (:mod:`jobsystem.runtime.attempts`); skips and
   deferrals have counters of their own instead of counting as processed.
 
 prometheus_client's multiprocess mode is chosen when it is imported (``PROMETHEUS_MULTIPROC_DIR``
@@ -41,7 +41,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.middleware import Middleware
 
-from middleware.attempts import AttemptTracker
+from jobsystem.runtime.attempts import AttemptTracker
 from middleware.dead_letters import wants_redelivery
 
 logger = logging.getLogger(__name__)

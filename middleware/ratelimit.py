@@ -62,12 +62,12 @@ import dramatiq
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
-from middleware.coalesce import Coalescer
+from jobsystem.runtime.coalesce import Coalescer
+from jobsystem.runtime.requeue import postpone
 from middleware.dead_letters import reject
 from middleware.guard import FailClosed
 from middleware.keyhash import KeyHasher
 from middleware.ratelimit_store import Take, TakeRequest, bucket_backend
-from middleware.requeue import postpone
 from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ class RateLimits(FailClosed):
         self.defer_max_ms = max_store_retry_ms
         self.config_name = config_name
         self.hasher = key_hasher or KeyHasher()
-        # Takes of concurrent worker threads share round trips (see middleware.coalesce).
+        # Takes of concurrent worker threads share round trips (see jobsystem.runtime.coalesce).
         self.takes: Coalescer[TakeRequest, Take] = Coalescer(self.backend.take_many)
         self._local = threading.local()
 

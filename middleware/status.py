@@ -6,14 +6,14 @@ Each message id gets a record in the state store: its state (``queued`` at send,
 :func:`progress`, the last failure's error (passed through ``scrub``) and a small JSON result.
 
 No write blocks a worker thread or a sender: updates go to a per-process buffer drained by
-:class:`~middleware.deferred.DeferredWrites`, many records per Lua call or transaction. A progress
+:class:`~jobsystem.runtime.deferred.DeferredWrites`, many records per Lua call or transaction. A progress
 report replaces the previous one of the same message still in the buffer, so an actor may report
 as often as it likes: at most one progress write per message per flush reaches the store.
 
 Place the middleware after Retries and after any middleware that may skip or defer a message
 (idempotency, rate limits): its ``before_process_message`` then runs only for a message that is
 about to run, and its ``after_process_message`` sees the attempt before Retries decides about it
-(see :mod:`middleware.attempts`).
+(see :mod:`jobsystem.runtime.attempts`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.middleware import CurrentMessage, Middleware
 
-from middleware.attempts import AttemptTracker
+from jobsystem.runtime.attempts import AttemptTracker
+from jobsystem.runtime.deferred import DeferredWrites
 from middleware.dead_letters import REPLAYS, wants_redelivery
-from middleware.deferred import DeferredWrites
 from middleware.state import StateStore, StoreUnavailable
 from middleware.status_store import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
 

@@ -4,7 +4,7 @@ Dramatiq starts its worker and consumer threads once. A worker thread dies when 
 escapes ``process_message``: its ``finally`` block looks the message's consumer up by queue name,
 and its ``except`` block reads options and logs; a ``BaseException`` from an ``after_*`` hook (an
 asynchronous interrupt landing there) escapes too. The consumer checks each message's shape so
-none of that should happen (``middleware.message_shape``), but if a thread dies anyway the
+none of that should happen (``jobsystem.runtime.message_shape``), but if a thread dies anyway the
 process would stay up, consuming nothing or running nothing, until someone notices.
 
 :class:`ThreadWatchdog` looks at the worker's threads every ``interval`` seconds from its own
