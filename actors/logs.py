@@ -23,10 +23,10 @@ from typing import Any
 import structlog
 from structlog.typing import Processor
 
-from actors.privacy import get_scrubber
 from actors.settings import Settings
-from middleware.message_logs import HideMessageArguments
-from middleware.scrub import Scrubber
+from jobsystem.privacy.message_logs import HideMessageArguments
+from jobsystem.privacy.scrub import Scrubber
+from jobsystem.privacy.setup import get_scrubber
 
 
 def _renderer(log_format: str) -> Processor:

@@ -14,9 +14,9 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
-from actors.privacy import get_key_hasher, get_scrubber
 from actors.settings import Settings, SettingsError
 from actors.startup import configuration_checked
+from jobsystem.privacy.setup import get_key_hasher, get_scrubber
 from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from middleware.scrub import Scrubber
+from jobsystem.privacy.scrub import Scrubber
 
 TRACEBACK = (
     "Traceback (most recent call last):\n"

@@ -75,8 +75,8 @@ def load_actors() -> ModuleType:
     actors = import_project("jobctl")
     # A command reports an unreachable broker itself; pika's own account of it is noise here.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
-    from actors.privacy import get_scrubber
     from jobctl.output import protect_output
+    from jobsystem.privacy.setup import get_scrubber
 
     protect_output(get_scrubber(actors.settings).text)  # every line printed from here on
     return actors

@@ -18,7 +18,7 @@ At send, a message whose key is pending or completed within its window is not pu
 Keys come from the message option ``idempotency_key`` or from the actor option of the same name,
 a callable given the actor's args and kwargs that returns the key or None. Keys are scoped by
 actor name. A key is job data (``ana@example.com|welcome``): it is stored, and logged, only as
-``actor:<keyed hash>`` (:class:`~middleware.keyhash.KeyHasher`), computed the same way at send,
+``actor:<keyed hash>`` (:class:`~jobsystem.privacy.keyhash.KeyHasher`), computed the same way at send,
 at run and in :meth:`Idempotency.lookup`.
 """
 
@@ -39,13 +39,13 @@ from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
+from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
 from middleware.dead_letters import reject
 from middleware.guard import FailClosed
 from middleware.idempotency_store import Claim, ClaimRequest, KeyRecord, idempotency_backend
-from middleware.keyhash import KeyHasher
 from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)

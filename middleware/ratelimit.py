@@ -62,11 +62,11 @@ import dramatiq
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
+from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.requeue import postpone
 from middleware.dead_letters import reject
 from middleware.guard import FailClosed
-from middleware.keyhash import KeyHasher
 from middleware.ratelimit_store import Take, TakeRequest, bucket_backend
 from middleware.state import StateStore, StoreUnavailable
 

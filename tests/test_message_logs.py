@@ -9,7 +9,7 @@ from dramatiq import Message
 from dramatiq.broker import MessageProxy
 from dramatiq.errors import DecodeError
 
-from middleware.message_logs import ACTOR_ARGUMENTS_FORMAT, HideMessageArguments
+from jobsystem.privacy.message_logs import ACTOR_ARGUMENTS_FORMAT, HideMessageArguments
 from tests.pii_corpus import free_text, leaks
 
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from middleware.scrub import Scrubber, exception_text
-from middleware.scrub_text import SHAPED_LABELS
+from jobsystem.privacy.scrub import Scrubber, exception_text
+from jobsystem.privacy.scrub_text import SHAPED_LABELS
 from tests.pii_corpus import (
     BY_KEY,
     BY_PATTERN,

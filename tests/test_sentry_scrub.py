@@ -7,7 +7,7 @@ import json
 import re
 
 from actors.sentry import scrub_event
-from middleware.scrub import Scrubber
+from jobsystem.privacy.scrub import Scrubber
 from tests.pii_corpus import free_text, keyed, leaks
 
 MESSAGE_REPR = (

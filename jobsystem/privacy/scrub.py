@@ -3,9 +3,9 @@
 One :class:`Scrubber` serves every channel: structlog (as a processor), the standard library's
 ``logging`` (as a filter), Sentry (over whole events), dead-letter headers, stored tracebacks and
 ``jobctl``'s output. It removes a value when its key names personal data or a secret
-(:mod:`middleware.scrub_keys`: ``email``, ``first_name``, ``client_ip``, ``api_key``... at any
-depth) and, inside any string, whatever is recognised by its shape (:mod:`middleware.scrub_text`:
-email addresses, credentials, tokens; :mod:`middleware.scrub_numbers`: national identity numbers,
+(:mod:`jobsystem.privacy.scrub_keys`: ``email``, ``first_name``, ``client_ip``, ``api_key``... at any
+depth) and, inside any string, whatever is recognised by its shape (:mod:`jobsystem.privacy.scrub_text`:
+email addresses, credentials, tokens; :mod:`jobsystem.privacy.scrub_numbers`: national identity numbers,
 cards, IBANs, phone numbers and IP addresses, each confirmed by ``python-stdnum``,
 ``phonenumbers`` or ``ipaddress`` before it is removed), and every occurrence of a configured
 secret (``secrets``: the passwords of the URLs in the settings).
@@ -35,15 +35,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from middleware import scrub_text as shapes
-from middleware.scrub_keys import (
+from jobsystem.privacy import scrub_text as shapes
+from jobsystem.privacy.scrub_keys import (
     DEFAULT_EXACT_KEYS,
     DEFAULT_KEYS,
     DEFAULT_TAIL_KEYS,
     SECRET_LABELS,
     KeyMatcher,
 )
-from middleware.scrub_numbers import DEFAULT_PHONE_REGIONS, NumberFinder
+from jobsystem.privacy.scrub_numbers import DEFAULT_PHONE_REGIONS, NumberFinder
 
 __all__ = ["Scrubber", "exception_text"]
 

@@ -1,4 +1,4 @@
-"""The project's one :class:`~middleware.scrub.Scrubber` and one store-key hasher, from settings.
+"""The project's one :class:`~jobsystem.privacy.scrub.Scrubber` and one store-key hasher, from settings.
 
 Logs, the middleware stack, Sentry and ``jobctl`` share the scrubber, so a key added with
 ``PII_EXTRA_KEYS`` or a hash key set with ``PII_HASH_KEY`` applies everywhere at once. It also
@@ -15,8 +15,8 @@ from functools import cache
 from urllib.parse import unquote, urlsplit
 
 from actors.settings import Settings
-from middleware.keyhash import KeyHasher
-from middleware.scrub import Scrubber
+from jobsystem.privacy.keyhash import KeyHasher
+from jobsystem.privacy.scrub import Scrubber
 
 __all__ = ["configured_secrets", "get_key_hasher", "get_scrubber"]
 
