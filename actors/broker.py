@@ -19,9 +19,9 @@ from dramatiq.middleware import Middleware
 from actors.consumer import DeadLetteringConsumer
 from actors.settings import Settings
 from jobsystem.runtime.follow_ups import RefusedFollowUps
+from jobsystem.store.base import StateStore
 from middleware.dead_letters import DeadLetters
 from middleware.idempotency import DuplicateMessage, as_duplicate
-from middleware.state import StateStore
 
 logger = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from actors import settings, store
 from actors.broker import connection_urls, dead_letter_queue
 from actors.logs import get_logger
 from actors.settings import Settings, redact_url
-from middleware.state import StateStore, StoreUnavailable
-from middleware.status_store import status_backend
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.status import status_backend
 
 logger = get_logger(__name__)
 

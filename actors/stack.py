@@ -17,12 +17,12 @@ from dramatiq.middleware import (
 from actors.settings import Settings, SettingsError
 from actors.startup import configuration_checked
 from jobsystem.privacy.setup import get_key_hasher, get_scrubber
+from jobsystem.store.base import StateStore
 from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
 from middleware.metrics import Metrics
 from middleware.ratelimit import RateLimits
-from middleware.state import StateStore
 from middleware.status import Status
 from middleware.store_check import StoreCheck
 from middleware.stored_tracebacks import ScrubStoredTracebacks

@@ -19,8 +19,8 @@ from __future__ import annotations
 from functools import cache
 
 from actors import store
-from middleware.state import StateStore
-from middleware.status_store import JobStatus, StatusBackend, status_backend
+from jobsystem.store.base import StateStore
+from jobsystem.store.status import JobStatus, StatusBackend, status_backend
 
 __all__ = ["JobStatus", "get_status", "queue_totals"]
 
@@ -33,7 +33,7 @@ def _backend(state: StateStore) -> StatusBackend:
 def get_status(message_id: str, *, state: StateStore | None = None) -> JobStatus | None:
     """The status of ``message_id`` (the id ``send()`` returned), or None when unknown or expired.
 
-    Raises :class:`~middleware.state.StoreUnavailable` when the state store does not answer.
+    Raises :class:`~jobsystem.store.base.StoreUnavailable` when the state store does not answer.
     """
     return _backend(state or store).get(message_id)
 

@@ -185,7 +185,7 @@ def status(message_id: str, as_json: bool) -> None:
     """
     load_actors()
     from actors.status import get_status
-    from middleware.state import StoreUnavailable
+    from jobsystem.store.base import StoreUnavailable
 
     try:
         record = get_status(message_id)

@@ -43,10 +43,10 @@ from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.idempotency import Claim, ClaimRequest, KeyRecord, idempotency_backend
 from middleware.dead_letters import reject
 from middleware.guard import FailClosed
-from middleware.idempotency_store import Claim, ClaimRequest, KeyRecord, idempotency_backend
-from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class _Ahead:
 
 
 class Idempotency(FailClosed):
-    """Dedup at send and a leased claim at run, on a :class:`~middleware.state.StateStore`.
+    """Dedup at send and a leased claim at run, on a :class:`~jobsystem.store.base.StateStore`.
 
     Parameters:
       store: the shared state store.

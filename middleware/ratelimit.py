@@ -5,7 +5,7 @@ given the actor's args and kwargs that returns a bucket name. ``service:key`` (`
 is a bucket of its own with the limits of ``service``, so each tenant has its own budget (its
 ``key`` is job data: it is stored and logged as a keyed hash, ``smtp:<hash>``). A job
 takes ``rate_limit_cost`` tokens (1 by default) right before it runs; the buckets live in the
-shared state store (see :mod:`middleware.ratelimit_store`), so all processes on all hosts share one
+shared state store (see :mod:`jobsystem.store.buckets`), so all processes on all hosts share one
 budget per bucket.
 
 When the bucket is empty the job is neither run nor failed, and its retries are untouched:
@@ -65,10 +65,10 @@ from dramatiq.middleware import MiddlewareError, SkipMessage
 from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.requeue import postpone
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.buckets import Take, TakeRequest, bucket_backend
 from middleware.dead_letters import reject
 from middleware.guard import FailClosed
-from middleware.ratelimit_store import Take, TakeRequest, bucket_backend
-from middleware.state import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class _Target:
 
 
 class RateLimits(FailClosed):
-    """Token buckets per service in a :class:`~middleware.state.StateStore` (see the module docstring).
+    """Token buckets per service in a :class:`~jobsystem.store.base.StateStore` (see the module docstring).
 
     Parameters:
       store: the shared state store.

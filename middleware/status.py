@@ -36,9 +36,9 @@ from dramatiq.middleware import CurrentMessage, Middleware
 
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.status import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
 from middleware.dead_letters import REPLAYS, wants_redelivery
-from middleware.state import StateStore, StoreUnavailable
-from middleware.status_store import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import NoReturn
 from dramatiq.broker import Broker
 from dramatiq.middleware import Middleware
 
-from middleware.state import StateStore, StoreMisconfigured, StoreUnavailable
+from jobsystem.store.base import StateStore, StoreMisconfigured, StoreUnavailable
 
 __all__ = ["StoreCheck"]
 

@@ -1,6 +1,6 @@
 """The running scheduler: APScheduler triggers, one leader that sends, the state store that remembers.
 
-Every replica runs the same triggers. At each fire, the leader (see :mod:`middleware.leader`)
+Every replica runs the same triggers. At each fire, the leader (see :mod:`jobsystem.store.leader`)
 looks up the schedule's last sent fire in the state store, asks :func:`scheduler.plan.plan_fires`
 what is due, sends it, and records the new last fire; a standby does nothing. A new leader (at
 start, or taking over from one that died) does the same for every schedule at once, which is how
@@ -24,8 +24,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from actors.logs import get_logger
 from actors.settings import Settings
-from middleware.leader import LeaderLease
-from middleware.state import StateStore, StoreUnavailable
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.leader import LeaderLease
 from scheduler.checkins import CheckIns
 from scheduler.plan import plan_fires
 from scheduler.schedules import Schedule
@@ -103,7 +103,7 @@ class Scheduler:
     def run(self) -> None:
         """Schedule every entry, take part in the leader election, and block until :meth:`stop`."""
         now = datetime.now(UTC)
-        takeover = self.settings.scheduler_lease_ms * 1.1 / 1000  # see middleware.leader
+        takeover = self.settings.scheduler_lease_ms * 1.1 / 1000  # see jobsystem.store.leader
         for schedule in self.schedules.values():
             self.aps.add_job(
                 self.fire, trigger=schedule.trigger, args=[schedule.id], id=schedule.id, name=schedule.id

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
-#: Job states after which nothing more happens to a message (``middleware/status_store.py``).
+#: Job states after which nothing more happens to a message (``jobsystem/store/status.py``).
 FINISHED_STATES = frozenset({"succeeded", "dead", "skipped"})
 
 #: Worker log events that end one delivery of a message for good: it ran, it was dead-lettered,
@@ -155,7 +155,7 @@ def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
     from actors.broker import build_broker
     from actors.settings import load_settings
     from actors.stack import build_middleware
-    from middleware.state import open_store
+    from jobsystem.store.base import open_store
 
     settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})
     store = open_store(settings.state_url, namespace=settings.state_namespace)

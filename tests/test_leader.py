@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from middleware.leader import LeaderLease
-from middleware.state import SqliteStore, StoreUnavailable, open_store
+from jobsystem.store.base import SqliteStore, StoreUnavailable, open_store
+from jobsystem.store.leader import LeaderLease
 from tests.support import wait_for
 
 TTL_MS = 1_000

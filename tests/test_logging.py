@@ -90,4 +90,4 @@ def test_scheduler_logs_through_the_same_processors(tmp_path):
     loggers = {line["logger"] for line in lines}
     # structlog's own events and standard-library records (the leader lease logs through
     # ``logging``) alike; APScheduler's per-fire INFO lines are turned down to WARNING on purpose.
-    assert "scheduler" in loggers and "middleware.leader" in loggers
+    assert "scheduler" in loggers and "jobsystem.store.leader" in loggers

@@ -19,9 +19,9 @@ from dramatiq.brokers.stub import StubBroker
 
 from actors.bulk import send_bulk
 from actors.settings import SettingsError, load_settings
+from jobsystem.store.base import open_store
 from middleware.idempotency import Idempotency
 from middleware.ratelimit import Limit, RateLimitConfigError, RateLimits
-from middleware.state import open_store
 from tests import workload
 from tests.conftest import worker_env
 from tests.support import BIN, ROOT, sender_broker, wait_for, wait_for_final_events
@@ -256,8 +256,8 @@ def test_a_job_is_deferred_not_run_unmetered_while_the_store_is_down():
     from dramatiq.broker import MessageProxy
     from dramatiq.middleware import SkipMessage
 
+    from jobsystem.store.base import RedisStore
     from middleware.ratelimit import STORE_WAITS
-    from middleware.state import RedisStore
 
     down = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)
     middleware = RateLimits(down, {"smtp": Limit(rate=10, burst=5)}, store_retry_ms=2_000)

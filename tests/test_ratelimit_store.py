@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from middleware.ratelimit_store import TakeRequest, bucket_backend
-from middleware.state import RedisStore, StateStore, StoreUnavailable, open_store
+from jobsystem.store.base import RedisStore, StateStore, StoreUnavailable, open_store
+from jobsystem.store.buckets import TakeRequest, bucket_backend
 from tests import test_state_store
 
 #: The state store contract's parametrised fixture: each test runs on Redis and on SQLite.

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from middleware.idempotency_store import idempotency_backend
-from middleware.state import RedisStore, SqliteStore, StateStore, StoreUnavailable, open_store
+from jobsystem.store.base import RedisStore, SqliteStore, StateStore, StoreUnavailable, open_store
+from jobsystem.store.idempotency import idempotency_backend
 from tests.conftest import TEST_REDIS_URL
 
 

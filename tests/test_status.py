@@ -11,9 +11,9 @@ from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Retries
 
-from middleware.state import open_store
+from jobsystem.store.base import open_store
+from jobsystem.store.status import JobStatus, status_backend
 from middleware.status import Status, progress
-from middleware.status_store import JobStatus, status_backend
 from tests import workload
 from tests.conftest import TEST_REDIS_URL, worker_env
 from tests.support import BIN, ROOT, sender_broker, wait_for, wait_for_final_events

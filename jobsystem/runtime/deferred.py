@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from middleware.state import StateStore, StoreUnavailable
+from jobsystem.store.base import StateStore, StoreUnavailable
 
 #: Applies many queued items of one kind to a batch view of the store, in one operation if it can.
 ApplyMany = Callable[[StateStore, list[Any]], None]

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from dramatiq import Message
 
-from middleware.state import StateStore
+from jobsystem.store.base import StateStore
 
 __all__ = ["DeadLetterFollowUp", "FollowUp", "RefusedFollowUps", "RetryFollowUp"]
 

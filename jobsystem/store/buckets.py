@@ -36,7 +36,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from middleware.state import RedisStore, SqliteStore, StateStore, StoreUnavailable
+from jobsystem.store.base import RedisStore, SqliteStore, StateStore, StoreUnavailable
 
 Status = Literal["run", "wait", "refused"]
 

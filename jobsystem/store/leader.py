@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from middleware.state import StateStore, StoreUnavailable
+from jobsystem.store.base import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 

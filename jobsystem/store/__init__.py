@@ -1,0 +1,1 @@
+"""The shared state store (Redis or SQLite) and the features' operations on it."""
