@@ -14,7 +14,7 @@ from actors.sentry import configure_sentry
 from actors.settings import get_settings
 from actors.stack import build_middleware
 from actors.startup import configuration_checked
-from jobsystem.store.base import open_store
+from jobsystem.store import open_store
 
 with configuration_checked():  # bad settings: one line each and exit code 2 in a worker
     settings = get_settings()

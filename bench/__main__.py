@@ -300,7 +300,7 @@ def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
     from actors.broker import build_broker
     from actors.settings import load_settings
     from actors.stack import build_middleware
-    from jobsystem.store.base import open_store
+    from jobsystem.store import open_store
 
     settings = load_settings({**os.environ, "STATE_URL": state_url, **env})
     store = open_store(settings.state_url, namespace=settings.state_namespace)
@@ -320,7 +320,7 @@ def rate_accuracy(
 
     import actors
     from actors.bulk import send_bulk
-    from jobsystem.store.base import open_store
+    from jobsystem.store import open_store
     from jobsystem.store.buckets import bucket_backend
 
     count = int(rate * duration + burst)

@@ -155,7 +155,7 @@ def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
     from actors.broker import build_broker
     from actors.settings import load_settings
     from actors.stack import build_middleware
-    from jobsystem.store.base import open_store
+    from jobsystem.store import open_store
 
     settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})
     store = open_store(settings.state_url, namespace=settings.state_namespace)

@@ -7,8 +7,10 @@ import time
 
 import pytest
 
-from jobsystem.store.base import SqliteStore, StoreUnavailable, open_store
+from jobsystem.store import open_store
+from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.leader import LeaderLease
+from jobsystem.store.sqlite import SqliteStore
 from tests.support import wait_for
 
 TTL_MS = 1_000

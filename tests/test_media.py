@@ -5,7 +5,7 @@ from __future__ import annotations
 from PIL import Image
 
 from actors import media
-from jobsystem.store.base import open_store
+from jobsystem.store import open_store
 from jobsystem.store.status import status_backend
 from tests.conftest import TEST_REDIS_URL
 from tests.support import wait_for

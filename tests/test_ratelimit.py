@@ -19,7 +19,7 @@ from dramatiq.brokers.stub import StubBroker
 
 from actors.bulk import send_bulk
 from actors.settings import SettingsError, load_settings
-from jobsystem.store.base import open_store
+from jobsystem.store import open_store
 from middleware.idempotency import Idempotency
 from middleware.ratelimit import Limit, RateLimitConfigError, RateLimits
 from tests import workload
@@ -256,7 +256,7 @@ def test_a_job_is_deferred_not_run_unmetered_while_the_store_is_down():
     from dramatiq.broker import MessageProxy
     from dramatiq.middleware import SkipMessage
 
-    from jobsystem.store.base import RedisStore
+    from jobsystem.store.redis import RedisStore
     from middleware.ratelimit import STORE_WAITS
 
     down = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)

@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from jobsystem.store.base import RedisStore, StateStore, StoreUnavailable, open_store
+from jobsystem.store import open_store
+from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.buckets import TakeRequest, bucket_backend
+from jobsystem.store.redis import RedisStore
 from tests import test_state_store
 
 #: The state store contract's parametrised fixture: each test runs on Redis and on SQLite.

@@ -9,8 +9,11 @@ import uuid
 
 import pytest
 
-from jobsystem.store.base import RedisStore, SqliteStore, StateStore, StoreUnavailable, open_store
+from jobsystem.store import open_store
+from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import idempotency_backend
+from jobsystem.store.redis import RedisStore
+from jobsystem.store.sqlite import SqliteStore
 from tests.conftest import TEST_REDIS_URL
 
 

@@ -11,7 +11,7 @@ from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Retries
 
-from jobsystem.store.base import open_store
+from jobsystem.store import open_store
 from jobsystem.store.status import JobStatus, status_backend
 from middleware.status import Status, progress
 from tests import workload

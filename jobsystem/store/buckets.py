@@ -36,7 +36,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from jobsystem.store.base import RedisStore, SqliteStore, StateStore, StoreUnavailable
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.redis import RedisStore
+from jobsystem.store.sqlite import SqliteStore
 
 Status = Literal["run", "wait", "refused"]
 

@@ -12,7 +12,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from jobsystem.store.base import RedisStore, SqliteStore, StateStore, StoreUnavailable
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.redis import RedisStore
+from jobsystem.store.sqlite import SqliteStore
 
 
 @dataclass(frozen=True)

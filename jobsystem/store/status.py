@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from jobsystem.store.base import RedisStore, SqliteStore, StateStore, sqlite_error
+from jobsystem.store.base import StateStore
+from jobsystem.store.redis import RedisStore
+from jobsystem.store.sqlite import SqliteStore, sqlite_error
 
 #: The states a job goes through, and the rank of each within one attempt.
 STATE_RANKS: dict[str, int] = {

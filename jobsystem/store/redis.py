@@ -1,0 +1,180 @@
+"""The state store on Redis: for production and many hosts.
+
+Compound operations are Lua scripts, each atomic and one round trip, sent over a connection of the
+calling thread (:class:`RedisScript`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+from jobsystem.store.base import StateStore, StoreMisconfigured, StoreUnavailable
+
+__all__ = ["RedisScript", "RedisStore", "redis_error"]
+
+#: Redis error replies (first word) that no amount of waiting fixes.
+_REDIS_MISCONFIGURED = ("NOAUTH", "WRONGPASS", "NOPERM")
+_REDIS_MISCONFIGURED_TEXT = ("DB index is out of range", "unknown command", "invalid DB index")
+
+
+def redis_error(exc: redis.RedisError) -> StoreUnavailable:
+    """The store error for anything redis-py raised: misconfigured, or unavailable (everything
+    else, error replies included: they mean "not now", so callers defer)."""
+    text = str(exc)
+    refused = redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError
+    misconfigured = isinstance(exc, refused) or (
+        isinstance(exc, redis.ResponseError)
+        and (text.startswith(_REDIS_MISCONFIGURED) or any(t in text for t in _REDIS_MISCONFIGURED_TEXT))
+    )
+    kind = StoreMisconfigured if misconfigured else StoreUnavailable
+    return kind(f"redis: {type(exc).__name__}: {text}")
+
+
+_ACQUIRE_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+
+class RedisScript:
+    """A Lua script sent as ``EVALSHA`` straight over a dedicated connection of the calling thread.
+
+    redis-py's own script call costs ~55 us of CPU per call here against ~15 us for the same
+    command on a bare connection (pool checkout, retry and instrumentation wrappers); the claim and
+    completion scripts run once per job, so the difference is most of what idempotency costs a
+    worker. The script is loaded on first use and again after a Redis restart (``NOSCRIPT``).
+    """
+
+    def __init__(self, store: RedisStore, source: str) -> None:
+        self.store = store
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+    def __call__(self, keys: list[str], args: list[Any]) -> Any:
+        conn = self.store.raw_connection()
+        try:
+            try:
+                return self._evalsha(conn, keys, args)
+            except redis.exceptions.NoScriptError:  # Redis restarted or flushed its scripts
+                conn.send_command("SCRIPT", "LOAD", self.source)
+                conn.read_response()
+                return self._evalsha(conn, keys, args)
+        except redis.ResponseError as exc:  # an error reply: the connection itself is fine
+            raise redis_error(exc) from exc
+        except redis.RedisError as exc:
+            conn.disconnect()
+            raise redis_error(exc) from exc
+
+    def _evalsha(self, conn: Any, keys: list[str], args: list[Any]) -> Any:
+        conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        return conn.read_response()
+
+
+class RedisStore(StateStore):
+    """The state store on Redis; ``namespace`` prefixes every key."""
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "jobs:",
+        socket_timeout: float = 2.0,
+        client: redis.Redis | None = None,
+    ) -> None:
+        parts = urlsplit(url)
+        self.url = url
+        self.label = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+        self.namespace = namespace
+        self.client: redis.Redis = client or redis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            health_check_interval=30,
+        )
+        self._acquire = self.script(_ACQUIRE_LEASE)
+        self._release = self.script(_RELEASE_LEASE)
+        self._local = threading.local()
+
+    def script(self, source: str) -> RedisScript:
+        """A Lua script run over this thread's own connection (see :class:`RedisScript`)."""
+        return RedisScript(self, source)
+
+    def raw_connection(self) -> Any:
+        """This thread's dedicated connection, outside the pool (made again after a fork)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or getattr(self._local, "pid", None) != os.getpid():
+            conn = self.client.connection_pool.make_connection()
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        """Turn anything redis-py raises into a store error (see :func:`redis_error`)."""
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise redis_error(exc) from exc
+
+    def now_ms(self) -> int:
+        with self.errors():
+            seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def get(self, key: str) -> bytes | None:
+        with self.errors():
+            value = self.client.get(self.key(key))
+        return value.encode() if isinstance(value, str) else value
+
+    def set(self, key: str, value: bytes | str, ttl_ms: int | None = None) -> None:
+        with self.errors():
+            self.client.set(self.key(key), value, px=ttl_ms)
+
+    def delete(self, *keys: str) -> None:
+        if keys:
+            with self.errors():
+                self.client.delete(*(self.key(k) for k in keys))
+
+    def acquire_lease(self, name: str, owner: str, ttl_ms: int) -> bool:
+        with self.errors():
+            return bool(self._acquire([self.key(name)], [owner, ttl_ms]))
+
+    def release_lease(self, name: str, owner: str) -> bool:
+        with self.errors():
+            return bool(self._release([self.key(name)], [owner]))
+
+    def lease_holder(self, name: str) -> str | None:
+        value = self.get(name)
+        return value.decode() if value is not None else None
+
+    @contextmanager
+    def batch(self) -> Iterator[StateStore]:
+        yield self
+
+    def ping(self) -> None:
+        with self.errors():
+            self.client.ping()
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,234 @@
+"""The state store in one SQLite file: the embedded default for a single host.
+
+Safe across the worker processes of that host: WAL journal, ``BEGIN IMMEDIATE`` transactions, a
+busy timeout. Features keep their own tables (:meth:`SqliteStore.ensure_schema`).
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from jobsystem.store.base import StateStore, StoreMisconfigured, StoreUnavailable
+
+__all__ = ["SqliteStore", "sqlite_error"]
+
+
+#: SQLite errors that mean the file can never serve (wrong path, permissions, not a database).
+_SQLITE_MISCONFIGURED = ("unable to open database", "not a database", "readonly database", "malformed")
+
+
+def sqlite_error(exc: sqlite3.Error) -> StoreUnavailable:
+    """The store error for anything sqlite3 raised (a busy lock or a full disk is unavailable)."""
+    text = str(exc)
+    kind = StoreMisconfigured if any(t in text for t in _SQLITE_MISCONFIGURED) else StoreUnavailable
+    return kind(f"sqlite: {type(exc).__name__}: {text}")
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value BLOB NOT NULL,
+    expires_at INTEGER
+);
+"""
+
+
+class SqliteStore(StateStore):
+    """The state store in one SQLite file, shared by the worker processes of one host."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: str | Path, *, namespace: str = "jobs:", busy_timeout_ms: int = 10_000) -> None:
+        self.path = Path(path)
+        self.namespace = namespace
+        self.label = f"sqlite:///{self.path}"
+        self.busy_timeout_ms = busy_timeout_ms
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        # Tables are created on first use, not here: building a store touches no disk, and a file
+        # that cannot be opened yet is an outage like any other, not a crash at import.
+        self._schemas: list[str] = []
+        self._applied: set[str] = set()
+        self.ensure_schema(_SCHEMA)
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (SQLite connections must not cross threads), with every
+        registered schema applied."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = self._open()
+            except (sqlite3.Error, OSError) as exc:
+                raise _as_store_error(exc) from exc
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        if len(self._applied) < len(self._schemas):
+            self._apply_schemas(conn)
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_ms)}")
+        # Switching a new file to WAL answers "database is locked" at once, without waiting, while
+        # another process switches it too (two workers starting together): try again a while.
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError:
+                if time.monotonic() > deadline:
+                    conn.close()
+                    raise
+                time.sleep(0.01 + random.random() * 0.05)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def ensure_schema(self, ddl: str) -> None:
+        """Register a feature's tables (``CREATE TABLE IF NOT EXISTS`` statements); they are
+        created once per process, before the first statement that could need them."""
+        with self._lock:
+            if ddl not in self._schemas:
+                self._schemas.append(ddl)
+
+    def _apply_schemas(self, conn: sqlite3.Connection) -> None:
+        with self._lock:
+            pending = [ddl for ddl in self._schemas if ddl not in self._applied]
+            if not pending:
+                return
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for ddl in pending:
+                    for statement in ddl.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise sqlite_error(exc) from exc
+            self._applied.update(pending)
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so two
+        processes never both read-then-write the same row."""
+        conn = self.connection()
+        if conn.in_transaction:  # inside a batch: join it
+            yield conn
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            row = (
+                self.connection()
+                .execute(
+                    "SELECT value FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
+                    (self.key(key), self.now_ms()),
+                )
+                .fetchone()
+            )
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
+        return _as_bytes(row[0]) if row else None
+
+    def set(self, key: str, value: bytes | str, ttl_ms: int | None = None) -> None:
+        expires = self.now_ms() + ttl_ms if ttl_ms is not None else None
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO kv (key, value, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+                (self.key(key), value, expires),
+            )
+
+    def delete(self, *keys: str) -> None:
+        if keys:
+            with self.transaction() as conn:
+                conn.executemany("DELETE FROM kv WHERE key = ?", [(self.key(k),) for k in keys])
+
+    def acquire_lease(self, name: str, owner: str, ttl_ms: int) -> bool:
+        now = self.now_ms()
+        with self.transaction() as conn:
+            row = conn.execute(
+                "SELECT value FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
+                (self.key(name), now),
+            ).fetchone()
+            if row is not None and _as_bytes(row[0]).decode() != owner:
+                return False
+            conn.execute(
+                "INSERT INTO kv (key, value, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+                (self.key(name), owner, now + ttl_ms),
+            )
+            return True
+
+    def release_lease(self, name: str, owner: str) -> bool:
+        with self.transaction() as conn:
+            cursor = conn.execute(
+                "DELETE FROM kv WHERE key = ? AND value = ? AND expires_at > ?",
+                (self.key(name), owner, self.now_ms()),
+            )
+            return cursor.rowcount > 0
+
+    def lease_holder(self, name: str) -> str | None:
+        value = self.get(name)
+        return value.decode() if value is not None else None
+
+    @contextmanager
+    def batch(self) -> Iterator[StateStore]:
+        with self.transaction():
+            yield self
+
+    def purge_expired(self) -> int:
+        """Delete expired rows (reads ignore them already; this reclaims the space)."""
+        with self.transaction() as conn:
+            return conn.execute("DELETE FROM kv WHERE expires_at <= ?", (self.now_ms(),)).rowcount
+
+    def ping(self) -> None:
+        try:
+            self.connection().execute("SELECT 1").fetchone()
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+
+def _as_store_error(exc: sqlite3.Error | OSError) -> StoreUnavailable:
+    """A file that cannot be created (a missing or read-only folder) is misconfigured."""
+    if isinstance(exc, sqlite3.Error):
+        return sqlite_error(exc)
+    return StoreMisconfigured(f"sqlite: {type(exc).__name__}: {exc.strerror or exc}")
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
