@@ -11,9 +11,9 @@ import dramatiq
 from actors.broker import build_broker
 from actors.logs import configure_logging
 from actors.sentry import configure_sentry
-from actors.settings import get_settings
-from actors.stack import build_middleware
-from actors.startup import configuration_checked
+from jobsystem.settings import get_settings
+from jobsystem.stack import build_middleware
+from jobsystem.startup import configuration_checked
 from jobsystem.store import open_store
 
 with configuration_checked():  # bad settings: one line each and exit code 2 in a worker

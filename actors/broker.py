@@ -17,8 +17,8 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
 from actors.consumer import DeadLetteringConsumer
-from actors.settings import Settings
 from jobsystem.runtime.follow_ups import RefusedFollowUps
+from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore
 from middleware.dead_letters import DeadLetters
 from middleware.idempotency import DuplicateMessage, as_duplicate

@@ -34,8 +34,8 @@ from dramatiq.common import q_name
 
 from actors.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from actors.bulk import BulkSendError, send_bulk
-from actors.settings import Settings
 from jobsystem.runtime.message_shape import decode
+from jobsystem.settings import Settings
 from middleware import dead_letters as record
 
 #: Options a replayed message starts without: it gets a fresh set of attempts.

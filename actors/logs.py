@@ -23,10 +23,10 @@ from typing import Any
 import structlog
 from structlog.typing import Processor
 
-from actors.settings import Settings
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
+from jobsystem.settings import Settings
 
 
 def _renderer(log_format: str) -> Processor:

@@ -20,7 +20,7 @@ from dramatiq.middleware import CurrentMessage
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from actors.logs import get_logger
-from actors.settings import get_settings
+from jobsystem.settings import get_settings
 from middleware.status import progress
 
 logger = get_logger(__name__)

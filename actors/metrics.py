@@ -7,7 +7,7 @@ learns its settings.
 
 from __future__ import annotations
 
-from actors.settings import get_settings
+from jobsystem.settings import get_settings
 from middleware.metrics import serve
 
 

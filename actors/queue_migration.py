@@ -23,7 +23,7 @@ import pika.adapters.blocking_connection
 import requests
 
 from actors.broker import ProjectBroker
-from actors.settings import Settings
+from jobsystem.settings import Settings
 
 
 class MigrationError(RuntimeError):

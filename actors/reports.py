@@ -18,7 +18,7 @@ from dramatiq.middleware import CurrentMessage
 
 from actors.emails import send_email
 from actors.logs import get_logger
-from actors.settings import get_settings
+from jobsystem.settings import get_settings
 
 logger = get_logger(__name__)
 settings = get_settings()

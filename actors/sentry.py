@@ -26,9 +26,9 @@ from sentry_sdk.integrations.dramatiq import DramatiqIntegration
 from sentry_sdk.integrations.logging import ignore_logger
 from sentry_sdk.types import Event, Hint
 
-from actors.settings import Settings
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
+from jobsystem.settings import Settings
 from middleware.lifecycle import DEFAULT_LOGGER as LIFECYCLE_LOGGER
 
 #: Parts of an event written by the SDK itself (versions, ids, timing): nothing of a person.

@@ -298,8 +298,8 @@ def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
     import actors
     import bench.project
     from actors.broker import build_broker
-    from actors.settings import load_settings
-    from actors.stack import build_middleware
+    from jobsystem.settings import load_settings
+    from jobsystem.stack import build_middleware
     from jobsystem.store import open_store
 
     settings = load_settings({**os.environ, "STATE_URL": state_url, **env})

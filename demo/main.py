@@ -40,7 +40,7 @@ from demo import services
 from demo.view import MediaRow, QueueRow, Snapshot, render
 
 if TYPE_CHECKING:
-    from actors.settings import Settings
+    from jobsystem.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -70,22 +70,22 @@ RETRY_ENV = {"JOB_MAX_RETRIES": "2", "JOB_MIN_BACKOFF_MS": "500", "JOB_MAX_BACKO
 
 
 def settings_module() -> ModuleType:
-    """``actors/settings.py`` loaded on its own, to read the configured settings *without*
+    """``jobsystem/settings.py`` loaded on its own, to read the configured settings *without*
     ``import actors``: that builds the broker, the store and the actors' queue names from the
     environment, which must first carry the demo's prefix and store.
 
-    Its one import from the package, ``actors.urls``, is loaded on its own too, under its own name
+    Its one import from the package, ``jobsystem.urls``, is loaded on its own too, under its own name
     for the time of the load: Python takes a submodule found in ``sys.modules`` without importing
     its package."""
     package = importlib.util.find_spec("actors")
     assert package is not None and package.submodule_search_locations
     folder = Path(package.submodule_search_locations[0])
-    borrowed = None if "actors.urls" in sys.modules else _load("actors.urls", folder / "urls.py")
+    borrowed = None if "jobsystem.urls" in sys.modules else _load("jobsystem.urls", folder / "urls.py")
     try:
         return _load("demo._configured_settings", folder / "settings.py")
     finally:
         if borrowed is not None:
-            del sys.modules["actors.urls"]  # ``import actors`` later loads it as part of the package
+            del sys.modules["jobsystem.urls"]  # ``import actors`` later loads it as part of the package
 
 
 def _load(name: str, path: Path) -> ModuleType:

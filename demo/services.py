@@ -24,7 +24,7 @@ from urllib.parse import quote
 import requests
 
 if TYPE_CHECKING:  # importing ``actors`` builds the broker: only once the demo's variables are set
-    from actors.settings import Settings
+    from jobsystem.settings import Settings
 
 
 class MailServer:

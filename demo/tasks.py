@@ -11,7 +11,7 @@ import dramatiq
 import requests
 
 from actors.logs import get_logger
-from actors.settings import get_settings
+from jobsystem.settings import get_settings
 
 logger = get_logger(__name__)
 settings = get_settings()

@@ -28,7 +28,7 @@ from jobctl.project import (
 )
 
 if TYPE_CHECKING:  # importing actors runs its start-up: commands do that through load_actors()
-    from actors.settings import Settings
+    from jobsystem.settings import Settings
 
 
 class Seconds(click.ParamType[float, Any]):
@@ -100,7 +100,7 @@ def ping(timeout: float) -> None:
     cannot be reached.
     """
     actors = load_actors()
-    from actors.settings import redact_url
+    from jobsystem.settings import redact_url
 
     settings = actors.settings
     parameters = actors.broker.parameters

@@ -40,8 +40,8 @@ def import_project(program: str) -> ModuleType:
 
 def import_modules(program: str, modules: Iterable[str]) -> None:
     """Import the application's modules that declare more actors (``dramatiq actors MODULE``)."""
-    from actors.settings import SettingsError
-    from actors.startup import configuration_checked
+    from jobsystem.settings import SettingsError
+    from jobsystem.startup import configuration_checked
 
     for module in modules:
         try:

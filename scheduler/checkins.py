@@ -19,7 +19,7 @@ from sentry_sdk.crons import capture_checkin
 from sentry_sdk.crons.consts import MonitorStatus
 
 from actors.logs import get_logger
-from actors.settings import Settings
+from jobsystem.settings import Settings
 from scheduler.schedules import Schedule
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from actors.logs import get_logger
-from actors.settings import Settings
+from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.leader import LeaderLease
 from scheduler.checkins import CheckIns

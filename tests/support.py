@@ -22,7 +22,7 @@ import dramatiq
 import requests
 
 import actors
-from actors.settings import get_settings
+from jobsystem.settings import get_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -153,8 +153,8 @@ def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
     """A broker with the project's middleware on ``state_url``, as an application would build it,
     knowing the project's actors (without rebinding them)."""
     from actors.broker import build_broker
-    from actors.settings import load_settings
-    from actors.stack import build_middleware
+    from jobsystem.settings import load_settings
+    from jobsystem.stack import build_middleware
     from jobsystem.store import open_store
 
     settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from actors.settings import Settings, load_settings
 from jobctl.main import main as jobctl
+from jobsystem.settings import Settings, load_settings
 from tests.support import ROOT
 
 COMPOSE_TEXT = (ROOT / "compose.yaml").read_text()

@@ -104,9 +104,9 @@ def test_ctrl_c_stops_the_demo_and_still_cleans_up(tmp_path):
 def test_the_production_guide_names_only_real_settings_and_commands():
     import re
 
-    from actors.settings import Settings
     from jobctl.dlq import dlq
     from jobctl.main import main as jobctl
+    from jobsystem.settings import Settings
 
     guide = (ROOT / "docs" / "production.md").read_text()
     settings = {name.upper() for name in Settings.model_fields}

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 import actors
 from actors.broker import connection_urls
-from actors.settings import SettingsError, load_settings
-from actors.startup import configuration_checked
 from jobctl.main import dramatiq_argv
 from jobctl.main import main as jobctl
+from jobsystem.settings import SettingsError, load_settings
+from jobsystem.startup import configuration_checked
 from middleware.ratelimit import RateLimitConfigError
 from scheduler.schedules import ScheduleError, load_schedules
 from scheduler.triggers import CronSchedule, next_fires

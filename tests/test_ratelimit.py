@@ -18,7 +18,7 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 
 from actors.bulk import send_bulk
-from actors.settings import SettingsError, load_settings
+from jobsystem.settings import SettingsError, load_settings
 from jobsystem.store import open_store
 from middleware.idempotency import Idempotency
 from middleware.ratelimit import Limit, RateLimitConfigError, RateLimits

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from actors.settings import SettingsError, load_settings, redact_url
+from jobsystem.settings import SettingsError, load_settings, redact_url
 from tests.support import BIN, ROOT
 
 

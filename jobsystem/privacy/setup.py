@@ -14,9 +14,9 @@ import hmac
 from functools import cache
 from urllib.parse import unquote, urlsplit
 
-from actors.settings import Settings
 from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.privacy.scrub import Scrubber
+from jobsystem.settings import Settings
 
 __all__ = ["configured_secrets", "get_key_hasher", "get_scrubber"]
 

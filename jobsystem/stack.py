@@ -14,9 +14,9 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
-from actors.settings import Settings, SettingsError
-from actors.startup import configuration_checked
 from jobsystem.privacy.setup import get_key_hasher, get_scrubber
+from jobsystem.settings import Settings, SettingsError
+from jobsystem.startup import configuration_checked
 from jobsystem.store.base import StateStore
 from middleware.dead_letters import DeadLetters, SafeRetries
 from middleware.idempotency import Idempotency

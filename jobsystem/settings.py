@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from actors.urls import check_amqp_url, check_redis_url, check_smtp_url, check_sqlite_url, check_url
+from jobsystem.urls import check_amqp_url, check_redis_url, check_smtp_url, check_sqlite_url, check_url
 from middleware.ratelimit import Limit, parse_limits
 
 #: ``RATE_LIMITS`` when unset: the reference email actor spends from ``smtp``. 100 mails a minute
@@ -46,7 +46,7 @@ class SettingsError(ImportError):
     """The environment holds invalid settings; ``problems`` says ``VARIABLE: what is wrong``, one each.
 
     An ``ImportError`` because ``import actors`` is where it surfaces. The entry points turn it
-    into one line per problem and exit code 2 (see :mod:`actors.startup`).
+    into one line per problem and exit code 2 (see :mod:`jobsystem.startup`).
     """
 
     def __init__(self, problems: list[str]) -> None:

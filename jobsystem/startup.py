@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 from dramatiq.compat import StreamablePipe
 
-from actors.settings import SettingsError
+from jobsystem.settings import SettingsError
 from middleware.ratelimit import RateLimitConfigError
 
 __all__ = ["EXIT_CONFIG", "configuration_checked"]
