@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dramatiq
 
-from actors.broker import build_broker
 from actors.logs import configure_logging
 from actors.sentry import configure_sentry
+from jobsystem.rabbitmq.broker import build_broker
 from jobsystem.settings import get_settings
 from jobsystem.stack import build_middleware
 from jobsystem.startup import configuration_checked

@@ -32,8 +32,8 @@ import requests
 from dramatiq import Message
 from dramatiq.common import q_name
 
-from actors.broker import DEAD_LETTER_SUFFIX, ProjectBroker
-from actors.bulk import BulkSendError, send_bulk
+from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
+from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.runtime.message_shape import decode
 from jobsystem.settings import Settings
 from middleware import dead_letters as record

@@ -21,8 +21,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
-from actors.bulk import send_bulk
 from actors.logs import get_logger
+from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.settings import get_settings
 
 logger = get_logger(__name__)

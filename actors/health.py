@@ -40,8 +40,8 @@ import sentry_sdk
 
 from actors import broker as project_broker
 from actors import settings, store
-from actors.broker import connection_urls, dead_letter_queue
 from actors.logs import get_logger
+from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
 from jobsystem.settings import Settings, redact_url
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.status import status_backend

@@ -22,7 +22,7 @@ import pika
 import pika.adapters.blocking_connection
 import requests
 
-from actors.broker import ProjectBroker
+from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.settings import Settings
 
 

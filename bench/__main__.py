@@ -108,7 +108,7 @@ def throughput(
 
     The worker logs at WARNING unless ``env_overrides`` say otherwise (its output is discarded).
     """
-    from actors.bulk import send_bulk
+    from jobsystem.rabbitmq.bulk import send_bulk
     from middleware.status import find_status
 
     queue = f"bench-{uuid.uuid4().hex[:8]}"
@@ -142,7 +142,7 @@ def throughput(
 def send_rates(count: int) -> tuple[Rate, Rate]:
     """``send()`` in a loop (one confirm per message) against one bulk send with pipelined confirms."""
     import actors
-    from actors.bulk import send_bulk
+    from jobsystem.rabbitmq.bulk import send_bulk
 
     broker = actors.broker
     queue = f"bench-send-{uuid.uuid4().hex[:8]}"
@@ -297,7 +297,7 @@ def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
     the bench's keyed actor."""
     import actors
     import bench.project
-    from actors.broker import build_broker
+    from jobsystem.rabbitmq.broker import build_broker
     from jobsystem.settings import load_settings
     from jobsystem.stack import build_middleware
     from jobsystem.store import open_store
@@ -319,7 +319,7 @@ def rate_accuracy(
     import redis
 
     import actors
-    from actors.bulk import send_bulk
+    from jobsystem.rabbitmq.bulk import send_bulk
     from jobsystem.store import open_store
     from jobsystem.store.buckets import bucket_backend
 
@@ -382,7 +382,7 @@ def rate_accuracy(
 
 def dedup_send_rate(label: str, broker: RabbitmqBroker, count: int) -> Rate:
     """A bulk send of keyed messages: one pipelined key registration, then pipelined confirms."""
-    from actors.bulk import send_bulk
+    from jobsystem.rabbitmq.bulk import send_bulk
 
     queue = f"bench-send-{uuid.uuid4().hex[:8]}"
     broker.declare_queue(queue, ensure=True)

@@ -32,7 +32,7 @@ finally:
 def fill(count: int) -> tuple[str, Any]:
     """A fresh queue whose .DLQ holds ``count`` dead letters with full records."""
     import actors
-    from actors.broker import dead_letter_queue
+    from jobsystem.rabbitmq.broker import dead_letter_queue
 
     broker = actors.broker
     queue = f"bench-dl-{uuid.uuid4().hex[:8]}"
@@ -61,7 +61,7 @@ def fill(count: int) -> tuple[str, Any]:
 def dead_letter_figures(count: int) -> list[tuple[str, str]]:
     """(label, figure) rows: list rate and peak memory (a real ``jobctl dlq list`` process), replay rate."""
     from actors import dead_letter_ops as ops
-    from actors.broker import dead_letter_queue
+    from jobsystem.rabbitmq.broker import dead_letter_queue
 
     queue, broker = fill(count)
     rows: list[tuple[str, str]] = []

@@ -278,8 +278,8 @@ class Demo:
 
     def resend_part_of_campaign(self) -> None:
         """The marketing tool retries: the first recipients' mails are sent again, and dropped."""
-        from actors.bulk import send_bulk
         from actors.emails import campaign_messages
+        from jobsystem.rabbitmq.bulk import send_bulk
 
         again = campaign_messages(self.CAMPAIGN, self.recipients()[: self.profile.resent], self.CONTEXT)
         for message in send_bulk(again):
@@ -289,7 +289,7 @@ class Demo:
     def replay_dead_letters(self) -> None:
         """The partner is back: replay the dead letters (what `jobctl dlq retry --all` does)."""
         from actors import dead_letter_ops as ops
-        from actors.broker import dead_letter_queue
+        from jobsystem.rabbitmq.broker import dead_letter_queue
 
         self.partner.up = True
         outcome = ops.replay(self.actors.broker, [dead_letter_queue(self.queues["partner"])], ops.Filters())

@@ -208,7 +208,7 @@ def delete_queues(settings: Settings, prefix: str, declared: list[str]) -> list[
     the declared ones with their ``.DQ``/``.DLQ`` over AMQP. Returns the names deleted."""
     import pika
 
-    from actors.broker import DEAD_LETTER_SUFFIX, connection_urls
+    from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, connection_urls
 
     _check_prefix(settings, prefix)
     try:

@@ -152,7 +152,7 @@ def wait_for_final_events(
 def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
     """A broker with the project's middleware on ``state_url``, as an application would build it,
     knowing the project's actors (without rebinding them)."""
-    from actors.broker import build_broker
+    from jobsystem.rabbitmq.broker import build_broker
     from jobsystem.settings import load_settings
     from jobsystem.stack import build_middleware
     from jobsystem.store import open_store

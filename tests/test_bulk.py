@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.bulk import BulkSendError, send_bulk
+from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from tests import workload
 
 

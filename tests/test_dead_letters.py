@@ -168,7 +168,7 @@ def test_purge_removes_exactly_what_the_filters_say(start_worker, queues, store,
 def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(queues, prefix):
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-    from actors.broker import QueueArgumentsMismatch
+    from jobsystem.rabbitmq.broker import QueueArgumentsMismatch
     from tests.support import sender_broker
 
     queue = queues.name(workload.record)

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis as redis_lib
 
-from actors.bulk import send_bulk
+from jobsystem.rabbitmq.bulk import send_bulk
 from tests import workload
 from tests.support import final_events, free_port, sender_broker, wait_for, wait_for_final_events
 

@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 import actors
-from actors.broker import connection_urls
 from jobctl.main import dramatiq_argv
 from jobctl.main import main as jobctl
+from jobsystem.rabbitmq.broker import connection_urls
 from jobsystem.settings import SettingsError, load_settings
 from jobsystem.startup import configuration_checked
 from middleware.ratelimit import RateLimitConfigError

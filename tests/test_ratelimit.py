@@ -17,7 +17,7 @@ import dramatiq
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from actors.bulk import send_bulk
+from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.settings import SettingsError, load_settings
 from jobsystem.store import open_store
 from middleware.idempotency import Idempotency

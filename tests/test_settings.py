@@ -121,7 +121,7 @@ def test_jobctl_ping_answers_ok():
 
 
 def test_cluster_urls_each_get_timeouts():
-    from actors.broker import connection_urls
+    from jobsystem.rabbitmq.broker import connection_urls
 
     settings = load_settings({"RABBITMQ_URL": "amqp://u:p@a:5672/%2F;amqp://u:p@b:5672/%2F?heartbeat=5"})
     urls = connection_urls(settings)

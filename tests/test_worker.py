@@ -6,7 +6,7 @@ import itertools
 import json
 import signal
 
-from actors.bulk import send_bulk
+from jobsystem.rabbitmq.bulk import send_bulk
 from tests import workload
 from tests.support import wait_for, wait_for_final_events
 

@@ -41,7 +41,7 @@ from middleware.dead_letters import (
 )
 
 if TYPE_CHECKING:
-    from actors.broker import ProjectBroker
+    from jobsystem.rabbitmq.broker import ProjectBroker
 
 __all__ = ["DeadLetteringConsumer", "dead_letter_body"]
 

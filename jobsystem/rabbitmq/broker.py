@@ -16,7 +16,7 @@ from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
-from actors.consumer import DeadLetteringConsumer
+from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from jobsystem.runtime.follow_ups import RefusedFollowUps
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore
@@ -55,7 +55,7 @@ class ProjectBroker(RabbitmqBroker):
     - Failed messages are not left to RabbitMQ's own dead-lettering (which keeps the body as last
       delivered): the consumer publishes the final record (see ``middleware.dead_letters``),
       confirmed, then acks; so it does with bodies that are not well-formed messages
-      (``actors.consumer``). Follow-ups RabbitMQ refuses are counted in ``refused_follow_ups``.
+      (``jobsystem.rabbitmq.consumer``). Follow-ups RabbitMQ refuses are counted in ``refused_follow_ups``.
     - A send dropped as a duplicate by the idempotency middleware returns the message carrying the
       first message's id and ``duplicate=True``, as BullMQ answers a known ``jobId``.
     """
