@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dramatiq
 
-from actors.logs import configure_logging
-from actors.sentry import configure_sentry
+from jobsystem.observability.logs import configure_logging
+from jobsystem.observability.sentry import configure_sentry
 from jobsystem.rabbitmq.broker import build_broker
 from jobsystem.settings import get_settings
 from jobsystem.stack import build_middleware

@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
-from actors.logs import get_logger
+from jobsystem.observability.logs import get_logger
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.settings import get_settings
 

@@ -40,7 +40,7 @@ import sentry_sdk
 
 from actors import broker as project_broker
 from actors import settings, store
-from actors.logs import get_logger
+from jobsystem.observability.logs import get_logger
 from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
 from jobsystem.settings import Settings, redact_url
 from jobsystem.store.base import StateStore, StoreUnavailable

@@ -19,7 +19,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from actors.logs import get_logger
+from jobsystem.observability.logs import get_logger
 from jobsystem.settings import get_settings
 from middleware.status import progress
 

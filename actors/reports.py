@@ -17,7 +17,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from actors.emails import send_email
-from actors.logs import get_logger
+from jobsystem.observability.logs import get_logger
 from jobsystem.settings import get_settings
 
 logger = get_logger(__name__)

@@ -60,7 +60,7 @@ def fill(count: int) -> tuple[str, Any]:
 
 def dead_letter_figures(count: int) -> list[tuple[str, str]]:
     """(label, figure) rows: list rate and peak memory (a real ``jobctl dlq list`` process), replay rate."""
-    from actors import dead_letter_ops as ops
+    from jobsystem.ops import dead_letters as ops
     from jobsystem.rabbitmq.broker import dead_letter_queue
 
     queue, broker = fill(count)

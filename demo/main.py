@@ -288,7 +288,7 @@ class Demo:
 
     def replay_dead_letters(self) -> None:
         """The partner is back: replay the dead letters (what `jobctl dlq retry --all` does)."""
-        from actors import dead_letter_ops as ops
+        from jobsystem.ops import dead_letters as ops
         from jobsystem.rabbitmq.broker import dead_letter_queue
 
         self.partner.up = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dramatiq
 import requests
 
-from actors.logs import get_logger
+from jobsystem.observability.logs import get_logger
 from jobsystem.settings import get_settings
 
 logger = get_logger(__name__)

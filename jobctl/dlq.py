@@ -50,7 +50,7 @@ class Context:
         since: str | None,
     ) -> None:
         actors = load_actors()
-        from actors import dead_letter_ops as ops
+        from jobsystem.ops import dead_letters as ops
 
         self.ops = ops
         self.broker = actors.broker

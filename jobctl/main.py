@@ -79,7 +79,7 @@ def migrate_queues(queues: tuple[str, ...]) -> None:
     Dramatiq's old .XQ dead letters move into the project's .DLQ queues.
     """
     actors = load_actors()
-    from actors.queue_migration import MigrationError, migrate
+    from jobsystem.ops.migration import MigrationError, migrate
 
     require_queues({queue: f"--queue {queue!r}" for queue in queues})
     try:

@@ -110,7 +110,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     if settings.job_status:
         stack.append(Status(store, ttl_ms=settings.job_status_ttl_ms, scrub=scrubber.text))
     if settings.prometheus_port:
-        from actors.metrics import serve_metrics
+        from jobsystem.observability.metrics import serve_metrics
 
         stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     stack.append(ScrubStoredTracebacks(scrubber.text))

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     actors = import_project("scheduler")  # exits 2 on bad settings
     import_modules("scheduler", arguments.modules)
 
-    from actors.logs import get_logger
+    from jobsystem.observability.logs import get_logger
     from scheduler.checkins import sentry_checkins
     from scheduler.service import Scheduler, queue_of
 

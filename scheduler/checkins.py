@@ -18,7 +18,7 @@ import sentry_sdk
 from sentry_sdk.crons import capture_checkin
 from sentry_sdk.crons.consts import MonitorStatus
 
-from actors.logs import get_logger
+from jobsystem.observability.logs import get_logger
 from jobsystem.settings import Settings
 from scheduler.schedules import Schedule
 

@@ -22,7 +22,7 @@ import dramatiq
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from actors.logs import get_logger
+from jobsystem.observability.logs import get_logger
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.leader import LeaderLease

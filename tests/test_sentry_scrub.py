@@ -6,7 +6,7 @@ import copy
 import json
 import re
 
-from actors.sentry import scrub_event
+from jobsystem.observability.sentry import scrub_event
 from jobsystem.privacy.scrub import Scrubber
 from tests.pii_corpus import free_text, keyed, leaks
 

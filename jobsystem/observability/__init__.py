@@ -1,0 +1,1 @@
+"""Logs, error reports and metrics: set up once per process, scrubbed everywhere."""
