@@ -1,30 +1,13 @@
-"""The package ``dramatiq actors`` imports: settings, logging, broker, middleware, then the actors.
+"""The package ``dramatiq actors`` imports: the system, whose broker is global, then the actors.
 
-The broker is built and made global *before* any actor module is imported, because ``@actor``
-binds to the global broker at declaration time.
+Dramatiq binds an actor to the global broker when it is declared, so the system comes first.
 """
 
-from __future__ import annotations
-
-import dramatiq
-
-from jobsystem.observability.logs import configure_logging
-from jobsystem.observability.sentry import configure_sentry
-from jobsystem.rabbitmq.broker import build_broker
-from jobsystem.settings import get_settings
-from jobsystem.stack import build_middleware
 from jobsystem.startup import configuration_checked
-from jobsystem.store import open_store
+from jobsystem.system import get_system
 
-with configuration_checked():  # bad settings: one line each and exit code 2 in a worker
-    settings = get_settings()
-configure_logging(settings)
-configure_sentry(settings)  # before the broker: Sentry's Dramatiq integration patches Broker.__init__
-store = open_store(settings.state_url, namespace=settings.state_namespace, timeout=settings.state_timeout)
-broker = build_broker(settings, build_middleware(settings, store), store)
-dramatiq.set_broker(broker)
-
-with configuration_checked():  # an actor's rate_limit that RATE_LIMITS lacks
+get_system()
+with configuration_checked():  # an actor's rate_limit that RATE_LIMITS lacks: exit 2, one line
     from actors import emails, health, media, reports
 
-__all__ = ["broker", "emails", "health", "media", "reports", "settings", "store"]
+__all__ = ["emails", "health", "media", "reports"]

@@ -23,10 +23,10 @@ from dramatiq.middleware import CurrentMessage
 
 from jobsystem.observability.logs import get_logger
 from jobsystem.rabbitmq.bulk import send_bulk
-from jobsystem.settings import get_settings
+from jobsystem.system import get_system
 
 logger = get_logger(__name__)
-settings = get_settings()
+settings = get_system().settings
 
 _ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+$")
 

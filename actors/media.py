@@ -20,11 +20,11 @@ from dramatiq.middleware import CurrentMessage
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from jobsystem.observability.logs import get_logger
-from jobsystem.settings import get_settings
+from jobsystem.system import get_system
 from middleware.status import progress
 
 logger = get_logger(__name__)
-settings = get_settings()
+settings = get_system().settings
 
 #: Longest edge of each rendition, in pixels (never larger than the source).
 SIZES = (1920, 1280, 640, 160)

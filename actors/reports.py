@@ -18,10 +18,10 @@ from dramatiq.middleware import CurrentMessage
 
 from actors.emails import send_email
 from jobsystem.observability.logs import get_logger
-from jobsystem.settings import get_settings
+from jobsystem.system import get_system
 
 logger = get_logger(__name__)
-settings = get_settings()
+settings = get_system().settings
 
 
 def sample_rows(kind: str, day: date, count: int = 50) -> list[dict[str, Any]]:

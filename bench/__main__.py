@@ -141,10 +141,10 @@ def throughput(
 
 def send_rates(count: int) -> tuple[Rate, Rate]:
     """``send()`` in a loop (one confirm per message) against one bulk send with pipelined confirms."""
-    import actors
     from jobsystem.rabbitmq.bulk import send_bulk
+    from jobsystem.system import get_system
 
-    broker = actors.broker
+    broker = get_system().broker
     queue = f"bench-send-{uuid.uuid4().hex[:8]}"
     broker.declare_queue(queue, ensure=True)
     loop_count = max(count // 10, 500)
@@ -171,213 +171,210 @@ def main() -> None:
         "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
     )
     args = parser.parse_args()
-    # Before ``import actors``: the settings (and the workers started below) see the bench's buckets.
+    # Before the system is built: the settings (and the workers started below) see the bench's buckets.
     os.environ["RATE_LIMITS"] = json.dumps(bench_rate_limits(args.rate, args.rate_burst))
+    from jobsystem.system import get_system
 
-    import actors
-
-    bare_broker = RabbitmqBroker(url=actors.settings.rabbitmq_url)
-    print(f"throughput, {args.count:,} no-op jobs, {args.processes} processes x {args.threads} threads")
-    bare = throughput(
-        "bare Dramatiq, default middleware",
-        "bench.bare",
-        bare_broker,
-        args.count,
-        args.processes,
-        args.threads,
-    )
-    print(bare.line())
-    project = throughput(
-        "this project's stack", "bench.project", actors.broker, args.count, args.processes, args.threads
-    )
-    print(project.line())
-    print(f"  {'ratio project / bare':<44} {project.per_second / bare.per_second:>9.2f}")
-    logged = throughput(
-        "project's stack, lifecycle logs (INFO, JSON)",
-        "bench.project",
-        actors.broker,
-        args.count,
-        args.processes,
-        args.threads,
-        LOG_LEVEL="INFO",
-        LOG_FORMAT="json",
-    )
-    print(logged.line())
-    print(f"  {'ratio logged / project':<44} {logged.per_second / project.per_second:>9.2f}")
-
+    bare_broker = RabbitmqBroker(url=get_system().settings.rabbitmq_url)
+    run = Run(args.count, args.processes, args.threads)
+    bare = stack_figures(run, bare_broker)
     print("scrubber cost per log event, in-process")
     for label, micros in scrub_costs():
         print(f"  {label:<52} {micros:>7.1f} us")
-
-    print("idempotency keys on (one claim per job, completion marks deferred)")
-    stores = {"redis": "redis://127.0.0.1:6379/14", "sqlite": f"sqlite:///{ROOT}/var/bench-state.db"}
-    for name, url in stores.items():
-        keyed_broker = store_broker(url)
-        keyed = throughput(
-            f"keyed no-op jobs, {name} store",
-            "bench.project",
-            keyed_broker,
-            args.count,
-            args.processes,
-            args.threads,
-            keyed_messages,
-            STATE_URL=url,
-        )
-        print(keyed.line())
-        print(f"  {'ratio keyed (' + name + ') / bare':<44} {keyed.per_second / bare.per_second:>9.2f}")
-
-    print("job status tracking (queued at send, running, succeeded: deferred, batched writes)")
-    untracked = throughput(
-        "project stack, status off",
-        "bench.project",
-        store_broker(stores["redis"], JOB_STATUS="false"),
-        args.count,
-        args.processes,
-        args.threads,
-        STATE_URL=stores["redis"],
-        JOB_STATUS="false",
-    )
-    print(untracked.line())
-    for name, url in stores.items():
-        tracked = throughput(
-            f"project stack, status on, {name} store",
-            "bench.project",
-            store_broker(url),
-            args.count,
-            args.processes,
-            args.threads,
-            STATE_URL=url,
-            JOB_STATUS="true",
-        )
-        print(tracked.line())
-        for against, rate in (("off", untracked), ("bare", bare)):
-            label = f"ratio status on ({name}) / {against}"
-            print(f"  {label:<44} {tracked.per_second / rate.per_second:>9.2f}")
-
-    print("rate limits (a token taken per job, state store round trips coalesced)")
-    for name, url in stores.items():
-        metered = throughput(
-            f"unconstrained bucket, {name} store",
-            "bench.project",
-            store_broker(url),
-            args.count,
-            args.processes,
-            args.threads,
-            metered_messages,
-            STATE_URL=url,
-        )
-        print(metered.line())
-        ratio = metered.per_second / bare.per_second
-        print(f"  {'ratio unconstrained (' + name + ') / bare':<44} {ratio:>9.2f}")
-    for line in rate_accuracy(
-        stores["redis"], args.rate, args.rate_burst, args.rate_duration, args.processes, args.threads
-    ):
-        print(line)
-
-    print(f"send rate, {args.count:,} messages, publisher confirms on")
-    loop, bulk = send_rates(args.count)
-    print(loop.line())
-    print(bulk.line())
-    print(f"  {'ratio bulk / loop':<44} {bulk.per_second / loop.per_second:>9.1f}")
-    for name, url in stores.items():
-        print(
-            dedup_send_rate(
-                f"send_bulk() with dedup at send, {name} store", store_broker(url), args.count
-            ).line()
-        )
-
+    keyed_figures(run, bare)
+    status_figures(run, bare)
+    rate_limit_figures(run, bare, args)
+    send_figures(args.count)
     print("dead letters, 10,000")
     for label, figure in dead_letter_figures(10_000):
         print(f"  {label:<52} {figure:>12}")
     bare_broker.close()
 
 
+#: The two state stores the figures are taken on.
+STORES = {"redis": "redis://127.0.0.1:6379/14", "sqlite": f"sqlite:///{ROOT}/var/bench-state.db"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """The size and shape of every throughput run."""
+
+    count: int
+    processes: int
+    threads: int
+
+    def throughput(
+        self,
+        label: str,
+        module: str,
+        broker: RabbitmqBroker,
+        make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
+        **env: str,
+    ) -> Rate:
+        return throughput(
+            label, module, broker, self.count, self.processes, self.threads, make_messages, **env
+        )
+
+
+def ratio(label: str, value: float, digits: int = 2) -> str:
+    return f"  {label:<44} {value:>9.{digits}f}"
+
+
+def stack_figures(run: Run, bare_broker: RabbitmqBroker) -> Rate:
+    """Bare Dramatiq, the project's stack, and the stack with lifecycle logs; returns bare's rate."""
+    from jobsystem.system import get_system
+
+    broker = get_system().broker
+    print(f"throughput, {run.count:,} no-op jobs, {run.processes} processes x {run.threads} threads")
+    bare = run.throughput("bare Dramatiq, default middleware", "bench.bare", bare_broker)
+    print(bare.line())
+    project = run.throughput("this project's stack", "bench.project", broker)
+    print(project.line())
+    print(ratio("ratio project / bare", project.per_second / bare.per_second))
+    logged = run.throughput(
+        "project's stack, lifecycle logs (INFO, JSON)",
+        "bench.project",
+        broker,
+        LOG_LEVEL="INFO",
+        LOG_FORMAT="json",
+    )
+    print(logged.line())
+    print(ratio("ratio logged / project", logged.per_second / project.per_second))
+    return bare
+
+
+def per_store(
+    run: Run, bare: Rate, label: str, make_messages: Callable[[str, int], list[Message[Any]]]
+) -> None:
+    """``label``'s jobs (``make_messages``) on each state store, and their ratio to bare Dramatiq."""
+    for name, url in STORES.items():
+        rate = run.throughput(
+            f"{label}, {name} store", "bench.project", store_broker(url), make_messages, STATE_URL=url
+        )
+        print(rate.line())
+        print(ratio(f"ratio {label.split()[0]} ({name}) / bare", rate.per_second / bare.per_second))
+
+
+def keyed_figures(run: Run, bare: Rate) -> None:
+    print("idempotency keys on (one claim per job, completion marks deferred)")
+    per_store(run, bare, "keyed no-op jobs", keyed_messages)
+
+
+def status_figures(run: Run, bare: Rate) -> None:
+    print("job status tracking (queued at send, running, succeeded: deferred, batched writes)")
+    redis_url = STORES["redis"]
+    off = store_broker(redis_url, JOB_STATUS="false")
+    untracked = run.throughput(
+        "project stack, status off", "bench.project", off, STATE_URL=redis_url, JOB_STATUS="false"
+    )
+    print(untracked.line())
+    for name, url in STORES.items():
+        label = f"project stack, status on, {name} store"
+        tracked = run.throughput(label, "bench.project", store_broker(url), STATE_URL=url, JOB_STATUS="true")
+        print(tracked.line())
+        for against, rate in (("off", untracked), ("bare", bare)):
+            print(ratio(f"ratio status on ({name}) / {against}", tracked.per_second / rate.per_second))
+
+
+def rate_limit_figures(run: Run, bare: Rate, args: argparse.Namespace) -> None:
+    print("rate limits (a token taken per job, state store round trips coalesced)")
+    per_store(run, bare, "unconstrained bucket", metered_messages)
+    for line in rate_accuracy(STORES["redis"], args.rate, args.rate_burst, args.rate_duration, run):
+        print(line)
+
+
+def send_figures(count: int) -> None:
+    print(f"send rate, {count:,} messages, publisher confirms on")
+    loop, bulk = send_rates(count)
+    print(loop.line())
+    print(bulk.line())
+    print(ratio("ratio bulk / loop", bulk.per_second / loop.per_second, 1))
+    for name, url in STORES.items():
+        print(
+            dedup_send_rate(f"send_bulk() with dedup at send, {name} store", store_broker(url), count).line()
+        )
+
+
 def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
     """The project's broker and middleware on ``state_url`` (other settings from ``env``), knowing
-    the bench's keyed actor."""
-    import actors
-    import bench.project
-    from jobsystem.rabbitmq.broker import build_broker
+    the bench's actors."""
+    import bench.project  # declares the bench's actors on the process's system
     from jobsystem.settings import load_settings
-    from jobsystem.stack import build_middleware
-    from jobsystem.store import open_store
+    from jobsystem.system import build_system, get_system
 
-    settings = load_settings({**os.environ, "STATE_URL": state_url, **env})
-    store = open_store(settings.state_url, namespace=settings.state_namespace)
-    broker = build_broker(settings, build_middleware(settings, store), store)
-    broker.actors.update(actors.broker.actors)
-    broker.actors["keyed_noop"] = bench.project.keyed_noop
-    broker.actors["metered_noop"] = bench.project.metered_noop
-    broker.actors["paced_noop"] = bench.project.paced_noop
+    broker = build_system(load_settings({**os.environ, "STATE_URL": state_url, **env})).broker
+    broker.actors.update(get_system().broker.actors)
+    assert "keyed_noop" in broker.actors and bench.project.QUEUE
     return broker
 
 
-def rate_accuracy(
-    state_url: str, rate: float, burst: float, duration: float, processes: int, threads: int
-) -> list[str]:
+def rate_accuracy(state_url: str, rate: float, burst: float, duration: float, run: Run) -> list[str]:
     """Run ``rate * duration + burst`` paced jobs through a fresh bucket; report the pace kept."""
-    import redis
-
-    import actors
-    from jobsystem.rabbitmq.bulk import send_bulk
     from jobsystem.store import open_store
     from jobsystem.store.buckets import bucket_backend
+    from jobsystem.system import get_system
 
     count = int(rate * duration + burst)
-    broker = store_broker(state_url)
     # A full bucket to start from, whatever an earlier run left.
-    bucket_backend(open_store(state_url, namespace=actors.settings.state_namespace)).reset("bench-paced")
-    run = uuid.uuid4().hex[:8]
-    queue, starts_key = f"bench-{run}", f"bench:starts:{run}"
-    broker.declare_queue(queue, ensure=True)
-    send_bulk(
-        [
-            Message(queue_name=queue, actor_name="paced_noop", args=(), kwargs={}, options={})
-            for _ in range(count)
-        ],
-        broker=broker,
-    )
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/14")
-    env = {
-        **os.environ,
-        "BENCH_QUEUE": queue,
-        "BENCH_STARTS_KEY": starts_key,
-        "STATE_URL": state_url,
-        "LOG_LEVEL": "WARNING",
-    }
-    worker = subprocess.Popen(
-        [str(BIN / "dramatiq"), "bench.project", "-p", str(processes), "-t", str(threads)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + duration * 2 + 60
-        while client.llen(starts_key) < count and time.monotonic() < deadline:
-            time.sleep(0.2)
-        times = sorted(float(t) for t in client.lrange(starts_key, 0, -1))
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(60)
-        client.delete(starts_key)
-        delete_queues(broker, queue)
+    namespace = get_system().settings.state_namespace
+    bucket_backend(open_store(state_url, namespace=namespace)).reset("bench-paced")
+    times = paced_starts(state_url, count, duration * 2 + 60, run)
     if len(times) < count:
         return [f"  paced bucket: only {len(times)} of {count} jobs started in time"]
     observed = (count - burst) / (times[-1] - times[0])
-    off = abs(observed / rate - 1)
-    # The busiest one-second window, against the bucket's bound burst + rate * 1 s.
-    busiest, j = 0, 0
-    for i, t in enumerate(times):
-        while times[j] < t - 1.0:
-            j += 1
-        busiest = max(busiest, i - j + 1)
+    off, busiest = abs(observed / rate - 1), busiest_second(times)
     label = f"paced bucket {rate:g}/s burst {burst:g}, {count:,} jobs"
     return [
         f"  {label:<44} {observed:>9,.2f} /s   ({times[-1] - times[0]:.1f} s)",
         f"  {'observed / configured rate':<44} {observed / rate:>9.4f}   (off by {off:.2%})",
         f"  {'busiest 1 s window (bound burst + rate)':<44} {busiest:>9}   (bound {burst + rate:g})",
     ]
+
+
+def paced_starts(state_url: str, count: int, timeout: float, run: Run) -> list[float]:
+    """Send ``count`` paced jobs, run a worker until they all started (or ``timeout`` seconds),
+    and return their start times, sorted."""
+    import redis
+
+    from jobsystem.rabbitmq.bulk import send_bulk
+
+    broker = store_broker(state_url)
+    queue, starts_key = f"bench-{uuid.uuid4().hex[:8]}", f"bench:starts:{uuid.uuid4().hex[:8]}"
+    broker.declare_queue(queue, ensure=True)
+    paced = [
+        Message(queue_name=queue, actor_name="paced_noop", args=(), kwargs={}, options={})
+        for _ in range(count)
+    ]
+    send_bulk(paced, broker=broker)
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/14")
+    env = {**os.environ, "BENCH_QUEUE": queue, "BENCH_STARTS_KEY": starts_key, "STATE_URL": state_url}
+    worker = subprocess.Popen(
+        [str(BIN / "dramatiq"), "bench.project", "-p", str(run.processes), "-t", str(run.threads)],
+        cwd=ROOT,
+        env={**env, "LOG_LEVEL": "WARNING"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while client.llen(starts_key) < count and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return sorted(float(t) for t in client.lrange(starts_key, 0, -1))
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+        client.delete(starts_key)
+        delete_queues(broker, queue)
+
+
+def busiest_second(times: list[float]) -> int:
+    """The most starts within any one-second window of the sorted ``times``."""
+    busiest, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] < t - 1.0:
+            j += 1
+        busiest = max(busiest, i - j + 1)
+    return busiest
 
 
 def dedup_send_rate(label: str, broker: RabbitmqBroker, count: int) -> Rate:

@@ -31,10 +31,10 @@ finally:
 
 def fill(count: int) -> tuple[str, Any]:
     """A fresh queue whose .DLQ holds ``count`` dead letters with full records."""
-    import actors
     from jobsystem.rabbitmq.broker import dead_letter_queue
+    from jobsystem.system import get_system
 
-    broker = actors.broker
+    broker = get_system().broker
     queue = f"bench-dl-{uuid.uuid4().hex[:8]}"
     broker.declare_queue(queue, ensure=True)
     channel = broker.connection.channel()

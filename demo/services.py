@@ -18,13 +18,12 @@ from email import message_from_bytes
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote
 
 import requests
 
-if TYPE_CHECKING:  # importing ``actors`` builds the broker: only once the demo's variables are set
-    from jobsystem.settings import Settings
+from jobsystem.settings import Settings
 
 
 class MailServer:

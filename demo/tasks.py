@@ -11,10 +11,10 @@ import dramatiq
 import requests
 
 from jobsystem.observability.logs import get_logger
-from jobsystem.settings import get_settings
+from jobsystem.system import get_system
 
 logger = get_logger(__name__)
-settings = get_settings()
+settings = get_system().settings
 
 
 @dramatiq.actor(queue_name=settings.queue("partner"), time_limit=60_000)

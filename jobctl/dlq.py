@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from jobctl.project import load_actors, require_queues
+from jobctl.project import load_system, require_queues
 
 
 def _since(value: str | None) -> datetime | None:
@@ -24,8 +26,30 @@ def _since(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+@dataclass(frozen=True)
+class Selected:
+    """The filters a subcommand was given (none: every dead letter)."""
+
+    queue: str | None = None
+    actor: str | None = None
+    exception: str | None = None
+    since: str | None = None
+
+
 def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The filters every subcommand takes."""
+    """The filters every subcommand takes, handed to it as one ``selected``."""
+
+    @functools.wraps(command)
+    def with_filters(
+        *args: Any,
+        queue: str | None,
+        actor: str | None,
+        exception: str | None,
+        since: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        return command(*args, selected=Selected(queue, actor, exception, since), **kwargs)
+
     for option in reversed(
         [
             click.option("--queue", help="Only dead letters of this (original) queue."),
@@ -34,31 +58,29 @@ def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
             click.option("--since", help="Only those that failed at or after this ISO date/time (UTC)."),
         ]
     ):
-        command = option(command)
-    return command
+        with_filters = option(with_filters)
+    return with_filters
 
 
 class Context:
     """The project and the filters of one command."""
 
-    def __init__(
-        self,
-        ids: tuple[str, ...],
-        queue: str | None,
-        actor: str | None,
-        exception: str | None,
-        since: str | None,
-    ) -> None:
-        actors = load_actors()
+    def __init__(self, ids: tuple[str, ...], selected: Selected) -> None:
+        system = load_system()
         from jobsystem.ops import dead_letters as ops
 
         self.ops = ops
-        self.broker = actors.broker
-        self.queues = ops.dead_letter_queues(actors.settings, actors.broker, queue)
+        self.broker = system.broker
+        queue = selected.queue
+        self.queues = ops.dead_letter_queues(system.settings, system.broker, queue)
         if queue is not None:  # a typo: say so, rather than "0 dead letters" or a channel error
-            require_queues({name: f"--queue {queue!r}" for name in self.queues})
+            require_queues(system.settings, {name: f"--queue {queue!r}" for name in self.queues})
         self.filters = ops.Filters(
-            message_ids=frozenset(ids), queue=None, actor=actor, exception=exception, since=_since(since)
+            message_ids=frozenset(ids),
+            queue=None,
+            actor=selected.actor,
+            exception=selected.exception,
+            since=_since(selected.since),
         )
 
     @contextmanager
@@ -77,11 +99,9 @@ def dlq() -> None:
 @dlq.command("list")
 @filter_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
-def list_(
-    queue: str | None, actor: str | None, exception: str | None, since: str | None, as_json: bool
-) -> None:
+def list_(selected: Selected, as_json: bool) -> None:
     """List dead letters (streamed: fine for 100k)."""
-    ctx = Context((), queue, actor, exception, since)
+    ctx = Context((), selected)
     count = 0
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
         count += 1
@@ -125,7 +145,7 @@ def show(message_id: str, queue: str | None) -> None:
 
     Positional arguments are counted, not shown; `jobctl dlq export -o FILE` writes bodies whole.
     """
-    ctx = Context((message_id,), queue, None, None, None)
+    ctx = Context((message_id,), Selected(queue=queue))
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
         data = dead.summary()
         width = max(len(k) for k in data)
@@ -153,18 +173,10 @@ def _selection(ids: tuple[str, ...], all_: bool) -> None:
     show_default=True,
     help="Messages published per confirmed batch.",
 )
-def retry(
-    message_ids: tuple[str, ...],
-    all_: bool,
-    queue: str | None,
-    actor: str | None,
-    exception: str | None,
-    since: str | None,
-    batch_size: int,
-) -> None:
+def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_size: int) -> None:
     """Publish dead letters back to their queue (attempts reset, same id and key), then remove them."""
     _selection(message_ids, all_)
-    ctx = Context(message_ids, queue, actor, exception, since)
+    ctx = Context(message_ids, selected)
     with ctx.progress("retrying") as progress:
         outcome = ctx.ops.replay(
             ctx.broker, ctx.queues, ctx.filters, batch_size=batch_size, progress=progress
@@ -179,20 +191,12 @@ def retry(
 @click.option("--all", "all_", is_flag=True, help="Every dead letter that matches the filters.")
 @filter_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def purge(
-    message_ids: tuple[str, ...],
-    all_: bool,
-    queue: str | None,
-    actor: str | None,
-    exception: str | None,
-    since: str | None,
-    yes: bool,
-) -> None:
+def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: bool) -> None:
     """Delete dead letters for good."""
     _selection(message_ids, all_)
     if not yes and not click.confirm("Delete the matching dead letters for good?", err=True):
         raise click.UsageError("not confirmed: pass --yes to purge without a prompt")
-    ctx = Context(message_ids, queue, actor, exception, since)
+    ctx = Context(message_ids, selected)
     with ctx.progress("purging") as progress:
         outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
     click.echo(f"purged {outcome.done} dead letter(s)")
@@ -201,15 +205,13 @@ def purge(
 @dlq.command()
 @filter_options
 @click.option("--output", "-o", type=click.File("w"), default="-", help="File to write (default stdout).")
-def export(
-    queue: str | None, actor: str | None, exception: str | None, since: str | None, output: Any
-) -> None:
+def export(selected: Selected, output: Any) -> None:
     """Write dead letters as JSON lines (record, traceback, body), for audit; removes nothing.
 
     Bodies are the jobs' own data, personal data included: written whole to a file (-o), scrubbed
     when written to the terminal.
     """
-    ctx = Context((), queue, actor, exception, since)
+    ctx = Context((), selected)
     terminal = getattr(output, "name", None) == "<stdout>"
     count = 0
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):

@@ -10,7 +10,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 import pika
@@ -23,12 +23,10 @@ from jobctl.project import (
     EXIT_UNREACHABLE,
     fail,
     import_modules,
-    load_actors,
+    load_system,
     require_queues,
 )
-
-if TYPE_CHECKING:  # importing actors runs its start-up: commands do that through load_actors()
-    from jobsystem.settings import Settings
+from jobsystem.settings import Settings, redact_url
 
 
 class Seconds(click.ParamType[float, Any]):
@@ -78,12 +76,12 @@ def migrate_queues(queues: tuple[str, ...]) -> None:
     Stop the workers first. Messages move to a temporary twin and back with confirms, and
     Dramatiq's old .XQ dead letters move into the project's .DLQ queues.
     """
-    actors = load_actors()
+    system = load_system()
     from jobsystem.ops.migration import MigrationError, migrate
 
-    require_queues({queue: f"--queue {queue!r}" for queue in queues})
+    require_queues(system.settings, {queue: f"--queue {queue!r}" for queue in queues})
     try:
-        report = migrate(actors.broker, actors.settings, list(queues) or None)
+        report = migrate(system.broker, system.settings, list(queues) or None)
     except (MigrationError, requests.RequestException) as exc:
         click.echo(f"jobctl: {exc}", err=True)
         sys.exit(EXIT_DEGRADED)
@@ -99,11 +97,9 @@ def ping(timeout: float) -> None:
     Exit code 0 when everything answers, 1 when only the management API does not, 2 when the broker
     cannot be reached.
     """
-    actors = load_actors()
-    from jobsystem.settings import redact_url
-
-    settings = actors.settings
-    parameters = actors.broker.parameters
+    system = load_system()
+    settings = system.settings
+    parameters = system.broker.parameters
     parameters = parameters[0] if isinstance(parameters, list) else parameters
     parameters.socket_timeout = timeout
     parameters.connection_attempts = 1
@@ -155,7 +151,7 @@ def worker(dramatiq_args: tuple[str, ...]) -> None:
 
     Extra arguments go to dramatiq as they are: modules first, then options (``--queues a b``).
     """
-    settings = load_actors().settings
+    settings = load_system().settings
     # The dramatiq of this environment (next to the interpreter): `.venv/bin/jobctl` works without
     # the venv on PATH, as `make run` calls it.
     beside = Path(sys.executable).parent / "dramatiq"
@@ -183,12 +179,12 @@ def status(message_id: str, as_json: bool) -> None:
     Exit code 0 when the job is known, 1 when it is unknown or its record expired
     (JOB_STATUS_TTL_MS), 2 when the state store cannot be reached.
     """
-    load_actors()
-    from actors.status import get_status
+    system = load_system()
+    from jobsystem.ops.status import get_status
     from jobsystem.store.base import StoreUnavailable
 
     try:
-        record = get_status(message_id)
+        record = get_status(message_id, state=system.store)
     except StoreUnavailable as exc:
         click.echo(f"jobctl: state store unreachable ({exc})", err=True)
         sys.exit(EXIT_UNREACHABLE)
@@ -239,12 +235,17 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
     HEALTH_* thresholds. Exit code 0 healthy, 1 degraded, 2 broker unreachable or a --queue
     RabbitMQ does not have: usable as a container health check or a cron alert.
     """
-    load_actors()
-    from actors.health import check, resolve_queues
+    system = load_system()
+    from jobsystem.ops.health import check, resolve_queues
 
-    named = {queue: f"--queue {name!r}" for name in queues for queue in resolve_queues([name])}
-    require_queues(named, timeout)
-    report = check(resolve_queues(list(queues)), timeout=timeout)
+    settings, broker = system.settings, system.broker
+    named = {
+        queue: f"--queue {name!r}" for name in queues for queue in resolve_queues(settings, broker, [name])
+    }
+    require_queues(settings, named, timeout)
+    report = check(
+        resolve_queues(settings, broker, list(queues)), config=settings, state=system.store, timeout=timeout
+    )
     if as_json:
         click.echo(json.dumps(report.to_dict()))
         sys.exit(report.exit_code)

@@ -1,6 +1,6 @@
-"""Load the project (settings, broker, actors) for a command-line program, turning bad settings
-into one line per problem and exit code 2 instead of a traceback, and scrub everything the
-command prints from then on (:mod:`jobctl.output`)."""
+"""Load the project for a command-line program: the system built, the actors declared, bad
+settings turned into one line per problem and exit code 2 instead of a traceback, and everything
+the command prints from then on scrubbed (:mod:`jobctl.output`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import importlib
 import logging
 import sys
 from collections.abc import Iterable, Mapping
-from types import ModuleType
 from typing import NoReturn
 
 import click
+
+from jobsystem.settings import Settings, SettingsError
+from jobsystem.startup import configuration_checked
+from jobsystem.system import System, get_system
 
 #: Exit codes shared by the commands.
 EXIT_OK, EXIT_DEGRADED, EXIT_UNREACHABLE = 0, 1, 2
@@ -25,24 +28,19 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_CONFIG)
 
 
-def import_project(program: str) -> ModuleType:
-    """Import ``actors``: settings validated, broker built, actors declared."""
+def load_project(program: str) -> System:
+    """This process's system, with the project's actors declared on its broker (``actors``)."""
     try:
-        import actors
-    except ImportError as exc:
-        # actors.settings.SettingsError: importing the class here would run actors/__init__ again.
-        report = getattr(exc, "report", None)
-        if report is None:
-            raise
-        fail(report(program))
-    return actors
+        with configuration_checked():
+            system = get_system()
+            import actors  # noqa: F401 - declares the reference actors
+    except SettingsError as exc:
+        fail(exc.report(program))
+    return system
 
 
 def import_modules(program: str, modules: Iterable[str]) -> None:
     """Import the application's modules that declare more actors (``dramatiq actors MODULE``)."""
-    from jobsystem.settings import SettingsError
-    from jobsystem.startup import configuration_checked
-
     for module in modules:
         try:
             with configuration_checked():
@@ -53,13 +51,12 @@ def import_modules(program: str, modules: Iterable[str]) -> None:
             fail(f"{program}: cannot import {module}: {exc}")
 
 
-def require_queues(named: Mapping[str, str], timeout: float = 5.0) -> None:
+def require_queues(settings: Settings, named: Mapping[str, str], timeout: float = 5.0) -> None:
     """Exit 2 naming each queue RabbitMQ does not have: ``named`` maps a queue to how the user
     gave it (``--queue 'emails'``). An unreachable RabbitMQ checks nothing: commands report it."""
     if not named:
         return
-    from actors import settings
-    from actors.health import missing_queues
+    from jobsystem.ops.health import missing_queues
 
     try:
         missing = missing_queues(settings, list(named), timeout)
@@ -70,13 +67,12 @@ def require_queues(named: Mapping[str, str], timeout: float = 5.0) -> None:
         fail("\n".join(f"jobctl: {named[q]}: RabbitMQ has no queue {q!r} (vhost {vhost!r})" for q in missing))
 
 
-def load_actors() -> ModuleType:
-    """The project for a ``jobctl`` command (exit 2 on bad settings)."""
-    actors = import_project("jobctl")
+def load_system() -> System:
+    """The project for a ``jobctl`` command (exit 2 on bad settings), its output scrubbed."""
+    system = load_project("jobctl")
     # A command reports an unreachable broker itself; pika's own account of it is noise here.
     logging.getLogger("pika").setLevel(logging.CRITICAL)
     from jobctl.output import protect_output
-    from jobsystem.privacy.setup import get_scrubber
 
-    protect_output(get_scrubber(actors.settings).text)  # every line printed from here on
-    return actors
+    protect_output(system.scrubber.text)  # every line printed from here on
+    return system

@@ -13,7 +13,6 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping
-from functools import cache
 from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -28,8 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from jobsystem.limits import Limit, parse_limits
 from jobsystem.urls import check_amqp_url, check_redis_url, check_smtp_url, check_sqlite_url, check_url
-from middleware.ratelimit import Limit, parse_limits
 
 #: ``RATE_LIMITS`` when unset: the reference email actor spends from ``smtp``. 100 mails a minute
 #: with bursts of 20 stays within what ordinary SMTP relays accept; raise it for a transactional
@@ -301,9 +300,3 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     except ValidationError as exc:
         errors = exc.errors(include_input=False, include_url=False, include_context=False)
         raise SettingsError([line for e in errors for line in _describe(dict(e))]) from None
-
-
-@cache
-def get_settings() -> Settings:
-    """The process's settings, validated on first use."""
-    return load_settings()

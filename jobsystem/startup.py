@@ -1,18 +1,17 @@
-"""Configuration errors met while :mod:`actors` starts, reported as one line each, exit code 2.
+"""Configuration errors met at start-up, reported as one line each and exit code 2.
 
-Two kinds surface when ``actors`` is imported: invalid settings (:class:`SettingsError`) and an
-actor whose ``rate_limit`` does not fit ``RATE_LIMITS`` (``RateLimitConfigError``, raised while
-the actor is declared; ``RATE_LIMITS='{}'`` leaves the reference ``send_email`` without its
-``smtp`` bucket). The second becomes the first, naming ``RATE_LIMITS``: one kind for every
-entry point to report.
+Two kinds: invalid settings (:class:`~jobsystem.settings.SettingsError`, from
+:func:`~jobsystem.system.build_system`) and an actor whose ``rate_limit`` does not fit
+``RATE_LIMITS`` (:class:`~jobsystem.limits.RateLimitConfigError`, raised while the actor is
+declared). The second becomes the first, naming ``RATE_LIMITS``: one kind for every entry point.
 
-``jobctl`` and ``python -m scheduler`` catch it around their import of ``actors``
-(``jobctl.project``). ``dramatiq actors`` cannot: Dramatiq's CLI imports ``actors`` in each worker
-process, logs an ImportError *with its traceback* and lets anything else crash the process with
-one. So inside a process the ``dramatiq`` command started, :func:`configuration_checked` prints
-the lines itself and raises ``SystemExit(2)``, which multiprocessing turns into that exit code
-quietly; Dramatiq's parent then stops the other workers and exits with code 2 too. Imported as a
-library (an application sending messages), the error propagates as an exception.
+``jobctl`` and ``python -m scheduler`` catch it and print its lines (``jobctl.project``).
+``dramatiq actors`` cannot: Dramatiq's CLI imports ``actors`` in each worker process, logs an
+ImportError *with its traceback* and lets anything else crash the process with one. So inside a
+process the ``dramatiq`` command started, :func:`configuration_checked` prints the lines itself
+and raises ``SystemExit(2)``, which multiprocessing turns into that exit code quietly; Dramatiq's
+parent then stops the other workers and exits with code 2 too. Anywhere else (an application
+importing ``actors`` to send messages) the error propagates as an exception.
 """
 
 from __future__ import annotations
@@ -23,10 +22,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from dramatiq.compat import StreamablePipe
-
+from jobsystem.dramatiq_internals import StreamablePipe
+from jobsystem.limits import RateLimitConfigError
 from jobsystem.settings import SettingsError
-from middleware.ratelimit import RateLimitConfigError
 
 __all__ = ["EXIT_CONFIG", "configuration_checked"]
 

@@ -1,15 +1,10 @@
-"""The record a dead letter carries, and the flags that keep a failing publish from losing a message.
+"""DeadLetters: counts attempts and builds the record a dead letter carries.
 
-RabbitMQ dead-letters a rejected message *as last delivered*: its ``options.traceback`` is the
-previous attempt's, and the final error exists only in the worker's memory. So the project's
-consumer does not let RabbitMQ dead-letter failed messages itself: it publishes a copy to the
-dead-letter exchange carrying :func:`DeadLetters.record` as AMQP headers (visible in the
-management UI), waits for the confirm, and only then acks the original. When that publish fails
-the delivery is requeued instead: a duplicate at worst, never a loss.
-
-Header names are stable and documented (``x-dl-*``); values are scrubbed by the ``scrub``
-callable given to the middleware, so no personal data lands in the headers. Building a record never
-fails, whatever the message holds: a field that is missing or of the wrong type is left empty.
+RabbitMQ dead-letters a message as last delivered, without its final error, so the project's
+consumer publishes each dead letter itself with :meth:`DeadLetters.record` as ``x-dl-*`` AMQP
+headers (stable, documented names; values scrubbed), and acks the original only once RabbitMQ
+confirmed it (``docs/architecture.md``, "Dead letters"). Building a record never fails, whatever
+the message holds: a field that is missing or of the wrong type is left empty.
 """
 
 from __future__ import annotations
@@ -24,11 +19,30 @@ import dramatiq
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.errors import ActorNotFound
-from dramatiq.middleware import AgeLimit, Middleware, Retries, SkipMessage
+from dramatiq.middleware import AgeLimit, Middleware, SkipMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
-from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
+from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
 from jobsystem.runtime.message_shape import Malformed, int_option
+from jobsystem.runtime.options import option_of
+
+__all__ = [
+    "ATTEMPTS",
+    "HEADER_ACTOR",
+    "HEADER_ATTEMPTS",
+    "HEADER_ENQUEUED_AT",
+    "HEADER_ERROR",
+    "HEADER_EXCEPTION",
+    "HEADER_FAILED_AT",
+    "HEADER_FIELD",
+    "HEADER_QUEUE",
+    "HEADER_REASON",
+    "HEADER_TRACEBACK",
+    "MALFORMED_EXCEPTION",
+    "REASONS",
+    "REPLAYS",
+    "DeadLetters",
+]
 
 #: Why a message ended in the dead letters.
 REASONS = (
@@ -61,40 +75,6 @@ ATTEMPTS = "attempts"
 #: Message option: how many times the message was replayed from the dead letters (status records
 #: order a replay's attempts after the dead attempt they follow).
 REPLAYS = "replays"
-#: Attribute set on a message proxy whose follow-up publish failed: requeue it, do not ack it. It
-#: holds the follow-up to publish again (a :data:`FollowUp`), or True when none was decided.
-_REDELIVER = "_redeliver"
-#: Attribute set on a message proxy by a middleware that rejects it, naming the reason; the
-#: consumer sets it too once the dead letter is confirmed, so later hooks can log the reason.
-DEAD_LETTER_REASON = "_dead_letter_reason"
-#: Attribute set on a message proxy by a middleware that rejects it because of an error (a key or
-#: rate-limit function that raised): the dead letter records that error, not the SkipMessage.
-_DEAD_LETTER_ERROR = "_dead_letter_error"
-
-
-def request_redelivery(message: MessageProxy, follow_up: FollowUp | None = None) -> None:
-    """Ask the consumer to requeue ``message`` instead of acking it: its ``follow_up`` (the retry
-    or dead letter its attempt decided) was not published."""
-    setattr(message, _REDELIVER, follow_up or True)
-
-
-def wants_redelivery(message: MessageProxy) -> bool:
-    return bool(getattr(message, _REDELIVER, False))
-
-
-def pending_follow_up(message: MessageProxy) -> FollowUp | None:
-    """The follow-up of ``message`` that could not be published, if one was decided."""
-    follow_up = getattr(message, _REDELIVER, None)
-    return follow_up if isinstance(follow_up, RetryFollowUp | DeadLetterFollowUp) else None
-
-
-def reject(message: MessageProxy, reason: str, *, error: BaseException | None = None) -> None:
-    """Fail ``message`` for good from a middleware, naming the reason its dead letter records and,
-    when an error is the cause, that error (its type, scrubbed message and traceback)."""
-    setattr(message, DEAD_LETTER_REASON, reason)
-    if error is not None:
-        setattr(message, _DEAD_LETTER_ERROR, error)
-    message.fail()
 
 
 def _iso(millis: float) -> str:
@@ -139,12 +119,7 @@ class DeadLetters(Middleware):
         """Send the actor named by the option ``on_dead_letter`` (message or actor) a message about
         ``message``'s dead letter: its id, actor, reason, exception type, scrubbed error, and the
         job's own args and kwargs (so the application can tell its user which job failed)."""
-        target = message.options.get("on_dead_letter")
-        if target is None:
-            try:
-                target = broker.get_actor(message.actor_name).options.get("on_dead_letter")
-            except ActorNotFound:
-                return None
+        target = option_of(broker, message, "on_dead_letter")
         if not target:
             return None
         hook = broker.get_actor(target)
@@ -161,7 +136,7 @@ class DeadLetters(Middleware):
 
     def reason(self, broker: Broker, message: MessageProxy, exception: BaseException | None) -> str:
         """Why ``message`` failed for good, from what the worker knows of its last attempt."""
-        explicit = getattr(message, DEAD_LETTER_REASON, None)
+        explicit = dead_letter_reason(message)
         if explicit:
             return str(explicit)
         if isinstance(exception, ActorNotFound):
@@ -175,12 +150,7 @@ class DeadLetters(Middleware):
         return "retries_exhausted"
 
     def _too_old(self, broker: Broker, message: MessageProxy) -> bool:
-        max_age = message.options.get("max_age")
-        if max_age is None:
-            try:
-                max_age = broker.get_actor(message.actor_name).options.get("max_age")
-            except ActorNotFound:
-                max_age = None
+        max_age = option_of(broker, message, "max_age")
         if max_age is None:
             max_age = next((m.max_age for m in broker.middleware if isinstance(m, AgeLimit)), None)
         return max_age is not None and message.message_timestamp + int(max_age) < time.time() * 1000
@@ -189,7 +159,7 @@ class DeadLetters(Middleware):
         """The AMQP headers of ``message``'s dead letter: final error (scrubbed), attempts, reason,
         origin and times. Never fails: a field it cannot read is left empty."""
         error = exception if exception is not None and not isinstance(exception, SkipMessage) else None
-        error = getattr(message, _DEAD_LETTER_ERROR, None) or error
+        error = dead_letter_error(message) or error
         trace = _safely(lambda: "".join(traceback.format_exception(error))) if error is not None else ""
         return {
             HEADER_REASON: _safely(lambda: self.reason(broker, message, exception), "rejected"),
@@ -222,53 +192,7 @@ class DeadLetters(Middleware):
 
 
 def _throws(broker: Broker, message: Message[Any] | MessageProxy) -> tuple[type[BaseException], ...]:
-    throws = message.options.get("throws")
-    if throws is None:
-        try:
-            throws = broker.get_actor(message.actor_name).options.get("throws")
-        except ActorNotFound:
-            throws = None
+    throws = option_of(broker, message, "throws")
     if throws is None:
         return ()
     return throws if isinstance(throws, tuple) else (throws,)
-
-
-class _RetryRecorder:
-    """The broker as Retries sees it: the retry it enqueues is noted, to be published again by
-    the consumer if RabbitMQ refuses it now."""
-
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
-        self.retry: RetryFollowUp | None = None
-
-    def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        self.retry = RetryFollowUp(message.copy(), int(delay or 0))
-        return self._broker.enqueue(message, delay=delay)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._broker, name)
-
-
-class SafeRetries(Retries):
-    """Dramatiq's Retries, except that a retry that cannot be published is not lost.
-
-    Dramatiq swallows the error when re-enqueueing a retry fails (after its own publish attempts),
-    and the worker then acks the original: the message is gone (Dramatiq PR #545). Here the
-    delivery is flagged for redelivery instead, carrying the retry (attempt counted), which the
-    consumer publishes again once the delivery comes back rather than running the actor again.
-    """
-
-    def after_process_message(
-        self,
-        broker: Broker,
-        message: MessageProxy,
-        *,
-        result: Any | None = None,
-        exception: BaseException | None = None,
-    ) -> None:
-        recorder = _RetryRecorder(broker)
-        try:
-            super().after_process_message(recorder, message, result=result, exception=exception)  # type: ignore[no-untyped-call]
-        except Exception:
-            self.logger.exception("retry_publish_failed")
-            request_redelivery(message, recorder.retry)

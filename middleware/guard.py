@@ -29,8 +29,8 @@ from typing import Any, ClassVar, NoReturn
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
+from jobsystem.dramatiq_internals import request_redelivery
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
-from middleware.dead_letters import request_redelivery
 
 __all__ = ["FailClosed", "GuardError"]
 

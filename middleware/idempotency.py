@@ -1,25 +1,9 @@
-"""Idempotency keys: dedup at send, and at most one effect per key at run.
+"""Idempotency keys: a duplicate send is dropped, and a key's effect happens at most once at run.
 
-RabbitMQ delivers at least once, so the guarantee is made at run time: before the actor runs the
-worker claims the message's key with a short lease, in one store round trip.
-
-- key already completed: the actor does not run, the message is acked (``duplicate_skipped``);
-- key leased by another live worker: the message is re-enqueued with a delay and checked again,
-  never run concurrently and never dropped;
-- claimed: the actor runs while a background thread keeps renewing the lease; success marks the
-  key completed (with the result when it is JSON), failure releases it for the retry. A worker
-  killed mid-job stops renewing, so its lease lapses within one lease period.
-- store unreachable: fail closed. The message is re-enqueued with a delay (its retry count
-  untouched) and does not run without its guard.
-
-At send, a message whose key is pending or completed within its window is not published again:
-``send()`` returns a message carrying the original message id (like BullMQ's ``jobId``).
-
-Keys come from the message option ``idempotency_key`` or from the actor option of the same name,
-a callable given the actor's args and kwargs that returns the key or None. Keys are scoped by
-actor name. A key is job data (``ana@example.com|welcome``): it is stored, and logged, only as
-``actor:<keyed hash>`` (:class:`~jobsystem.privacy.keyhash.KeyHasher`), computed the same way at send,
-at run and in :meth:`Idempotency.lookup`.
+Before the actor runs, the worker claims the message's key with a lease: a completed key skips the
+message, a key held by another worker defers it, an unreachable store defers it (fail closed).
+Keys are stored and logged only as ``actor:<keyed hash>``. The whole design, claims sent ahead at
+receipt included, is in ``docs/architecture.md`` ("Idempotency keys").
 """
 
 from __future__ import annotations
@@ -39,14 +23,27 @@ from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
+from jobsystem.dramatiq_internals import reject
 from jobsystem.privacy.keyhash import KeyHasher
+from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.leases import HeldLeases
+from jobsystem.runtime.options import option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest, KeyRecord, idempotency_backend
-from middleware.dead_letters import reject
 from middleware.guard import FailClosed
+
+__all__ = [
+    "HELD_WAITS",
+    "REGISTERED",
+    "DuplicateMessage",
+    "Idempotency",
+    "IdempotencyKeyError",
+    "IdempotencyStoreError",
+    "as_duplicate",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -86,22 +83,8 @@ class IdempotencyKeyError(MiddlewareError):
 class _Held:
     key: str
     owner: str
-
-
-#: How long a claim sent ahead at receipt is taken as the store's current answer. Under load a
-#: prefetched message waits a few milliseconds for a worker thread, and its claim's round trip has
-#: overlapped that wait; a message that waited longer is claimed again when it starts.
-CLAIM_AHEAD_FRESH_S = 0.1
-
-#: Attribute of a message proxy holding the claim sent ahead at receipt (:meth:`Idempotency.on_receive`).
-_AHEAD = "_idempotency_claim_ahead"
-
-
-@dataclass
-class _Ahead:
-    request: ClaimRequest
-    pending: Any
-    sent_at: float
+    #: Under which the lease is renewed while the job runs (None: not renewed).
+    token: int | None = None
 
 
 class Idempotency(FailClosed):
@@ -146,14 +129,8 @@ class Idempotency(FailClosed):
         # Claims of concurrent worker threads share round trips (see jobsystem.runtime.coalesce).
         self.claims: Coalescer[ClaimRequest, Claim] = Coalescer(self._claim_many)
         self._local = threading.local()
-        self._held: dict[int, _Held] = {}
-        self._held_lock = threading.Lock()
-        self._renewer: threading.Thread | None = None
-        #: When a claim last found the store unreachable (claims sent ahead before it are redone).
-        self._store_failed_at = float("-inf")
-        self._stop = threading.Event()
-        #: Claims sent ahead for messages not started yet, given back if the worker stops first.
-        self._ahead: dict[tuple[str, str], ClaimRequest] = {}
+        self.leases = HeldLeases(self.backend.renew, lease_ms)
+        self.ahead = ClaimsAhead(self.claims)
 
     send_error = IdempotencyStoreError
     defer_option = "idempotency_store_waits"
@@ -198,14 +175,6 @@ class Idempotency(FailClosed):
         message.options["idempotency_key"] = str(key)
         return self.scoped(message.actor_name, str(key))
 
-    def _option(self, broker: Broker, message: AnyMessage, name: str, default: Any) -> Any:
-        if name in message.options:
-            return message.options[name]
-        try:
-            return broker.get_actor(message.actor_name).options.get(name, default)
-        except dramatiq.errors.ActorNotFound:
-            return default
-
     def lookup(self, actor_name: str, key: str) -> KeyRecord | None:
         """What the store knows of ``key`` for ``actor_name`` (state, first message id, result)."""
         return self.backend.lookup(self.scoped(actor_name, str(key)))
@@ -233,10 +202,8 @@ class Idempotency(FailClosed):
             key = self.key_of(broker, message)
             if key is None:
                 continue
-            if self._option(broker, message, "idempotency_drop_duplicates", self.drop_duplicates):
-                to_register.append(
-                    (message, key, self._option(broker, message, "idempotency_ttl", self.ttl_ms))
-                )
+            if option_of(broker, message, "idempotency_drop_duplicates", self.drop_duplicates):
+                to_register.append((message, key, option_of(broker, message, "idempotency_ttl", self.ttl_ms)))
             else:
                 message.options[REGISTERED] = True
         if not to_register:
@@ -271,37 +238,8 @@ class Idempotency(FailClosed):
             return
         if key is None:
             return
-        ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
-        request = ClaimRequest(key, message.message_id, uuid.uuid4().hex, self.lease_ms, ttl)
-        with self._held_lock:
-            self._ahead[(request.message_id, request.owner)] = request
-        setattr(message, _AHEAD, _Ahead(request, self.claims.submit(request), time.monotonic()))
-
-    def _pop_ahead(self, message: MessageProxy) -> _Ahead | None:
-        """The claim sent ahead for ``message``, taken off it (its answer is collected once) and
-        no longer to be given back at shutdown."""
-        ahead: _Ahead | None = getattr(message, _AHEAD, None)
-        if ahead is not None:
-            delattr(message, _AHEAD)
-            with self._held_lock:
-                self._ahead.pop((ahead.request.message_id, ahead.request.owner), None)
-        return ahead
-
-    def _take_ahead(self, message: MessageProxy) -> tuple[str | None, Claim | None]:
-        """The owner of a claim sent ahead, and its answer while still fresh (else None)."""
-        ahead = self._pop_ahead(message)
-        if ahead is None:
-            return None, None
-        try:
-            claim = self.claims.wait(ahead.pending)
-        except StoreUnavailable:
-            return ahead.request.owner, None
-        # A claim sent more than CLAIM_AHEAD_FRESH_S ago is made again (as the same owner), so a
-        # job starts on a claim the store confirmed just now, as without claiming ahead; nor is
-        # one trusted once the store has failed since it was granted: fail closed.
-        fresh = time.monotonic() - ahead.sent_at < CLAIM_AHEAD_FRESH_S
-        trusted = self._store_failed_at < ahead.sent_at
-        return ahead.request.owner, claim if fresh and trusted else None
+        ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
+        self.ahead.send(message, ClaimRequest(key, message.message_id, uuid.uuid4().hex, self.lease_ms, ttl))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None
@@ -317,10 +255,10 @@ class Idempotency(FailClosed):
             raise SkipMessage("idempotency key invalid") from None
         if key is None:
             return
-        ahead_owner, claim = self._take_ahead(message)
+        ahead_owner, claim = self.ahead.answer(message)
         owner = ahead_owner or uuid.uuid4().hex
         if claim is None:
-            ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
+            ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
             try:
                 claim = self.claims.call(ClaimRequest(key, message.message_id, owner, self.lease_ms, ttl))
             except StoreUnavailable as exc:
@@ -338,25 +276,20 @@ class Idempotency(FailClosed):
             logger.info("duplicate_deferred", extra={"key": key, "delay_ms": delay})
             postpone(broker, message, delay, reason="idempotency_key_held", options={HELD_WAITS: waits + 1})
             raise SkipMessage("key held by another worker: deferred")
-        held = _Held(key, owner)
-        self._local.held = held
-        with self._held_lock:
-            self._held[id(held)] = held
-        self._ensure_renewer()
+        self._local.held = _Held(key, owner, self.leases.hold(key, owner))
 
     def _claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         try:
             return self.backend.claim_many(requests)
         except StoreUnavailable:
-            self._store_failed_at = time.monotonic()
+            self.ahead.store_failed_at = time.monotonic()
             raise
 
     def _finish(self) -> _Held | None:
         held: _Held | None = getattr(self._local, "held", None)
         self._local.held = None
-        if held is not None:
-            with self._held_lock:
-                self._held.pop(id(held), None)
+        if held is not None and held.token is not None:
+            self.leases.release(held.token)
         return held
 
     def after_process_message(
@@ -373,7 +306,7 @@ class Idempotency(FailClosed):
         if exception is not None:
             self.writes.submit(_release_many, (held.key, held.owner))
             return
-        ttl = self._option(broker, message, "idempotency_ttl", self.ttl_ms)
+        ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
         self.writes.submit(_complete_many, (held.key, self._encode_result(result), ttl))
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -381,16 +314,10 @@ class Idempotency(FailClosed):
         # re-enqueued by whoever skipped it: release now, not in the background, so the copy can
         # never come back to find the claim still held (which would delay it by a whole lease).
         held = self._finish()
-        ahead = self._pop_ahead(message)
-        if held is None and ahead is not None:
-            # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead
-            # once it is answered, if it was granted (a refused one has nothing to give back).
-            try:
-                granted = self.claims.wait(ahead.pending).status == "claimed"
-            except StoreUnavailable:
-                granted = True  # unknown: give it back in case
-            if granted:
-                held = _Held(ahead.request.key, ahead.request.owner)
+        ahead = self.ahead.take(message)
+        if held is None and ahead is not None and self.ahead.granted(ahead):
+            # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead.
+            held = _Held(ahead.request.key, ahead.request.owner)
         if held is not None:
             try:
                 self.backend.release_many([(held.key, held.owner)])
@@ -404,31 +331,8 @@ class Idempotency(FailClosed):
             return None
         return encoded if len(encoded) <= self.result_max_bytes else None
 
-    # -- lease renewal ---------------------------------------------------------------------------
-
-    def _ensure_renewer(self) -> None:
-        if self._renewer is None or not self._renewer.is_alive():
-            with self._held_lock:
-                if self._renewer is None or not self._renewer.is_alive():
-                    self._stop.clear()
-                    self._renewer = threading.Thread(
-                        target=self._renew_loop, name="lease-renewer", daemon=True
-                    )
-                    self._renewer.start()
-
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(self.lease_ms / 3000):
-            with self._held_lock:
-                claims = [(h.key, h.owner) for h in self._held.values()]
-            if not claims:
-                continue
-            try:
-                self.backend.renew(claims, self.lease_ms)
-            except StoreUnavailable as exc:
-                logger.warning("lease_renewal_failed", extra={"claims": len(claims), "error": str(exc)})
-
     def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        self._stop.set()
+        self.leases.stop()
 
     def before_consumer_thread_shutdown(self, broker: Broker, thread: Any) -> None:
         """Give back the claims sent ahead for messages that will not start here.
@@ -437,8 +341,7 @@ class Idempotency(FailClosed):
         then redelivers what was prefetched) only afterwards: released now, those messages run
         at once wherever they are redelivered instead of waiting out this worker's lease.
         """
-        with self._held_lock:
-            unstarted, self._ahead = list(self._ahead.values()), {}
+        unstarted = self.ahead.unstarted()
         if not unstarted:
             return
         try:

@@ -28,8 +28,10 @@ from dramatiq.common import q_name
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware
 
+from jobsystem.dramatiq_internals import dead_letter_reason, wants_redelivery
 from jobsystem.runtime.message_shape import int_option
-from middleware.dead_letters import DEAD_LETTER_REASON, wants_redelivery
+
+__all__ = ["DEFAULT_LOGGER", "JobLifecycle", "job_fields"]
 
 
 @dataclass
@@ -65,7 +67,7 @@ def job_fields(message: Message[Any] | MessageProxy) -> dict[str, Any]:
 class JobLifecycle(Middleware):
     """Log each job's lifecycle and bind its context; see the module's docstring.
 
-    Args:
+    Parameters:
       scrub: applied to exception messages and opted-in arguments before they are logged.
       logger_name: the structlog logger the events go to.
       enqueued_level: level of ``job_enqueued`` (DEBUG by default).
@@ -157,7 +159,7 @@ class JobLifecycle(Middleware):
         if wants_redelivery(message):  # the dead letter could not be published: requeued instead
             self.logger.error("job_requeued", **(fields or job_fields(message)))
             return
-        reason = getattr(message, DEAD_LETTER_REASON, None)
+        reason = dead_letter_reason(message)
         self.logger.error("job_dead_lettered", reason=reason, **(fields or job_fields(message)))
 
     # --- helpers ---

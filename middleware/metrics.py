@@ -1,37 +1,24 @@
-"""Prometheus metrics of a worker group, and the HTTP server that exposes them.
+"""Metrics: Prometheus counters and timings of a worker group, under Dramatiq's own metric names.
 
-The same metric names as Dramatiq's own ``dramatiq.middleware.prometheus`` (dashboards keep
-working), with what its source shows fixed:
-
-- Dramatiq keeps every worker group's sample files in one directory (``dramatiq_prom_db``, by
-  default ``/tmp/dramatiq-prometheus``) that nothing clears in 2.x: counters of past runs and of
-  other groups on the host are summed in. Here each group writes to ``<directory>/group-<pid of
-  the dramatiq main process>``; directories of groups whose main process is gone are removed at boot.
-- Its host and port are environment variables read at import; here they are constructor arguments.
-- Its ``dramatiq_message_retries_total`` counts every enqueue carrying a ``retries`` option, so a
-  retried message counts again when it moves from the delay queue, and deferrals count as retries.
-  Here only Retries' re-enqueue of a failed attempt counts (:mod:`jobsystem.runtime.attempts`); skips and
-  deferrals have counters of their own instead of counting as processed.
-
-prometheus_client's multiprocess mode is chosen when it is imported (``PROMETHEUS_MULTIPROC_DIR``
-in the environment); ``after_process_boot`` sets it and only then imports the library, as Dramatiq
-does. The exposition server runs as a Dramatiq *fork* process (the ``forks`` property): one per
-worker group, started by the ``dramatiq`` main process after the workers booted, reading every
-worker's sample files; it also reports queue depths, asked from RabbitMQ at scrape time for the
-queues the workers consume (each worker lists them in the group directory).
+Unlike Dramatiq's ``Prometheus`` middleware, each worker group keeps its sample files in a
+directory of its own (``<directory>/group-<pid of the dramatiq main process>``, those of dead
+groups removed at boot) instead of one never-cleared folder; host and port are constructor
+arguments, not environment variables read at import; and only Retries' re-enqueue of a failed
+attempt counts as a retry (:mod:`jobsystem.runtime.attempts`), with skips and deferrals counted
+apart. prometheus_client's multiprocess mode is switched on in ``after_process_boot``, before the
+library is used. The ``/metrics`` endpoint is a Dramatiq fork process
+(:mod:`jobsystem.observability.metrics`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +28,12 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.middleware import Middleware
 
+from jobsystem.dramatiq_internals import wants_redelivery
 from jobsystem.runtime.attempts import AttemptTracker
-from middleware.dead_letters import wants_redelivery
+
+__all__ = ["DURATION_BUCKETS", "Metrics", "group_directory"]
 
 logger = logging.getLogger(__name__)
-
-#: Queue name -> {"waiting": n, "unacked": n, "delayed": n, "dead": n, "consumers": n}; None = unknown.
-QueueDepths = Callable[[list[str]], dict[str, dict[str, int | None]]]
 
 #: Dramatiq's buckets (milliseconds), and 30 minutes for long jobs.
 DURATION_BUCKETS: tuple[float, ...] = (5, 10, 25, 50, 75, 100, 250, 500, 750, 1_000, 2_500, 5_000, 7_500)
@@ -234,82 +220,3 @@ class Metrics(Middleware):
 
     def after_ack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()
-
-
-class _QueueCollector:
-    """Queue depths asked from RabbitMQ at scrape time, for the queues the group's workers consume."""
-
-    def __init__(self, group: Path, depths: QueueDepths) -> None:
-        self.group = group
-        self.depths = depths
-
-    def queues(self) -> list[str]:
-        names: set[str] = set()
-        for path in self.group.glob("queues-*.json"):
-            with contextlib.suppress(OSError, ValueError):
-                names.update(json.loads(path.read_text()))
-        return sorted(names)
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        up = GaugeMetricFamily("jobs_queue_stats_up", "Whether RabbitMQ answered the queue-depth query.")
-        queues = self.queues()
-        try:
-            depths = self.depths(queues) if queues else {}
-        except Exception as exc:
-            logger.warning("queue_depths_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
-        yield up
-        messages = GaugeMetricFamily(
-            "jobs_queue_messages",
-            "Messages of a queue: waiting (ready), unacked (running, prefetched), delayed (.DQ), dead (DLQ).",
-            labels=["queue", "state"],
-        )
-        consumers = GaugeMetricFamily("jobs_queue_consumers", "Consumers of a queue.", labels=["queue"])
-        for queue, counts in depths.items():
-            for state in ("waiting", "unacked", "delayed", "dead"):
-                value = counts.get(state)
-                if value is not None:
-                    messages.add_metric([queue, state], value)
-            if counts.get("consumers") is not None:
-                consumers.add_metric([queue], counts["consumers"] or 0)
-        yield messages
-        yield consumers
-
-
-def serve(directory: Path, host: str, port: int, depths: QueueDepths | None = None) -> int:
-    """Serve the group's metrics on ``host:port`` until the process is stopped (a Dramatiq fork)."""
-    import prometheus_client as prom
-    from prometheus_client import multiprocess
-
-    group = group_directory(directory)
-    group.mkdir(parents=True, exist_ok=True)
-    registry = prom.CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=str(group))  # type: ignore[no-untyped-call]
-    if depths is not None:
-        registry.register(_QueueCollector(group, depths))
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            output = prom.generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", prom.CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(output)))
-            self.end_headers()
-            self.wfile.write(output)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return  # one line per scrape is noise
-
-    try:
-        server = HTTPServer((host, port), Handler)
-    except OSError as exc:
-        logger.error("metrics_server_failed", extra={"host": host, "port": port, "error": str(exc)})
-        return 1
-    logger.info("metrics_server_started", extra={"host": host, "port": port})
-    server.serve_forever()
-    return 0

@@ -1,48 +1,11 @@
-"""Per-service token-bucket rate limits shared by every worker, that never spend a retry.
+"""Per-service token buckets shared by every worker: a job takes its tokens right before it runs,
+and waiting for them never spends a retry.
 
-An actor names the budget it spends from: ``@dramatiq.actor(rate_limit="smtp")``, or a callable
-given the actor's args and kwargs that returns a bucket name. ``service:key`` (``smtp:tenant-42``)
-is a bucket of its own with the limits of ``service``, so each tenant has its own budget (its
-``key`` is job data: it is stored and logged as a keyed hash, ``smtp:<hash>``). A job
-takes ``rate_limit_cost`` tokens (1 by default) right before it runs; the buckets live in the
-shared state store (see :mod:`jobsystem.store.buckets`), so all processes on all hosts share one
-budget per bucket.
-
-When the bucket is empty the job is neither run nor failed, and its retries are untouched:
-
-- a wait up to ``wait_ms`` is slept in the worker thread, then the job runs;
-- a longer wait: the message is re-enqueued with a delay (same message id, retry count and
-  idempotency key; the original is acked only once RabbitMQ confirmed the copy). Each delay is at
-  most ``max_delay_ms``: Dramatiq holds delayed messages unacked in worker memory, and RabbitMQ's
-  ``consumer_timeout`` closes the channel under one held past it.
-
-Why reservations. If every worker that finds the bucket empty re-enqueued its message "for when
-the next token is due", they would all come back at that moment, one would win and the others
-would go round again: churn that grows with the number of waiting messages. Instead, a take that
-finds too few tokens *borrows*: the bucket goes negative and the caller owns the slot at which its
-tokens will have been refilled. Concurrent takes get successive slots, 1/rate apart; the wait
-grows with the backlog and each waiting message is re-enqueued once, for its own slot, carrying
-the slot in its options. It comes back a little before the slot (``slot_lead_ms``, which covers
-Dramatiq's one-second tick for releasing delayed messages), sleeps to it and runs, without asking
-for tokens again. Starts therefore keep to the bucket exactly: in any window of ``t`` seconds at
-most ``burst + rate * t`` tokens are spent. A slot that comes back too late (its worker died,
-RabbitMQ was slow) is void and the message takes afresh: a token is lost, never spent twice.
-
-Borrowing is bounded: no slot lies more than ``max_delay_ms`` ahead (so a reserved message is
-re-enqueued at most once, and a purged queue wastes at most that much budget). Past that bound the
-bucket refuses without taking anything; the message is re-enqueued for a random time of up to
-``max_delay_ms`` and checks again then, so a backlog far beyond the bucket's pace costs one store
-round trip and one re-enqueue per message per few minutes, spread out, instead of a hot loop.
-Dramatiq has no flow control per bucket: the only way to leave such a backlog untouched in the
-ready queue would be to let worker threads sit on it, and worker threads serve every actor; route
-a large, slow campaign to its own queue (and worker) when that matters.
-
-An actor whose upstream says "slow down" (HTTP 429 with ``Retry-After``) raises
-:class:`RateLimited`; the message is re-enqueued for at least that long without spending a retry,
-and its bucket is drained for that long so that every other worker backs off too.
-
-State store unreachable: fail closed, as idempotency does. The message is re-enqueued with a
-growing delay and runs once the store answers; it never runs unmetered.
+A short wait is slept in the worker thread; a longer one re-enqueues the message for a slot
+reserved in the bucket (same message id, retries and idempotency key). An actor whose upstream
+says "slow down" raises :class:`RateLimited`. The state store unreachable: the message is deferred
+(fail closed), it never runs unmetered. Why slots are reserved, and how far ahead: see
+``docs/architecture.md`` ("Rate limits").
 """
 
 from __future__ import annotations
@@ -50,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import re
 import sys
 import threading
 import time
@@ -60,15 +22,18 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.middleware import MiddlewareError, SkipMessage
+from dramatiq.middleware import SkipMessage
 
+from jobsystem.dramatiq_internals import reject
+from jobsystem.limits import Limit, RateLimitConfigError
 from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.requeue import postpone
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.buckets import Take, TakeRequest, bucket_backend
-from middleware.dead_letters import reject
 from middleware.guard import FailClosed
+
+__all__ = ["SLOT", "STORE_WAITS", "RateLimited", "RateLimits"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,55 +41,6 @@ logger = logging.getLogger(__name__)
 SLOT = "rate_limit_slot"
 #: Message option counting consecutive deferrals while the state store is down.
 STORE_WAITS = "rate_limit_store_waits"
-
-_UNITS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(second|minute|hour)\s*$")
-_SERVICE = re.compile(r"^[A-Za-z0-9_.-]+$")
-
-
-@dataclass(frozen=True)
-class Limit:
-    """A bucket's limits: ``rate`` tokens per second, at most ``burst`` tokens at once."""
-
-    rate: float
-    burst: float
-
-
-def parse_limit(service: str, spec: object) -> Limit:
-    """``{"rate": 25 | "100/minute", "burst": 20}`` as a :class:`Limit`; ValueError names ``service``.
-
-    ``burst`` defaults to one second's worth of tokens, and at least 1.
-    """
-    if not _SERVICE.match(service):
-        raise ValueError(f"service name {service!r} must be letters, digits, '_', '.' or '-'")
-    if isinstance(spec, Limit):
-        return spec
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"service {service!r}: must be an object with 'rate' and optional 'burst'")
-    unknown = set(spec) - {"rate", "burst"}
-    if unknown:
-        raise ValueError(f"service {service!r}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
-    rate = _parse_rate(spec.get("rate"))
-    if rate is None:
-        raise ValueError(
-            f"service {service!r}: rate must be a positive number (per second) or 'N/second|minute|hour'"
-        )
-    burst = spec.get("burst", max(1.0, rate))
-    if isinstance(burst, bool) or not isinstance(burst, int | float) or not math.isfinite(burst) or burst < 1:
-        raise ValueError(f"service {service!r}: burst must be a number of at least 1")
-    return Limit(rate=rate, burst=float(burst))
-
-
-def _parse_rate(value: object) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        rate = float(value)
-    elif isinstance(value, str) and (match := _RATE.match(value)):
-        rate = float(match[1]) / _UNITS[match[2]]
-    else:
-        return None
-    return rate if math.isfinite(rate) and rate > 0 else None
 
 
 def _slot_of(option: object, bucket: str) -> int | None:
@@ -134,17 +50,6 @@ def _slot_of(option: object, bucket: str) -> int | None:
         if isinstance(at, int) and not isinstance(at, bool):
             return at
     return None
-
-
-def parse_limits(spec: Mapping[str, object]) -> dict[str, Limit]:
-    """Every service of ``spec`` (``{"smtp": {...}, ...}``) parsed; ValueError names the first bad one."""
-    if not isinstance(spec, Mapping):
-        raise ValueError("must be a JSON object mapping service names to {rate, burst}")
-    return {str(service): parse_limit(str(service), limit) for service, limit in spec.items()}
-
-
-class RateLimitConfigError(MiddlewareError):
-    """An actor names a service with no configured limit, or a cost its bucket can never hold."""
 
 
 class RateLimited(SkipMessage):

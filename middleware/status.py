@@ -34,11 +34,14 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.middleware import CurrentMessage, Middleware
 
+from jobsystem.dramatiq_internals import wants_redelivery
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.status import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
-from middleware.dead_letters import REPLAYS, wants_redelivery
+from middleware.dead_letters import REPLAYS
+
+__all__ = ["Status", "find_status", "progress"]
 
 logger = logging.getLogger(__name__)
 

@@ -15,9 +15,15 @@ from dramatiq import Message
 from dramatiq.broker import Broker
 from dramatiq.middleware import Middleware
 
+__all__ = ["ScrubStoredTracebacks"]
+
 
 class ScrubStoredTracebacks(Middleware):
     """Replace string options (``traceback`` by default) with ``scrub(value)`` at enqueue time.
+
+    Parameters:
+      scrub: the text scrubber.
+      options: the names of the options scrubbed.
 
     Place it last in the stack: ``before_enqueue`` runs in list order, so it then sees every option
     the other middleware wrote.

@@ -22,7 +22,8 @@ from typing import Any
 import dramatiq
 from dramatiq.broker import Broker
 from dramatiq.middleware import Middleware
-from dramatiq.worker import ConsumerThread
+
+from jobsystem.dramatiq_internals import ConsumerThread, add_worker_thread
 
 __all__ = ["ThreadWatchdog"]
 
@@ -73,7 +74,7 @@ class ThreadWatchdog(Middleware):
             if self._stop.is_set():
                 return replaced
             worker.workers.remove(dead)
-            worker._add_worker()
+            add_worker_thread(worker)
             replaced += 1
             logger.error("worker_thread_replaced", extra={"kind": "worker", "thread_name": dead.name})
         for queue_name, consumer in list(worker.consumers.items()):

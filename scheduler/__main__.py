@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-from jobctl.project import import_modules, import_project
+from jobctl.project import import_modules, load_project
 from scheduler.schedules import DEFAULT_FILE, Schedule, ScheduleError, load_schedules
 from scheduler.triggers import format_duration, next_fires
 
@@ -52,7 +52,7 @@ def describe(schedules: list[Schedule], queues: dict[str, str], count: int = 3) 
 
 def main(argv: list[str] | None = None) -> int:
     arguments = _arguments(argv)
-    actors = import_project("scheduler")  # exits 2 on bad settings
+    system = load_project("scheduler")  # exits 2 on bad settings
     import_modules("scheduler", arguments.modules)
 
     from jobsystem.observability.logs import get_logger
@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     logger = get_logger("scheduler")
     # APScheduler logs every job run at INFO; the scheduler's own events say what matters.
     logging.getLogger("apscheduler").setLevel(max(logging.getLogger().level, logging.WARNING))
-    settings = actors.settings
+    settings, broker = system.settings, system.broker
     path = arguments.schedules or settings.schedules_file or DEFAULT_FILE
     try:
-        schedules = load_schedules(path, actors.broker.actors, max_priority=settings.rabbitmq_max_priority)
+        schedules = load_schedules(path, broker.actors, max_priority=settings.rabbitmq_max_priority)
     except ScheduleError as exc:
         if arguments.check:
             sys.stderr.write("".join(f"scheduler: {path}: {problem}\n" for problem in exc.problems))
@@ -73,15 +73,15 @@ def main(argv: list[str] | None = None) -> int:
             logger.error("schedules_invalid", path=str(path), problems=exc.problems)
         return EXIT_CONFIG
     if arguments.check:
-        queues = {s.id: queue_of(s, actors.broker, settings) for s in schedules}
+        queues = {s.id: queue_of(s, broker, settings) for s in schedules}
         print(f"{path}: {len(schedules)} schedules, valid")
         print(describe(schedules, queues))
         return EXIT_OK
 
     scheduler = Scheduler(
         schedules,
-        broker=actors.broker,
-        store=actors.store,
+        broker=broker,
+        store=system.store,
         settings=settings,
         checkins=sentry_checkins(settings, schedules),
     )

@@ -103,27 +103,20 @@ def _check_json(name: str, value: object) -> None:
         ) from None
 
 
-def _entry(
-    raw: Mapping[str, Any], actors: Mapping[str, dramatiq.Actor[Any, Any]], max_priority: int
-) -> Schedule:
-    """One entry as a :class:`Schedule`; ValueError says what is wrong with it."""
-    problems: list[str] = []
-
-    def check(name: str, test: bool, message: str) -> None:
-        if name in raw and not test:
-            problems.append(f"{name} {message}")
-
-    unknown = sorted(set(raw) - _KEYS)
-    if unknown:
-        problems.append(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
+def _checked_actor(
+    raw: Mapping[str, Any], actors: Mapping[str, dramatiq.Actor[Any, Any]], problems: list[str]
+) -> str | None:
+    """The entry's actor name when it names a known actor; its args and kwargs fit its signature."""
     actor_name = raw.get("actor")
     if actor_name is None:
         problems.append("missing actor")
     elif not isinstance(actor_name, str) or actor_name not in actors:
         problems.append(f"unknown actor {actor_name!r}")
     args, kwargs = raw.get("args", []), raw.get("kwargs", {})
-    check("args", isinstance(args, list), "must be an array")
-    check("kwargs", isinstance(kwargs, dict), "must be a table")
+    if "args" in raw and not isinstance(args, list):
+        problems.append("args must be an array")
+    if "kwargs" in raw and not isinstance(kwargs, dict):
+        problems.append("kwargs must be a table")
     for name, value in (("args", args), ("kwargs", kwargs)):
         try:
             _check_json(name, value)
@@ -135,25 +128,35 @@ def _entry(
             inspect.signature(actor.fn).bind(*args, **kwargs)
         except TypeError as exc:
             problems.append(f"args/kwargs do not fit {actor_name}(): {exc}")
-    queue = raw.get("queue")
+    return actor_name if isinstance(actor_name, str) else None
+
+
+def _check_options(raw: Mapping[str, Any], max_priority: int, problems: list[str]) -> timedelta:
+    """Check queue, priority, enabled and misfire_grace; returns the misfire grace."""
+
+    def check(name: str, test: bool, message: str) -> None:
+        if name in raw and not test:
+            problems.append(f"{name} {message}")
+
+    queue, priority = raw.get("queue"), raw.get("priority")
     check("queue", isinstance(queue, str) and bool(_QUEUE.match(queue)), "must be a queue name")
-    priority = raw.get("priority")
     check(
         "priority",
         isinstance(priority, int) and not isinstance(priority, bool) and 0 <= priority <= max_priority,
         f"must be an integer from 0 to {max_priority} (RABBITMQ_MAX_PRIORITY)",
     )
     check("enabled", isinstance(raw.get("enabled"), bool), "must be true or false")
-    grace = DEFAULT_MISFIRE_GRACE
     if "misfire_grace" in raw:
         try:
-            grace = _duration(raw["misfire_grace"])
+            return _duration(raw["misfire_grace"])
         except ValueError as exc:
             problems.append(f"misfire_grace {exc}")
+    return DEFAULT_MISFIRE_GRACE
 
+
+def _trigger(raw: Mapping[str, Any], problems: list[str]) -> tuple[BaseTrigger | None, timedelta | None]:
+    """The entry's trigger (from ``cron`` and ``timezone``, or ``every``) and its interval."""
     cron, every, timezone = raw.get("cron"), raw.get("every"), raw.get("timezone", "UTC")
-    trigger: BaseTrigger | None = None
-    interval: timedelta | None = None
     if cron is not None and every is not None:
         problems.append("has both cron and every; give one")
     elif cron is None and every is None:
@@ -163,7 +166,7 @@ def _entry(
             problems.append("timezone applies to cron only (every counts in UTC)")
         try:
             interval = _duration(every)
-            trigger = interval_trigger(interval)
+            return interval_trigger(interval), interval
         except ValueError as exc:
             problems.append(f"every {exc}")
     elif not isinstance(cron, str):
@@ -175,25 +178,40 @@ def _entry(
             zone(timezone)
         except ValueError as exc:
             problems.append(f"timezone: {exc}")
-        else:
-            try:
-                trigger = CronSchedule(cron, timezone)
-            except ValueError as exc:
-                problems.append(f"bad cron expression {cron!r}: {exc}")
+            return None, None
+        try:
+            return CronSchedule(cron, timezone), None
+        except ValueError as exc:
+            problems.append(f"bad cron expression {cron!r}: {exc}")
+    return None, None
+
+
+def _entry(
+    raw: Mapping[str, Any], actors: Mapping[str, dramatiq.Actor[Any, Any]], max_priority: int
+) -> Schedule:
+    """One entry as a :class:`Schedule`; ValueError says what is wrong with it."""
+    problems: list[str] = []
+    unknown = sorted(set(raw) - _KEYS)
+    if unknown:
+        problems.append(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}")
+    actor_name = _checked_actor(raw, actors, problems)
+    grace = _check_options(raw, max_priority, problems)
+    trigger, interval = _trigger(raw, problems)
     if problems:
         raise ValueError("; ".join(problems))
-    assert trigger is not None and isinstance(actor_name, str)
+    assert trigger is not None and actor_name is not None
+    cron = raw.get("cron")
     return Schedule(
         id=str(raw.get("id")),
         actor=actor_name,
         trigger=trigger,
-        args=tuple(args),
-        kwargs=dict(kwargs),
+        args=tuple(raw.get("args", [])),
+        kwargs=dict(raw.get("kwargs", {})),
         cron=cron,
-        timezone=timezone if cron is not None else "UTC",
+        timezone=raw.get("timezone", "UTC") if cron is not None else "UTC",
         every=interval,
         queue=raw.get("queue"),
-        priority=priority,
+        priority=raw.get("priority"),
         misfire_grace=grace,
         enabled=raw.get("enabled", True),
     )

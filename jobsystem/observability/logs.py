@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 from structlog.typing import Processor
 
+from jobsystem.dramatiq_internals import RESULTS_MISSING_WARNING
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
@@ -117,7 +118,7 @@ class _ResultsAreKept(logging.Filter):
     missing: this project keeps results itself (idempotency records, job status)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "you haven't added the Results middleware" not in str(record.msg)
+        return RESULTS_MISSING_WARNING not in str(record.msg)
 
 
 def get_logger(name: str, **context: Any) -> structlog.stdlib.BoundLogger:

@@ -97,7 +97,7 @@ def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None =
     channel.confirm_delivery()
     try:
         for queue in names or work_queues(settings, existing):
-            wanted = broker._build_queue_arguments(queue)
+            wanted = broker.queue_arguments(queue)
             for name in (queue, f"{queue}.DQ"):
                 state = existing.get(name)
                 if state is None or state.arguments == wanted:

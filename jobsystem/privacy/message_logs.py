@@ -17,8 +17,7 @@ from dramatiq import Message
 from dramatiq.broker import MessageProxy
 from dramatiq.errors import DecodeError
 
-#: The format string of ``Actor.__call__``'s DEBUG record, whose arguments are the job's own.
-ACTOR_ARGUMENTS_FORMAT = "Received args=%r kwargs=%r."
+from jobsystem.dramatiq_internals import ACTOR_ARGUMENTS_FORMAT
 
 
 class _Shown:

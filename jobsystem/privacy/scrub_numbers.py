@@ -47,7 +47,7 @@ Replace = Callable[[str, str], str]
 #: passes about one random number in eleven of its length: these are listed because people's
 #: numbers matter more than an order number's readability, but weaker checks still (a birth date
 #: alone: Danish CPR, Czech and Austrian numbers) are not, and the Canadian SIN only when written
-#: in groups. ``tests/test_scrub.py`` measures the resulting rate per length.
+#: in groups. ``tests/unit/test_scrub.py`` measures the resulting rate per length.
 NATIONAL_IDS: tuple[tuple[str, str, tuple[int, ...], bool], ...] = (
     ("gb", "nhs", (10,), True),
     ("de", "idnr", (11,), True),

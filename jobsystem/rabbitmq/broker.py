@@ -11,11 +11,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pika
 import pika.exceptions
 from dramatiq import Message
-from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
+from jobsystem.dramatiq_internals import RabbitmqConsumer, RabbitmqTopology
 from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from jobsystem.runtime.follow_ups import RefusedFollowUps
 from jobsystem.settings import Settings
@@ -46,7 +46,7 @@ class QueueArgumentsMismatch(RuntimeError):
     """A queue exists with other arguments than this project declares (RabbitMQ answers 406)."""
 
 
-class ProjectBroker(RabbitmqBroker):
+class ProjectBroker(RabbitmqTopology):
     """Dramatiq's RabbitMQ broker with the project's dead-letter topology and duplicate answers.
 
     - Work and delay queues dead-letter into the direct exchange ``dead_letter_exchange``, routed
@@ -78,7 +78,7 @@ class ProjectBroker(RabbitmqBroker):
         self.refused_follow_ups = RefusedFollowUps(store=state)
 
     @property
-    def consumer_class(self) -> type[_RabbitmqConsumer]:
+    def consumer_class(self) -> type[RabbitmqConsumer]:
         return DeadLetteringConsumer
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
@@ -89,7 +89,7 @@ class ProjectBroker(RabbitmqBroker):
 
     # -- topology --------------------------------------------------------------------------------
 
-    def _build_queue_arguments(self, queue_name: str) -> dict[str, Any]:
+    def queue_arguments(self, queue_name: str) -> dict[str, Any]:
         arguments: dict[str, Any] = {
             "x-dead-letter-exchange": self.dead_letter_exchange,
             "x-dead-letter-routing-key": q_name(queue_name),
@@ -120,13 +120,13 @@ class ProjectBroker(RabbitmqBroker):
                 "`jobctl migrate-queues` to recreate it without losing its messages."
             ) from None
 
-    def _declare_queue(self, queue_name: str) -> Any:
-        return self._declare_checked(queue_name, self._build_queue_arguments(queue_name))
+    def declare_work_queue(self, queue_name: str) -> Any:
+        return self._declare_checked(queue_name, self.queue_arguments(queue_name))
 
-    def _declare_dq_queue(self, queue_name: str) -> Any:
-        return self._declare_checked(f"{queue_name}.DQ", self._build_queue_arguments(queue_name))
+    def declare_delay_queue(self, queue_name: str) -> Any:
+        return self._declare_checked(f"{queue_name}.DQ", self.queue_arguments(queue_name))
 
-    def _declare_xq_queue(self, queue_name: str) -> Any:
+    def declare_dead_letter_queue(self, queue_name: str) -> Any:
         """Declare the dead-letter exchange and ``<queue>.DLQ`` bound to it (in place of ``.XQ``)."""
         self.channel.exchange_declare(self.dead_letter_exchange, exchange_type="direct", durable=True)
         result = self._declare_checked(dead_letter_queue(queue_name), self.dead_letter_arguments())

@@ -26,19 +26,22 @@ import pika.exceptions
 import pika.spec
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
-from dramatiq.brokers.rabbitmq import _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed
 
-from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
-from jobsystem.runtime.message_shape import Malformed, decode
-from middleware.dead_letters import (
-    DEAD_LETTER_REASON,
-    HEADER_REASON,
+from jobsystem.dramatiq_internals import (
+    ProjectMessage,
+    RabbitmqConsumer,
+    mark_dead_lettered,
     pending_follow_up,
+    project_message,
     request_redelivery,
+    stored_exception,
     wants_redelivery,
 )
+from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
+from jobsystem.runtime.message_shape import Malformed, decode
+from middleware.dead_letters import HEADER_REASON
 
 if TYPE_CHECKING:
     from jobsystem.rabbitmq.broker import ProjectBroker
@@ -54,12 +57,12 @@ KEPT_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "app_id
 _Delivery = tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes]
 
 
-def dead_letter_body(message: MessageProxy) -> bytes:
+def dead_letter_body(message: ProjectMessage) -> bytes:
     """The message as it goes to the dead letters: without Dramatiq's stored traceback (the
     previous attempt's, unscrubbed); the record's headers carry the final one."""
     options = {k: v for k, v in message.options.items() if k not in ("traceback", "eta")}
     final: Message[Any] = dataclasses.replace(
-        message._message, queue_name=q_name(message.queue_name), options=options
+        message.message, queue_name=q_name(message.queue_name), options=options
     )
     return final.encode()
 
@@ -75,7 +78,7 @@ def _kept(properties: pika.spec.BasicProperties) -> tuple[dict[str, Any], dict[s
     return kept, headers
 
 
-class DeadLetteringConsumer(_RabbitmqConsumer):
+class DeadLetteringConsumer(RabbitmqConsumer):
     """Dramatiq's consumer, checking every body and never losing or spinning on a follow-up.
 
     - ``__next__``: check the body's shape (malformed: dead-lettered here); a redelivery whose
@@ -95,7 +98,7 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
 
     # -- receiving -------------------------------------------------------------------------------
 
-    def __next__(self) -> MessageProxy | None:
+    def __next__(self) -> ProjectMessage | None:
         delivery = self._next_delivery()
         if delivery is None:
             return None
@@ -109,7 +112,7 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
             if follow_up is not None:
                 self._publish_decided(method.delivery_tag, decoded.message_id, follow_up)
                 return None
-        message = _RabbitmqMessage(method.redelivered, method.delivery_tag, decoded)  # type: ignore[no-untyped-call]
+        message = ProjectMessage(method.redelivered, method.delivery_tag, decoded)
         self.known_tags.add(method.delivery_tag)
         for on_receive in self.receive_hooks:
             try:
@@ -183,8 +186,8 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
         if published and isinstance(follow_up, DeadLetterFollowUp):
             # Now it is dead-lettered: the nack hooks that skipped the refused one (lifecycle's
             # job_dead_lettered, the dead status, the reject count) see it, then its hook is told.
-            message = _RabbitmqMessage(True, tag, follow_up.message)  # type: ignore[no-untyped-call]
-            setattr(message, DEAD_LETTER_REASON, follow_up.headers.get(HEADER_REASON))
+            message = ProjectMessage(True, tag, follow_up.message)
+            mark_dead_lettered(message, follow_up.headers.get(HEADER_REASON))
             self.broker.emit_after("nack", message)
             self._notify(follow_up.message, follow_up.headers)
 
@@ -208,25 +211,25 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
     # -- settling --------------------------------------------------------------------------------
 
     def ack(self, message: MessageProxy) -> None:
-        if wants_redelivery(message):
+        if isinstance(message, ProjectMessage) and wants_redelivery(message):
             self._hold(message, pending_follow_up(message), "retry", None)
         else:
             super().ack(message)  # type: ignore[no-untyped-call]
 
-    def nack(self, message: MessageProxy) -> None:
-        broker = self.broker
-        headers = broker.dead_letters.record(broker, message, message._exception)
+    def nack(self, proxy: MessageProxy) -> None:
+        broker, message = self.broker, project_message(proxy)
+        headers = broker.dead_letters.record(broker, message, stored_exception(message))
         body: bytes | None = None
         try:
             body = dead_letter_body(message)
             broker.publish_dead_letter(body, headers, message.message_id, message.queue_name)
         except Exception as exc:
             logger.exception("dead_letter_publish_failed", extra={"message_id": message.message_id})
-            follow_up = DeadLetterFollowUp(body, headers, message._message) if body is not None else None
+            follow_up = DeadLetterFollowUp(body, headers, message.message) if body is not None else None
             request_redelivery(message, follow_up)  # the lifecycle log then says "requeued"
             self._hold(message, follow_up, "dead_letter", exc)
             return
-        setattr(message, DEAD_LETTER_REASON, headers[HEADER_REASON])
+        mark_dead_lettered(message, headers[HEADER_REASON])
         super().ack(message)  # type: ignore[no-untyped-call]
         self._notify(message, headers)
 
@@ -237,17 +240,17 @@ class DeadLetteringConsumer(_RabbitmqConsumer):
             logger.exception("dead_letter_hook_failed", extra={"message_id": message.message_id})
 
     def _hold(
-        self, message: MessageProxy, follow_up: FollowUp | None, kind: str, error: BaseException | None
+        self, message: ProjectMessage, follow_up: FollowUp | None, kind: str, error: BaseException | None
     ) -> None:
         """Count the refused follow-up of ``message``, remember it, and requeue the delivery later."""
         delay = self.broker.refused_follow_ups.refused(
             message.message_id, kind=kind, queue=q_name(self.queue_name), follow_up=follow_up, error=error
         )
         try:
-            self.known_tags.remove(message._tag)
+            self.known_tags.remove(message.tag)
         except KeyError:  # the consumer reconnected since: RabbitMQ redelivers it anyway
             return
-        self._requeue_later(message._tag, delay)
+        self._requeue_later(message.tag, delay)
 
     def _requeue_later(self, tag: int, delay: float) -> None:
         """Requeue delivery ``tag`` in ``delay`` seconds, on the connection's own thread (the

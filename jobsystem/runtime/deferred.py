@@ -2,8 +2,8 @@
 
 A completion mark or a status update can reach the store a few milliseconds after the job; what
 matters is that the worker thread does not wait for it. Writes submitted together go out in one
-batch (one Redis pipeline, one SQLite transaction). A batch that fails is retried, in order, until
-the store answers again.
+batch (on Redis one Lua call per kind of write, on SQLite one transaction). A batch that fails is
+retried, in order, until the store answers again.
 """
 
 from __future__ import annotations

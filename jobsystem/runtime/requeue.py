@@ -19,7 +19,7 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 
-from middleware.dead_letters import request_redelivery
+from jobsystem.dramatiq_internals import request_redelivery
 
 logger = logging.getLogger(__name__)
 

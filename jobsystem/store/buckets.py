@@ -36,6 +36,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
+from jobsystem.store import for_backend
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
@@ -287,8 +288,4 @@ def _status(value: bytes | str) -> Status:
 
 def bucket_backend(store: StateStore) -> BucketBackend:
     """The bucket operations for ``store``'s backend."""
-    if isinstance(store, RedisStore):
-        return RedisBuckets(store)
-    if isinstance(store, SqliteStore):
-        return SqliteBuckets(store)
-    raise TypeError(f"no token bucket backend for {type(store).__name__}")
+    return for_backend(store, redis=RedisBuckets, sqlite=SqliteBuckets)

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
+from jobsystem.store import for_backend
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
@@ -88,24 +89,25 @@ class IdempotencyBackend(ABC):
         """The key's state, or None when it is unknown or expired."""
 
 
+#: The store's clock in whole milliseconds, as ``now``: the prelude of the claim and renew scripts.
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
 _REGISTER = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local mid = redis.call('HGET', key, 'mid')
-  if mid then
-    out[i] = mid
-  else
+  out[i] = redis.call('HGET', key, 'mid') or ''
+  if out[i] == '' then
     redis.call('HSET', key, 'state', 'pending', 'mid', ARGV[2 * i - 1])
     redis.call('PEXPIRE', key, ARGV[2 * i])
-    out[i] = ''
   end
 end
 return out
 """
 
 _CLAIM = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 for i, key in ipairs(KEYS) do
   local mid, owner = ARGV[4 * i - 3], ARGV[4 * i - 2]
@@ -126,8 +128,6 @@ return out
 """
 
 _RENEW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i, key in ipairs(KEYS) do
   if redis.call('HGET', key, 'owner') == ARGV[i + 1] then
     redis.call('HSET', key, 'until', now + tonumber(ARGV[1]))
@@ -168,8 +168,8 @@ class RedisIdempotency(IdempotencyBackend):
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self._register = store.script(_REGISTER)
-        self._claim = store.script(_CLAIM)
-        self._renew = store.script(_RENEW)
+        self._claim = store.script(_NOW + _CLAIM)
+        self._renew = store.script(_NOW + _RENEW)
         self._complete = store.script(_COMPLETE)
         self._release = store.script(_RELEASE)
 
@@ -346,8 +346,4 @@ def _text(value: bytes | str | None) -> str | None:
 
 def idempotency_backend(store: StateStore) -> IdempotencyBackend:
     """The key operations for ``store``'s backend."""
-    if isinstance(store, RedisStore):
-        return RedisIdempotency(store)
-    if isinstance(store, SqliteStore):
-        return SqliteIdempotency(store)
-    raise TypeError(f"no idempotency backend for {type(store).__name__}")
+    return for_backend(store, redis=RedisIdempotency, sqlite=SqliteIdempotency)

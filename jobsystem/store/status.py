@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from jobsystem.store import for_backend
 from jobsystem.store.base import StateStore
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
@@ -301,8 +302,4 @@ def _text(value: bytes | str) -> str:
 
 def status_backend(store: StateStore) -> StatusBackend:
     """The status operations for ``store``'s backend."""
-    if isinstance(store, RedisStore):
-        return RedisStatus(store)
-    if isinstance(store, SqliteStore):
-        return SqliteStatus(store)
-    raise TypeError(f"no status backend for {type(store).__name__}")
+    return for_backend(store, redis=RedisStatus, sqlite=SqliteStatus)

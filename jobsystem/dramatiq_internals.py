@@ -1,0 +1,371 @@
+"""Every private or undocumented part of Dramatiq the project relies on, in one place, with why.
+
+Dramatiq 2.2 has no public way to change the RabbitMQ topology, to dead-letter a message with its
+final record, to replace a dead worker thread, or to tell a ``dramatiq`` worker process apart.
+The project reaches for these names through this module only; ``check_contract`` (run by
+``tests/unit/test_dramatiq_contract.py``) checks each one is still there and shaped as relied
+on, and ``pyproject.toml`` pins Dramatiq to the minor version it was checked on.
+
+It also holds the flags a middleware sets on a message for the project's consumer to act on
+(:class:`ProjectMessage`): setting one on a message another consumer delivered raises
+:class:`FlagsNotHonoured`, since that consumer would ignore it (and ack a message meant to be
+requeued).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
+
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
+from dramatiq.compat import StreamablePipe
+from dramatiq.errors import DecodeError
+from dramatiq.worker import ConsumerThread, Worker
+
+from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
+
+__all__ = [
+    "ACTOR_ARGUMENTS_FORMAT",
+    "EXPECTATIONS",
+    "RESULTS_MISSING_WARNING",
+    "ConsumerThread",
+    "DramatiqContractError",
+    "FlagsNotHonoured",
+    "ProjectMessage",
+    "RabbitmqConsumer",
+    "RabbitmqTopology",
+    "StreamablePipe",
+    "add_worker_thread",
+    "check_contract",
+    "dead_letter_error",
+    "dead_letter_reason",
+    "mark_dead_lettered",
+    "pending_follow_up",
+    "project_message",
+    "reject",
+    "request_redelivery",
+    "send_claim_ahead",
+    "stored_exception",
+    "take_claim_ahead",
+    "wants_redelivery",
+]
+
+# -- names -----------------------------------------------------------------------------------------
+
+#: Dramatiq's RabbitMQ consumer. The project's consumer subclasses it to check each body before
+#: anything reads it and to publish dead letters itself; it uses the attributes its ``__init__``
+#: sets (``broker``, ``queue_name``, ``connection``, ``channel``, ``iterator``, ``known_tags``).
+RabbitmqConsumer = _RabbitmqConsumer
+
+#: The ``stderr`` of a process the ``dramatiq`` command started (it pipes output to its parent):
+#: how start-up tells a worker process, which must exit quietly on bad settings, from a library use.
+StreamablePipe = StreamablePipe
+
+#: Dramatiq's worker and consumer threads: the watchdog replaces a dead one with a new one built
+#: from the dead one's ``broker``, ``prefetch``, ``work_queue`` and ``worker_timeout``.
+ConsumerThread = ConsumerThread
+
+#: The format of ``Actor.__call__``'s DEBUG record, whose arguments are the job's own (hidden).
+ACTOR_ARGUMENTS_FORMAT = "Received args=%r kwargs=%r."
+
+#: Dramatiq's warning, on every job that returns a value, that no Results middleware keeps it.
+RESULTS_MISSING_WARNING = "you haven't added the Results middleware"
+
+
+def add_worker_thread(worker: Worker) -> None:
+    """Start one more worker thread in ``worker`` (``Worker._add_worker``)."""
+    worker._add_worker()
+
+
+def stored_exception(message: MessageProxy) -> BaseException | None:
+    """The exception the worker stored on ``message`` for its last attempt (``_exception``)."""
+    exception: BaseException | None = message._exception
+    return exception
+
+
+class RabbitmqTopology(RabbitmqBroker):
+    """Dramatiq's RabbitMQ broker with its private queue-declaration steps under public names.
+
+    ``RabbitmqBroker.declare_queue`` declares a queue, its delay queue and its dead-letter queue
+    with ``_declare_queue``, ``_declare_dq_queue`` and ``_declare_xq_queue``, whose arguments come
+    from ``_build_queue_arguments``: overriding them is the only way to change the topology. A
+    subclass overrides the public methods here instead.
+    """
+
+    def queue_arguments(self, queue_name: str) -> dict[str, Any]:
+        """The arguments of the work and delay queues of ``queue_name``."""
+        arguments: dict[str, Any] = RabbitmqBroker._build_queue_arguments(self, queue_name)  # type: ignore[no-untyped-call]
+        return arguments
+
+    def declare_work_queue(self, queue_name: str) -> Any:
+        return RabbitmqBroker._declare_queue(self, queue_name)  # type: ignore[no-untyped-call]
+
+    def declare_delay_queue(self, queue_name: str) -> Any:
+        return RabbitmqBroker._declare_dq_queue(self, queue_name)  # type: ignore[no-untyped-call]
+
+    def declare_dead_letter_queue(self, queue_name: str) -> Any:
+        return RabbitmqBroker._declare_xq_queue(self, queue_name)  # type: ignore[no-untyped-call]
+
+    def _build_queue_arguments(self, queue_name: str) -> dict[str, Any]:
+        return self.queue_arguments(queue_name)
+
+    def _declare_queue(self, queue_name: str) -> Any:
+        return self.declare_work_queue(queue_name)
+
+    def _declare_dq_queue(self, queue_name: str) -> Any:
+        return self.declare_delay_queue(queue_name)
+
+    def _declare_xq_queue(self, queue_name: str) -> Any:
+        return self.declare_dead_letter_queue(queue_name)
+
+
+# -- the messages' flags ---------------------------------------------------------------------------
+
+
+class FlagsNotHonoured(TypeError):
+    """A middleware flagged a message that the project's consumer did not deliver: the consumer
+    that did would ignore the flag (the broker is not :class:`~jobsystem.rabbitmq.broker.ProjectBroker`)."""
+
+
+class ProjectMessage(_RabbitmqMessage):
+    """A delivery of the project's consumer, which honours the flags a middleware sets on it.
+
+    Attributes:
+      redelivery: requeue the delivery instead of acking it, because what its attempt decided
+        could not be published: the follow-up to publish again (a retry or a dead letter), or
+        True when none was decided.
+      dead_letter_reason: why the message is dead-lettered (set by a middleware that rejects it,
+        and by the consumer once the dead letter is safe, for the hooks that log it).
+      dead_letter_error: the error a rejecting middleware names as the cause (the dead letter
+        records it rather than the ``SkipMessage``).
+      claim_ahead: what the idempotency middleware sent ahead for this delivery at receipt.
+    """
+
+    def __init__(self, redelivered: bool, tag: int, message: Message[Any]) -> None:
+        super().__init__(redelivered, tag, message)  # type: ignore[no-untyped-call]
+        self.redelivery: FollowUp | bool = False
+        self.dead_letter_reason: str | None = None
+        self.dead_letter_error: BaseException | None = None
+        self.claim_ahead: object | None = None
+
+    @property
+    def tag(self) -> int:
+        """The delivery tag (``_tag``)."""
+        tag: int = self._tag
+        return tag
+
+    @property
+    def message(self) -> Message[Any]:
+        """The message delivered (``_message``)."""
+        message: Message[Any] = self._message
+        return message
+
+
+def project_message(message: object) -> ProjectMessage:
+    """``message`` as the project's consumer delivered it; :class:`FlagsNotHonoured` otherwise."""
+    if not isinstance(message, ProjectMessage):
+        raise FlagsNotHonoured(
+            f"a {type(message).__name__} cannot carry the project's flags: only the project's "
+            "consumer (jobsystem.rabbitmq.consumer) acts on them"
+        )
+    return message
+
+
+def request_redelivery(message: MessageProxy, follow_up: FollowUp | None = None) -> None:
+    """Ask the consumer to requeue ``message`` instead of acking it: its ``follow_up`` (the retry
+    or dead letter its attempt decided) was not published."""
+    project_message(message).redelivery = follow_up or True
+
+
+def wants_redelivery(message: object) -> bool:
+    return isinstance(message, ProjectMessage) and bool(message.redelivery)
+
+
+def pending_follow_up(message: object) -> FollowUp | None:
+    """The follow-up of ``message`` that could not be published, if one was decided."""
+    follow_up = message.redelivery if isinstance(message, ProjectMessage) else None
+    return follow_up if isinstance(follow_up, RetryFollowUp | DeadLetterFollowUp) else None
+
+
+def reject(message: MessageProxy, reason: str, *, error: BaseException | None = None) -> None:
+    """Fail ``message`` for good from a middleware, naming the reason its dead letter records and,
+    when an error is the cause, that error (its type, scrubbed message and traceback)."""
+    flagged = project_message(message)
+    flagged.dead_letter_reason = reason
+    flagged.dead_letter_error = error
+    message.fail()
+
+
+def mark_dead_lettered(message: MessageProxy, reason: str | None) -> None:
+    """The consumer published ``message``'s dead letter, for ``reason``."""
+    project_message(message).dead_letter_reason = reason
+
+
+def send_claim_ahead(message: MessageProxy, claim: object) -> None:
+    """Keep what a middleware sent ahead for ``message`` at receipt, until it starts."""
+    project_message(message).claim_ahead = claim
+
+
+def take_claim_ahead(message: object) -> object | None:
+    """What was sent ahead for ``message`` (None if nothing), taken off it: it is collected once."""
+    if not isinstance(message, ProjectMessage):
+        return None
+    claim, message.claim_ahead = message.claim_ahead, None
+    return claim
+
+
+def dead_letter_reason(message: object) -> str | None:
+    return message.dead_letter_reason if isinstance(message, ProjectMessage) else None
+
+
+def dead_letter_error(message: object) -> BaseException | None:
+    return message.dead_letter_error if isinstance(message, ProjectMessage) else None
+
+
+# -- the contract ----------------------------------------------------------------------------------
+
+
+class DramatiqContractError(AssertionError):
+    """The installed Dramatiq lacks or changed a part this module relies on (named in the message)."""
+
+
+def _parameters(function: Any) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def _source(code: Any) -> str:
+    return inspect.getsource(code)
+
+
+def _says(module: Any, text: str) -> bool:
+    """Whether ``module``'s source holds ``text``, in one string literal or in several joined."""
+    source = _source(module)
+    return text in source or text in re.sub(r'(?<=[^"])"\s*\n\s*"(?=[^"])', "", source)
+
+
+def _sets(function: Any, *attributes: str) -> bool:
+    return all(re.search(rf"self\.{a}\b[^=\n]*=", _source(function)) for a in attributes)
+
+
+def _new_message() -> Message[Any]:
+    return Message(queue_name="q", actor_name="a", args=(), kwargs={}, options={})
+
+
+def _rabbitmq_message_keeps_its_delivery() -> bool:
+    message = _new_message()
+    probe = _RabbitmqMessage(True, 7, message)  # type: ignore[no-untyped-call]
+    return bool(probe._tag == 7 and probe.redelivered is True and probe._message is message)
+
+
+def _proxy_keeps_its_exception() -> bool:
+    message, error = _new_message(), ValueError("x")
+    probe = MessageProxy(message)
+    probe.stuff_exception(error)
+    return stored_exception(probe) is error and probe._message is message
+
+
+def _broker_declares_queues_through_its_private_steps() -> bool:
+    steps = ("_declare_queue", "_declare_dq_queue", "_declare_xq_queue")
+    return all(f"self.{step}(" in _source(RabbitmqBroker._ensure_queue) for step in steps) and all(
+        _parameters(getattr(RabbitmqBroker, name)) == ["self", "queue_name"]
+        for name in (*steps, "_build_queue_arguments")
+    )
+
+
+def _deletable(*names: str) -> bool:
+    return all(getattr(inspect.getattr_static(RabbitmqBroker, n), "fdel", None) is not None for n in names)
+
+
+#: What the project relies on, each with a check that holds while it is true.
+EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
+    (
+        "_RabbitmqConsumer.__init__(broker, queue_name, prefetch, timeout)",
+        lambda: (
+            _parameters(_RabbitmqConsumer.__init__) == ["self", "broker", "queue_name", "prefetch", "timeout"]
+        ),
+    ),
+    (
+        "_RabbitmqConsumer.__init__ sets broker, queue_name, connection, channel, iterator, known_tags",
+        lambda: _sets(
+            _RabbitmqConsumer.__init__,
+            "broker",
+            "queue_name",
+            "connection",
+            "channel",
+            "iterator",
+            "known_tags",
+        ),
+    ),
+    (
+        "_RabbitmqConsumer.__next__ takes next(self.iterator)",
+        lambda: "next(self.iterator)" in _source(_RabbitmqConsumer.__next__),
+    ),
+    (
+        "_RabbitmqConsumer.ack and .nack settle message._tag, one of known_tags",
+        lambda: all(
+            "self.known_tags.remove(message._tag)" in _source(m)
+            for m in (_RabbitmqConsumer.ack, _RabbitmqConsumer.nack)
+        ),
+    ),
+    (
+        "_RabbitmqMessage(redelivered, tag, message) keeps _tag, redelivered and _message",
+        _rabbitmq_message_keeps_its_delivery,
+    ),
+    ("MessageProxy._exception holds what stuff_exception stored", _proxy_keeps_its_exception),
+    (
+        "RabbitmqBroker.consumer_class, a property",
+        lambda: isinstance(inspect.getattr_static(RabbitmqBroker, "consumer_class"), property),
+    ),
+    ("RabbitmqBroker.channel and .connection, deletable", lambda: _deletable("channel", "connection")),
+    ("RabbitmqBroker.queues_pending", lambda: _sets(RabbitmqBroker.__init__, "queues_pending")),
+    (
+        "RabbitmqBroker._ensure_queue declares through _declare_queue, _declare_dq_queue and "
+        "_declare_xq_queue(queue_name), arguments from _build_queue_arguments(queue_name)",
+        _broker_declares_queues_through_its_private_steps,
+    ),
+    ("Worker._add_worker()", lambda: _parameters(Worker._add_worker) == ["self"]),
+    (
+        "Worker.workers, .consumers and .consumer_whitelist",
+        lambda: _sets(Worker.__init__, "workers", "consumers", "consumer_whitelist"),
+    ),
+    (
+        "ConsumerThread(broker, queue_name, prefetch, work_queue, worker_timeout) keeps them and .running",
+        lambda: (
+            {"broker", "queue_name", "prefetch", "work_queue", "worker_timeout"}
+            <= set(_parameters(ConsumerThread.__init__))
+            and _sets(
+                ConsumerThread.__init__, "broker", "prefetch", "work_queue", "worker_timeout", "running"
+            )
+        ),
+    ),
+    ("dramatiq.compat.StreamablePipe", lambda: inspect.isclass(StreamablePipe)),
+    ("DecodeError(message, data, error) keeps .data", lambda: DecodeError("m", b"d", None).data == b"d"),  # type: ignore[no-untyped-call]
+    (
+        f"Actor.__call__ logs {ACTOR_ARGUMENTS_FORMAT!r}",
+        lambda: _says(importlib.import_module("dramatiq.actor"), ACTOR_ARGUMENTS_FORMAT),
+    ),
+    (
+        f"the worker warns {RESULTS_MISSING_WARNING!r}",
+        lambda: _says(importlib.import_module("dramatiq.worker"), RESULTS_MISSING_WARNING),
+    ),
+)
+
+
+def check_contract() -> None:
+    """Raise :class:`DramatiqContractError` naming every part of Dramatiq relied on that is gone or
+    changed in the installed version."""
+    broken = []
+    for what, holds in EXPECTATIONS:
+        try:
+            ok = holds()
+        except Exception as exc:  # a missing name, a changed signature
+            ok, what = False, f"{what} ({type(exc).__name__}: {exc})"
+        if not ok:
+            broken.append(what)
+    if broken:
+        raise DramatiqContractError("Dramatiq changed: " + "; ".join(broken))

@@ -1,0 +1,92 @@
+"""Alerts on queue health: each degraded condition logged and sent to Sentry once, when it opens.
+
+Open conditions are remembered in the state store (``health:open``), so a condition lasting an hour
+alerts once, not sixty times, and alerts again only after it cleared and came back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from functools import cache
+from typing import Any
+
+import sentry_sdk
+
+from jobsystem.observability.logs import get_logger
+from jobsystem.ops.health import HealthReport
+from jobsystem.settings import Settings
+from jobsystem.store.base import StateStore, StoreUnavailable
+
+__all__ = ["OPEN_CONDITIONS_TTL_MS", "alert"]
+
+logger = get_logger(__name__)
+
+#: How long an open condition is remembered without a check confirming it (then it may alert again).
+OPEN_CONDITIONS_TTL_MS = 86_400_000
+
+
+@cache
+def _sentry_client(dsn: str, environment: str, release: str | None) -> sentry_sdk.Client:
+    """A Sentry client of its own (no integrations): health events do not depend on global set-up."""
+    return sentry_sdk.Client(dsn=dsn, environment=environment, release=release, default_integrations=False)
+
+
+def _send_to_sentry(settings: Settings, condition: str, queue: str, kind: str, detail: str) -> None:
+    if not settings.sentry_dsn:
+        return
+    client = _sentry_client(settings.sentry_dsn, settings.sentry_environment, settings.sentry_release)
+    scope = sentry_sdk.Scope(client=client)
+    scope.set_tag("condition", condition)
+    scope.set_tag("queue", queue)
+    scope.set_tag("kind", kind)
+    scope.set_extra("detail", detail)
+    scope.fingerprint = ["queue-health", condition]
+    client.capture_event(
+        {"message": f"queue degraded: {condition} ({detail})", "level": "warning"}, scope=scope
+    )
+    client.flush(timeout=5)
+
+
+def alert(report: HealthReport, *, state: StateStore, settings: Settings) -> list[str]:
+    """Log and send to Sentry each degraded condition of ``report`` that just opened; returns them.
+
+    Checks of other queues leave their conditions alone. Concurrent checks take turns on a lease.
+    """
+    owner = uuid.uuid4().hex
+    checked = {h.queue for h in report.queues}
+    current: dict[str, dict[str, str]] = {
+        f"{p.kind}:{h.queue}": {"queue": h.queue, "kind": p.kind, "detail": p.detail}
+        for h in report.queues
+        for p in h.problems
+    }
+    if report.status == "unreachable":
+        current["unreachable:broker"] = {"queue": "", "kind": "unreachable", "detail": report.error or ""}
+    else:
+        checked.add("")
+    try:
+        if not state.acquire_lease("health:check", owner, 60_000):
+            logger.info("health_check_concurrent")
+            return []
+        try:
+            raw = state.get("health:open")
+            known: dict[str, dict[str, Any]] = json.loads(raw) if raw else {}
+            new = [c for c in current if c not in known]
+            cleared = [c for c, v in known.items() if v["queue"] in checked and c not in current]
+            now = int(time.time() * 1000)
+            remembered = {c: v for c, v in known.items() if c not in cleared}
+            remembered.update({c: {**current[c], "since": now} for c in new})
+            state.set("health:open", json.dumps(remembered), ttl_ms=OPEN_CONDITIONS_TTL_MS)
+        finally:
+            state.release_lease("health:check", owner)
+    except StoreUnavailable as exc:
+        logger.warning("health_alert_state_unavailable", conditions=sorted(current), error=str(exc))
+        return []
+    for condition in new:
+        info = current[condition]
+        logger.warning("queue_degraded", condition=condition, queue=info["queue"], detail=info["detail"])
+        _send_to_sentry(settings, condition, info["queue"], info["kind"], info["detail"])
+    for condition in cleared:
+        logger.info("queue_recovered", condition=condition, queue=known[condition]["queue"])
+    return new

@@ -1,0 +1,290 @@
+"""Queue health: numbers per queue from RabbitMQ and the state store, and a verdict against thresholds.
+
+Used by ``jobctl health`` (exit 0 healthy, 1 degraded, 2 broker unreachable), by the
+``check_health`` actor and by the metrics endpoint's queue gauges. Waiting, consumers and dead
+letters come from AMQP passive declares (exact, current); unacked, delayed messages held by
+workers and rates from the management API (samples refreshed every 5 s); the oldest waiting
+message's age by peeking at the head message (``requeue_timestamp`` for a retry, else
+``message_timestamp``); succeeded and failed totals from the job-status counters. When the
+management API does not answer, the verdict rests on the AMQP counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+from urllib.parse import quote
+
+import pika
+import pika.exceptions
+import requests
+from dramatiq import Broker
+
+from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
+from jobsystem.settings import Settings, redact_url
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.status import status_backend
+
+__all__ = [
+    "HealthReport",
+    "Problem",
+    "QueueHealth",
+    "check",
+    "measure",
+    "missing_queues",
+    "queue_depths",
+    "resolve_queues",
+]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One degraded condition of a queue: ``kind`` is backlog, dead_letters, oldest_age or no_consumers."""
+
+    kind: str
+    detail: str
+
+
+@dataclass
+class QueueHealth:
+    """The numbers of one queue (None: not measurable from the source at hand) and its problems."""
+
+    queue: str
+    waiting: int | None = None
+    in_progress: int | None = None
+    delayed: int | None = None
+    dead: int | None = None
+    consumers: int | None = None
+    publish_rate: float | None = None
+    ack_rate: float | None = None
+    oldest_age_s: float | None = None
+    succeeded: int | None = None
+    failed: int | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> Literal["healthy", "degraded"]:
+        return "degraded" if self.problems else "healthy"
+
+
+@dataclass
+class HealthReport:
+    """The verdict over all queues checked, with what could not be measured in ``notes``."""
+
+    status: Literal["healthy", "degraded", "unreachable"]
+    queues: list[QueueHealth]
+    source: Literal["management", "amqp"] | None = None
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return {"healthy": 0, "degraded": 1, "unreachable": 2}[self.status]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for queue, health in zip(data["queues"], self.queues, strict=True):
+            queue["verdict"] = health.verdict
+        return data
+
+
+def resolve_queues(settings: Settings, broker: Broker, names: list[str] | None = None) -> list[str]:
+    """The queues to check: ``names`` (``QUEUE_PREFIX`` added unless present), else every queue
+    the actors declared on ``broker``."""
+    if names:
+        return sorted({n if n.startswith(settings.queue_prefix) else settings.queue(n) for n in names})
+    return sorted(broker.get_declared_queues())
+
+
+def _vhost_api(config: Settings) -> str:
+    return f"{config.management_url}/api/queues/{quote(config.rabbitmq_vhost, safe='')}"
+
+
+_COLUMNS = (
+    "name,messages_ready,messages_unacknowledged,consumers,"
+    "message_stats.publish_details.rate,message_stats.ack_details.rate"
+)
+
+
+def _management_stats(config: Settings, timeout: float) -> dict[str, dict[str, Any]]:
+    """Every queue of the vhost with the columns health needs, in one request."""
+    response = requests.get(_vhost_api(config), params={"columns": _COLUMNS}, timeout=timeout)
+    response.raise_for_status()
+    return {q["name"]: q for q in response.json()}
+
+
+def _rate(info: dict[str, Any], name: str) -> float:
+    return float(info.get("message_stats", {}).get(f"{name}_details", {}).get("rate", 0.0))
+
+
+def _connect(config: Settings, timeout: float) -> pika.BlockingConnection:
+    """An AMQP connection to the first node that answers (one attempt each, ``timeout`` seconds)."""
+    errors: list[str] = []
+    for url in connection_urls(config):
+        parameters = pika.URLParameters(url)
+        parameters.socket_timeout = timeout
+        parameters.blocked_connection_timeout = timeout
+        parameters.connection_attempts = 1
+        try:
+            return pika.BlockingConnection(parameters)
+        except pika.exceptions.AMQPError as exc:
+            errors.append(f"{redact_url(url.split('?')[0])} {type(exc).__name__}")
+    raise ConnectionError(", ".join(errors) or "no RabbitMQ node")
+
+
+class _Passive:
+    """Passive declares on one channel (RabbitMQ closes a channel on a missing queue: reopen it)."""
+
+    def __init__(self, connection: pika.BlockingConnection) -> None:
+        self.connection = connection
+        self.channel = connection.channel()
+
+    def declare(self, name: str) -> tuple[int, int] | None:
+        """(ready messages, consumers) of ``name``, exact and current; None for a missing queue."""
+        try:
+            ok = self.channel.queue_declare(name, passive=True).method
+            return int(ok.message_count), int(ok.consumer_count)
+        except pika.exceptions.ChannelClosedByBroker:
+            self.channel = self.connection.channel()
+            return None
+
+    def counts(self, name: str) -> tuple[int, int]:
+        """(ready messages, consumers) of ``name``; (0, 0) for a missing queue."""
+        return self.declare(name) or (0, 0)
+
+
+def missing_queues(config: Settings, queues: list[str], timeout: float = 5.0) -> list[str]:
+    """Those of ``queues`` RabbitMQ does not have (a typo in ``--queue``); ConnectionError when
+    RabbitMQ cannot be reached."""
+    connection = _connect(config, timeout)
+    try:
+        passive = _Passive(connection)
+        return [queue for queue in queues if passive.declare(queue) is None]
+    except pika.exceptions.AMQPError as exc:
+        raise ConnectionError(f"connection lost: {type(exc).__name__}") from exc
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def _oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
+    """Seconds since the head message of ``queue`` was sent (or re-enqueued for a retry)."""
+    response = requests.post(
+        f"{_vhost_api(config)}/{quote(queue, safe='')}/get",
+        json={"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 65_536},
+        timeout=timeout,
+    )
+    response.raise_for_status()
+    peeked = response.json()
+    if not peeked:
+        return None
+    try:
+        body = json.loads(peeked[0]["payload"])
+        stamp = max(int(body["message_timestamp"]), int(body.get("options", {}).get("requeue_timestamp", 0)))
+    except (KeyError, TypeError, ValueError):
+        return None  # not a Dramatiq message, or cut by the truncation
+    return max(0.0, time.time() - stamp / 1000)
+
+
+def measure(
+    config: Settings, queues: list[str], timeout: float = 5.0, *, peek: bool = True
+) -> tuple[list[QueueHealth], Literal["management", "amqp"], list[str]]:
+    """The numbers of ``queues``, the source of the sampled ones, and what could not be measured.
+
+    Waiting, consumers and dead letters come from AMQP passive declares: exact and current (the
+    management API's figures are samples refreshed every ``collect_statistics_interval``, 5 s by
+    default). The management API adds unacked, delayed messages held by workers, and rates.
+    Raises ConnectionError when RabbitMQ cannot be reached over AMQP.
+    """
+    connection = _connect(config, timeout)
+    measured = []
+    try:
+        passive = _Passive(connection)
+        for queue in queues:
+            waiting, consumers = passive.counts(queue)
+            measured.append(
+                QueueHealth(
+                    queue,
+                    waiting=waiting,
+                    consumers=consumers,
+                    delayed=passive.counts(queue + ".DQ")[0],
+                    dead=passive.counts(dead_letter_queue(queue))[0],
+                )
+            )
+    except pika.exceptions.AMQPError as exc:
+        raise ConnectionError(f"connection lost: {type(exc).__name__}") from exc
+    finally:
+        if connection.is_open:
+            connection.close()
+    notes: list[str] = []
+    try:
+        stats = _management_stats(config, timeout)
+    except requests.RequestException as exc:
+        notes.append(f"management API unreachable ({type(exc).__name__}): no unacked, rates or age")
+        return measured, "amqp", notes
+    for health in measured:
+        main, delayed = stats.get(health.queue, {}), stats.get(health.queue + ".DQ", {})
+        health.in_progress = int(main.get("messages_unacknowledged", 0))
+        health.delayed = (health.delayed or 0) + int(delayed.get("messages_unacknowledged", 0))
+        health.publish_rate, health.ack_rate = _rate(main, "publish"), _rate(main, "ack")
+        if peek and health.waiting:
+            try:
+                health.oldest_age_s = _oldest_age_s(config, health.queue, timeout)
+            except requests.RequestException:
+                notes.append(f"{health.queue}: could not peek at the oldest message")
+    return measured, "management", notes
+
+
+def queue_depths(
+    config: Settings, queues: list[str], timeout: float = 5.0
+) -> dict[str, dict[str, int | None]]:
+    """Waiting, unacked, delayed, dead and consumers per queue (the metrics server's gauges)."""
+    measured, _, _ = measure(config, queues, timeout, peek=False)
+    return {
+        h.queue: {
+            "waiting": h.waiting,
+            "unacked": h.in_progress,
+            "delayed": h.delayed,
+            "dead": h.dead,
+            "consumers": h.consumers,
+        }
+        for h in measured
+    }
+
+
+def _judge(health: QueueHealth, config: Settings) -> None:
+    problems = health.problems
+    if health.waiting is not None and health.waiting > config.health_max_waiting:
+        problems.append(Problem("backlog", f"waiting {health.waiting} > {config.health_max_waiting}"))
+    if health.dead is not None and health.dead > config.health_max_dead_letters:
+        problems.append(
+            Problem("dead_letters", f"dead letters {health.dead} > {config.health_max_dead_letters}")
+        )
+    if health.oldest_age_s is not None and health.oldest_age_s * 1000 > config.health_max_age_ms:
+        limit = config.health_max_age_ms / 1000
+        problems.append(Problem("oldest_age", f"oldest waiting {health.oldest_age_s:.0f} s > {limit:g} s"))
+    if health.consumers == 0 and (health.waiting or 0) > 0:
+        problems.append(Problem("no_consumers", f"no consumers, {health.waiting} waiting"))
+
+
+def check(queues: list[str], *, config: Settings, state: StateStore, timeout: float = 5.0) -> HealthReport:
+    """Measure ``queues`` and judge each against the ``HEALTH_*`` thresholds."""
+    try:
+        measured, source, notes = measure(config, queues, timeout)
+    except ConnectionError as exc:
+        return HealthReport("unreachable", [], error=str(exc))
+    report = HealthReport("healthy", measured, source, notes)
+    try:
+        counts = status_backend(state).counts(queues)
+        for health in report.queues:
+            health.succeeded = counts[health.queue].get("succeeded", 0)
+            health.failed = counts[health.queue].get("dead", 0)
+    except StoreUnavailable as exc:
+        report.notes.append(f"state store unreachable, no totals ({exc})")
+    for health in report.queues:
+        _judge(health, config)
+    if any(h.problems for h in report.queues):
+        report.status = "degraded"
+    return report

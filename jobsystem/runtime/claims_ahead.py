@@ -1,0 +1,92 @@
+"""Claims sent ahead at receipt, so that a prefetched message's claim round trip overlaps its wait
+for a worker thread instead of adding to its run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dramatiq.broker import MessageProxy
+
+from jobsystem.dramatiq_internals import send_claim_ahead, take_claim_ahead
+from jobsystem.runtime.coalesce import Coalescer
+from jobsystem.store.base import StoreUnavailable
+from jobsystem.store.idempotency import Claim, ClaimRequest
+
+__all__ = ["FRESH_S", "Ahead", "ClaimsAhead"]
+
+#: How long a claim sent ahead at receipt is taken as the store's current answer. Under load a
+#: prefetched message waits a few milliseconds for a worker thread, and its claim's round trip has
+#: overlapped that wait; a message that waited longer is claimed again when it starts.
+FRESH_S = 0.1
+
+
+@dataclass
+class Ahead:
+    """A claim sent ahead for one delivery: what was asked, its pending answer, and when."""
+
+    request: ClaimRequest
+    pending: Any
+    sent_at: float
+
+
+class ClaimsAhead:
+    """The claims sent ahead for deliveries that have not started yet.
+
+    Parameters:
+      claims: the coalescer the claims go through (shared with the claims made at start).
+    """
+
+    def __init__(self, claims: Coalescer[ClaimRequest, Claim]) -> None:
+        self.claims = claims
+        self._unstarted: dict[tuple[str, str], ClaimRequest] = {}
+        self._lock = threading.Lock()
+        #: When a claim last found the store unreachable: a claim sent ahead before it is redone.
+        self.store_failed_at = float("-inf")
+
+    def send(self, message: MessageProxy, request: ClaimRequest) -> None:
+        """Send ``request`` for ``message`` without waiting for the answer."""
+        with self._lock:
+            self._unstarted[(request.message_id, request.owner)] = request
+        send_claim_ahead(message, Ahead(request, self.claims.submit(request), time.monotonic()))
+
+    def take(self, message: MessageProxy) -> Ahead | None:
+        """The claim sent ahead for ``message``, taken off it (its answer is collected once) and
+        no longer to be given back at shutdown."""
+        ahead = take_claim_ahead(message)
+        if not isinstance(ahead, Ahead):
+            return None
+        with self._lock:
+            self._unstarted.pop((ahead.request.message_id, ahead.request.owner), None)
+        return ahead
+
+    def answer(self, message: MessageProxy) -> tuple[str | None, Claim | None]:
+        """The owner of the claim sent ahead for ``message``, and its answer if it can be trusted:
+        given less than :data:`FRESH_S` ago and with no store failure since (else None: claim again,
+        as the same owner, so the job starts on an answer the store gave just now)."""
+        ahead = self.take(message)
+        if ahead is None:
+            return None, None
+        try:
+            claim = self.claims.wait(ahead.pending)
+        except StoreUnavailable:
+            return ahead.request.owner, None
+        fresh = time.monotonic() - ahead.sent_at < FRESH_S
+        trusted = self.store_failed_at < ahead.sent_at
+        return ahead.request.owner, claim if fresh and trusted else None
+
+    def granted(self, ahead: Ahead) -> bool:
+        """Whether the claim sent ahead was granted (so there is a lease to give back); an
+        unknown answer counts as granted, to be given back in case."""
+        try:
+            return self.claims.wait(ahead.pending).status == "claimed"
+        except StoreUnavailable:
+            return True
+
+    def unstarted(self) -> list[ClaimRequest]:
+        """Every claim sent ahead for a delivery that never started, forgotten from now on."""
+        with self._lock:
+            unstarted, self._unstarted = list(self._unstarted.values()), {}
+        return unstarted

@@ -1,0 +1,66 @@
+"""The run leases a process holds, renewed together from one background thread while they are held."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+
+from jobsystem.store.base import StoreUnavailable
+
+__all__ = ["HeldLeases"]
+
+logger = logging.getLogger(__name__)
+
+
+class HeldLeases:
+    """Leases held by this process's worker threads, all renewed every third of ``lease_ms``.
+
+    A process killed mid-job stops renewing, so its leases lapse within one lease period.
+
+    Parameters:
+      renew: renews ``[(key, owner), ...]`` for ``lease_ms`` in one store operation; when it
+        raises :class:`~jobsystem.store.base.StoreUnavailable` the next turn tries again.
+      lease_ms: how long a lease lasts unless renewed.
+    """
+
+    def __init__(self, renew: Callable[[list[tuple[str, str]], int], None], lease_ms: int) -> None:
+        self.renew = renew
+        self.lease_ms = lease_ms
+        self._held: dict[int, tuple[str, str]] = {}
+        self._tokens = itertools.count()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def hold(self, key: str, owner: str) -> int:
+        """Keep ``owner``'s lease on ``key`` alive until :meth:`release` is given the token returned."""
+        with self._lock:
+            token = next(self._tokens)
+            self._held[token] = (key, owner)
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
+                self._thread.start()
+        return token
+
+    def release(self, token: int) -> None:
+        """Stop renewing the lease held under ``token`` (giving it back is the caller's)."""
+        with self._lock:
+            self._held.pop(token, None)
+
+    def stop(self) -> None:
+        """Stop renewing (the worker is shutting down)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease_ms / 3000):
+            with self._lock:
+                claims = list(self._held.values())
+            if not claims:
+                continue
+            try:
+                self.renew(claims, self.lease_ms)
+            except StoreUnavailable as exc:
+                logger.warning("lease_renewal_failed", extra={"claims": len(claims), "error": str(exc)})
