@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install demo run scheduler test lint format bench services up down
+.PHONY: help install demo run scheduler test test-fast lint format bench services up down
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -22,8 +22,11 @@ run:  ## Run the worker (dramatiq actors) against the configured broker
 scheduler:  ## Run the scheduler process
 	$(BIN)/python -m scheduler
 
-test:  ## Run the test suite against the local RabbitMQ and Redis
-	$(BIN)/pytest
+test:  ## Run both test tiers: unit, then integration (real RabbitMQ, Redis, worker subprocesses; CI runs this)
+	$(BIN)/pytest tests/unit tests/integration
+
+test-fast:  ## Run the unit tier only: in-process, Redis and SQLite, no RabbitMQ (under 30 s)
+	$(BIN)/pytest tests/unit
 
 lint:  ## ruff check, ruff format --check and mypy
 	$(BIN)/ruff check .

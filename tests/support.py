@@ -1,5 +1,5 @@
 """Helpers shared by the tests: a real ``dramatiq`` worker subprocess, sending to per-test queues,
-reading and deleting those queues through RabbitMQ's management API."""
+reading and deleting those queues through RabbitMQ's management API, and a fresh state store."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -21,11 +21,17 @@ from urllib.parse import quote
 import dramatiq
 import requests
 
-import actors
-from jobsystem.settings import get_settings
+from jobsystem.store import StateStore, open_store
+from jobsystem.store.redis import RedisStore
+from jobsystem.system import get_system
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+#: The Redis database the tests keep their state in (each test in a namespace of its own).
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+#: Workers' RATE_LIMITS unless a test sets its own: the email tests send dozens of mails at once.
+TEST_RATE_LIMITS = json.dumps({"smtp": {"rate": 1000, "burst": 1000}})
 
 
 #: Job states after which nothing more happens to a message (``jobsystem/store/status.py``).
@@ -35,6 +41,59 @@ FINISHED_STATES = frozenset({"succeeded", "dead", "skipped"})
 #: or it was a duplicate of a completed idempotency key and dropped. ``job_skipped`` alone is not
 #: one: a message deferred (key held, store down, rate limit) is skipped too, and comes back.
 FINAL_EVENTS = ("job_succeeded", "job_dead_lettered", "duplicate_skipped")
+
+
+def worker_env(prefix: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
+    """The environment of a worker on the test's queues (``prefix``), logging JSON lines."""
+    env = dict(os.environ)
+    env.update(
+        QUEUE_PREFIX=prefix,
+        LOG_FORMAT="json",
+        REPORTS_DIR=str(tmp_path / "reports"),
+        JOB_MIN_BACKOFF_MS="200",
+        JOB_MAX_BACKOFF_MS="2000",
+        TEST_REDIS_URL=TEST_REDIS_URL,
+        STATE_URL=TEST_REDIS_URL,  # each test in a namespace of its own: the QUEUE_PREFIX of its queues
+        # No metrics server unless a test asks for one on a free port (9191 may be taken).
+        PROMETHEUS_PORT="0",
+        RATE_LIMITS=TEST_RATE_LIMITS,
+    )
+    env.update(overrides)
+    return env
+
+
+def run_worker(
+    prefix: str, tmp_path: Path, *, processes: int = 1, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``dramatiq actors tests.workload`` run to its end (a worker that must not start), its output
+    captured."""
+    return subprocess.run(
+        [str(BIN / "dramatiq"), "actors", "tests.workload", "-p", str(processes), "-t", "1"],
+        cwd=ROOT,
+        env=worker_env(prefix, tmp_path, **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@contextlib.contextmanager
+def fresh_store(kind: str, tmp_path: Path) -> Iterator[StateStore]:
+    """A state store of ``kind`` (redis: the test Redis, in a namespace of its own, deleted after;
+    sqlite: a file under ``tmp_path``)."""
+    if kind == "sqlite":
+        sqlite = open_store(f"sqlite:///{tmp_path}/state.db")
+        yield sqlite
+        sqlite.close()
+        return
+    namespace = f"test-{uuid.uuid4().hex[:8]}:"
+    redis = open_store(TEST_REDIS_URL, namespace=namespace)
+    yield redis
+    assert isinstance(redis, RedisStore)
+    keys = list(redis.client.scan_iter(f"{namespace}*", count=10_000))
+    if keys:
+        redis.client.delete(*keys)
+    redis.close()
 
 
 def wait_for(
@@ -152,15 +211,13 @@ def wait_for_final_events(
 def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
     """A broker with the project's middleware on ``state_url``, as an application would build it,
     knowing the project's actors (without rebinding them)."""
-    from jobsystem.rabbitmq.broker import build_broker
     from jobsystem.settings import load_settings
-    from jobsystem.stack import build_middleware
-    from jobsystem.store import open_store
+    from jobsystem.system import build_system
 
-    settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})
-    store = open_store(settings.state_url, namespace=settings.state_namespace)
-    broker = build_broker(settings, build_middleware(settings, store), store)
-    broker.actors.update(actors.broker.actors)
+    broker = build_system(
+        load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})
+    ).broker
+    broker.actors.update(get_system().broker.actors)
     return broker
 
 
@@ -169,8 +226,8 @@ class Queues:
 
     def __init__(self, prefix: str, broker: dramatiq.Broker | None = None) -> None:
         self.prefix = prefix
-        self.settings = get_settings()
-        self.broker = broker or actors.broker
+        self.settings = get_system().settings
+        self.broker = broker or get_system().broker
 
     def using(self, broker: dramatiq.Broker) -> Queues:
         """The same queues, sending through ``broker``."""
@@ -195,7 +252,7 @@ class Queues:
         client that sends twice)."""
         import pika
 
-        channel = actors.broker.channel
+        channel = get_system().broker.channel
         for _ in range(copies):
             channel.basic_publish(
                 "", message.queue_name, message.encode(), pika.BasicProperties(delivery_mode=2)
@@ -217,7 +274,7 @@ class Queues:
         has prefetched, is running, or holds until their eta (``.DQ``) are not counted: zero does
         not mean "done" while a consumer is attached. The count is exact with no consumer (a
         dead-letter queue, a queue before any worker starts or after :meth:`left_after_stop`)."""
-        channel = actors.broker.channel
+        channel = get_system().broker.channel
         return int(channel.queue_declare(queue, passive=True).method.message_count)
 
     # -- terminal signals ---------------------------------------------------------------------------
@@ -320,96 +377,3 @@ class Queues:
         for queue in response.json():
             if queue["name"].startswith(self.prefix):
                 requests.delete(self.api(f"/{quote(queue['name'], safe='')}"), timeout=10)
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on (right now)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def smtp_server() -> Iterator[tuple[int, list[Any]]]:
-    """A real SMTP server in this process; yields its port and the list the mails arrive in."""
-    from email import message_from_bytes
-
-    from aiosmtpd.controller import Controller
-
-    received: list[Any] = []
-
-    class Handler:
-        async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
-            if address.startswith("bounce"):
-                return "550 5.1.1 no such user"
-            envelope.rcpt_tos.append(address)
-            return "250 OK"
-
-        async def handle_DATA(self, server, session, envelope):
-            received.append(message_from_bytes(envelope.content))
-            return "250 Message accepted"
-
-    port = free_port()
-    controller = Controller(Handler(), hostname="127.0.0.1", port=port)
-    controller.start()
-    try:
-        yield port, received
-    finally:
-        controller.stop()
-
-
-@contextlib.contextmanager
-def sentry_server() -> Iterator[tuple[str, list[bytes]]]:
-    """A local HTTP endpoint that records what a Sentry SDK sends; yields a DSN and the bodies received.
-
-    Bodies are envelopes (one JSON header line, then item headers and payloads), decompressed.
-    """
-    import gzip
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    received: list[bytes] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-            elif self.headers.get("Content-Encoding") == "br":
-                import brotli  # only if the SDK found it installed
-
-                body = brotli.decompress(body)
-            received.append(body)
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Quiet: the test reads what was received, not an access log."""
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://public@127.0.0.1:{server.server_port}/1", received
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def sentry_events(envelopes: list[bytes]) -> list[dict[str, Any]]:
-    """The error events inside Sentry envelopes."""
-    import json
-
-    events = []
-    for envelope in envelopes:
-        lines = envelope.split(b"\n")
-        position = 1  # after the envelope header
-        while position < len(lines) and lines[position].strip():
-            header = json.loads(lines[position])
-            payload = lines[position + 1]
-            if header.get("type") == "event":
-                events.append(json.loads(payload))
-            position += 2
-    return events

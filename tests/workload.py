@@ -18,11 +18,13 @@ import structlog
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
 
-from actors import settings
-from middleware.dead_letters import reject
+import actors  # noqa: F401 - the project's actors first, as `dramatiq actors tests.workload` has them
+from jobsystem.dramatiq_internals import reject
+from jobsystem.system import get_system
 from middleware.ratelimit import RateLimited
 from middleware.status import progress
 
+settings = get_system().settings
 store = redis.Redis.from_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
 QUEUE = settings.queue("workload")
 
@@ -86,7 +88,7 @@ def effect(token: str, seconds: float = 0.0, failures: int = 0) -> str:
     return f"done {token}"
 
 
-# --- Personal data: actors that put it everywhere an application might (tests/test_pii_worker.py) ---
+# --- Personal data: actors that put it everywhere an application might (integration/test_pii_worker.py) ---
 
 log = structlog.get_logger("tests.workload")
 stdlib_log = logging.getLogger("tests.workload")
@@ -129,7 +131,7 @@ def leaky_failure(full_name: str, email: str, note: str, customer: dict[str, Any
     raise RuntimeError(f"could not bill full_name={full_name!r} <{email}>: {note} {customer!r}") from cause
 
 
-# --- Dead letters: every way a message can end there (tests/test_dead_letters.py) ---
+# --- Dead letters: every way a message can end there (tests/integration/test_dead_letters.py) ---
 
 
 class RejectFlagged(Middleware):
@@ -144,7 +146,7 @@ class RejectFlagged(Middleware):
 dramatiq.get_broker().add_middleware(RejectFlagged())
 
 
-# --- Threads that die anyway: faults injected to show the watchdog replaces them (tests/test_poison.py) ---
+# --- Threads that die anyway: injected faults the watchdog must survive (integration/test_poison.py) ---
 
 
 class ThreadKilled(BaseException):
@@ -224,7 +226,7 @@ def limited(token: str, bucket: str, upstream_429: float = 0.0) -> None:
         raise RateLimited(retry_after=upstream_429)
 
 
-# --- Faults of the state store and of user callables (tests/test_store_faults.py) ---
+# --- Faults of the state store and of user callables (tests/integration/test_store_faults.py) ---
 
 
 def _key_or_raise(token: str) -> str:

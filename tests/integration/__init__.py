@@ -1,0 +1,1 @@
+"""Tests against the real services: RabbitMQ, worker subprocesses, the scheduler, jobctl."""

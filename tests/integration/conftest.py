@@ -1,0 +1,62 @@
+"""Fixtures of the integration tier: the test's queues on the real RabbitMQ, worker subprocesses,
+and the clean-up of both (queues and the test's keys in the test Redis)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support import TEST_REDIS_URL, Queues, Worker, sender_broker, worker_env
+
+
+@pytest.fixture
+def queues(prefix: str) -> Iterator[Queues]:
+    """The test's queues, sent to through a broker whose state (idempotency keys) is the test's own."""
+    q = Queues(prefix, sender_broker(prefix, TEST_REDIS_URL))
+    yield q
+    q.delete_all()
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    keys = list(client.scan_iter(f"jobs:{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture
+def store(prefix: str) -> Iterator[redis.Redis]:
+    """The Redis the test actors write to; the test's keys are deleted afterwards."""
+    client = redis.Redis.from_url(TEST_REDIS_URL, decode_responses=True)
+    yield client
+    keys = list(client.scan_iter(f"test:{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def state_url(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> Iterator[str]:
+    """Each state store backend in turn; the test's Redis keys are deleted afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/state.db"
+        return
+    yield TEST_REDIS_URL  # the ``queues`` fixture deletes the test's keys
+
+
+@pytest.fixture
+def start_worker(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callable[..., Worker]]:
+    """Start ``dramatiq actors tests.workload`` subprocesses on the test's queues; all are stopped after."""
+    started: list[Worker] = []
+
+    def start(processes: int = 1, threads: int = 4, **env: str) -> Worker:
+        log = tmp_path / f"worker-{len(started)}.log"
+        worker = Worker(log, worker_env(prefix, tmp_path, **env), processes=processes, threads=threads)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.proc.poll() is None:
+            worker.kill()
+            worker.proc.wait(10)

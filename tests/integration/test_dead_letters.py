@@ -1,0 +1,228 @@
+"""Dead letters end to end: every failure path lands in <queue>.DLQ with its final record, and
+`jobctl dlq` lists, shows, retries and purges them without losing one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections import Counter
+
+import pika
+import pytest
+from dramatiq import Message
+
+from jobsystem.system import get_system
+from tests import workload
+from tests.support import BIN, ROOT, wait_for, wait_for_final_events
+
+
+def jobctl(prefix, *args, check=True):
+    env = {**os.environ, "QUEUE_PREFIX": prefix, "LOG_LEVEL": "WARNING"}
+    result = subprocess.run(
+        [str(BIN / "jobctl"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def dead_letters(queues, actor=workload.record):
+    return {m["properties"]["message_id"]: m for m in queues.peek(queues.name(actor) + ".DLQ", count=1000)}
+
+
+def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
+    start_worker, queues, store, prefix
+):
+    start_worker(JOB_MAX_RETRIES="2", JOB_MIN_BACKOFF_MS="100")
+    queue = queues.name(workload.record)
+    sent = {
+        "retries_exhausted": queues.send(workload.flaky, "x", failures=100),
+        "non_retryable": queues.send(workload.permanent, "p"),
+        "time_limit": queues.send(workload.too_slow, 2.0),
+        "rejected": queues.send(workload.depends, "r", reject=True),
+        "age_limit": queues.send_with_options(workload.record, args=("old",), max_age=1),
+    }
+    unknown = Message(queue_name=queue, actor_name="no_such_actor", args=(), kwargs={}, options={})
+    queues.publish_raw(unknown)
+    get_system().broker.channel.basic_publish(
+        "", queue, b"\xff not a message", pika.BasicProperties(message_id="junk")
+    )
+    wait_for(lambda: queues.depth(queue + ".DLQ") == 7, timeout=60, what="seven dead letters")
+
+    letters = dead_letters(queues)
+    for reason, message in sent.items():
+        headers = letters[message.message_id]["properties"]["headers"]
+        assert headers["x-dl-reason"] == reason, (reason, headers)
+        assert headers["x-dl-queue"] == queue and headers["x-dl-actor"] == message.actor_name
+        assert headers["x-dl-enqueued-at"] <= headers["x-dl-failed-at"]
+    flaky = letters[sent["retries_exhausted"].message_id]["properties"]["headers"]
+    # The final attempt's traceback, not the previous one's (which is all RabbitMQ would keep).
+    assert flaky["x-dl-attempts"] == 3 and "attempt 3 of x fails on purpose" in flaky["x-dl-traceback"]
+    assert flaky["x-dl-exception"] == "RuntimeError"
+    assert (
+        letters[sent["time_limit"].message_id]["properties"]["headers"]["x-dl-exception"]
+        == "TimeLimitExceeded"
+    )
+    assert letters[unknown.message_id]["properties"]["headers"]["x-dl-reason"] == "unknown_actor"
+    junk = letters["junk"]["properties"]["headers"]  # not a message: dead-lettered as it came
+    assert junk["x-dl-reason"] == "malformed" and junk["x-dl-field"] == "body"
+    assert junk["x-dl-queue"] == queue and junk["x-dl-attempts"] == 0
+
+    listed = [json.loads(line) for line in jobctl(prefix, "dlq", "list", "--json").stdout.splitlines()]
+    by_id = {d["message_id"]: d for d in listed}
+    assert by_id["junk"]["reason"] == "malformed"
+    assert by_id[unknown.message_id]["reason"] == "unknown_actor"
+    assert {by_id[m.message_id]["reason"] for m in sent.values()} == set(sent)
+    shown = jobctl(prefix, "dlq", "show", sent["retries_exhausted"].message_id).stdout
+    assert "attempt 3 of x fails on purpose" in shown and "retries_exhausted" in shown
+    assert queues.depth(queue + ".DLQ") == 7  # reading removed nothing
+
+
+def thousand_dead_letters(start_worker, queues, store, prefix, tag: str):
+    """1,000 ``depends`` jobs dead-lettered while their dependency was down, which is now back up;
+    returns the worker, the queue and its dead-letter queue."""
+    store.set(f"test:{prefix}dependency-down", "1")
+    worker = start_worker(threads=8)
+    queue = queues.name(workload.depends)
+    dead = queue + ".DLQ"
+    for i in range(1000):
+        queues.send(workload.depends, f"{tag}{i}")
+    wait_for(lambda: queues.depth(dead) == 1000, timeout=120, what="1,000 dead letters")
+    store.delete(f"test:{prefix}dependency-down")  # the dependency is back
+    return worker, queue, dead
+
+
+def test_retry_brings_a_thousand_dead_letters_back_to_one_successful_run_each(
+    start_worker, queues, store, prefix
+):
+    worker, queue, dead = thousand_dead_letters(start_worker, queues, store, prefix, "t")
+
+    result = jobctl(prefix, "dlq", "retry", "--all", "--actor", "depends")
+    assert "retried 1000 of 1000 matching, 0 failed" in result.stdout
+    # Each replayed message's record went from dead to succeeded; then nothing is left to run.
+    queues.wait_totals(queue, timeout=120, succeeded=1000)
+    assert queues.left_after_stop([worker], queue) == 0
+    assert store.hlen(f"test:{prefix}effects") == 1000
+    assert set(store.hvals(f"test:{prefix}effects")) == {"1"}
+    assert queues.depth(dead) == 0
+
+
+def test_killing_retry_midway_loses_nothing(start_worker, queues, store, prefix):
+    worker, queue, dead = thousand_dead_letters(start_worker, queues, store, prefix, "k")
+
+    env = {**os.environ, "QUEUE_PREFIX": prefix, "LOG_LEVEL": "WARNING"}
+    retry = subprocess.Popen(
+        [str(BIN / "jobctl"), "dlq", "retry", "--all", "--batch-size", "10"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(lambda: store.hlen(f"test:{prefix}effects") >= 100 or retry.poll() is not None, what="progress")
+    retry.send_signal(signal.SIGKILL)
+    retry.wait(10)
+    assert queues.depth(dead) + store.hlen(f"test:{prefix}effects") > 0
+    jobctl(prefix, "dlq", "retry", "--all")  # the operator runs it again
+    queues.wait_totals(queue, timeout=120, succeeded=1000)  # every message ran to success
+    # The killed run may have published copies it had not yet removed from the dead letters, which
+    # the second run published again: any still waiting must end as skipped duplicates too.
+    left = queues.left_after_stop([worker], queue)
+    if left:
+        copies = queues.peek(queue, count=left) + queues.peek(queue + ".DQ", count=left)
+        second = start_worker(threads=8)
+        ids = Counter(json.loads(m["payload"])["message_id"] for m in copies)
+        outcomes = wait_for_final_events([second], ids)
+        assert all(set(events) == {"duplicate_skipped"} for events in outcomes.values()), outcomes
+        assert queues.left_after_stop([second], queue) == 0
+    assert store.hlen(f"test:{prefix}effects") == 1000
+    assert set(store.hvals(f"test:{prefix}effects")) == {"1"}  # duplicates, if any, were harmless
+    assert queues.depth(dead) == 0
+
+
+def test_purge_removes_exactly_what_the_filters_say(start_worker, queues, store, prefix):
+    start_worker()
+    dead = queues.name(workload.record) + ".DLQ"
+    for i in range(5):
+        queues.send(workload.permanent, f"p{i}")
+        queues.send(workload.depends, f"r{i}", reject=True)
+    wait_for(lambda: queues.depth(dead) == 10, what="ten dead letters")
+    keep = queues.send(workload.permanent, "keep")
+    wait_for(lambda: queues.depth(dead) == 11, what="one more")
+
+    result = jobctl(prefix, "dlq", "purge", "--all", "--actor", "depends", "--yes")
+    assert "purged 5 dead letter(s)" in result.stdout
+    assert {m["properties"]["headers"]["x-dl-actor"] for m in queues.peek(dead)} == {"permanent"}
+    assert "purged 1 dead letter(s)" in jobctl(prefix, "dlq", "purge", keep.message_id, "--yes").stdout
+    assert queues.depth(dead) == 5
+    refused = jobctl(prefix, "dlq", "purge", "--all", check=False)  # no --yes, no terminal
+    assert refused.returncode != 0 and queues.depth(dead) == 5
+    exported = jobctl(prefix, "dlq", "export").stdout.splitlines()
+    # On the terminal the body is shown as `show` has it (positional arguments hidden).
+    assert len(exported) == 5 and all(
+        json.loads(line)["body"]["actor_name"] == "permanent" for line in exported
+    )
+
+
+def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(queues, prefix):
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+    from jobsystem.rabbitmq.broker import QueueArgumentsMismatch
+    from tests.support import sender_broker
+
+    queue = queues.name(workload.record)
+    plain = RabbitmqBroker(url=get_system().settings.rabbitmq_url, confirm_delivery=True)
+    for i in range(20):
+        plain.enqueue(Message(queue_name=queue, actor_name="record", args=(f"m{i}",), kwargs={}, options={}))
+    old_dead = pika.BasicProperties(delivery_mode=2)
+    plain.channel.basic_publish("", f"{queue}.XQ", b'{"old": "dead letter"}', old_dead)
+    plain.close()
+
+    project = sender_broker(prefix, os.environ["STATE_URL"])
+    with pytest.raises(QueueArgumentsMismatch, match="jobctl migrate-queues"):
+        project.declare_queue(queue, ensure=True)
+
+    report = jobctl(prefix, "migrate-queues").stdout
+    assert f"{queue}: recreated" in report and f"{queue}.XQ: 1 dead letter(s) moved" in report
+    fresh = sender_broker(prefix, os.environ["STATE_URL"])
+    fresh.declare_queue(queue, ensure=True)  # no 406 any more
+    assert queues.depth(queue) == 20 and queues.depth(queue + ".DLQ") == 1
+    bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=50))
+    assert bodies == sorted(f"m{i}" for i in range(20))
+    assert "every queue already has" in jobctl(prefix, "migrate-queues").stdout
+
+
+def test_a_retry_that_cannot_be_published_is_redelivered_not_lost(start_worker, queues, store, prefix):
+    """Dramatiq's PR #545 hole: a failed retry publish used to ack, and so lose, the message."""
+    queue = queues.name(workload.flaky)
+    queues.broker.declare_queue(queue, ensure=True)
+    worker = start_worker(JOB_MIN_BACKOFF_MS="100")
+    with queues.capped(queue + ".DQ", 0):  # every retry publish is refused by RabbitMQ
+        queues.send(workload.flaky, "n1", failures=1)
+        wait_for(lambda: "retry_publish_failed" in worker.output(), timeout=60, what="a refused retry")
+    wait_for(lambda: store.llen(f"test:{prefix}effect:n1") == 1, timeout=60, what="the redelivered run")
+
+
+def test_a_dead_letter_that_cannot_be_published_is_held_then_published_without_running_again(
+    start_worker, queues, store, prefix
+):
+    queue = queues.name(workload.permanent)
+    queues.broker.declare_queue(queue, ensure=True)
+    worker = start_worker()
+    with queues.capped(queue + ".DLQ", 0):  # the dead-letter queue refuses everything
+        message = queues.send(workload.permanent, "n2")
+        wait_for(
+            lambda: "dead_letter_publish_failed" in worker.output(), timeout=60, what="a refused dead letter"
+        )
+        assert queues.depth(queue + ".DLQ") == 0
+    wait_for(lambda: queues.depth(queue + ".DLQ") == 1, timeout=60, what="the dead letter, once accepted")
+    outcome = wait_for_final_events([worker], {message.message_id: 1})[message.message_id]
+    assert outcome == {"job_dead_lettered": 1}
+    assert worker.events("job_requeued", message_id=message.message_id)  # each refusal put it back
+    # The outcome was decided: the redelivery published the dead letter, it did not run again.
+    assert store.llen(f"test:{prefix}attempt:n2") == 1
+    (letter,) = queues.peek(queue + ".DLQ")
+    assert letter["properties"]["message_id"] == message.message_id
+    assert letter["properties"]["headers"]["x-dl-reason"] == "non_retryable"
+    assert queues.left_after_stop([worker], queue) == 0

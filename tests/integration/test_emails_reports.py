@@ -1,0 +1,118 @@
+"""The reference actors against a real SMTP server (aiosmtpd) and a real worker."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from actors import emails, reports
+from tests.servers import free_port, smtp_server
+from tests.support import wait_for
+
+
+@pytest.fixture
+def smtp():
+    with smtp_server() as server:
+        yield server
+
+
+def test_email_is_delivered(start_worker, queues, smtp):
+    port, received = smtp
+    worker = start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", MAIL_FROM="shop@example.org")
+    queues.send(emails.send_email, to="ana@example.com", template="welcome", context={"name": "Ana"})
+    wait_for(lambda: received, what="the mail")
+    wait_for(lambda: "job_succeeded" in worker.output(), what="the job's end")
+    # The actor returns a value; Dramatiq's "no Results middleware" warning is not noise we keep.
+    assert "Results middleware" not in worker.output()
+    mail = received[0]
+    assert mail["To"] == "ana@example.com"
+    assert mail["From"] == "shop@example.org"
+    assert mail["Subject"] == "Welcome, Ana"
+
+
+@pytest.mark.parametrize("address", ["not-an-address", "bounce@example.com"])
+def test_invalid_recipient_fails_at_once(start_worker, queues, smtp, address):
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", JOB_MAX_RETRIES="5")
+    queues.send(emails.send_email, to=address, template="welcome")
+    dead = queues.name(emails.send_email) + ".DLQ"
+    wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
+    headers = queues.peek(dead)[0]["properties"]["headers"]
+    assert headers["x-dl-attempts"] == 1  # never retried
+    assert headers["x-dl-reason"] == "non_retryable"
+    assert headers["x-dl-exception"] == "InvalidRecipient"
+    assert received == []
+
+
+def test_refused_connection_is_retried(start_worker, queues):
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{free_port()}", JOB_MAX_RETRIES="2", JOB_MIN_BACKOFF_MS="100")
+    queues.send(emails.send_email, to="ana@example.com", template="welcome")
+    dead = queues.name(emails.send_email) + ".DLQ"
+    wait_for(lambda: queues.depth(dead) == 1, what="the dead letter")
+    dead_letter = queues.peek(dead)[0]
+    headers = dead_letter["properties"]["headers"]
+    assert headers["x-dl-attempts"] == 3 and headers["x-dl-reason"] == "retries_exhausted"
+    assert "ConnectionRefusedError" in headers["x-dl-traceback"]
+    assert json.loads(dead_letter["payload"])["options"]["retries"] == 3
+
+
+def test_campaign_fans_out_one_mail_per_recipient(start_worker, queues, smtp):
+    port, received = smtp
+    worker = start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", threads=8)
+    recipients = [f"user{i}@example.com" for i in range(60)]
+    queues.send(emails.send_campaign, "spring", recipients, {"headline": "Spring sale", "text": "20% off"})
+    queue = queues.name(emails.send_email)
+    queues.wait_totals(queue, succeeded=61)  # the campaign and its 60 mails, each mailed once done
+    assert queues.left_after_stop([worker], queue) == 0
+    assert sorted(m["To"] for m in received) == sorted(recipients)
+    assert {m["X-Campaign"] for m in received} == {"spring"}
+
+
+def test_report_is_written_then_mailed(start_worker, queues, smtp, tmp_path):
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}")
+    queues.send(reports.generate_report, "sales", email_to="boss@example.com", day="2026-11-02")
+    wait_for(lambda: received, what="the report mail")
+    files = list(Path(tmp_path / "reports").glob("sales-2026-11-02-*.csv"))
+    assert len(files) == 1
+    rows = list(csv.DictReader(files[0].open()))
+    assert len(rows) == 50 and rows[0]["date"] == "2026-11-02"
+    mail = received[0]
+    assert mail["Subject"] == "Your sales report"
+    attachment = next(p for p in mail.walk() if p.get_filename())
+    assert attachment.get_filename() == files[0].name
+    assert attachment.get_payload(decode=True) == files[0].read_bytes()
+
+
+def test_a_campaign_sent_twice_mails_nobody_twice(start_worker, queues, smtp, prefix, state_url):
+    from tests.support import sender_broker
+
+    port, received = smtp
+    worker = start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", STATE_URL=state_url)
+    keyed = queues.using(sender_broker(prefix, state_url))
+    recipients = [f"fan{i}@example.com" for i in range(20)]
+    keyed.send(emails.send_campaign, "autumn", recipients, {"headline": "Autumn"})
+    queue = keyed.name(emails.send_email)
+    keyed.wait_totals(queue, succeeded=21)  # the campaign and its 20 mails
+    again = keyed.send(emails.send_campaign, "autumn", recipients, {"headline": "Autumn"})  # by mistake
+    (record,) = keyed.wait_finished([again]).values()
+    assert record.state == "succeeded"  # the second fan-out is done
+    # Whatever it published has run or is still waiting: with the worker stopped, nothing is left.
+    assert keyed.left_after_stop([worker], queue) == 0
+    assert sorted(m["To"] for m in received) == sorted(recipients)
+
+
+def test_a_dead_lettered_report_tells_its_user(start_worker, queues, smtp):
+    port, received = smtp
+    start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", JOB_MAX_RETRIES="0")
+    bad_rows = [{"region": "north"}, {"unexpected": "column"}]  # DictWriter refuses the second row
+    message = queues.send(reports.generate_report, "sales", rows=bad_rows, email_to="boss@example.com")
+    (record,) = queues.wait_finished([message]).values()
+    assert record.state == "dead"
+    wait_for(lambda: received, what="the failure mail")
+    assert received[0]["Subject"] == "Your sales report could not be made"
+    assert message.message_id in received[0].get_payload(decode=True).decode()
+    assert queues.depth(queues.name(reports.generate_report) + ".DLQ") == 1

@@ -1,0 +1,80 @@
+"""``jobctl health`` on real queues: a backed-up queue is degraded, a served one healthy, an
+unreachable broker exits 2, and without the management API the AMQP counts still judge."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from tests import workload
+from tests.servers import free_port
+from tests.support import BIN, ROOT, worker_env
+
+
+def jobctl_health(prefix, tmp_path, *args, **env):
+    result = subprocess.run(
+        [str(BIN / "jobctl"), "health", "--queue", "workload", *args],
+        env=worker_env(prefix, tmp_path, **env),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.returncode, result.stdout
+
+
+def test_backed_up_queue_is_degraded_then_healthy_once_served(start_worker, queues, prefix, tmp_path):
+    sent = [queues.send(workload.record, f"h{i}") for i in range(10)]
+    time.sleep(1.2)  # the oldest message is now older than HEALTH_MAX_AGE_MS
+    code, out = jobctl_health(prefix, tmp_path, "--json", HEALTH_MAX_WAITING="5", HEALTH_MAX_AGE_MS="1000")
+    assert code == 1, out
+    report = json.loads(out)
+    (queue,) = report["queues"]
+    assert (report["status"], report["source"], queue["queue"]) == (
+        "degraded",
+        "management",
+        f"{prefix}workload",
+    )
+    assert (queue["waiting"], queue["consumers"], queue["verdict"]) == (10, 0, "degraded")
+    assert queue["oldest_age_s"] >= 1.0
+    assert {p["kind"] for p in queue["problems"]} == {"backlog", "oldest_age", "no_consumers"}
+
+    # Without the management API the AMQP counts still show the backlog.
+    code, out = jobctl_health(
+        prefix,
+        tmp_path,
+        "--json",
+        HEALTH_MAX_WAITING="5",
+        RABBITMQ_MANAGEMENT_URL=f"http://127.0.0.1:{free_port()}",
+    )
+    report = json.loads(out)
+    assert (code, report["source"], report["queues"][0]["waiting"]) == (1, "amqp", 10)
+    assert {p["kind"] for p in report["queues"][0]["problems"]} == {"backlog", "no_consumers"}
+
+    start_worker()
+    sent.append(queues.send(workload.permanent, "dead-one"))
+    finished = queues.wait_finished(sent)
+    assert sorted(r.state for r in finished.values()) == ["dead"] + ["succeeded"] * 10
+    assert queues.depth(f"{prefix}workload.DLQ") == 1
+    code, out = jobctl_health(prefix, tmp_path)
+    assert code == 0, out
+    assert out.splitlines()[1].split()[:2] == [f"{prefix}workload", "healthy"]
+    assert "healthy" in out.splitlines()[-1]
+    # A dead letter over the threshold degrades it; totals come from the job-status counters.
+    code, out = jobctl_health(prefix, tmp_path, "--json", HEALTH_MAX_DEAD_LETTERS="0")
+    (queue,) = json.loads(out)["queues"]
+    assert code == 1 and [p["kind"] for p in queue["problems"]] == ["dead_letters"]
+    assert (queue["dead"], queue["consumers"] >= 1) == (1, True)
+    assert (queue["succeeded"], queue["failed"]) == (10, 1)
+
+
+def test_unreachable_broker_exits_2(prefix, tmp_path):
+    code, out = jobctl_health(
+        prefix, tmp_path, RABBITMQ_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"
+    )
+    assert code == 2 and out.startswith("unreachable"), out
+    code, out = jobctl_health(
+        prefix, tmp_path, "--json", RABBITMQ_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}/"
+    )
+    assert code == 2 and json.loads(out)["status"] == "unreachable"

@@ -1,0 +1,180 @@
+"""Idempotency keys end to end: real workers, real RabbitMQ, each state store backend."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+import redis as redis_lib
+
+from jobsystem.rabbitmq.bulk import send_bulk
+from tests import workload
+from tests.servers import free_port
+from tests.support import final_events, sender_broker, wait_for, wait_for_final_events
+
+
+@pytest.fixture
+def keyed(queues, prefix, state_url):
+    """The test's queues, sending through a broker whose middleware uses ``state_url``."""
+    return queues.using(sender_broker(prefix, state_url))
+
+
+def effects(store, prefix, token):
+    return store.llen(f"test:{prefix}effect:{token}")
+
+
+def starts(store, prefix, token):
+    return store.llen(f"test:{prefix}started:{token}")
+
+
+def test_three_sends_with_one_key_run_once(start_worker, keyed, store, prefix, state_url):
+    worker = start_worker(STATE_URL=state_url)
+    sent = [keyed.send(workload.effect, "k1") for _ in range(3)]
+    assert {m.message_id for m in sent} == {sent[0].message_id}
+    assert [m.options.get("duplicate", False) for m in sent] == [False, True, True]
+    # An explicit message option key works the same, for an actor without a key function.
+    records = [
+        keyed.send_with_options(workload.record, args=("r1",), idempotency_key="order-42") for _ in range(3)
+    ]
+    assert {m.message_id for m in records} == {records[0].message_id}
+    assert [m.options.get("duplicate", False) for m in records] == [False, True, True]
+    finished = keyed.wait_finished([sent[0], records[0]])
+    assert {r.state for r in finished.values()} == {"succeeded"}
+    # Nothing else was published: with the worker stopped, nothing is left to run.
+    assert keyed.left_after_stop([worker], keyed.name(workload.effect)) == 0
+    assert effects(store, prefix, "k1") == 1 and store.get(f"test:{prefix}count:record") == "1"
+    if state_url.startswith("sqlite"):
+        assert "state_store_single_host" in worker.output()
+
+
+def test_the_same_message_delivered_twice_runs_once(start_worker, keyed, store, prefix, state_url):
+    # A copy that arrives while the original holds the key asks again soon (0.5 s, doubling), not
+    # only once the holder's 30 s lease would lapse: its final event comes within seconds.
+    worker = start_worker(STATE_URL=state_url)
+    message = keyed.send(workload.effect, "k2")
+    keyed.publish_raw(message)  # the copy RabbitMQ would redeliver, or a client that sent twice
+    outcome = wait_for_final_events([worker], {message.message_id: 2}, timeout=15)[message.message_id]
+    assert outcome == {"job_succeeded": 1, "duplicate_skipped": 1}
+    assert effects(store, prefix, "k2") == 1 and starts(store, prefix, "k2") == 1
+
+
+def test_two_workers_racing_on_duplicates_run_once(start_worker, keyed, store, prefix, state_url):
+    # Both workers consume before the copies are published at once: the publish is the gate.
+    # (A short lease: copies deferred behind the running one come back when it would lapse.)
+    lease = {"STATE_URL": state_url, "IDEMPOTENCY_LEASE_MS": "3000"}
+    workers = [start_worker(processes=1, threads=4, **lease) for _ in range(2)]
+    message = keyed.message(workload.effect, "k3", seconds=1.0)
+    keyed.publish_raw(message, copies=12)
+    outcome = wait_for_final_events(workers, {message.message_id: 12})[message.message_id]
+    assert outcome == {"job_succeeded": 1, "duplicate_skipped": 11}
+    assert effects(store, prefix, "k3") == 1 and starts(store, prefix, "k3") == 1
+    # RabbitMQ spread the copies over both workers: they did race.
+    assert all(final_events([w], [message.message_id])[message.message_id] for w in workers)
+
+
+def test_a_job_that_fails_then_succeeds_has_its_effect_once(start_worker, keyed, store, prefix, state_url):
+    worker = start_worker(STATE_URL=state_url, JOB_MIN_BACKOFF_MS="100")
+    message = keyed.send(workload.effect, "k4", failures=2)
+    (record,) = keyed.wait_finished([message]).values()
+    assert (record.state, record.attempts) == ("succeeded", 3)
+    assert effects(store, prefix, "k4") == 1 and starts(store, prefix, "k4") == 3
+    # A later duplicate send finds the key completed: dropped at send, nothing runs.
+    again = keyed.send(workload.effect, "k4")
+    assert again.options.get("duplicate") is True and again.message_id == message.message_id
+    assert keyed.left_after_stop([worker], keyed.name(workload.effect)) == 0  # nothing was published
+    assert starts(store, prefix, "k4") == 3
+
+
+def test_sigkill_of_the_claim_holder_runs_the_job_once_after_redelivery(
+    start_worker, keyed, store, prefix, state_url
+):
+    lease = {"STATE_URL": state_url, "IDEMPOTENCY_LEASE_MS": "3000"}
+    first = start_worker(**lease)
+    message = keyed.send(workload.effect, "k5", seconds=2.0)
+    wait_for(lambda: starts(store, prefix, "k5") == 1, what="the first start")
+    first.kill()
+    first.proc.wait(10)
+    second = start_worker(**lease)
+    outcome = wait_for_final_events([second], {message.message_id: 1})[message.message_id]
+    assert outcome == {"job_succeeded": 1}
+    assert keyed.left_after_stop([second], keyed.name(workload.effect)) == 0
+    assert effects(store, prefix, "k5") == 1
+    assert starts(store, prefix, "k5") == 2  # the killed attempt and the one that completed
+
+
+def test_bulk_send_drops_duplicates_and_names_the_originals(keyed, state_url):
+    first = [keyed.message(workload.effect, f"b{i}") for i in range(100)]
+    send_bulk(first, broker=keyed.broker)
+    again = [keyed.message(workload.effect, f"b{i}") for i in range(90, 110)]
+    result = send_bulk(again, broker=keyed.broker)
+    originals = {m.message_id for m in first}
+    assert [m.message_id in originals for m in result] == [True] * 10 + [False] * 10
+    assert keyed.depth(keyed.name(workload.effect)) == 110
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A Redis of this test's own, so stopping it disturbs no one else."""
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, cwd=tmp_path)
+        wait_for(lambda: _pings(port), what="redis start")
+        return proc
+
+    server = {"proc": start()}
+    yield port, server, start
+    server["proc"].terminate()
+    server["proc"].wait(10)
+
+
+def _pings(port: int) -> bool:
+    try:
+        return bool(redis_lib.Redis(port=port, socket_timeout=0.5).ping())
+    except redis_lib.RedisError:
+        return False
+
+
+def test_redis_down_mid_run_runs_nothing_unguarded(start_worker, queues, store, prefix, private_redis):
+    port, server, start = private_redis
+    url = f"redis://127.0.0.1:{port}/0"
+    worker = start_worker(threads=4, STATE_URL=url)
+    keyed = queues.using(sender_broker(prefix, url))
+    ids = [keyed.send(workload.effect, f"d{i}", seconds=0.5).message_id for i in range(12)]
+    wait_for(lambda: sum(starts(store, prefix, f"d{i}") for i in range(12)) >= 2, what="the first starts")
+    server["proc"].kill()
+    server["proc"].wait(10)
+    down_at = time.time()
+    # The worker goes on taking messages and defers each one: wait until it has deferred several.
+    wait_for(
+        lambda: len(worker.events("idempotency_store_unavailable")) >= 4, what="deferrals while it is down"
+    )
+    up_at = time.time()
+    server["proc"] = start()
+    outcomes = wait_for_final_events([worker], {message_id: 1 for message_id in ids}, timeout=120)
+    assert all(events == {"job_succeeded": 1} for events in outcomes.values()), outcomes
+    started = [float(t) for i in range(12) for t in store.lrange(f"test:{prefix}started:d{i}", 0, -1)]
+    assert not [t for t in started if down_at + 0.1 < t < up_at], "a job started while the store was down"
+    queue = queues.name(workload.effect)
+    assert queues.left_after_stop([worker], queue) == 0
+    assert [effects(store, prefix, f"d{i}") for i in range(12)] == [1] * 12
+    assert queues.depth(queue + ".DLQ") == 0
+    # Every delivery, deferred or run, was the first attempt: deferrals never burn a retry.
+    deliveries = [e for e in worker.events("job_started") if e.get("message_id") in ids]
+    assert len(deliveries) > 12 and {e["attempt"] for e in deliveries} == {1}
+
+
+def test_a_claim_sent_ahead_goes_stale_and_is_renewed_by_its_own_owner(
+    start_worker, keyed, store, prefix, state_url
+):
+    """Claims are sent as messages arrive; one that waited behind a slow job is made again at start
+    by the same owner, so the message runs at once instead of finding its own claim 'held'."""
+    worker = start_worker(threads=1, STATE_URL=state_url)
+    slow = keyed.send(workload.effect, "slow", seconds=1.0)
+    behind = keyed.send(workload.effect, "behind")
+    outcomes = wait_for_final_events([worker], {slow.message_id: 1, behind.message_id: 1})
+    assert all(events == {"job_succeeded": 1} for events in outcomes.values()), outcomes
+    assert effects(store, prefix, "slow") == 1 and starts(store, prefix, "behind") == 1
+    assert not worker.events("duplicate_deferred")  # the log is complete up to the final events

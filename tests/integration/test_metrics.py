@@ -1,0 +1,58 @@
+"""The worker's Prometheus endpoint serves the counters of every worker process and queue depths."""
+
+from __future__ import annotations
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests import workload
+from tests.servers import free_port
+from tests.support import wait_for
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float] | None:
+    try:
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    except requests.RequestException:
+        return None
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_endpoint_serves_the_counters_after_jobs_ran(start_worker, queues, prefix, tmp_path):
+    port = free_port()
+    start_worker(processes=2, PROMETHEUS_PORT=str(port), PROMETHEUS_DIR=str(tmp_path / "metrics"))
+    sent = [queues.send(workload.record, f"m{i}") for i in range(6)]
+    sent.append(queues.send(workload.permanent, "m-dead"))
+    sent.append(queues.send(workload.flaky, "m-retry", failures=1))
+    # Metrics counts in its after hooks, which run before Status writes the final state.
+    finished = queues.wait_finished(sent)
+    assert sorted(r.state for r in finished.values()) == ["dead"] + ["succeeded"] * 7
+    queue = f"{prefix}workload"
+
+    def labels(actor: str) -> frozenset:
+        return frozenset({"queue_name": queue, "actor_name": actor}.items())
+
+    def counted() -> dict | None:
+        metrics = scrape(port)
+        done = metrics and metrics.get(("dramatiq_messages_total", labels("flaky"))) == 2
+        return (
+            metrics if done and metrics.get(("dramatiq_message_rejects_total", labels("permanent"))) else None
+        )
+
+    metrics = wait_for(counted, what="the counters on the endpoint")
+    assert metrics[("dramatiq_messages_total", labels("record"))] == 6  # summed over both processes
+    assert metrics[("dramatiq_message_duration_milliseconds_count", labels("record"))] == 6
+    assert metrics[("dramatiq_message_errors_total", labels("permanent"))] == 1
+    assert metrics[("dramatiq_message_rejects_total", labels("permanent"))] == 1
+    assert metrics[("dramatiq_message_errors_total", labels("flaky"))] == 1
+    assert metrics[("dramatiq_message_retries_total", labels("flaky"))] == 1  # not counted again from .DQ
+    assert metrics[("dramatiq_messages_inprogress", labels("record"))] == 0
+    # Queue depths, asked from RabbitMQ at scrape time for the queues the workers consume.
+    assert metrics[("jobs_queue_stats_up", frozenset())] == 1
+    assert metrics[("jobs_queue_messages", frozenset({"queue": queue, "state": "dead"}.items()))] == 1
+    assert metrics[("jobs_queue_messages", frozenset({"queue": queue, "state": "waiting"}.items()))] == 0
+    assert metrics[("jobs_queue_consumers", frozenset({"queue": queue}.items()))] == 2

@@ -1,0 +1,171 @@
+"""The Idempotency middleware's paths, its hooks called as the worker calls them, on each state
+store backend: dedup at send, claim, complete, release, skip, defer, claims sent ahead."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+from dramatiq.middleware import SkipMessage
+
+from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
+from jobsystem.store.base import StateStore
+from jobsystem.store.redis import RedisStore
+from middleware.idempotency import (
+    HELD_WAITS,
+    REGISTERED,
+    DuplicateMessage,
+    Idempotency,
+    IdempotencyKeyError,
+)
+from tests.support import wait_for
+from tests.unit.stub import RecordingBroker, delivery
+
+
+class Setup:
+    def __init__(self, store: StateStore) -> None:
+        self.middleware = Idempotency(store, ttl_ms=60_000, lease_ms=10_000)
+        self.broker = RecordingBroker(middleware=[self.middleware])
+
+        def job(token: str, bad: bool = False) -> None: ...
+
+        def key(token: str, bad: bool = False) -> str:
+            if bad:
+                raise ValueError("no key for this one")
+            return token
+
+        declare = dramatiq.actor(broker=self.broker, actor_name="job", queue_name="q", idempotency_key=key)
+        self.actor = declare(job)
+
+    def message(self, token: str = "t1", **kwargs: Any) -> Any:
+        return self.actor.message(token, **kwargs)
+
+    def state(self, token: str = "t1") -> str | None:
+        record = self.middleware.lookup("job", token)
+        return record.state if record else None
+
+    def deferred(self) -> list[Any]:
+        return [message for message, delay in self.broker.enqueued if delay]
+
+
+@pytest.fixture
+def idem(store: StateStore) -> Iterator[Setup]:
+    setup = Setup(store)
+    yield setup
+    setup.middleware.writes.stop()
+    setup.broker.close()
+
+
+def run(idem: Setup, proxy: Any, *, result: Any = None, exception: BaseException | None = None) -> None:
+    """What the worker does for a message that is not skipped: before, (the actor), after."""
+    idem.middleware.before_process_message(idem.broker, proxy)
+    idem.middleware.after_process_message(idem.broker, proxy, result=result, exception=exception)
+    assert idem.middleware.writes.flush(10)
+
+
+def test_a_second_send_with_the_same_key_is_dropped_naming_the_first(idem):
+    first, second = idem.message(), idem.message()
+    idem.middleware.before_enqueue(idem.broker, first, None)
+    with pytest.raises(DuplicateMessage) as caught:
+        idem.middleware.before_enqueue(idem.broker, second, None)
+    assert caught.value.original_message_id == first.message_id
+    assert first.options[REGISTERED] is True and idem.state() == "pending"
+    idem.middleware.before_enqueue(idem.broker, first, 1_000)  # a re-enqueue of the same message passes
+
+
+def test_a_bulk_send_names_each_duplicate_once(idem):
+    messages = [idem.message("a"), idem.message("b"), idem.message("a")]
+    duplicates = idem.middleware.before_enqueue_batch(idem.broker, messages)
+    assert duplicates == {messages[2].message_id: messages[0].message_id}
+
+
+def test_a_claimed_run_that_succeeds_completes_the_key_with_its_result(idem):
+    proxy = delivery(idem.message())
+    idem.middleware.before_process_message(idem.broker, proxy)
+    assert idem.state() == "running"
+    idem.middleware.after_process_message(idem.broker, proxy, result={"sent": 1})
+    assert idem.middleware.writes.flush(10)
+    record = idem.middleware.lookup("job", "t1")
+    assert record is not None and (record.state, record.result) == ("done", '{"sent": 1}')
+    assert record.message_id == proxy.message_id
+
+
+def test_a_duplicate_of_a_completed_key_is_skipped_not_deferred(idem):
+    run(idem, delivery(idem.message()))
+    with pytest.raises(SkipMessage, match="duplicate"):
+        idem.middleware.before_process_message(idem.broker, delivery(idem.message()))
+    assert idem.deferred() == []
+
+
+def test_a_key_held_by_another_worker_defers_the_copy_without_a_retry(idem):
+    idem.middleware.backend.claim(idem.middleware.scoped("job", "t1"), "other", "someone", 10_000, 60_000)
+    proxy = delivery(idem.message().copy(options={"retries": 2}))
+    with pytest.raises(SkipMessage, match="held"):
+        idem.middleware.before_process_message(idem.broker, proxy)
+    (copy,) = idem.deferred()
+    assert copy.message_id == proxy.message_id and copy.options["retries"] == 2
+    assert copy.options[HELD_WAITS] == 1 and not proxy.failed
+
+
+def test_a_failed_run_releases_its_claim_for_the_retry(idem):
+    run(idem, delivery(idem.message()), exception=RuntimeError("failed"))
+    assert idem.state() == "pending"
+    run(idem, delivery(idem.message()))  # the retry claims it and completes it
+    assert idem.state() == "done"
+
+
+def test_a_skip_after_the_claim_gives_it_back_at_once(idem):
+    proxy = delivery(idem.message())
+    idem.middleware.before_process_message(idem.broker, proxy)
+    idem.middleware.after_skip_message(idem.broker, proxy)  # e.g. the actor raised RateLimited
+    assert idem.state() == "pending"  # not deferred to the background writes
+
+
+def test_a_claim_sent_ahead_is_used_and_given_back_if_the_message_is_skipped_first(idem):
+    ran = delivery(idem.message("ran"))
+    idem.middleware.on_receive(idem.broker, ran)
+    assert ran.claim_ahead is not None
+    wait_for(lambda: idem.state("ran") == "running", what="the claim sent ahead")
+    run(idem, ran)
+    assert idem.state("ran") == "done"
+    skipped = delivery(idem.message("skipped"))
+    idem.middleware.on_receive(idem.broker, skipped)
+    idem.middleware.after_skip_message(idem.broker, skipped)  # the age limit skipped it first
+    assert idem.state("skipped") == "pending"
+
+
+def test_claims_sent_ahead_for_deliveries_that_never_started_are_given_back_at_shutdown(idem):
+    for token in ("x", "y"):
+        idem.middleware.on_receive(idem.broker, delivery(idem.message(token)))
+    wait_for(lambda: idem.state("x") == idem.state("y") == "running", what="the claims sent ahead")
+    idem.middleware.before_consumer_thread_shutdown(idem.broker, None)
+    assert (idem.state("x"), idem.state("y")) == ("pending", "pending")
+
+
+def test_an_invalid_key_dead_letters_the_message_with_the_error(idem):
+    proxy = delivery(idem.message("t", bad=True))
+    with pytest.raises(SkipMessage):
+        idem.middleware.before_process_message(idem.broker, proxy)
+    assert proxy.failed and dead_letter_reason(proxy) == "rejected"
+    assert isinstance(dead_letter_error(proxy), IdempotencyKeyError)
+
+
+def test_an_unreachable_store_defers_the_message_instead_of_running_it():
+    down = Setup(RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2))
+    proxy = delivery(down.message())
+    with pytest.raises(SkipMessage, match="store_unavailable"):
+        down.middleware.before_process_message(down.broker, proxy)
+    (copy,) = down.deferred()
+    assert copy.options["idempotency_store_waits"] == 1 and not proxy.failed
+
+
+def test_keys_are_stored_hashed(idem, store):
+    run(idem, delivery(idem.message("ana@example.com")))
+    assert idem.state("ana@example.com") == "done"
+    if isinstance(store, RedisStore):
+        names = [k.decode() for k in store.client.scan_iter(f"{store.namespace}*", count=10_000)]
+    else:
+        names = [row[0] for row in store.connection().execute("SELECT key FROM idempotency")]
+    assert names and not any("ana@example.com" in name for name in names)

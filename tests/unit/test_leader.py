@@ -1,0 +1,99 @@
+"""The leader lease on each state store backend: one leader, take-over after a crash, step-down
+when the store is unreachable."""
+
+from __future__ import annotations
+
+import time
+
+from jobsystem.store.base import StoreUnavailable
+from jobsystem.store.leader import LeaderLease
+from jobsystem.store.sqlite import SqliteStore
+from tests.support import wait_for
+
+TTL_MS = 1_000
+
+
+def lease(store, events: list[str], name: str) -> LeaderLease:
+    return LeaderLease(
+        store,
+        "leader",
+        ttl_ms=TTL_MS,
+        owner=name,
+        on_elected=lambda: events.append(f"{name}+"),
+        on_lost=lambda: events.append(f"{name}-"),
+    )
+
+
+def recording_polls(leader: LeaderLease) -> list[bool]:
+    """Record the outcome of each attempt ``leader`` makes to take or renew its lease."""
+    outcomes: list[bool] = []
+    poll = leader.poll
+
+    def recorded() -> bool:
+        outcomes.append(poll())
+        return outcomes[-1]
+
+    leader.poll = recorded  # type: ignore[method-assign]
+    return outcomes
+
+
+def test_one_leader_and_a_take_over_within_the_ttl_after_a_crash(store):
+    events: list[str] = []
+    first, second = lease(store, events, "a"), lease(store, events, "b")
+    renewals, attempts = recording_polls(first), recording_polls(second)
+    first.start()
+    wait_for(lambda: first.is_leader, what="the first election")
+    second.start()
+    # Not a sleep: wait until the standby has tried several times and the leader renewed since.
+    renewed_before = len(renewals)
+    wait_for(lambda: len(attempts) >= 5 and len(renewals) >= renewed_before + 3, what="renewals and attempts")
+    assert not any(attempts) and all(renewals)  # the standby never got it, the leader never lost it
+    assert first.is_leader and not second.is_leader
+    assert store.lease_holder("leader") == "a"
+
+    first.stop(release=False)  # a crash: the lease is not given back, it lapses
+    crashed = time.monotonic()
+    wait_for(lambda: second.is_leader, timeout=10, what="the take-over")
+    # The bound the scheduler relies on: at most one TTL plus a standby's attempt period, plus
+    # slack for a loaded machine.
+    assert time.monotonic() - crashed < TTL_MS * 1.1 / 1000 + 1.5
+    assert store.lease_holder("leader") == "b"
+
+    second.stop()  # a clean stop gives the lease back at once
+    assert store.lease_holder("leader") is None
+    assert events == ["a+", "a-", "b+", "b-"]
+
+
+class FlakyStore(SqliteStore):
+    """A SQLite store that can be made unreachable."""
+
+    down = False
+
+    def acquire_lease(self, name: str, owner: str, ttl_ms: int) -> bool:
+        if self.down:
+            raise StoreUnavailable("sqlite: down for the test")
+        return super().acquire_lease(name, owner, ttl_ms)
+
+
+def test_a_leader_that_cannot_renew_steps_down_before_its_lease_lapses(tmp_path):
+    store = FlakyStore(tmp_path / "state.db")
+    events: list[tuple[str, str | None]] = []
+    leader = LeaderLease(
+        store,
+        "leader",
+        ttl_ms=3_000,  # a 300 ms margin between the step-down and the lapse
+        owner="a",
+        on_elected=lambda: events.append(("elected", None)),
+        # Who holds the lease in the store at the moment this process steps down.
+        on_lost=lambda: events.append(("lost", store.lease_holder("leader"))),
+    )
+    leader.start()
+    wait_for(lambda: leader.is_leader, what="the election")
+    store.down = True
+    wait_for(lambda: len(events) == 2, timeout=10, what="the step-down")
+    # It stepped down while its lease still held in the store: nobody else could lead yet.
+    assert events == [("elected", None), ("lost", "a")]
+    store.down = False
+    wait_for(lambda: leader.is_leader, timeout=10, what="the re-election")
+    leader.stop()
+    assert [e for e, _ in events] == ["elected", "lost", "elected", "lost"]

@@ -1,0 +1,116 @@
+"""What the consumer checks of every body before anything reads its fields: each malformed shape
+named by its field and problem, never its value, with the identifying fields salvaged."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from dramatiq import Message
+
+from jobsystem.runtime.message_shape import Malformed, decode, int_option
+
+SECRET = "ana@example.com"
+
+
+def body(**changes: Any) -> dict[str, Any]:
+    good = {
+        "queue_name": "work",
+        "actor_name": "job",
+        "args": [SECRET],
+        "kwargs": {"to": SECRET},
+        "options": {"retries": 1},
+        "message_id": "m-1",
+        "message_timestamp": 1_700_000_000_000,
+    }
+    return {**good, **changes}
+
+
+def test_a_well_formed_body_is_the_message():
+    message = decode(json.dumps(body()).encode(), "work")
+    assert isinstance(message, Message) and message.args == (SECRET,) and message.options == {"retries": 1}
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "problem"),
+    [
+        (b"\xff\xfe not utf-8", "body", "could not be decoded (not UTF-8 JSON)"),
+        (b"{'not': 'json'}", "body", "could not be decoded (not UTF-8 JSON)"),
+        (b"[1, 2]", "body", "must be a JSON object; got an array"),
+        (json.dumps({**body(), "extra": SECRET}).encode(), "body", "has unexpected field(s): extra"),
+        (json.dumps({**body(), SECRET: 1}).encode(), "body", "has unexpected field(s): 1 other(s)"),
+    ],
+)
+def test_a_body_that_is_not_a_message_object(raw, field, problem):
+    malformed = decode(raw, "work")
+    assert isinstance(malformed, Malformed) and (malformed.field, malformed.problem) == (field, problem)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "problem"),
+    [
+        (
+            {"queue_name": "other"},
+            "queue_name",
+            "names another queue than the one the message was consumed from",
+        ),
+        ({"actor_name": ""}, "actor_name", "must be a non-empty string; got an empty string"),
+        ({"message_id": "x" * 256}, "message_id", "longer than 255 bytes"),
+        ({"message_id": "m\udc80"}, "message_id", "is not valid Unicode"),
+        ({"args": {"a": SECRET}}, "args", "must be an array; got an object"),
+        ({"kwargs": None}, "kwargs", "must be an object; got null"),
+        ({"options": {"retries": "3"}}, "options.retries", "must be a non-negative integer; got a string"),
+        (
+            {"options": {"retries": -1}},
+            "options.retries",
+            "must be a non-negative integer; got a negative integer",
+        ),
+        (
+            {"options": {"eta": float("inf")}},
+            "options.eta",
+            "must be a finite number; got a non-finite number",
+        ),
+        ({"options": {"throws": "ValueError"}}, "options.throws", "must be absent"),
+        ({"options": {"rate_limit_slot": {"bucket": "api"}}}, "options.rate_limit_slot", "must be an object"),
+        ({"options": {"pipe_target": {"queue_name": "q"}}}, "options.pipe_target.actor_name", "missing"),
+        ({"message_timestamp": "yesterday"}, "message_timestamp", "must be an integer"),
+    ],
+)
+def test_each_field_of_the_wrong_shape_is_named_without_its_value(changes, field, problem):
+    malformed = decode(json.dumps(body(**changes)).encode(), "work")
+    assert (
+        isinstance(malformed, Malformed)
+        and malformed.field == field
+        and malformed.problem.startswith(problem)
+    )
+    assert SECRET not in str(malformed)
+
+
+def test_a_missing_field_is_named():
+    data = body()
+    del data["message_timestamp"]
+    malformed = decode(json.dumps(data).encode(), "work")
+    assert isinstance(malformed, Malformed) and str(malformed) == "message_timestamp: missing"
+
+
+def test_the_identifying_fields_that_are_well_formed_are_salvaged_for_the_record():
+    malformed = decode(json.dumps(body(options=None)).encode(), "work")
+    assert isinstance(malformed, Malformed)
+    assert (malformed.message_id, malformed.actor_name, malformed.message_timestamp) == (
+        "m-1",
+        "job",
+        1_700_000_000_000,
+    )
+    broken_id = decode(json.dumps(body(message_id=7, options=None)).encode(), "work")
+    assert isinstance(broken_id, Malformed) and broken_id.message_id is None
+
+
+def test_any_queue_is_accepted_when_none_is_given():
+    assert isinstance(decode(json.dumps(body(queue_name="elsewhere")).encode(), None), Message)
+
+
+def test_int_option_never_fails_on_what_it_reads():
+    assert int_option({"attempts": 3}, "attempts") == 3
+    for options in (None, [], {"attempts": "3"}, {"attempts": True}, {}):
+        assert int_option(options, "attempts", default=-1) == -1

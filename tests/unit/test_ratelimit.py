@@ -1,0 +1,182 @@
+"""Rate limits in-process: the configuration checks, and the RateLimits middleware's paths with
+its hooks called as the worker calls them, on each state store backend (take, wait for a slot,
+deferral for a reserved slot, the upstream's "slow down", unusable buckets, the store down)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import SkipMessage
+
+from jobsystem.dramatiq_internals import dead_letter_reason
+from jobsystem.limits import Limit, RateLimitConfigError
+from jobsystem.settings import SettingsError, load_settings
+from jobsystem.store import StateStore, open_store
+from middleware.ratelimit import SLOT, STORE_WAITS, RateLimited, RateLimits
+from tests.unit.stub import RecordingBroker, delivery
+
+
+def test_rate_limits_setting_parses_rates_and_default_bursts():
+    assert set(load_settings({}).rate_limits) == {"smtp"}
+    spec = {"smtp": {"rate": "100/minute", "burst": 20}, "stripe": {"rate": 25}, "x": {"rate": 0.5}}
+    parsed = load_settings({"RATE_LIMITS": json.dumps(spec)}).rate_limits
+    assert parsed["smtp"] == Limit(rate=100 / 60, burst=20)
+    assert parsed["stripe"] == Limit(rate=25, burst=25)  # one second's worth
+    assert parsed["x"] == Limit(rate=0.5, burst=1)  # at least 1
+    assert load_settings({"RATE_LIMITS": '{"h": {"rate": "36/hour"}}'}).rate_limits["h"].rate == 0.01
+
+
+@pytest.mark.parametrize(
+    ("value", "service"),
+    [
+        ('{"smtp": {"rate": "hunter2/second"}}', "smtp"),
+        ('{"smtp": {"rate": 5}, "stripe": {"rate": -1}}', "stripe"),
+        ('{"stripe": {"rate": 5, "burst": 0}}', "stripe"),
+        ('{"stripe": {"rate": 5, "bursts": 3}}', "stripe"),
+        ('{"stripe": "hunter2"}', "stripe"),
+    ],
+)
+def test_a_malformed_rate_limit_names_the_setting_and_the_service(value, service):
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"RATE_LIMITS": value})
+    assert "RATE_LIMITS" in str(caught.value) and repr(service) in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_rate_limit_delays_stay_well_below_the_consumer_timeout():
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"RATE_LIMIT_MAX_DELAY_MS": "1200000"})  # 20 min of the default 30
+    assert "RATE_LIMIT_MAX_DELAY_MS" in str(caught.value) and "RABBITMQ_CONSUMER_TIMEOUT_MS" in str(
+        caught.value
+    )
+    with pytest.raises(SettingsError, match="RATE_LIMITS"):
+        load_settings({"RATE_LIMITS": "not json"})
+
+
+@pytest.fixture
+def stub(tmp_path):
+    limits = {"smtp": Limit(rate=10, burst=5)}
+    broker = StubBroker(middleware=[RateLimits(open_store(f"sqlite:///{tmp_path}/s.db"), limits)])
+    yield broker
+    broker.close()
+
+
+def test_a_static_rate_limit_must_name_a_configured_service(stub):
+    def job() -> None: ...
+
+    dramatiq.actor(broker=stub, rate_limit="smtp:tenant-1")(job)
+    dramatiq.actor(broker=stub, actor_name="per_tenant", rate_limit=lambda: "any")(job)
+    with pytest.raises(RateLimitConfigError, match="'smtpp' is not configured"):
+        dramatiq.actor(broker=stub, actor_name="typo", rate_limit="smtpp")(job)
+    with pytest.raises(RateLimitConfigError, match="exceeds the bucket's burst"):
+        dramatiq.actor(broker=stub, actor_name="greedy", rate_limit="smtp", rate_limit_cost=6)(job)
+
+
+def test_a_job_is_deferred_not_run_unmetered_while_the_store_is_down():
+    from dramatiq.broker import MessageProxy
+
+    from jobsystem.store.redis import RedisStore
+
+    down = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)
+    middleware = RateLimits(down, {"smtp": Limit(rate=10, burst=5)}, store_retry_ms=2_000)
+    broker = StubBroker(middleware=[middleware])
+    job = dramatiq.actor(broker=broker, actor_name="job", rate_limit="smtp")(lambda: None)
+    message = MessageProxy(job.message().copy(options={"retries": 2}))
+    with pytest.raises(SkipMessage):
+        middleware.before_process_message(broker, message)
+    (copy,) = (dramatiq.Message.decode(body) for body in broker.queues[f"{job.queue_name}.DQ"].queue)
+    assert copy.message_id == message.message_id and copy.options["retries"] == 2
+    assert copy.options[STORE_WAITS] == 1 and copy.options["eta"] >= copy.message_timestamp + 2_000
+    broker.close()
+
+
+class Setup:
+    """A bucket ``api`` of ``burst`` tokens refilled at ``rate`` a second, and an actor spending
+    from it (or from the bucket its ``bucket`` argument names)."""
+
+    def __init__(self, store: StateStore, rate: float = 20, burst: float = 1) -> None:
+        self.middleware = RateLimits(
+            store, {"api": Limit(rate=rate, burst=burst)}, wait_ms=0, max_delay_ms=60_000
+        )
+        self.broker = RecordingBroker(middleware=[self.middleware])
+        self.actor = dramatiq.actor(
+            broker=self.broker, actor_name="call", queue_name="q", rate_limit=lambda bucket="api": bucket
+        )(lambda bucket="api": None)
+
+    def before(self, message: Any) -> Any:
+        proxy = delivery(message)
+        self.middleware.before_process_message(self.broker, proxy)
+        return proxy
+
+
+@pytest.fixture
+def limited(store: StateStore) -> Iterator[Setup]:
+    setup = Setup(store)
+    yield setup
+    setup.broker.close()
+
+
+def test_a_token_lets_the_job_run_and_an_empty_bucket_defers_it_for_a_reserved_slot(limited):
+    limited.before(limited.actor.message())  # the burst's one token: runs
+    message = limited.actor.message().copy(options={"retries": 1})
+    with pytest.raises(SkipMessage, match="deferred"):
+        limited.before(message)
+    ((copy, delay),) = limited.broker.enqueued
+    assert copy.message_id == message.message_id and copy.options["retries"] == 1  # no retry spent
+    assert copy.options[SLOT]["bucket"] == "api" and delay is not None and delay >= 0
+
+
+def test_a_message_back_for_its_slot_runs_without_taking_again(limited):
+    limited.before(limited.actor.message())
+    with pytest.raises(SkipMessage):
+        limited.before(limited.actor.message())
+    ((copy, _),) = limited.broker.enqueued
+    limited.before(copy)  # back (a little early): waits for its slot, then runs
+    with pytest.raises(SkipMessage):  # its token was taken once: the next one waits behind it
+        limited.before(limited.actor.message())
+    later = limited.broker.enqueued[-1][0].options[SLOT]["at"]
+    assert later > copy.options[SLOT]["at"]
+
+
+def test_an_upstream_429_drains_the_bucket_and_requeues_the_job_without_a_retry(limited):
+    proxy = limited.before(limited.actor.message().copy(options={"retries": 2}))
+    try:
+        raise RateLimited(retry_after=5)  # what the actor raised; the worker then skips the message
+    except RateLimited:
+        limited.middleware.after_skip_message(limited.broker, proxy)
+    ((copy, delay),) = limited.broker.enqueued
+    assert copy.message_id == proxy.message_id and copy.options["retries"] == 2 and not proxy.failed
+    assert delay is not None and delay >= 5_000 - limited.middleware.slot_lead_ms
+    with pytest.raises(SkipMessage):  # drained: every other job backs off too
+        limited.before(limited.actor.message())
+
+
+def test_a_skip_that_is_not_the_upstreams_leaves_the_message_alone(limited):
+    proxy = limited.before(limited.actor.message())
+    try:
+        raise SkipMessage("a duplicate")
+    except SkipMessage:
+        limited.middleware.after_skip_message(limited.broker, proxy)
+    assert limited.broker.enqueued == []
+
+
+@pytest.mark.parametrize("bucket", ["apii", 42, ""])
+def test_a_bucket_that_cannot_be_used_dead_letters_the_message(limited, bucket):
+    proxy = delivery(limited.actor.message(bucket))
+    with pytest.raises(SkipMessage, match="unusable"):
+        limited.middleware.before_process_message(limited.broker, proxy)
+    assert proxy.failed and dead_letter_reason(proxy) == "rejected"
+
+
+def test_a_tenants_bucket_is_its_own_and_named_by_a_hash(limited):
+    limited.before(limited.actor.message("api:tenant-1"))
+    limited.before(limited.actor.message("api:tenant-2"))  # another budget: runs too
+    with pytest.raises(SkipMessage):
+        limited.before(limited.actor.message("api:tenant-1"))
+    bucket = limited.broker.enqueued[0][0].options[SLOT]["bucket"]
+    assert bucket.startswith("api:") and "tenant-1" not in bucket

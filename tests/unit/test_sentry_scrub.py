@@ -1,0 +1,165 @@
+"""What ``before_send`` does to a Sentry event, field by field (the worker test sends real ones)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+from jobsystem.observability.sentry import scrub_event
+from jobsystem.privacy.scrub import Scrubber
+from tests.pii_corpus import free_text, keyed, leaks
+
+MESSAGE_REPR = (
+    "<MessageProxy Message(queue_name='q', actor_name='bill', args=('Ana Lucia Lopez',), kwargs={})>"
+)
+
+
+def _exception() -> dict:
+    """A job's exception as the SDK reports it: a library frame, then one of the application's."""
+    library = {
+        "module": "dramatiq.worker",
+        "function": "process_message",
+        "in_app": False,
+        "vars": {"message": MESSAGE_REPR},
+    }
+    application = {
+        "module": "actors.billing",
+        "function": "bill",
+        "in_app": True,
+        "vars": {**keyed(), "note": repr(free_text())},
+    }
+    return {
+        "values": [
+            {"type": "RuntimeError", "value": free_text(), "stacktrace": {"frames": [library, application]}}
+        ]
+    }
+
+
+def _event():
+    job = {
+        "queue_name": "emails",
+        "actor_name": "bill",
+        "message_id": "m-1",
+        "args": ["Ana Lucia Lopez"],
+        "kwargs": keyed(),
+        "options": {"traceback": f"RuntimeError: {free_text()}"},
+    }
+    return {
+        "event_id": "0b9d3c1e4f5a11ee8c900242ac120002",
+        "timestamp": "2026-11-29T19:13:00.123456Z",
+        "level": "error",
+        "release": "jobsystem@1.2.3",
+        "environment": "production",
+        "server_name": "worker-1",
+        "sdk": {"name": "sentry.python", "version": "2.75.0"},
+        "modules": {"dramatiq": "2.2.1"},
+        "tags": {"region": "eu"},
+        "contexts": {
+            "runtime": {"name": "CPython", "version": "3.11.7"},
+            "dramatiq": {"type": "dramatiq", "data": job},
+        },
+        "exception": _exception(),
+        "breadcrumbs": {"values": [{"category": "app", "message": free_text(), "data": keyed()}]},
+        "extra": {"customer": keyed(), "sys.argv": ["dramatiq", "actors"]},
+        "request": {
+            "url": "https://shop.example/callback?token=abcdef123456&email=ana.lopez@example.com",
+            "headers": {
+                "Authorization": "Bearer mF_9.B5f-4.1JqM7tLz8Xw2",
+                "Cookie": "sessionid=abc123def456",
+            },
+            "data": keyed(),
+        },
+        "user": {"email": "ana.lopez@example.com", "ip_address": "203.0.113.9"},
+        "logentry": {"message": "customer %s", "params": [free_text()]},
+    }
+
+
+def test_no_corpus_value_survives_and_the_sdk_fields_stay():
+    event = _event()
+    out = scrub_event(Scrubber(), copy.deepcopy(event))
+    assert out is not None
+    assert leaks(json.dumps(out)) == []
+    for field in (
+        "event_id",
+        "timestamp",
+        "level",
+        "release",
+        "environment",
+        "sdk",
+        "modules",
+        "server_name",
+    ):
+        assert out[field] == event[field]
+    assert out["contexts"]["runtime"] == event["contexts"]["runtime"]
+    assert out["user"] == {"email": "[email]", "ip_address": "[ip]"}
+    assert out["request"]["headers"] == {"Authorization": "[authorization]", "Cookie": "[cookie]"}
+
+
+def test_job_arguments_and_dramatiq_frame_locals_are_removed_outright():
+    out = scrub_event(Scrubber(), _event())
+    data = out["contexts"]["dramatiq"]["data"]
+    assert data["args"] == data["kwargs"] == "[removed]"
+    assert data["options"]["traceback"].startswith("RuntimeError: Customer wrote: [email]")
+    dramatiq_frame, actor_frame = out["exception"]["values"][0]["stacktrace"]["frames"]
+    assert "vars" not in dramatiq_frame  # a message repr hides a name in a positional argument
+    assert actor_frame["vars"]["full_name"] == "[name]" and actor_frame["vars"]["email"] == "[email]"
+    assert re.fullmatch(r"\[text, \d+ chars\]", actor_frame["vars"]["note"])  # free text, scrubbed, briefed
+
+
+def _frame(module: str, in_app: bool, local_vars: dict[str, object]) -> dict[str, object]:
+    return {"module": module, "function": "f", "in_app": in_app, "vars": local_vars}
+
+
+def test_locals_of_library_frames_go_and_application_frames_keep_scrubbed_brief_ones():
+    from urllib.parse import urlsplit
+
+    smtp = urlsplit("smtp://mailer:Sm7p-Pa55word@smtp.example.com:587?starttls=1")
+    event = {
+        "exception": {
+            "values": [
+                {  # the cause of a chain, as the SDK sends it: its own frames and value
+                    "type": "SMTPAuthenticationError",
+                    "value": "(535, b'5.7.8 auth failed for mailer:Sm7p-Pa55word@smtp.example.com')",
+                    "stacktrace": {
+                        "frames": [
+                            _frame("smtplib", False, {"password": "'Sm7p-Pa55word'", "msg": "'x'"}),
+                            _frame(
+                                "actors.emails",
+                                True,
+                                {
+                                    "url": [repr(part) for part in smtp],  # how the SDK serialises it
+                                    "subject": "'Welcome, Ana Lucia'",
+                                    "to": "'ana.lopez@example.com'",
+                                    "attempt": 2,
+                                    "template": "'welcome'",
+                                },
+                            ),
+                        ]
+                    },
+                }
+            ]
+        },
+        "threads": {"values": [{"stacktrace": {"frames": [_frame("pika.channel", False, {"b": "x"})]}}]},
+    }
+    out = scrub_event(Scrubber(), event)
+    text = json.dumps(out)
+    assert "Sm7p-Pa55word" not in text and "Ana Lucia" not in text and leaks(text) == []
+    library, own = out["exception"]["values"][0]["stacktrace"]["frames"]
+    assert "vars" not in library and "vars" not in out["threads"]["values"][0]["stacktrace"]["frames"][0]
+    assert own["vars"]["url"][1] == "'mailer:[password]@smtp.example.com:587'"
+    assert own["vars"]["subject"] == "[text, 20 chars]"
+    assert (own["vars"]["to"], own["vars"]["attempt"], own["vars"]["template"]) == (
+        "'[email]'",
+        2,
+        "'welcome'",
+    )
+
+
+def test_event_is_tagged_with_the_job():
+    out = scrub_event(Scrubber(), _event())
+    assert out["tags"] == {"region": "eu", "actor": "bill", "queue": "emails", "message_id": "m-1"}
+
+
+def test_an_event_that_cannot_be_scrubbed_is_dropped_not_sent():
+    assert scrub_event(Scrubber(), {"contexts": "not a mapping", "message": free_text()}) is None

@@ -1,0 +1,87 @@
+"""Settings: validated once, errors name the variable and never echo a password."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobsystem.settings import SettingsError, load_settings, redact_url
+
+
+def test_defaults_are_valid():
+    settings = load_settings({})
+    assert settings.rabbitmq_url == "amqp://guest:guest@127.0.0.1:5672/%2F"
+    assert settings.rabbitmq_vhost == "/"
+    assert settings.management_url == "http://guest:guest@127.0.0.1:15672"
+    assert settings.job_max_backoff_ms < settings.rabbitmq_consumer_timeout_ms
+
+
+def test_management_credentials_come_from_the_amqp_url_unless_given():
+    settings = load_settings({"RABBITMQ_URL": "amqp://app:s%40cret@mq:5672/prod"})
+    assert settings.management_url == "http://app:s%40cret@127.0.0.1:15672"
+    assert settings.rabbitmq_vhost == "prod"
+    own = load_settings({"RABBITMQ_MANAGEMENT_URL": "https://ops:pw@mq:15671/"})
+    assert own.management_url == "https://ops:pw@mq:15671"
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({"RABBITMQ_URL": "http://user:hunter2@mq/"}, "RABBITMQ_URL"),
+        ({"RABBITMQ_URL": "amqp://user:hunter2@mq:notaport/"}, "RABBITMQ_URL"),
+        ({"STATE_URL": "postgres://user:hunter2@db/x"}, "STATE_URL"),
+        ({"SMTP_URL": "smtp://user:hunter2@"}, "SMTP_URL"),
+        ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
+        ({"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
+        ({"WORKER_THREADS": "0"}, "WORKER_THREADS"),
+        ({"JOB_MAX_RETRIES": "many"}, "JOB_MAX_RETRIES"),
+        ({"JOB_MAX_BACKOFF_MS": "3600000"}, "RABBITMQ_CONSUMER_TIMEOUT_MS"),
+        ({"JOB_MIN_BACKOFF_MS": "900000", "JOB_MAX_BACKOFF_MS": "1000"}, "JOB_MIN_BACKOFF_MS"),
+        ({"SENTRY_DSN": "not a dsn hunter2"}, "SENTRY_DSN"),
+        ({"QUEUE_PREFIX": "a b"}, "QUEUE_PREFIX"),
+        ({"PII_HASH_KEY": "hunter2"}, "PII_HASH_KEY"),
+        ({"PII_EXTRA_KEYS": "loyalty_id, hunter2 pw"}, "PII_EXTRA_KEYS"),
+    ],
+)
+def test_bad_value_names_the_variable_without_its_value(environ, variable):
+    with pytest.raises(SettingsError) as caught:
+        load_settings(environ)
+    assert variable in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"WORKER_THREADS": "-1", "LOG_LEVEL": "LOUD"})
+    assert "WORKER_THREADS" in str(caught.value) and "LOG_LEVEL" in str(caught.value)
+
+
+def test_pii_settings_are_parsed_and_the_hash_key_is_never_shown():
+    settings = load_settings(
+        {"PII_HASH_KEY": "hunter2-hunter2-hunter2", "PII_EXTRA_KEYS": " loyalty_id,Customer-Ref ,"}
+    )
+    assert settings.pii_extra_keys == ("loyalty_id", "Customer-Ref")
+    assert "hunter2" not in repr(settings)
+    assert (
+        settings.pii_hash_key is not None
+        and settings.pii_hash_key.get_secret_value() == "hunter2-hunter2-hunter2"
+    )
+
+
+def test_empty_variable_counts_as_unset():
+    assert load_settings({"SENTRY_DSN": "", "JOB_MAX_AGE_MS": ""}).sentry_dsn is None
+
+
+def test_redact_url_hides_only_the_password():
+    assert redact_url("amqp://app:hunter2@mq:5672/v") == "amqp://app:***@mq:5672/v"
+    assert redact_url("amqp://mq/v") == "amqp://mq/v"
+
+
+def test_cluster_urls_each_get_timeouts():
+    from jobsystem.rabbitmq.broker import connection_urls
+
+    settings = load_settings({"RABBITMQ_URL": "amqp://u:p@a:5672/%2F;amqp://u:p@b:5672/%2F?heartbeat=5"})
+    urls = connection_urls(settings)
+    assert len(urls) == 2
+    assert "heartbeat=60" in urls[0] and "blocked_connection_timeout=300" in urls[0]
+    assert "heartbeat=5" in urls[1] and "heartbeat=60" not in urls[1]
+    assert redact_url(settings.rabbitmq_url) == "amqp://u:***@a:5672/%2F;amqp://u:***@b:5672/%2F?heartbeat=5"

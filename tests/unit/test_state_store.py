@@ -1,0 +1,126 @@
+"""One contract, run unchanged against both state store backends (real Redis, a real SQLite file)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from jobsystem.store import open_store
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.idempotency import idempotency_backend
+from jobsystem.store.redis import RedisStore
+from jobsystem.store.sqlite import SqliteStore
+
+
+def test_open_store_picks_the_backend(tmp_path):
+    assert isinstance(open_store("redis://127.0.0.1:6379/15"), RedisStore)
+    assert isinstance(open_store(f"sqlite:///{tmp_path}/x.db"), SqliteStore)
+    with pytest.raises(ValueError):
+        open_store("postgres://db/x")
+
+
+def test_values_expire(store: StateStore):
+    store.set("a", "1")
+    store.set("b", b"2", ttl_ms=150)
+    assert store.get("a") == b"1" and store.get("b") == b"2"
+    time.sleep(0.3)
+    assert store.get("b") is None and store.get("a") == b"1"
+    store.delete("a", "missing")
+    assert store.get("a") is None
+
+
+def test_clock_is_milliseconds_near_now(store: StateStore):
+    assert abs(store.now_ms() - time.time() * 1000) < 5_000
+
+
+def test_lease_is_exclusive_renewable_and_expires(store: StateStore):
+    assert store.acquire_lease("leader", "a", 300)
+    assert not store.acquire_lease("leader", "b", 300)
+    assert store.acquire_lease("leader", "a", 300)  # renewal by the holder
+    assert store.lease_holder("leader") == "a"
+    assert not store.release_lease("leader", "b")
+    time.sleep(0.45)
+    assert store.lease_holder("leader") is None
+    assert store.acquire_lease("leader", "b", 300)
+    assert store.release_lease("leader", "b")
+    assert store.acquire_lease("leader", "a", 300)
+
+
+def test_batch_applies_writes_together(store: StateStore):
+    with store.batch() as view:
+        for i in range(50):
+            view.set(f"k{i}", str(i), ttl_ms=60_000)
+    assert [store.get(f"k{i}") for i in (0, 49)] == [b"0", b"49"]
+
+
+# -- idempotency keys ----------------------------------------------------------------------------
+
+
+def test_register_reports_the_first_message(store: StateStore):
+    keys = idempotency_backend(store)
+    assert keys.register("send:k", "m1", 60_000) is None
+    assert keys.register("send:k", "m2", 60_000) == "m1"
+    assert keys.register_many([("send:k", "m3", 60_000), ("send:j", "m4", 60_000)]) == ["m1", None]
+
+
+def test_claim_lifecycle(store: StateStore):
+    keys = idempotency_backend(store)
+    first = keys.claim("a:k", "m1", "owner-1", 10_000, 60_000)
+    assert first.status == "claimed" and first.message_id == "m1"
+    held = keys.claim("a:k", "m1", "owner-2", 10_000, 60_000)
+    assert held.status == "held" and 0 < held.wait_ms <= 10_000
+    keys.release_many([("a:k", "owner-1")])
+    assert keys.claim("a:k", "m1", "owner-2", 10_000, 60_000).status == "claimed"
+    keys.complete_many([("a:k", '{"total": 3}', 60_000)])
+    done = keys.claim("a:k", "m9", "owner-3", 10_000, 60_000)
+    assert done.status == "completed" and done.result == '{"total": 3}' and done.message_id == "m1"
+    record = keys.lookup("a:k")
+    assert record is not None and record.state == "done" and record.result == '{"total": 3}'
+    assert keys.lookup("a:unknown") is None
+
+
+def test_a_lapsed_lease_can_be_taken_over_and_renewal_keeps_it(store: StateStore):
+    keys = idempotency_backend(store)
+    assert keys.claim("a:lapse", "m", "dead", 200, 60_000).status == "claimed"
+    assert keys.claim("a:keep", "m", "alive", 200, 60_000).status == "claimed"
+    for _ in range(4):
+        time.sleep(0.1)
+        keys.renew([("a:keep", "alive")], 200)
+    assert keys.claim("a:lapse", "m", "next", 200, 60_000).status == "claimed"
+    assert keys.claim("a:keep", "m", "next", 200, 60_000).status == "held"
+
+
+def test_completed_keys_expire_after_their_ttl(store: StateStore):
+    keys = idempotency_backend(store)
+    keys.claim("a:ttl", "m", "o", 1_000, 60_000)
+    keys.complete_many([("a:ttl", None, 200), ("a:other", "1", 60_000)])
+    assert keys.claim("a:ttl", "m", "p", 1_000, 60_000).status == "completed"
+    time.sleep(0.35)
+    assert keys.claim("a:ttl", "m2", "p", 1_000, 60_000).status == "claimed"
+
+
+def test_one_claim_wins_among_racing_threads(store: StateStore):
+    keys = idempotency_backend(store)
+    results: list[str] = []
+    barrier = threading.Barrier(16)
+
+    def race(i: int) -> None:
+        barrier.wait()
+        results.append(keys.claim("a:race", "m", f"owner-{i}", 10_000, 60_000).status)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["claimed"] + ["held"] * 15
+
+
+def test_an_unreachable_redis_is_store_unavailable():
+    store = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.5)
+    with pytest.raises(StoreUnavailable):
+        store.ping()
+    with pytest.raises(StoreUnavailable):
+        idempotency_backend(store).claim("a:k", "m", "o", 1_000, 1_000)
