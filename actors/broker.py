@@ -18,6 +18,7 @@ from dramatiq.middleware import Middleware
 
 from actors.consumer import DeadLetteringConsumer
 from actors.settings import Settings
+from middleware.dead_letter_index import DeadLetterEntry, DeadLetterIndex
 from middleware.dead_letters import DeadLetters
 from middleware.follow_ups import RefusedFollowUps
 from middleware.idempotency import DuplicateMessage, as_duplicate
@@ -58,6 +59,9 @@ class ProjectBroker(RabbitmqBroker):
       (``actors.consumer``). Follow-ups RabbitMQ refuses are counted in ``refused_follow_ups``.
     - A send dropped as a duplicate by the idempotency middleware returns the message carrying the
       first message's id and ``duplicate=True``, as BullMQ answers a known ``jobId``.
+    - Each dead letter RabbitMQ confirmed is indexed in the state store (``dead_letter_index``,
+      written in the background), so the dashboard pages through dead letters without reading
+      the queues.
     """
 
     def __init__(
@@ -76,6 +80,11 @@ class ProjectBroker(RabbitmqBroker):
         found = [m for m in self.middleware if isinstance(m, DeadLetters)]
         self.dead_letters = found[0] if found else DeadLetters()
         self.refused_follow_ups = RefusedFollowUps(store=state)
+        self.dead_letter_index = (
+            DeadLetterIndex(state, ttl_ms=dead_letter_ttl_ms, max_length=dead_letter_max_length)
+            if state is not None
+            else None
+        )
 
     @property
     def consumer_class(self) -> type[_RabbitmqConsumer]:
@@ -161,11 +170,27 @@ class ProjectBroker(RabbitmqBroker):
                     properties=amqp,
                     mandatory=True,
                 )
+                self._index_dead_letter(q_name(queue_name), message_id, headers)
                 return
             except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
                 del self.connection
                 if attempt == DEAD_LETTER_PUBLISH_ATTEMPTS:
                     raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+
+    def _index_dead_letter(self, queue: str, message_id: str, headers: dict[str, Any]) -> None:
+        """Index a confirmed dead letter; never raises (the dead letter is safe: an index that
+        misses it is re-indexed from the queue, a raise here would publish it again)."""
+        if self.dead_letter_index is None:
+            return
+        try:
+            self.dead_letter_index.record(DeadLetterEntry.from_headers(queue, message_id, headers))
+        except Exception:
+            logger.exception("dead_letter_index_failed", extra={"message_id": message_id})
+
+    def close(self) -> None:
+        if self.dead_letter_index is not None:
+            self.dead_letter_index.flush(5.0)  # what the worker indexed last, before it exits
+        super().close()
 
 
 def connection_urls(settings: Settings) -> list[str]:

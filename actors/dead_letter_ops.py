@@ -12,6 +12,10 @@ the dead letter in place: replaying it again duplicates at worst, and the idempo
 the duplicate harmless. Bodies that are not well-formed messages (reason ``malformed``, or
 ``undecodable`` from before the consumer checked shapes) are not replayed: they would only be
 dead-lettered again. Their sender needs fixing; ``export`` keeps them for that.
+
+Whatever an operation removes from a queue it also removes from the dead-letter index in the
+state store (``middleware.dead_letter_index``), which the dashboard lists; :func:`reindex` builds
+a queue's index again from the queue itself.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,7 +41,11 @@ from actors.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from actors.bulk import BulkSendError, send_bulk
 from actors.settings import Settings
 from middleware import dead_letters as record
+from middleware.dead_letter_index import DeadLetterEntry
 from middleware.message_shape import decode
+from middleware.state import StoreUnavailable
+
+logger = logging.getLogger(__name__)
 
 #: Options a replayed message starts without: it gets a fresh set of attempts.
 RESET_OPTIONS = ("retries", record.ATTEMPTS, "traceback", "eta", "requeue_timestamp")
@@ -162,6 +171,25 @@ class DeadLetter:
             data["body_base64"] = base64.b64encode(self.body).decode()
         return data
 
+    def index_entry(self) -> DeadLetterEntry:
+        """The dead letter as the index keeps it."""
+
+        def millis(moment: datetime | None) -> int | None:
+            return int(moment.timestamp() * 1000) if moment is not None else None
+
+        return DeadLetterEntry(
+            queue=self.queue,
+            message_id=self.message_id,
+            actor=self.actor,
+            reason=self.reason,
+            exception=self.exception,
+            error=self.error[:1_000],
+            traceback=self.traceback[-4_000:],
+            attempts=self.attempts,
+            enqueued_at=millis(self.enqueued_at),
+            failed_at=millis(self.failed_at) or 0,
+        )
+
     def replay_message(self) -> Message[Any]:
         """The message to publish again: original queue, attempts reset, same id and key, and
         one more replay counted (its status then moves on from ``dead``)."""
@@ -272,7 +300,7 @@ def replay(
     outcome = Outcome()
     with Reader(broker) as reader:
         for dead_letter_queue in queues:
-            batch: list[tuple[Message[Any], int]] = []
+            batch: list[tuple[Message[Any], int, DeadLetter]] = []
             for dead, tag in reader.stream(dead_letter_queue):
                 progress(1)
                 if not filters.match(dead):
@@ -281,7 +309,7 @@ def replay(
                 if dead.reason in NOT_REPLAYABLE:
                     outcome.skipped += 1
                     continue
-                batch.append((dead.replay_message(), tag))
+                batch.append((dead.replay_message(), tag, dead))
                 if len(batch) >= batch_size:
                     _publish_then_ack(broker, reader, batch, outcome)
                     batch = []
@@ -294,21 +322,39 @@ def replay(
 
 
 def _publish_then_ack(
-    broker: ProjectBroker, reader: Reader, batch: list[tuple[Message[Any], int]], outcome: Outcome
+    broker: ProjectBroker,
+    reader: Reader,
+    batch: list[tuple[Message[Any], int, DeadLetter]],
+    outcome: Outcome,
 ) -> None:
     if not batch:
         return
     try:
-        send_bulk([m for m, _ in batch], broker=broker)
-        confirmed = {m.message_id for m, _ in batch}
+        send_bulk([m for m, _, _ in batch], broker=broker)
+        confirmed = {m.message_id for m, _, _ in batch}
     except BulkSendError as error:
         confirmed = {m.message_id for m in error.confirmed}
         outcome.failed += len(error.failed)
         outcome.notes.append(str(error))
-    for message, tag in batch:
+    removed = []
+    for message, tag, dead in batch:
         if message.message_id in confirmed:
             reader.ack(tag)
+            removed.append(dead)
             outcome.done += 1
+    forget(broker, removed)
+
+
+def forget(broker: ProjectBroker, removed: list[DeadLetter]) -> None:
+    """Take dead letters removed from their queue out of the index; a store that does not answer
+    leaves them listed (the dashboard shows the index and RabbitMQ disagree, a re-index fixes it)."""
+    index = broker.dead_letter_index
+    if index is None or not removed:
+        return
+    try:
+        index.backend.remove([(dead.queue, dead.message_id) for dead in removed])
+    except StoreUnavailable as exc:
+        logger.warning("dead_letter_index_stale", extra={"removed": len(removed), "error": str(exc)})
 
 
 def purge(
@@ -316,15 +362,34 @@ def purge(
 ) -> Outcome:
     """Remove the matching dead letters for good."""
     outcome = Outcome()
+    removed: list[DeadLetter] = []
     with Reader(broker) as reader:
         for dead_letter_queue in queues:
             for dead, tag in reader.stream(dead_letter_queue):
                 progress(1)
                 if filters.match(dead):
                     reader.ack(tag)
+                    removed.append(dead)
                     outcome.matched += 1
                     outcome.done += 1
+                if len(removed) >= 500:
+                    forget(broker, removed)
+                    removed = []
+    forget(broker, removed)
     return outcome
+
+
+def reindex(broker: ProjectBroker, dead_letter_queue: str) -> int:
+    """Rebuild the index of one dead-letter queue from the queue itself (a full read, nothing
+    removed); returns how many it holds. Dead letters that arrive during the read may be left
+    out: run it again if the counts still disagree."""
+    index = broker.dead_letter_index
+    if index is None:
+        return 0
+    with Reader(broker) as reader:
+        entries = [dead.index_entry() for dead, _ in reader.stream(dead_letter_queue)]
+    index.replace(dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX), entries)
+    return len(entries)
 
 
 def read(broker: ProjectBroker, queues: list[str], filters: Filters) -> Iterator[DeadLetter]:

@@ -18,6 +18,7 @@ from actors.privacy import get_key_hasher, get_scrubber
 from actors.settings import Settings, SettingsError
 from actors.startup import configuration_checked
 from middleware.dead_letters import DeadLetters, SafeRetries
+from middleware.heartbeat import Heartbeat
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
 from middleware.metrics import Metrics
@@ -39,6 +40,8 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     - ThreadWatchdog next: a worker or consumer thread that dies anyway (the consumer dead-letters
       malformed messages before any hook sees them) is replaced and logged; it stops watching as
       soon as shutdown begins, before Dramatiq stops the threads itself.
+    - Heartbeat: each worker process writes its record (queues, threads, busy, jobs done) to the
+      state store every few seconds for the dashboard; it also declares ``dashboard_args``.
     - JobLifecycle next: its ``before_process_message`` binds the job context before any other
       middleware logs, and its ``after_*`` hooks run last, once Retries has chosen between a retry
       and the dead letters; it also declares ``log_args``.
@@ -78,6 +81,7 @@ def build_middleware(settings: Settings, store: StateStore) -> list[Middleware]:
     stack: list[Middleware] = [
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
+        Heartbeat(store),
         JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),

@@ -8,18 +8,24 @@ after the job succeeded cannot turn ``succeeded`` into ``skipped``.
 
 Many updates go to the store at once: one Lua script call on Redis, one transaction on SQLite.
 Each accepted change of state also counts one in the queue's counters (``succeeded``, ``dead``...),
-which outlive the records' TTL and give the totals that ``jobctl health`` prints.
+which outlive the records' TTL and give the totals that ``jobctl health`` prints; one in the
+queue's per-minute counts and is appended to the record's timeline (:mod:`middleware.status_history`),
+and files the record in the job index (:mod:`middleware.job_index`), all in the same call.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from middleware import job_index, status_history
+from middleware.job_index import JobFilter
+from middleware.sorted_index import Cursor, Walk
 from middleware.state import RedisStore, SqliteStore, StateStore, sqlite_error
 
 #: The states a job goes through, and the rank of each within one attempt.
@@ -65,7 +71,15 @@ class StatusUpdate:
         return "state" not in self.fields and not self.once and not self.delete
 
     def encode(self) -> str:
-        return json.dumps({"o": self.order, "f": dict(self.fields), "n": dict(self.once), "d": self.delete})
+        return json.dumps(
+            {
+                "m": self.message_id,
+                "o": self.order,
+                "f": dict(self.fields),
+                "n": dict(self.once),
+                "d": self.delete,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,10 @@ class JobStatus:
     note: str | None = None
     error_type: str | None = None
     error: str | None = None
+    traceback: str | None = None
     result: Any = None
+    timeline: list[list[Any]] = field(default_factory=list)
+    args: Any = None
 
     @property
     def finished(self) -> bool:
@@ -109,6 +126,8 @@ class JobStatus:
 
         progress = fields.get("progress")
         result = fields.get("result")
+        timeline = fields.get("timeline")
+        args = fields.get("args")
         return cls(
             message_id=message_id,
             state=fields.get("state", "queued"),
@@ -124,7 +143,10 @@ class JobStatus:
             note=fields.get("note") or None,
             error_type=fields.get("error_type") or None,
             error=fields.get("error") or None,
+            traceback=fields.get("traceback") or None,
             result=json.loads(result) if result else None,
+            timeline=json.loads(timeline) if timeline else [],
+            args=_json_or_text(args) if args else None,
         )
 
 
@@ -143,12 +165,42 @@ class StatusBackend(ABC):
     def counts(self, queues: list[str]) -> dict[str, dict[str, int]]:
         """For each queue, how many jobs entered each state since the counters began."""
 
+    @abstractmethod
+    def get_many(self, message_ids: list[str]) -> dict[str, JobStatus]:
+        """The records of ``message_ids`` that exist, in one round trip."""
 
-_APPLY = """
-local ttl = tonumber(ARGV[1])
-for i = 2, #ARGV do
+    @abstractmethod
+    def walk(self, job_filter: JobFilter, cursor: Cursor | None, limit: int) -> Walk:
+        """A page of message ids from the job index, newest sent first."""
+
+    @abstractmethod
+    def total(self, job_filter: JobFilter) -> tuple[int, bool]:
+        """How many indexed jobs match, and whether that count is exact."""
+
+    @abstractmethod
+    def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
+        """Per queue, per minute (ms of its start) since ``since_ms``: jobs entering each state."""
+
+    def page(
+        self, job_filter: JobFilter, cursor: Cursor | None = None, limit: int = 50
+    ) -> tuple[list[JobStatus], Cursor | None]:
+        """The records of one page of the job index (expired ones left out), and the next cursor."""
+        walk = self.walk(job_filter, cursor, limit)
+        found = self.get_many([message_id for message_id, _ in walk.entries])
+        return [found[m] for m, _ in walk.entries if m in found], walk.next
+
+
+_APPLY = (
+    """
+local TTL, NOW, NS = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local TOUCHED = {}
+"""
+    + job_index.INDEX_LUA
+    + status_history.HISTORY_LUA
+    + """
+for i = 4, #ARGV do
   local u = cjson.decode(ARGV[i])
-  local key, counts = KEYS[2 * i - 3], KEYS[2 * i - 2]
+  local key, counts = KEYS[2 * i - 7], KEYS[2 * i - 6]
   local current = tonumber(redis.call('HGET', key, 'ord') or '-1')
   if u.o >= current then
     local previous = redis.call('HGET', key, 'state')
@@ -160,12 +212,21 @@ for i = 2, #ARGV do
     redis.call('HSET', key, unpack(args))
     for name, value in pairs(u.n) do redis.call('HSETNX', key, name, value) end
     if #u.d > 0 then redis.call('HDEL', key, unpack(u.d)) end
-    redis.call('PEXPIRE', key, ttl)
-    if u.f.state and u.f.state ~= previous then redis.call('HINCRBY', counts, u.f.state, 1) end
+    redis.call('PEXPIRE', key, TTL)
+    local state = u.f.state
+    if state and state ~= previous then
+      redis.call('HINCRBY', counts, state, 1)
+      local at = tonumber(u.f.updated_at) or NOW
+      timeline(key, state, at, math.floor((u.o % REPLAY_STRIDE) / 10))
+      count_minute(redis.call('HGET', key, 'queue') or '', state, at)
+      index(key, u.m, state)
+    end
   end
 end
+trim_index(TTL)
 return 0
-"""
+""".replace("REPLAY_STRIDE", str(REPLAY_STRIDE))
+)
 
 
 class RedisStatus(StatusBackend):
@@ -186,8 +247,9 @@ class RedisStatus(StatusBackend):
         if not updates:
             return
         keys = [k for u in updates for k in (self._key(u.message_id), self._counts_key(u.queue))]
+        args = [ttl_ms, int(time.time() * 1000), self.store.namespace, *(u.encode() for u in updates)]
         with self.store.errors():
-            self._apply(keys=keys, args=[ttl_ms, *(u.encode() for u in updates)])
+            self._apply(keys=keys, args=args)
 
     def get(self, message_id: str) -> JobStatus | None:
         with self.store.errors():
@@ -203,6 +265,27 @@ class RedisStatus(StatusBackend):
                 pipe.hgetall(self._counts_key(queue))
             replies = pipe.execute()
         return {q: {_text(k): int(v) for k, v in r.items()} for q, r in zip(queues, replies, strict=True)}
+
+    def get_many(self, message_ids: list[str]) -> dict[str, JobStatus]:
+        with self.store.errors():
+            pipe = self.store.client.pipeline(transaction=False)
+            for message_id in message_ids:
+                pipe.hgetall(self._key(message_id))
+            replies = pipe.execute()
+        return {
+            m: JobStatus.from_fields(m, {_text(k): _text(v) for k, v in raw.items()})
+            for m, raw in zip(message_ids, replies, strict=True)
+            if raw
+        }
+
+    def walk(self, job_filter: JobFilter, cursor: Cursor | None, limit: int) -> Walk:
+        return job_index.redis_page(self.store, job_filter, cursor, limit)
+
+    def total(self, job_filter: JobFilter) -> tuple[int, bool]:
+        return job_index.redis_total(self.store, job_filter)
+
+    def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
+        return status_history.redis_minutes(self.store, queues, since_ms)
 
 
 _SCHEMA = """
@@ -228,6 +311,9 @@ class SqliteStatus(StatusBackend):
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
         store.ensure_schema(_SCHEMA)
+        store.ensure_schema(job_index.SQLITE_SCHEMA)
+        store.ensure_schema(status_history.SQLITE_SCHEMA)
+        self._swept_minute = 0
 
     def apply(self, updates: list[StatusUpdate], ttl_ms: int) -> None:
         if not updates:
@@ -238,6 +324,10 @@ class SqliteStatus(StatusBackend):
                 self._apply_one(conn, update, now + ttl_ms, now)
             # Reads skip expired rows already; this reclaims their space, using the index.
             conn.execute("DELETE FROM job_status WHERE expires_at <= ?", (now,))
+            conn.execute("DELETE FROM job_index WHERE expires_at <= ?", (now,))
+            if now // 60_000 != self._swept_minute:  # once a minute is plenty
+                self._swept_minute = now // 60_000
+                status_history.sqlite_sweep_minutes(conn, now)
 
     def _apply_one(self, conn: sqlite3.Connection, update: StatusUpdate, expires_at: int, now: int) -> None:
         key = self.store.key(update.message_id)
@@ -253,19 +343,33 @@ class SqliteStatus(StatusBackend):
             fields.setdefault(name, value)
         for name in update.delete:
             fields.pop(name, None)
+        state = update.fields.get("state")
+        changed = bool(state) and state != previous
+        at = int(fields.get("updated_at") or now)
+        if changed:
+            status_history.append_timeline(fields, str(state), at, update.order % REPLAY_STRIDE // 10)
         conn.execute(
             "INSERT INTO job_status (key, ord, fields, expires_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(key) DO UPDATE SET ord = excluded.ord, fields = excluded.fields, "
             "expires_at = excluded.expires_at",
             (key, update.order, json.dumps(fields), expires_at),
         )
-        state = update.fields.get("state")
-        if state and state != previous:
-            conn.execute(
-                "INSERT INTO job_status_counts (queue, state, count) VALUES (?, ?, 1) "
-                "ON CONFLICT(queue, state) DO UPDATE SET count = count + 1",
-                (self.store.key(update.queue), state),
-            )
+        if changed:
+            self._count_change(conn, update, fields, at)
+            job_index.sqlite_file(conn, self.store, update.message_id, fields, expires_at)
+
+    def _count_change(
+        self, conn: sqlite3.Connection, update: StatusUpdate, fields: dict[str, Any], at: int
+    ) -> None:
+        state = fields["state"]
+        conn.execute(
+            "INSERT INTO job_status_counts (queue, state, count) VALUES (?, ?, 1) "
+            "ON CONFLICT(queue, state) DO UPDATE SET count = count + 1",
+            (self.store.key(update.queue), state),
+        )
+        status_history.sqlite_count_minute(
+            conn, self.store.key(fields.get("queue") or update.queue), state, at
+        )
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """A read outside any transaction (WAL readers do not wait for writers)."""
@@ -291,6 +395,37 @@ class SqliteStatus(StatusBackend):
             }
             for queue in queues
         }
+
+    def get_many(self, message_ids: list[str]) -> dict[str, JobStatus]:
+        if not message_ids:
+            return {}
+        marks = ",".join("?" * len(message_ids))
+        rows = self._read(
+            f"SELECT key, fields FROM job_status WHERE key IN ({marks}) AND expires_at > ?",
+            (*(self.store.key(m) for m in message_ids), self.store.now_ms()),
+        )
+        size = len(self.store.namespace)
+        return {str(k)[size:]: JobStatus.from_fields(str(k)[size:], json.loads(f)) for k, f in rows}
+
+    def walk(self, job_filter: JobFilter, cursor: Cursor | None, limit: int) -> Walk:
+        return job_index.sqlite_page(self.store, job_filter, cursor, limit)
+
+    def total(self, job_filter: JobFilter) -> tuple[int, bool]:
+        return job_index.sqlite_total(self.store, job_filter)
+
+    def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
+        try:
+            conn = self.store.connection()
+            return status_history.sqlite_minutes(conn, {q: self.store.key(q) for q in queues}, since_ms)
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def _text(value: bytes | str) -> str:
