@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install demo run scheduler test lint format bench services up down
+.PHONY: help install demo run scheduler dashboard test lint format bench services up down
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -22,13 +22,16 @@ run:  ## Run the worker (dramatiq actors) against the configured broker
 scheduler:  ## Run the scheduler process
 	$(BIN)/python -m scheduler
 
+dashboard:  ## Serve the operators' dashboard on http://127.0.0.1:8181 (needs DASHBOARD_ADMIN_PASSWORD)
+	$(BIN)/jobctl dashboard
+
 test:  ## Run the test suite against the local RabbitMQ and Redis
 	$(BIN)/pytest
 
 lint:  ## ruff check, ruff format --check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy actors middleware scheduler jobctl demo
+	$(BIN)/mypy actors middleware scheduler jobctl demo dashboard
 
 format:  ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

@@ -167,6 +167,29 @@ def worker(dramatiq_args: tuple[str, ...]) -> None:
     os.execv(executable, argv)
 
 
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.argument("modules", nargs=-1)
+@click.option("--host", help="Address to listen on (default: DASHBOARD_HOST, 127.0.0.1).")
+@click.option("--port", type=click.IntRange(1, 65_535), help="Port (default: DASHBOARD_PORT, 8181).")
+def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> None:
+    """Serve the operators' web dashboard (log in as admin or viewer).
+
+    MODULES: the application's modules that declare more actors, as for `jobctl worker`
+    (their schedules and idempotency keys are then known). Needs DASHBOARD_ADMIN_PASSWORD.
+    """
+    actors = load_actors()
+    import_modules("jobctl", modules)
+    settings = actors.settings
+    if settings.dashboard_admin_password is None:
+        fail("jobctl: invalid setting DASHBOARD_ADMIN_PASSWORD: required to start the dashboard")
+    from dashboard.project import Project
+    from dashboard.server import serve
+
+    host, port = host or settings.dashboard_host, port or settings.dashboard_port
+    click.echo(f"dashboard on http://{host}:{port}/ (Ctrl-C stops it)", err=True)
+    serve(Project.from_actors(actors), host, port)
+
+
 def _when(ms: int | None, now_ms: int) -> str:
     if ms is None:
         return "-"
