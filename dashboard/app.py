@@ -148,6 +148,8 @@ class Dashboard:
             data = {"error": str(exc)}
         error = data.get("error") if data.get("status") != "unreachable" else None
         status = (503 if "unreachable" in str(error) else 400) if error else 200
+        if data.pop("not_found", False):
+            status = 404
         if request.url.path.startswith("/api/"):
             return JSONResponse(data, status_code=status)
         user: User = request.state.user
@@ -160,7 +162,7 @@ class Dashboard:
             fragment=request.query_params.get("fragment") == "1",
             query=dict(request.query_params),
         )
-        return HTMLResponse(html, status_code=status if status != 400 else 200)
+        return HTMLResponse(html, status_code=200 if status == 400 else status)
 
     def overview(self, request: Request) -> Response:
         return self._respond(request, "overview.html", lambda: overview(self.project, self.sampler))
@@ -191,12 +193,11 @@ class Dashboard:
 
         def build() -> dict[str, Any]:
             found = jobs.job_detail(self.project, message_id, _text(request, "queue"))
-            return found if found is not None else {"error": f"no job {message_id} (unknown or expired)"}
+            if found is None:
+                return {"error": f"no job {message_id} (unknown or expired)", "not_found": True}
+            return found
 
-        response = self._respond(request, "job.html", build)
-        if b"no job " in response.body and response.status_code == 200:
-            response.status_code = 404
-        return response
+        return self._respond(request, "job.html", build)
 
     def dead_letters(self, request: Request) -> Response:
         return self._respond(

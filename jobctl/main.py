@@ -18,6 +18,7 @@ import requests
 
 from jobctl.dlq import dlq
 from jobctl.project import (
+    EXIT_CONFIG,
     EXIT_DEGRADED,
     EXIT_OK,
     EXIT_UNREACHABLE,
@@ -178,10 +179,17 @@ def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> N
     (their schedules and idempotency keys are then known). Needs DASHBOARD_ADMIN_PASSWORD.
     """
     actors = load_actors()
+    sys.path.insert(0, os.getcwd())  # modules are found from here, as `dramatiq` finds them
     import_modules("jobctl", modules)
     settings = actors.settings
     if settings.dashboard_admin_password is None:
-        fail("jobctl: invalid setting DASHBOARD_ADMIN_PASSWORD: required to start the dashboard")
+        # Fixed text, no data: straight to the terminal (the scrubbing stream would read
+        # "PASSWORD: required" as a password and hide the word).
+        click.echo(
+            "jobctl: invalid setting DASHBOARD_ADMIN_PASSWORD: required to start the dashboard",
+            file=sys.__stderr__,
+        )
+        sys.exit(EXIT_CONFIG)
     from dashboard.project import Project
     from dashboard.server import serve
 

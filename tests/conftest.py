@@ -16,7 +16,7 @@ TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 # Redis database, each test in a namespace of its own (the QUEUE_PREFIX of its queues).
 os.environ["STATE_URL"] = TEST_REDIS_URL
 
-from tests.support import Queues, Worker, sender_broker  # noqa: E402
+from tests.support import Dashboard, Queues, Worker, sender_broker  # noqa: E402
 
 #: Workers' RATE_LIMITS unless a test sets its own: the email tests send dozens of mails at once.
 TEST_RATE_LIMITS = json.dumps({"smtp": {"rate": 1000, "burst": 1000}})
@@ -93,3 +93,28 @@ def start_worker(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callab
         if worker.proc.poll() is None:
             worker.kill()
             worker.proc.wait(10)
+
+
+#: The dashboard's passwords in the tests (never printed by it: tests/test_dashboard_http.py).
+DASHBOARD_ADMIN = "admin-Pa55word-for-tests"
+DASHBOARD_VIEWER = "viewer-Pa55word-for-tests"
+
+
+@pytest.fixture
+def start_dashboard(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callable[..., Dashboard]]:
+    """Start ``jobctl dashboard tests.workload`` on a free port for the test's queues."""
+    started: list[Dashboard] = []
+
+    def start(**env: str) -> Dashboard:
+        log = tmp_path / f"dashboard-{len(started)}.log"
+        environment = worker_env(prefix, tmp_path, **env)
+        environment.setdefault("DASHBOARD_ADMIN_PASSWORD", DASHBOARD_ADMIN)
+        environment.setdefault("DASHBOARD_VIEWER_PASSWORD", DASHBOARD_VIEWER)
+        dashboard = Dashboard(log, environment)
+        started.append(dashboard)
+        dashboard.wait_ready()
+        return dashboard
+
+    yield start
+    for dashboard in started:
+        dashboard.stop()

@@ -102,6 +102,60 @@ class Worker:
             os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
 
 
+class Dashboard:
+    """``jobctl dashboard tests.workload`` in a subprocess on a free port, output captured."""
+
+    def __init__(self, log_path: Path, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [str(BIN / "jobctl"), "dashboard", "tests.workload", "--port", str(self.port)],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        def answering() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dashboard exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                return requests.get(self.url + "/", timeout=2).status_code == 401
+            except requests.ConnectionError:
+                return False
+
+        wait_for(answering, timeout, interval=0.2, what="the dashboard to answer")
+
+    def get(self, path: str, auth: tuple[str, str] | None, **kwargs: Any) -> requests.Response:
+        return requests.get(self.url + path, auth=auth, timeout=60, **kwargs)
+
+    def post(
+        self, path: str, auth: tuple[str, str], body: Any, *, token: str | None = None
+    ) -> requests.Response:
+        """A POST as the dashboard's own page sends it (JSON, same origin, the CSRF token)."""
+        if token is None:
+            token = self.get("/api/csrf", auth).json()["token"]
+        headers = {"Origin": self.url, "X-CSRF-Token": token}
+        return requests.post(self.url + path, auth=auth, json=body, headers=headers, timeout=300)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+
 def json_lines(text: str) -> list[dict[str, Any]]:
     """The JSON objects of ``text``, one a line; other lines (Dramatiq's parent process, a line
     still being written) are left out."""
