@@ -1,8 +1,10 @@
 """What the status writer keeps besides each job's current state: its timeline, and per-minute counts.
 
 - **Timeline**: each accepted change of state is appended to the record's ``timeline`` field as
-  ``[state, time ms, attempt]``; the first entry and the latest ``TIMELINE_MAX - 1`` are kept, so
-  a job retried a hundred times keeps a bounded record.
+  ``[state, time ms, attempt, order within the replay]``; the first entry and the latest
+  ``TIMELINE_MAX - 1`` are kept, so a job retried a hundred times keeps a bounded record. A state that arrives after a later one
+  (the sender's ``queued`` written after the worker's ``running``) is not applied to the record
+  but still goes into the timeline, before the later states.
 - **Per-minute counts**: per queue, how many jobs entered each state in each minute, kept
   ``MINUTES_TTL_MS`` (the dashboard charts the last hour). Redis: one hash per queue and hour
   (``status-minutes:<queue>:<hour>``, fields ``<minute>:<state>``) that expires whole; SQLite:
@@ -28,14 +30,24 @@ TIMELINE_MAX = 50
 #: How long per-minute counts are kept.
 MINUTES_TTL_MS = 3 * 3_600_000
 
-#: ``timeline(key, state, at, attempt)`` and ``count_minute(queue, state, at)`` inside the status
+#: ``timeline(key, state, at, order, late)`` and ``count_minute(queue, state, at)`` inside the status
 #: script; ``NS`` (the store's namespace) is a local the script declares before it.
 HISTORY_LUA = Template("""
-local function timeline(key, state, at, attempt)
+local function timeline(key, state, at, order, late)
   local raw = redis.call('HGET', key, 'timeline')
   local line = raw and cjson.decode(raw) or {}
-  if #line >= $timeline_max then table.remove(line, 2) end
-  line[#line + 1] = {state, at, attempt}
+  local place = #line + 1
+  if late then  -- an earlier state written after a later one (another process): put it in its place
+    for i, e in ipairs(line) do
+      if e[1] == state and e[4] == order then return end
+      if (e[4] or 0) > order and place > i then place = i end
+    end
+  end
+  if #line >= $timeline_max then
+    table.remove(line, 2)
+    place = math.max(2, place - 1)
+  end
+  table.insert(line, place, {state, at, math.floor(order / 10), order})
   redis.call('HSET', key, 'timeline', cjson.encode(line))
 end
 
@@ -58,12 +70,23 @@ CREATE TABLE IF NOT EXISTS job_status_minutes (
 """
 
 
-def append_timeline(fields: dict[str, Any], state: str, at: int, attempt: int) -> None:
-    """Append one change to ``fields["timeline"]`` (SQLite's twin of the Lua ``timeline``)."""
+def append_timeline(fields: dict[str, Any], state: str, at: int, order: int, *, late: bool = False) -> bool:
+    """Add one change to ``fields["timeline"]`` (SQLite's twin of the Lua ``timeline``). A
+    ``late`` one (an earlier state that another process wrote after a later one) goes before the
+    later states, once. Returns whether the timeline changed."""
     raw = fields.get("timeline")
     entries = json.loads(raw) if raw else []
-    del entries[1 : max(1, len(entries) - TIMELINE_MAX + 2)]
-    fields["timeline"] = json.dumps([*entries, [state, at, attempt]])
+    place = len(entries)
+    if late:
+        if any(e[0] == state and e[3:] == [order] for e in entries):
+            return False
+        place = next((i for i, e in enumerate(entries) if (e[3:] or [0])[0] > order), place)
+    if len(entries) >= TIMELINE_MAX:
+        del entries[1]
+        place = max(1, place - 1)
+    entries.insert(place, [state, at, order // 10, order])
+    fields["timeline"] = json.dumps(entries)
+    return True
 
 
 def sqlite_count_minute(conn: sqlite3.Connection, queue_key: str, state: str, at: int) -> None:

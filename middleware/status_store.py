@@ -202,6 +202,9 @@ for i = 4, #ARGV do
   local u = cjson.decode(ARGV[i])
   local key, counts = KEYS[2 * i - 7], KEYS[2 * i - 6]
   local current = tonumber(redis.call('HGET', key, 'ord') or '-1')
+  if u.o < current and u.f.state then
+    timeline(key, u.f.state, tonumber(u.f.updated_at) or NOW, u.o % REPLAY_STRIDE, true)
+  end
   if u.o >= current then
     local previous = redis.call('HGET', key, 'state')
     local args = {'ord', u.o}
@@ -217,7 +220,7 @@ for i = 4, #ARGV do
     if state and state ~= previous then
       redis.call('HINCRBY', counts, state, 1)
       local at = tonumber(u.f.updated_at) or NOW
-      timeline(key, state, at, math.floor((u.o % REPLAY_STRIDE) / 10))
+      timeline(key, state, at, u.o % REPLAY_STRIDE, false)
       count_minute(redis.call('HGET', key, 'queue') or '', state, at)
       index(key, u.m, state)
     end
@@ -336,6 +339,7 @@ class SqliteStatus(StatusBackend):
         ).fetchone()
         order, fields = (row[0], json.loads(row[1])) if row else (-1, {})
         if update.order < order:
+            self._late(conn, key, update, fields)
             return
         previous = fields.get("state")
         fields.update(update.fields)
@@ -347,7 +351,7 @@ class SqliteStatus(StatusBackend):
         changed = bool(state) and state != previous
         at = int(fields.get("updated_at") or now)
         if changed:
-            status_history.append_timeline(fields, str(state), at, update.order % REPLAY_STRIDE // 10)
+            status_history.append_timeline(fields, str(state), at, update.order % REPLAY_STRIDE)
         conn.execute(
             "INSERT INTO job_status (key, ord, fields, expires_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(key) DO UPDATE SET ord = excluded.ord, fields = excluded.fields, "
@@ -357,6 +361,13 @@ class SqliteStatus(StatusBackend):
         if changed:
             self._count_change(conn, update, fields, at)
             job_index.sqlite_file(conn, self.store, update.message_id, fields, expires_at)
+
+    def _late(self, conn: sqlite3.Connection, key: str, update: StatusUpdate, fields: dict[str, Any]) -> None:
+        """An earlier state written after a later one: only its timeline entry is kept."""
+        state, at = update.fields.get("state"), int(update.fields.get("updated_at") or 0)
+        order = update.order % REPLAY_STRIDE
+        if state and status_history.append_timeline(fields, state, at, order, late=True):
+            conn.execute("UPDATE job_status SET fields = ? WHERE key = ?", (json.dumps(fields), key))
 
     def _count_change(
         self, conn: sqlite3.Connection, update: StatusUpdate, fields: dict[str, Any], at: int
