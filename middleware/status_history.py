@@ -2,9 +2,10 @@
 
 - **Timeline**: each accepted change of state is appended to the record's ``timeline`` field as
   ``[state, time ms, attempt, order within the replay]``; the first entry and the latest
-  ``TIMELINE_MAX - 1`` are kept, so a job retried a hundred times keeps a bounded record. A state that arrives after a later one
-  (the sender's ``queued`` written after the worker's ``running``) is not applied to the record
-  but still goes into the timeline, before the later states.
+  ``TIMELINE_MAX - 1`` are kept, so a job retried a hundred times keeps a bounded record. A
+  state that arrives after a later one (the sender's ``queued`` written after the worker's
+  ``running``) is not applied to the record but still goes into the timeline, before the later
+  states.
 - **Per-minute counts**: per queue, how many jobs entered each state in each minute, kept
   ``MINUTES_TTL_MS`` (the dashboard charts the last hour). Redis: one hash per queue and hour
   (``status-minutes:<queue>:<hour>``, fields ``<minute>:<state>``) that expires whole; SQLite:
