@@ -170,7 +170,16 @@ def main() -> None:
     parser.add_argument(
         "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
     )
+    parser.add_argument(
+        "--dashboard-only",
+        action="store_true",
+        help="only the dashboard's latencies (1M records, 10k dead letters)",
+    )
+    parser.add_argument("--dashboard-records", type=int, default=1_000_000, help="status records seeded")
     args = parser.parse_args()
+    if args.dashboard_only:
+        dashboard_section(args.dashboard_records)
+        return
     # Before ``import actors``: the settings (and the workers started below) see the bench's buckets.
     os.environ["RATE_LIMITS"] = json.dumps(bench_rate_limits(args.rate, args.rate_burst))
 
@@ -290,6 +299,15 @@ def main() -> None:
     for label, figure in dead_letter_figures(10_000):
         print(f"  {label:<52} {figure:>12}")
     bare_broker.close()
+    dashboard_section(args.dashboard_records)
+
+
+def dashboard_section(records: int) -> None:
+    from bench.dashboard import dashboard_figures
+
+    print(f"dashboard: 50 queues, {records:,} status records, 10,000 dead letters (Redis store)")
+    for line in dashboard_figures("redis://127.0.0.1:6379/14", records):
+        print(line)
 
 
 def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
