@@ -8,6 +8,7 @@ COPY middleware ./middleware
 COPY scheduler ./scheduler
 COPY jobctl ./jobctl
 COPY demo ./demo
+COPY dashboard ./dashboard
 RUN pip install --no-cache-dir . && useradd --create-home jobs && mkdir -p /data/reports && chown jobs /data/reports
 USER jobs
 # SIGTERM reaches the dramatiq parent, which lets running jobs finish (see stop_grace_period in compose.yaml).

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: help install demo run scheduler test test-fast lint format bench services up down
+.PHONY: help install demo run scheduler dashboard test test-fast lint format bench services up down
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ run:  ## Run the worker (dramatiq actors) against the configured broker
 scheduler:  ## Run the scheduler process
 	$(BIN)/python -m scheduler
 
+dashboard:  ## Serve the operators' dashboard on http://127.0.0.1:8181 (needs DASHBOARD_ADMIN_PASSWORD)
+	$(BIN)/jobctl dashboard
+
 test:  ## Run both test tiers: unit, then integration (real RabbitMQ, Redis, worker subprocesses; CI runs this)
 	$(BIN)/pytest tests/unit tests/integration
 
@@ -31,7 +34,7 @@ test-fast:  ## Run the unit tier only: in-process, Redis and SQLite, no RabbitMQ
 lint:  ## ruff check, ruff format --check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy jobsystem actors middleware scheduler jobctl demo
+	$(BIN)/mypy jobsystem actors middleware scheduler jobctl demo dashboard
 
 format:  ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

@@ -30,6 +30,7 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
+from bench.dashboard import add_dashboard_arguments, dashboard_report
 from bench.dead_letters import dead_letter_figures
 from bench.scrub import scrub_costs
 
@@ -170,7 +171,11 @@ def main() -> None:
     parser.add_argument(
         "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
     )
+    add_dashboard_arguments(parser)
     args = parser.parse_args()
+    if args.dashboard_only:
+        dashboard_report(STORES["redis"], args.dashboard_records)
+        return
     # Before the system is built: the settings (and the workers started below) see the bench's buckets.
     os.environ["RATE_LIMITS"] = json.dumps(bench_rate_limits(args.rate, args.rate_burst))
     from jobsystem.system import get_system
@@ -189,6 +194,7 @@ def main() -> None:
     for label, figure in dead_letter_figures(10_000):
         print(f"  {label:<52} {figure:>12}")
     bare_broker.close()
+    dashboard_report(STORES["redis"], args.dashboard_records)
 
 
 #: The two state stores the figures are taken on.

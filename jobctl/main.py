@@ -18,6 +18,7 @@ import requests
 
 from jobctl.dlq import dlq
 from jobctl.project import (
+    EXIT_CONFIG,
     EXIT_DEGRADED,
     EXIT_OK,
     EXIT_UNREACHABLE,
@@ -161,6 +162,36 @@ def worker(dramatiq_args: tuple[str, ...]) -> None:
     # traceback from every worker process.
     import_modules("jobctl", argv[2 : argv.index("--processes")])
     os.execv(executable, argv)
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.argument("modules", nargs=-1)
+@click.option("--host", help="Address to listen on (default: DASHBOARD_HOST, 127.0.0.1).")
+@click.option("--port", type=click.IntRange(1, 65_535), help="Port (default: DASHBOARD_PORT, 8181).")
+def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> None:
+    """Serve the operators' web dashboard (log in as admin or viewer).
+
+    MODULES: the application's modules that declare more actors, as for `jobctl worker`
+    (their schedules and idempotency keys are then known). Needs DASHBOARD_ADMIN_PASSWORD.
+    """
+    system = load_system()
+    sys.path.insert(0, os.getcwd())  # modules are found from here, as `dramatiq` finds them
+    import_modules("jobctl", modules)
+    settings = system.settings
+    if settings.dashboard_admin_password is None:
+        # Fixed text, no data: straight to the terminal (the scrubbing stream would read
+        # "PASSWORD: required" as a password and hide the word).
+        click.echo(
+            "jobctl: invalid setting DASHBOARD_ADMIN_PASSWORD: required to start the dashboard",
+            file=sys.__stderr__,
+        )
+        sys.exit(EXIT_CONFIG)
+    from dashboard.project import Project
+    from dashboard.server import serve
+
+    host, port = host or settings.dashboard_host, port or settings.dashboard_port
+    click.echo(f"dashboard on http://{host}:{port}/ (Ctrl-C stops it)", err=True)
+    serve(Project.from_system(system), host, port)
 
 
 def _when(ms: int | None, now_ms: int) -> str:

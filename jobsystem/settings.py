@@ -136,6 +136,12 @@ class Settings(BaseModel):
     reports_dir: Path = Path("var/reports")
     media_dir: Path = Path("var/media")
 
+    # The operators' dashboard (jobctl dashboard)
+    dashboard_host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
+    dashboard_port: int = Field(default=8181, ge=1, le=65_535)
+    dashboard_admin_password: SecretStr | None = None
+    dashboard_viewer_password: SecretStr | None = None
+
     # Worker tuning
     worker_processes: int = Field(default=2, ge=1, le=256)
     worker_threads: int = Field(default=8, ge=1, le=1024)
@@ -209,6 +215,13 @@ class Settings(BaseModel):
     def _check_hash_key(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < 16:
             raise ValueError("must be a random secret of at least 16 characters")
+        return value
+
+    @field_validator("dashboard_admin_password", "dashboard_viewer_password")
+    @classmethod
+    def _check_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 12:
+            raise ValueError("must be at least 12 characters (a random one: it guards actions on the jobs)")
         return value
 
     @field_validator("pii_extra_keys", mode="before")

@@ -25,6 +25,7 @@ from jobsystem.settings import Settings, SettingsError
 from jobsystem.startup import configuration_checked
 from jobsystem.store import StateStore
 from middleware.dead_letters import DeadLetters
+from middleware.heartbeat import Heartbeat
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
 from middleware.metrics import Metrics
@@ -42,12 +43,13 @@ def build_middleware(
     settings: Settings, store: StateStore, *, scrubber: Scrubber, key_hasher: KeyHasher
 ) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire:
-    StoreCheck, ThreadWatchdog, JobLifecycle, AgeLimit, TimeLimit, ShutdownNotifications,
+    StoreCheck, ThreadWatchdog, Heartbeat, JobLifecycle, AgeLimit, TimeLimit, ShutdownNotifications,
     Callbacks, Pipelines, DeadLetters, SafeRetries, CurrentMessage, RateLimits, Idempotency,
     Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks."""
     stack: list[Middleware] = [
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
+        Heartbeat(store),
         JobLifecycle(scrub=scrubber),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),

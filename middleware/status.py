@@ -3,7 +3,10 @@
 Each message id gets a record in the state store: its state (``queued`` at send, ``running``,
 ``failed`` after an attempt raised, ``retrying`` once Retries re-enqueued it, then ``succeeded``,
 ``dead`` or ``skipped``), actor, queue, attempts, times, the progress the actor reports with
-:func:`progress`, the last failure's error (passed through ``scrub``) and a small JSON result.
+:func:`progress`, the last failure's error and traceback (passed through ``scrub``) and a small
+JSON result. The arguments are recorded (scrubbed, at most ``args_max_chars``) only for an actor
+that opts in with ``dashboard_args=True`` (declared by :class:`middleware.heartbeat.Heartbeat`):
+they may carry personal data that no pattern finds.
 
 No write blocks a worker thread or a sender: updates go to a per-process buffer drained by
 :class:`~jobsystem.runtime.deferred.DeferredWrites`, many records per Lua call or transaction. A progress
@@ -25,6 +28,7 @@ import logging
 import math
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -37,8 +41,10 @@ from dramatiq.middleware import CurrentMessage, Middleware
 from jobsystem.dramatiq_internals import wants_redelivery
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.options import option_of
 from jobsystem.store.base import StateStore, StoreUnavailable
-from jobsystem.store.status import JobStatus, StatusBackend, StatusUpdate, order_of, status_backend
+from jobsystem.store.status import StatusBackend, status_backend
+from jobsystem.store.status_records import JobStatus, StatusUpdate, order_of
 from middleware.dead_letters import REPLAYS
 
 __all__ = ["Status", "find_status", "progress"]
@@ -67,6 +73,8 @@ class Status(Middleware):
       scrub: applied to error messages before they are stored (personal data stays out).
       result_max_bytes: a result larger than this once JSON-encoded, or not JSON, is not stored.
       error_max_chars: error messages are cut to this length.
+      traceback_max_chars: tracebacks are cut to their last this many characters.
+      args_max_chars: the arguments of an actor that opts in, as JSON, are cut to this length.
       max_pending: updates held while the store does not answer; past this, new ones are dropped
         (status is best effort: the jobs themselves never wait for it).
     """
@@ -79,6 +87,8 @@ class Status(Middleware):
         scrub: Callable[[str], str] = _identity,
         result_max_bytes: int = 4_096,
         error_max_chars: int = 1_000,
+        traceback_max_chars: int = 4_000,
+        args_max_chars: int = 2_000,
         max_pending: int = 100_000,
     ) -> None:
         self.store = store
@@ -87,6 +97,8 @@ class Status(Middleware):
         self.scrub = scrub
         self.result_max_bytes = result_max_bytes
         self.error_max_chars = error_max_chars
+        self.traceback_max_chars = traceback_max_chars
+        self.args_max_chars = args_max_chars
         self.max_pending = max_pending
         self.writes = DeferredWrites(store)
         self.attempts = AttemptTracker()
@@ -191,7 +203,8 @@ class Status(Middleware):
             self._update(message, "retrying", retries, {"retry_at": str(eta)} if eta else None)
         elif retries == 0:
             # A send (or a deferral or delayed move of a message that never ran: it is still queued).
-            self._update(message, "queued", 0)
+            shown = self._shown_args(broker, message)
+            self._update(message, "queued", 0, {"args": shown} if shown else None)
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         _ACTIVE.set(self)
@@ -223,7 +236,9 @@ class Status(Middleware):
             return
         self.attempts.failed(message.message_id)
         error = self.scrub(str(exception))[: self.error_max_chars]
-        self._update(message, "failed", attempt, {"error_type": type(exception).__name__, "error": error})
+        trace = "".join(traceback.format_exception(exception))[-self.traceback_max_chars :]
+        fields = {"error_type": type(exception).__name__, "error": error, "traceback": self.scrub(trace)}
+        self._update(message, "failed", attempt, fields)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         if message.failed:
@@ -246,6 +261,19 @@ class Status(Middleware):
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self.writes.stop()
+
+    def _shown_args(self, broker: Broker, message: Message[Any]) -> str | None:
+        """The scrubbed arguments of an actor that opted in with ``dashboard_args=True``, else None."""
+        if not option_of(broker, message, "dashboard_args", False):
+            return None
+        try:
+            encoded = json.dumps({"args": list(message.args), "kwargs": dict(message.kwargs)}, default=repr)
+        except (TypeError, ValueError):
+            return None
+        scrubbed = self.scrub(encoded)
+        if len(scrubbed) > self.args_max_chars:  # cut: no longer JSON, kept as text
+            return json.dumps(scrubbed[: self.args_max_chars] + " [cut]")
+        return scrubbed
 
     def _encode_result(self, result: Any) -> str | None:
         if result is None:

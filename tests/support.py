@@ -110,15 +110,15 @@ def wait_for(
         time.sleep(interval)
 
 
-class Worker:
-    """``dramatiq actors tests.workload`` in a subprocess, with its output captured to a file."""
+class Process:
+    """A command of the project's environment in a subprocess (a session of its own, run from the
+    checkout), its stdout and stderr captured to ``log_path``."""
 
-    def __init__(self, log_path: Path, env: dict[str, str], processes: int = 1, threads: int = 4) -> None:
+    def __init__(self, argv: list[str], log_path: Path, env: dict[str, str]) -> None:
         self.log_path = log_path
-        self.processes = processes
         self.log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [str(BIN / "dramatiq"), "actors", "tests.workload", "-p", str(processes), "-t", str(threads)],
+            [str(BIN / argv[0]), *argv[1:]],
             cwd=ROOT,
             env=env,
             stdout=self.log,
@@ -128,6 +128,15 @@ class Worker:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+class Worker(Process):
+    """``dramatiq actors tests.workload`` in a subprocess, with its output captured to a file."""
+
+    def __init__(self, log_path: Path, env: dict[str, str], processes: int = 1, threads: int = 4) -> None:
+        self.processes = processes
+        argv = ["dramatiq", "actors", "tests.workload", "-p", str(processes), "-t", str(threads)]
+        super().__init__(argv, log_path, env)
 
     def events(self, *names: str, **fields: Any) -> list[dict[str, Any]]:
         """The worker's JSON log lines (``LOG_FORMAT=json``), only those of the events ``names``

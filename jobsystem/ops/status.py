@@ -10,7 +10,8 @@ from __future__ import annotations
 from functools import cache
 
 from jobsystem.store.base import StateStore
-from jobsystem.store.status import JobStatus, StatusBackend, status_backend
+from jobsystem.store.status import StatusBackend, status_backend
+from jobsystem.store.status_records import JobStatus
 from jobsystem.system import get_system
 
 __all__ = ["JobStatus", "get_status", "queue_totals"]

@@ -3,8 +3,8 @@
 Logs, the middleware stack, Sentry and ``jobctl`` share the scrubber, so a key added with
 ``PII_EXTRA_KEYS`` or a hash key set with ``PII_HASH_KEY`` applies everywhere at once. It also
 knows the secrets the settings hold (the passwords of ``RABBITMQ_URL``, ``RABBITMQ_MANAGEMENT_URL``,
-``SMTP_URL`` and ``STATE_URL``, and the hash keys) and removes them wherever they appear, whatever
-the text around them looks like.
+``SMTP_URL`` and ``STATE_URL``, the hash keys and the dashboard's passwords) and removes them
+wherever they appear, whatever the text around them looks like.
 """
 
 from __future__ import annotations
@@ -43,7 +43,12 @@ def configured_secrets(settings: Settings) -> tuple[str, ...]:
         settings.state_url,
     ):
         found += _url_passwords(url)
-    for secret in (settings.pii_hash_key, settings.state_key_secret):
+    for secret in (
+        settings.pii_hash_key,
+        settings.state_key_secret,
+        settings.dashboard_admin_password,
+        settings.dashboard_viewer_password,
+    ):
         if secret is not None:
             found.append(secret.get_secret_value())
     return tuple(sorted(set(found)))

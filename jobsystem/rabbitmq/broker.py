@@ -17,6 +17,7 @@ from dramatiq.middleware import Middleware
 
 from jobsystem.dramatiq_internals import RabbitmqConsumer, RabbitmqTopology
 from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
+from jobsystem.rabbitmq.dead_letter_indexer import DeadLetterIndexer
 from jobsystem.runtime.follow_ups import RefusedFollowUps
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore
@@ -58,6 +59,9 @@ class ProjectBroker(RabbitmqTopology):
       (``jobsystem.rabbitmq.consumer``). Follow-ups RabbitMQ refuses are counted in ``refused_follow_ups``.
     - A send dropped as a duplicate by the idempotency middleware returns the message carrying the
       first message's id and ``duplicate=True``, as BullMQ answers a known ``jobId``.
+    - Each dead letter RabbitMQ confirmed is indexed in the state store (``dead_letter_index``,
+      :mod:`jobsystem.rabbitmq.dead_letter_indexer`, written in the background), so the dashboard
+      pages through dead letters without reading the queues.
     """
 
     def __init__(
@@ -76,6 +80,11 @@ class ProjectBroker(RabbitmqTopology):
         found = [m for m in self.middleware if isinstance(m, DeadLetters)]
         self.dead_letters = found[0] if found else DeadLetters()
         self.refused_follow_ups = RefusedFollowUps(store=state)
+        self.dead_letter_index = (
+            DeadLetterIndexer(state, ttl_ms=dead_letter_ttl_ms, max_length=dead_letter_max_length)
+            if state is not None
+            else None
+        )
 
     @property
     def consumer_class(self) -> type[RabbitmqConsumer]:
@@ -161,11 +170,18 @@ class ProjectBroker(RabbitmqTopology):
                     properties=amqp,
                     mandatory=True,
                 )
+                if self.dead_letter_index is not None:  # confirmed: filed for the dashboard
+                    self.dead_letter_index.record(q_name(queue_name), message_id, headers)
                 return
             except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
                 del self.connection
                 if attempt == DEAD_LETTER_PUBLISH_ATTEMPTS:
                     raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        if self.dead_letter_index is not None:
+            self.dead_letter_index.flush(5.0)  # what the worker indexed last, before it exits
+        super().close()
 
 
 def connection_urls(settings: Settings) -> list[str]:

@@ -39,7 +39,7 @@ from typing import Literal
 from jobsystem.store import for_backend
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
-from jobsystem.store.sqlite import SqliteStore
+from jobsystem.store.sqlite import SqliteStore, sqlite_error
 
 Status = Literal["run", "wait", "refused"]
 
@@ -109,8 +109,22 @@ def _ttl_ms(bucket: _Bucket, burst: float, rate: float, now: float) -> int:
     return math.ceil(max(full_in, bucket.blocked_until - now, 0.0)) + _LINGER_MS
 
 
+@dataclass(frozen=True)
+class Level:
+    """A bucket as it stands (read without taking): ``tokens`` now (negative while slots are
+    reserved ahead), the tokens ``reserved`` by waiting jobs, and until when it is drained."""
+
+    tokens: float
+    reserved: float
+    blocked_until_ms: float
+
+
 class BucketBackend(ABC):
     """The bucket operations, one implementation per store backend."""
+
+    @abstractmethod
+    def peek(self, key: str, rate: float, burst: float) -> Level:
+        """Bucket ``key`` now, refilled to the store's clock; a bucket never used is full."""
 
     @abstractmethod
     def take_many(self, requests: list[TakeRequest]) -> list[Take]:
@@ -201,6 +215,17 @@ class RedisBuckets(BucketBackend):
             replies = self._take(keys=[self._key(r.key) for r in requests], args=args)
         return [Take(_status(status), int(wait), int(at)) for status, wait, at in replies]
 
+    def peek(self, key: str, rate: float, burst: float) -> Level:
+        with self.store.errors():
+            seconds, micros = self.store.client.time()
+            raw = self.store.client.hmget(self._key(key), ["tokens", "ts", "until"])
+        now = int(seconds) * 1000 + int(micros) / 1000
+        tokens, ts, until = raw
+        stored = (
+            None if tokens is None or ts is None else _Bucket(float(tokens), float(ts), float(until or 0))
+        )
+        return _level(_refill(stored, TakeRequest(key, rate, burst, 0, 0), now))
+
     def drain(self, key: str, rate: float, burst: float, for_ms: int) -> None:
         with self.store.errors():
             self._drain(keys=[self._key(key)], args=[rate, burst, for_ms, _LINGER_MS])
@@ -264,6 +289,14 @@ class SqliteBuckets(BucketBackend):
                 answers.append(answer)
         return answers
 
+    def peek(self, key: str, rate: float, burst: float) -> Level:
+        now = self._now()
+        try:
+            stored = self._load(self.store.connection(), key, now)
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
+        return _level(_refill(stored, TakeRequest(key, rate, burst, 0, 0), now))
+
     def drain(self, key: str, rate: float, burst: float, for_ms: int) -> None:
         with self.store.transaction() as conn:
             now = self._now()
@@ -277,6 +310,10 @@ class SqliteBuckets(BucketBackend):
     def reset(self, key: str) -> None:
         with self.store.transaction() as conn:
             conn.execute("DELETE FROM rate_buckets WHERE key = ?", (self.store.key(key),))
+
+
+def _level(bucket: _Bucket) -> Level:
+    return Level(bucket.tokens, max(0.0, -bucket.tokens), bucket.blocked_until)
 
 
 def _status(value: bytes | str) -> Status:

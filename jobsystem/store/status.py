@@ -1,134 +1,31 @@
 """Job status records in the state store: one record per message id, and per-queue counters.
 
-Every change is a :class:`StatusUpdate` carrying an ``order`` (attempt x 10 + phase rank). A record
-only takes an update whose order is not lower than its own, so writes from different processes
-(the sender's ``queued``, the worker's ``running``) may land in any order and the record still
-never goes back: a late ``queued`` cannot hide a ``running`` job, and a duplicate delivery skipped
-after the job succeeded cannot turn ``succeeded`` into ``skipped``.
-
-Many updates go to the store at once: one Lua script call on Redis, one transaction on SQLite.
-Each accepted change of state also counts one in the queue's counters (``succeeded``, ``dead``...),
-which outlive the records' TTL and give the totals that ``jobctl health`` prints.
+The records and their order are :mod:`jobsystem.store.status_records`. Many updates go to the
+store at once: one Lua script call on Redis, one transaction on SQLite. Each accepted change of
+state, in the same call, also counts one in the queue's counters (``succeeded``, ``dead``...),
+which outlive the records' TTL and give the totals that ``jobctl health`` prints; counts one in
+the queue's per-minute counts and appends to the record's timeline
+(:mod:`jobsystem.store.status_history`); and files the record in the job index
+(:mod:`jobsystem.store.job_index`), which the dashboard pages through.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from jobsystem.store import for_backend
+from jobsystem.store import for_backend, job_index, status_history
 from jobsystem.store.base import StateStore
+from jobsystem.store.job_index import JobFilter
 from jobsystem.store.redis import RedisStore
+from jobsystem.store.sorted_index import Cursor, Walk
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.status_records import REPLAY_STRIDE, JobStatus, StatusUpdate
 
-#: The states a job goes through, and the rank of each within one attempt.
-STATE_RANKS: dict[str, int] = {
-    "queued": 0,
-    "running": 1,
-    "failed": 2,
-    "retrying": 3,
-    "skipped": 4,
-    "succeeded": 5,
-    "dead": 5,
-}
-
-
-#: Orders of one replay of a message come after every order of the one before (attempts <= 101).
-REPLAY_STRIDE = 10_000
-
-
-def order_of(attempt: int, state: str, replays: int = 0) -> int:
-    """The order of ``state`` within attempt number ``attempt`` (0 before the first run) of the
-    message's ``replays``-th replay from the dead letters (its attempts start again at 1)."""
-    return replays * REPLAY_STRIDE + attempt * 10 + STATE_RANKS[state]
-
-
-@dataclass(frozen=True)
-class StatusUpdate:
-    """A change to one message's record.
-
-    ``fields`` are set, ``once`` fields only when the record has none yet (actor, queue),
-    ``delete`` fields removed (a new attempt clears the last one's progress).
-    """
-
-    message_id: str
-    queue: str
-    order: int
-    fields: Mapping[str, str]
-    once: Mapping[str, str] = field(default_factory=dict)
-    delete: tuple[str, ...] = ()
-
-    @property
-    def progress_only(self) -> bool:
-        """True for a progress report: a newer one for the same message replaces it before it is written."""
-        return "state" not in self.fields and not self.once and not self.delete
-
-    def encode(self) -> str:
-        return json.dumps({"o": self.order, "f": dict(self.fields), "n": dict(self.once), "d": self.delete})
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """What is known of one job, as an application shows it (``GET /videos/<id>/status``).
-
-    Times are milliseconds since the epoch (each writer's clock); ``progress`` is 0..1 as the actor
-    last reported it; ``error`` is the last failure's scrubbed message; ``result`` the actor's
-    return value when it was small and JSON.
-    """
-
-    message_id: str
-    state: str
-    actor: str | None = None
-    queue: str | None = None
-    attempts: int = 0
-    enqueued_at: int | None = None
-    started_at: int | None = None
-    finished_at: int | None = None
-    updated_at: int | None = None
-    retry_at: int | None = None
-    progress: float | None = None
-    note: str | None = None
-    error_type: str | None = None
-    error: str | None = None
-    result: Any = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether the job reached a final state (succeeded, dead or skipped)."""
-        return self.state in ("succeeded", "dead", "skipped")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_fields(cls, message_id: str, fields: Mapping[str, str]) -> JobStatus:
-        def number(name: str) -> int | None:
-            value = fields.get(name)
-            return int(value) if value else None
-
-        progress = fields.get("progress")
-        result = fields.get("result")
-        return cls(
-            message_id=message_id,
-            state=fields.get("state", "queued"),
-            actor=fields.get("actor") or None,
-            queue=fields.get("queue") or None,
-            attempts=int(fields.get("attempts") or 0),
-            enqueued_at=number("enqueued_at"),
-            started_at=number("started_at"),
-            finished_at=number("finished_at"),
-            updated_at=number("updated_at"),
-            retry_at=number("retry_at"),
-            progress=float(progress) if progress else None,
-            note=fields.get("note") or None,
-            error_type=fields.get("error_type") or None,
-            error=fields.get("error") or None,
-            result=json.loads(result) if result else None,
-        )
+__all__ = ["RedisStatus", "SqliteStatus", "StatusBackend", "status_backend"]
 
 
 class StatusBackend(ABC):
@@ -146,13 +43,46 @@ class StatusBackend(ABC):
     def counts(self, queues: list[str]) -> dict[str, dict[str, int]]:
         """For each queue, how many jobs entered each state since the counters began."""
 
+    @abstractmethod
+    def get_many(self, message_ids: list[str]) -> dict[str, JobStatus]:
+        """The records of ``message_ids`` that exist, in one round trip."""
 
-_APPLY = """
-local ttl = tonumber(ARGV[1])
-for i = 2, #ARGV do
+    @abstractmethod
+    def walk(self, job_filter: JobFilter, cursor: Cursor | None, limit: int) -> Walk:
+        """A page of message ids from the job index, newest sent first."""
+
+    @abstractmethod
+    def total(self, job_filter: JobFilter) -> tuple[int, bool]:
+        """How many indexed jobs match, and whether that count is exact."""
+
+    @abstractmethod
+    def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
+        """Per queue, per minute (ms of its start) since ``since_ms``: jobs entering each state."""
+
+    def page(
+        self, job_filter: JobFilter, cursor: Cursor | None = None, limit: int = 50
+    ) -> tuple[list[JobStatus], Cursor | None]:
+        """The records of one page of the job index (expired ones left out), and the next cursor."""
+        walk = self.walk(job_filter, cursor, limit)
+        found = self.get_many([message_id for message_id, _ in walk.entries])
+        return [found[m] for m, _ in walk.entries if m in found], walk.next
+
+
+_APPLY = (
+    """
+local TTL, NOW, NS = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local TOUCHED = {}
+"""
+    + job_index.INDEX_LUA
+    + status_history.HISTORY_LUA
+    + """
+for i = 4, #ARGV do
   local u = cjson.decode(ARGV[i])
-  local key, counts = KEYS[2 * i - 3], KEYS[2 * i - 2]
+  local key, counts = KEYS[2 * i - 7], KEYS[2 * i - 6]
   local current = tonumber(redis.call('HGET', key, 'ord') or '-1')
+  if u.o < current and u.f.state then
+    timeline(key, u.f.state, tonumber(u.f.updated_at) or NOW, u.o % REPLAY_STRIDE, true)
+  end
   if u.o >= current then
     local previous = redis.call('HGET', key, 'state')
     local args = {'ord', u.o}
@@ -163,12 +93,21 @@ for i = 2, #ARGV do
     redis.call('HSET', key, unpack(args))
     for name, value in pairs(u.n) do redis.call('HSETNX', key, name, value) end
     if #u.d > 0 then redis.call('HDEL', key, unpack(u.d)) end
-    redis.call('PEXPIRE', key, ttl)
-    if u.f.state and u.f.state ~= previous then redis.call('HINCRBY', counts, u.f.state, 1) end
+    redis.call('PEXPIRE', key, TTL)
+    local state = u.f.state
+    if state and state ~= previous then
+      redis.call('HINCRBY', counts, state, 1)
+      local at = tonumber(u.f.updated_at) or NOW
+      timeline(key, state, at, u.o % REPLAY_STRIDE, false)
+      count_minute(redis.call('HGET', key, 'queue') or '', state, at)
+      index(key, u.m, state)
+    end
   end
 end
+trim_index(TTL)
 return 0
-"""
+""".replace("REPLAY_STRIDE", str(REPLAY_STRIDE))
+)
 
 
 class RedisStatus(StatusBackend):
@@ -189,8 +128,9 @@ class RedisStatus(StatusBackend):
         if not updates:
             return
         keys = [k for u in updates for k in (self._key(u.message_id), self._counts_key(u.queue))]
+        args = [ttl_ms, int(time.time() * 1000), self.store.namespace, *(u.encode() for u in updates)]
         with self.store.errors():
-            self._apply(keys=keys, args=[ttl_ms, *(u.encode() for u in updates)])
+            self._apply(keys=keys, args=args)
 
     def get(self, message_id: str) -> JobStatus | None:
         with self.store.errors():
@@ -206,6 +146,27 @@ class RedisStatus(StatusBackend):
                 pipe.hgetall(self._counts_key(queue))
             replies = pipe.execute()
         return {q: {_text(k): int(v) for k, v in r.items()} for q, r in zip(queues, replies, strict=True)}
+
+    def get_many(self, message_ids: list[str]) -> dict[str, JobStatus]:
+        with self.store.errors():
+            pipe = self.store.client.pipeline(transaction=False)
+            for message_id in message_ids:
+                pipe.hgetall(self._key(message_id))
+            replies = pipe.execute()
+        return {
+            m: JobStatus.from_fields(m, {_text(k): _text(v) for k, v in raw.items()})
+            for m, raw in zip(message_ids, replies, strict=True)
+            if raw
+        }
+
+    def walk(self, job_filter: JobFilter, cursor: Cursor | None, limit: int) -> Walk:
+        return job_index.redis_page(self.store, job_filter, cursor, limit)
+
+    def total(self, job_filter: JobFilter) -> tuple[int, bool]:
+        return job_index.redis_total(self.store, job_filter)
+
+    def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
+        return status_history.redis_minutes(self.store, queues, since_ms)
 
 
 _SCHEMA = """
@@ -231,6 +192,9 @@ class SqliteStatus(StatusBackend):
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
         store.ensure_schema(_SCHEMA)
+        store.ensure_schema(job_index.SQLITE_SCHEMA)
+        store.ensure_schema(status_history.SQLITE_SCHEMA)
+        self._swept_minute = 0
 
     def apply(self, updates: list[StatusUpdate], ttl_ms: int) -> None:
         if not updates:
@@ -241,6 +205,10 @@ class SqliteStatus(StatusBackend):
                 self._apply_one(conn, update, now + ttl_ms, now)
             # Reads skip expired rows already; this reclaims their space, using the index.
             conn.execute("DELETE FROM job_status WHERE expires_at <= ?", (now,))
+            conn.execute("DELETE FROM job_index WHERE expires_at <= ?", (now,))
+            if now // 60_000 != self._swept_minute:  # once a minute is plenty
+                self._swept_minute = now // 60_000
+                status_history.sqlite_sweep_minutes(conn, now)
 
     def _apply_one(self, conn: sqlite3.Connection, update: StatusUpdate, expires_at: int, now: int) -> None:
         key = self.store.key(update.message_id)
@@ -249,6 +217,7 @@ class SqliteStatus(StatusBackend):
         ).fetchone()
         order, fields = (row[0], json.loads(row[1])) if row else (-1, {})
         if update.order < order:
+            self._late(conn, key, update, fields)
             return
         previous = fields.get("state")
         fields.update(update.fields)
@@ -256,19 +225,40 @@ class SqliteStatus(StatusBackend):
             fields.setdefault(name, value)
         for name in update.delete:
             fields.pop(name, None)
+        state = update.fields.get("state")
+        changed = bool(state) and state != previous
+        at = int(fields.get("updated_at") or now)
+        if changed:
+            status_history.append_timeline(fields, str(state), at, update.order % REPLAY_STRIDE)
         conn.execute(
             "INSERT INTO job_status (key, ord, fields, expires_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(key) DO UPDATE SET ord = excluded.ord, fields = excluded.fields, "
             "expires_at = excluded.expires_at",
             (key, update.order, json.dumps(fields), expires_at),
         )
-        state = update.fields.get("state")
-        if state and state != previous:
-            conn.execute(
-                "INSERT INTO job_status_counts (queue, state, count) VALUES (?, ?, 1) "
-                "ON CONFLICT(queue, state) DO UPDATE SET count = count + 1",
-                (self.store.key(update.queue), state),
-            )
+        if changed:
+            self._count_change(conn, update, fields, at)
+            job_index.sqlite_file(conn, self.store, update.message_id, fields, expires_at)
+
+    def _late(self, conn: sqlite3.Connection, key: str, update: StatusUpdate, fields: dict[str, Any]) -> None:
+        """An earlier state written after a later one: only its timeline entry is kept."""
+        state, at = update.fields.get("state"), int(update.fields.get("updated_at") or 0)
+        order = update.order % REPLAY_STRIDE
+        if state and status_history.append_timeline(fields, state, at, order, late=True):
+            conn.execute("UPDATE job_status SET fields = ? WHERE key = ?", (json.dumps(fields), key))
+
+    def _count_change(
+        self, conn: sqlite3.Connection, update: StatusUpdate, fields: dict[str, Any], at: int
+    ) -> None:
+        state = fields["state"]
+        conn.execute(
+            "INSERT INTO job_status_counts (queue, state, count) VALUES (?, ?, 1) "
+            "ON CONFLICT(queue, state) DO UPDATE SET count = count + 1",
+            (self.store.key(update.queue), state),
+        )
+        status_history.sqlite_count_minute(
+            conn, self.store.key(fields.get("queue") or update.queue), state, at
+        )
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """A read outside any transaction (WAL readers do not wait for writers)."""
@@ -294,6 +284,30 @@ class SqliteStatus(StatusBackend):
             }
             for queue in queues
         }
+
+    def get_many(self, message_ids: list[str]) -> dict[str, JobStatus]:
+        if not message_ids:
+            return {}
+        marks = ",".join("?" * len(message_ids))
+        rows = self._read(
+            f"SELECT key, fields FROM job_status WHERE key IN ({marks}) AND expires_at > ?",
+            (*(self.store.key(m) for m in message_ids), self.store.now_ms()),
+        )
+        size = len(self.store.namespace)
+        return {str(k)[size:]: JobStatus.from_fields(str(k)[size:], json.loads(f)) for k, f in rows}
+
+    def walk(self, job_filter: JobFilter, cursor: Cursor | None, limit: int) -> Walk:
+        return job_index.sqlite_page(self.store, job_filter, cursor, limit)
+
+    def total(self, job_filter: JobFilter) -> tuple[int, bool]:
+        return job_index.sqlite_total(self.store, job_filter)
+
+    def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
+        try:
+            conn = self.store.connection()
+            return status_history.sqlite_minutes(conn, {q: self.store.key(q) for q in queues}, since_ms)
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
 
 
 def _text(value: bytes | str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.dashboard_server import DASHBOARD_ADMIN, DASHBOARD_VIEWER, Dashboard
 from tests.support import TEST_REDIS_URL, Queues, Worker, sender_broker, worker_env
 
 
@@ -60,3 +61,23 @@ def start_worker(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callab
         if worker.proc.poll() is None:
             worker.kill()
             worker.proc.wait(10)
+
+
+@pytest.fixture
+def start_dashboard(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callable[..., Dashboard]]:
+    """Start ``jobctl dashboard tests.workload`` on a free port for the test's queues."""
+    started: list[Dashboard] = []
+
+    def start(**env: str) -> Dashboard:
+        log = tmp_path / f"dashboard-{len(started)}.log"
+        environment = worker_env(prefix, tmp_path, **env)
+        environment.setdefault("DASHBOARD_ADMIN_PASSWORD", DASHBOARD_ADMIN)
+        environment.setdefault("DASHBOARD_VIEWER_PASSWORD", DASHBOARD_VIEWER)
+        dashboard = Dashboard(log, environment)
+        started.append(dashboard)
+        dashboard.wait_ready()
+        return dashboard
+
+    yield start
+    for dashboard in started:
+        dashboard.stop()

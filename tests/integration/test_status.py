@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from jobsystem.store import open_store
-from jobsystem.store.status import JobStatus, status_backend
+from jobsystem.store.status import status_backend
+from jobsystem.store.status_records import JobStatus
 from tests import workload
 from tests.support import (
     BIN,

@@ -8,7 +8,7 @@ Layers, from the bottom (a module imports only from its own layer or those below
 1. ``middleware``: Dramatiq middleware, configured by constructor arguments
 2. the core that reads settings and wires things: ``jobsystem.settings``, ``startup``,
    ``privacy.setup``, ``observability``, ``rabbitmq``, ``ops``, ``stack``, ``system``
-3. entry points: ``actors``, ``jobctl``, ``scheduler``, ``demo``, ``bench``
+3. entry points: ``actors``, ``jobctl``, ``scheduler``, ``demo``, ``bench``, ``dashboard``
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 
 from tests.support import ROOT
 
-ENTRY_POINTS = ("actors", "jobctl", "scheduler", "demo", "bench")
+ENTRY_POINTS = ("actors", "jobctl", "scheduler", "demo", "bench", "dashboard")
 PRIMITIVES = ("dramatiq_internals", "limits", "urls", "runtime", "store", "privacy")
 PROJECT = ("jobsystem", "middleware", *ENTRY_POINTS)
 

@@ -1,0 +1,1 @@
+"""The operators' web dashboard (`jobctl dashboard`): queues, jobs, dead letters, schedules, limits."""

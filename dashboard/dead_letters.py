@@ -1,0 +1,206 @@
+"""Dead letters: listed from the dead-letter index, retried and purged through ``jobctl dlq``'s code.
+
+A page reads 50 entries of the index in the state store (:mod:`jobsystem.store.dead_letter_index`),
+never the queues: RabbitMQ cannot seek, so the 10,000th dead letter is only reached by taking
+the 9,999 before it. Each queue's count in the index is shown beside RabbitMQ's own; when they
+differ (dead letters from before the index, moved by ``migrate-queues``, expired, purged outside
+the project's tools) the page says so and an admin can re-index that queue.
+
+Retry and purge act on RabbitMQ with :mod:`jobsystem.ops.dead_letters`, exactly as
+``jobctl dlq retry|purge`` do: a replay is published with confirms and only then acked, so
+nothing is lost if the dashboard dies midway; ids are matched while the queue is read, so an
+action costs one read of the queue (seconds for 10,000), never a page view. Actions run one at a
+time per dashboard process.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pika.exceptions
+
+from dashboard.project import (
+    Cursor,
+    DeadLetterFilter,
+    HealthReport,
+    Project,
+    Reader,
+    dead_letter_ops,
+    dead_letter_queue,
+    missing_queues,
+)
+
+__all__ = ["ActionError", "Selection", "dead_letter_list", "parse_since", "purge", "reindex", "retry"]
+
+PAGE, MAX_PAGE = 50, 200
+#: The most ids one request may name.
+MAX_IDS = 10_000
+_ACTING = threading.Lock()
+
+
+class ActionError(ValueError):
+    """A request that cannot be carried out as asked (answered 400 with the message)."""
+
+
+def parse_since(value: str | None) -> datetime | None:
+    """An ISO date or time (UTC unless it says otherwise)."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ActionError("since: use an ISO date or time, e.g. 2026-11-29 or 2026-11-29T08:00") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _millis(moment: datetime | None) -> int | None:
+    return int(moment.timestamp() * 1000) if moment else None
+
+
+def dead_letter_list(
+    project: Project,
+    report: HealthReport | None,
+    *,
+    queue: str | None = None,
+    actor: str | None = None,
+    exception: str | None = None,
+    since: str | None = None,
+    before: str | None = None,
+    limit: int = PAGE,
+) -> dict[str, Any]:
+    """The dead letters page's data (``/dead-letters`` and ``/api/dead-letters``)."""
+    index = project.dead_letter_index
+    if index is None:
+        raise ActionError("no state store: dead letters are not indexed")
+    limit = max(1, min(limit, MAX_PAGE))
+    dl_filter = DeadLetterFilter(queue, actor, exception, _millis(parse_since(since)))
+    page = index.page(dl_filter, Cursor.decode(before), limit)
+    indexed = index.counts()
+    names = set(indexed) | ({h.queue for h in report.queues} if report else set())
+    in_rabbitmq = rabbitmq_counts(project, sorted(names))
+    counts = [
+        {
+            "queue": name,
+            "dead_letter_queue": dead_letter_queue(name),
+            "indexed": indexed.get(name, 0),
+            "in_rabbitmq": in_rabbitmq.get(name),
+            "in_step": in_rabbitmq.get(name) in (None, indexed.get(name, 0)),
+        }
+        for name in sorted(set(indexed) | {q for q, n in in_rabbitmq.items() if n})
+    ]
+    return {
+        "dead_letters": [entry.to_dict() for entry in page.entries],
+        "next": page.next.encode() if page.next else None,
+        "queues": counts,
+        "facets": index.facets(),
+        "queue": queue,
+        "actor": actor,
+        "exception": exception,
+        "since": since,
+    }
+
+
+def rabbitmq_counts(project: Project, queues: list[str]) -> dict[str, int | None]:
+    """Dead letters per queue now, from passive declares on one connection (None: no such queue
+    or RabbitMQ unreachable). Read per page rather than sampled: a count a few seconds old would
+    flag every fresh dead letter as missing from RabbitMQ."""
+    counts: dict[str, int | None] = dict.fromkeys(queues)
+    try:
+        with Reader(project.broker) as reader:
+            for queue in queues:
+                try:
+                    counts[queue] = reader.count(dead_letter_queue(queue))
+                except pika.exceptions.ChannelClosedByBroker:  # no such queue: its channel closed
+                    reader.channel = reader.connection.channel()
+    except pika.exceptions.AMQPError:
+        pass
+    return counts
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What an action applies to: ids of one queue, or every dead letter matching the filters."""
+
+    queue: str | None
+    ids: tuple[str, ...] = ()
+    all: bool = False
+    actor: str | None = None
+    exception: str | None = None
+    since: str | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> Selection:
+        """A selection from a request body, checked (:class:`ActionError` says what is wrong)."""
+        if not isinstance(body, dict):
+            raise ActionError("the body must be a JSON object")
+        texts = {k: body.get(k) for k in ("queue", "actor", "exception", "since")}
+        if any(v is not None and not isinstance(v, str) for v in texts.values()):
+            raise ActionError("queue, actor, exception and since must be strings")
+        ids, everything = body.get("ids") or [], body.get("all") is True
+        if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+            raise ActionError("ids must be a list of message ids")
+        if bool(ids) == everything:
+            raise ActionError('give "ids" (with "queue"), or "all": true (with optional filters)')
+        if ids and not texts["queue"]:
+            raise ActionError('"ids" need the "queue" they are dead letters of')
+        if len(ids) > MAX_IDS:
+            raise ActionError(f"at most {MAX_IDS} ids per request")
+        parse_since(texts["since"])
+        return cls(ids=tuple(ids), all=everything, **{k: v or None for k, v in texts.items()})
+
+    def describe(self) -> dict[str, Any]:
+        """The selection as the audit log keeps it (the first 100 ids; how many there were)."""
+        data: dict[str, Any] = {"queue": self.queue}
+        if self.all:
+            data.update(all=True, actor=self.actor, exception=self.exception, since=self.since)
+        else:
+            data.update(ids=list(self.ids[:100]), id_count=len(self.ids))
+        return data
+
+
+def _target(project: Project, selection: Selection) -> tuple[list[str], Any]:
+    """The dead-letter queues and the filters of ``selection``, the queue checked to exist."""
+    queues = dead_letter_ops.dead_letter_queues(project.settings, project.broker, selection.queue)
+    if selection.queue is not None and missing_queues(project.settings, queues):
+        raise ActionError(f"RabbitMQ has no dead-letter queue for {selection.queue!r}")
+    filters = dead_letter_ops.Filters(
+        message_ids=frozenset(selection.ids),
+        actor=selection.actor,
+        exception=selection.exception,
+        since=parse_since(selection.since),
+    )
+    return queues, filters
+
+
+def retry(project: Project, selection: Selection) -> dict[str, Any]:
+    """Replay the selected dead letters (``jobctl dlq retry``'s loss-free replay)."""
+    queues, filters = _target(project, selection)
+    with _ACTING:
+        outcome = dead_letter_ops.replay(project.broker, queues, filters)
+    return {
+        "retried": outcome.done,
+        "matched": outcome.matched,
+        "failed": outcome.failed,
+        "skipped": outcome.skipped,
+        "notes": outcome.notes,
+    }
+
+
+def purge(project: Project, selection: Selection) -> dict[str, Any]:
+    """Delete the selected dead letters for good (``jobctl dlq purge``)."""
+    queues, filters = _target(project, selection)
+    with _ACTING:
+        outcome = dead_letter_ops.purge(project.broker, queues, filters)
+    return {"purged": outcome.done, "matched": outcome.matched}
+
+
+def reindex(project: Project, queue: str) -> dict[str, Any]:
+    """Rebuild one queue's index from the queue (a full read; nothing removed)."""
+    (name,) = dead_letter_ops.dead_letter_queues(project.settings, project.broker, queue)
+    if missing_queues(project.settings, [name]):
+        raise ActionError(f"RabbitMQ has no dead-letter queue for {queue!r}")
+    with _ACTING:
+        return {"indexed": dead_letter_ops.reindex(project.broker, name)}

@@ -1,0 +1,126 @@
+"""The overview: every queue's numbers and verdict, as ``jobctl health`` has them, and charts.
+
+The numbers come from the very function behind ``jobctl health`` (:func:`jobsystem.ops.health.check`):
+AMQP passive declares, the management API, a peek at each queue's head, the status counters.
+That costs a few hundred milliseconds at fifty queues, so it is not done per request: a
+:class:`HealthSampler` thread measures every ``interval`` seconds and pages read its latest
+report (its age is shown). However many browsers are open, RabbitMQ is asked once per interval.
+
+Charts: jobs that succeeded and failed for good per minute over the last hour, per queue, from
+the per-minute counts the status writer keeps in the state store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from dashboard.project import DEAD_LETTER_SUFFIX, HealthReport, Project, StoreUnavailable, check
+
+__all__ = ["HealthSampler", "chart_points", "overview", "work_queues"]
+
+logger = logging.getLogger("dashboard")
+
+_SUFFIXES = (".DQ", DEAD_LETTER_SUFFIX, ".XQ", ".migrating")
+
+
+def work_queues(project: Project, timeout: float = 3.0) -> list[str]:
+    """The environment's work queues: those RabbitMQ has with ``QUEUE_PREFIX`` (not their delay
+    or dead-letter companions), with the queues this process's actors declare."""
+    settings = project.settings
+    names = set(project.broker.get_declared_queues())
+    vhost = quote(settings.rabbitmq_vhost, safe="")
+    try:
+        response = requests.get(
+            f"{settings.management_url}/api/queues/{vhost}", params={"columns": "name"}, timeout=timeout
+        )
+        response.raise_for_status()
+        names.update(q["name"] for q in response.json())
+    except requests.RequestException as exc:
+        logger.warning("dashboard_queue_list_failed", extra={"error": type(exc).__name__})
+    return sorted(n for n in names if n.startswith(settings.queue_prefix) and not n.endswith(_SUFFIXES))
+
+
+class HealthSampler:
+    """Measures the queues in the background; :meth:`latest` is what pages show.
+
+    Parameters:
+      project: the project.
+      interval: seconds between two measurements (more when one takes longer than this).
+    """
+
+    def __init__(self, project: Project, interval: float = 2.0) -> None:
+        self.project = project
+        self.interval = interval
+        self._report: HealthReport | None = None
+        self._at = 0.0
+        self._took = 0.0
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, wait: float = 10.0) -> None:
+        """Start measuring; wait up to ``wait`` seconds for the first report."""
+        self._thread = threading.Thread(target=self._run, name="health-sampler", daemon=True)
+        self._thread.start()
+        self._ready.wait(wait)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def sample(self) -> HealthReport:
+        """Measure now (also what the thread does)."""
+        started = time.monotonic()
+        report = check(work_queues(self.project), config=self.project.settings, state=self.project.store)
+        self._report, self._at, self._took = report, time.time(), time.monotonic() - started
+        self._ready.set()
+        return report
+
+    def latest(self) -> tuple[HealthReport | None, float, float]:
+        """The last report, when it was made (epoch s) and how long it took (s)."""
+        return self._report, self._at, self._took
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample()
+            except Exception:  # the next interval tries again; the page shows the report's age
+                logger.exception("dashboard_health_sample_failed")
+            self._stop.wait(max(self.interval, self._took * 2))
+
+
+def chart_points(
+    per_minute: dict[int, dict[str, int]], now_ms: int, minutes: int = 60
+) -> dict[str, list[int]]:
+    """Succeeded and dead per minute over the last ``minutes`` minutes, oldest first."""
+    first = (now_ms // 60_000 - minutes + 1) * 60_000
+    slots = [first + i * 60_000 for i in range(minutes)]
+    return {
+        state: [per_minute.get(slot, {}).get(state, 0) for slot in slots] for state in ("succeeded", "dead")
+    }
+
+
+def overview(project: Project, sampler: HealthSampler) -> dict[str, Any]:
+    """The overview's data (``/`` and ``/api/queues``)."""
+    report, at, took = sampler.latest()
+    if report is None:
+        return {"status": "unknown", "queues": [], "notes": ["measuring the queues..."], "sampled_at": None}
+    data = report.to_dict()
+    now_ms = int(time.time() * 1000)
+    names = [q["queue"] for q in data["queues"]]
+    try:
+        minutes = project.status.minutes(names, now_ms - 3_600_000)
+    except StoreUnavailable as exc:
+        minutes = {}
+        data["notes"].append(f"state store unreachable, no charts ({type(exc).__name__})")
+    for queue in data["queues"]:
+        queue["problems"] = [p["detail"] for p in queue["problems"]]
+        queue["per_minute"] = chart_points(minutes.get(queue["queue"], {}), now_ms)
+    data["sampled_at"] = int(at * 1000)
+    data["sample_took_ms"] = int(took * 1000)
+    return data

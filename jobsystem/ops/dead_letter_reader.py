@@ -1,0 +1,213 @@
+"""Dead letters read from their queues: one ``basic.get`` at a time, each one's record parsed.
+
+A dead-letter queue is read *without acking*: nothing leaves the queue unless an operation acks
+it (:mod:`jobsystem.ops.dead_letters`), and whatever is left unacked goes back in its place when
+the connection closes. RabbitMQ holds the unacked messages, the reader one at a time, so memory
+stays flat however long the queue is (a consumer with an open prefetch would let the client
+library buffer the whole queue faster than it is read).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pika
+import pika.adapters.blocking_connection
+import pika.spec
+from dramatiq import Message
+from dramatiq.common import q_name
+
+from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
+from jobsystem.runtime.message_shape import decode
+from jobsystem.store.dead_letter_index import DeadLetterEntry
+from middleware import dead_letters as record
+
+__all__ = ["RESET_OPTIONS", "DeadLetter", "Reader"]
+
+#: Options a replayed message starts without: it gets a fresh set of attempts.
+RESET_OPTIONS = ("retries", record.ATTEMPTS, "traceback", "eta", "requeue_timestamp")
+
+
+def _header(headers: dict[str, Any], name: str) -> Any:
+    value = headers.get(name)
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _from_millis(millis: int) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(millis / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One dead letter as read from its queue: the record of its failure and its body."""
+
+    dead_letter_queue: str
+    message_id: str
+    queue: str
+    actor: str
+    reason: str
+    exception: str
+    error: str
+    traceback: str
+    attempts: int
+    enqueued_at: datetime | None
+    failed_at: datetime | None
+    body: bytes = field(repr=False)
+
+    @classmethod
+    def from_delivery(
+        cls, dead_letter_queue: str, properties: pika.spec.BasicProperties, body: bytes
+    ) -> DeadLetter:
+        """Read the project's ``x-dl-*`` record, or RabbitMQ's ``x-death`` for a body it dead-lettered
+        itself (an undecodable one)."""
+        headers: dict[str, Any] = dict(properties.headers or {})
+        origin = dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX)
+        if record.HEADER_REASON in headers:
+            return cls(
+                dead_letter_queue=dead_letter_queue,
+                message_id=properties.message_id or "",
+                queue=_header(headers, record.HEADER_QUEUE) or origin,
+                actor=_header(headers, record.HEADER_ACTOR) or "",
+                reason=_header(headers, record.HEADER_REASON),
+                exception=_header(headers, record.HEADER_EXCEPTION) or "",
+                error=_header(headers, record.HEADER_ERROR) or "",
+                traceback=_header(headers, record.HEADER_TRACEBACK) or "",
+                attempts=_count(headers.get(record.HEADER_ATTEMPTS)),
+                enqueued_at=_parse_time(_header(headers, record.HEADER_ENQUEUED_AT)),
+                failed_at=_parse_time(_header(headers, record.HEADER_FAILED_AT)),
+                body=body,
+            )
+        deaths = headers.get("x-death") or [{}]
+        death = deaths[0] if isinstance(deaths, list) and deaths else {}
+        message = decode(body, None)
+        if isinstance(message, Message):
+            message_id, actor, reason = (
+                message.message_id,
+                message.actor_name,
+                _header(death, "reason") or "rejected",
+            )
+            enqueued = _from_millis(message.message_timestamp)
+        else:
+            message_id, actor, reason, enqueued = properties.message_id or "", "", "undecodable", None
+        return cls(
+            dead_letter_queue=dead_letter_queue,
+            message_id=message_id,
+            queue=q_name(_header(death, "queue") or origin),
+            actor=actor,
+            reason=reason,
+            exception="DecodeError" if reason == "undecodable" else "",
+            error="the body could not be decoded as a message" if reason == "undecodable" else "",
+            traceback="",
+            attempts=int(death.get("count") or 0) if reason != "undecodable" else 0,
+            enqueued_at=enqueued,
+            failed_at=_parse_time(death.get("time")),
+            body=body,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The record without traceback and body (``list``)."""
+        return {
+            "message_id": self.message_id,
+            "queue": self.queue,
+            "actor": self.actor,
+            "reason": self.reason,
+            "exception": self.exception,
+            "error": self.error,
+            "attempts": self.attempts,
+            "enqueued_at": self.enqueued_at.isoformat() if self.enqueued_at else None,
+            "failed_at": self.failed_at.isoformat() if self.failed_at else None,
+        }
+
+    def full(self) -> dict[str, Any]:
+        """Everything, the body included as text (``show``, ``export``); a body that is not UTF-8
+        also as ``body_base64``, byte for byte."""
+        data = {**self.summary(), "traceback": self.traceback, "body": self.body.decode(errors="replace")}
+        try:
+            self.body.decode()
+        except UnicodeDecodeError:
+            data["body_base64"] = base64.b64encode(self.body).decode()
+        return data
+
+    def index_entry(self) -> DeadLetterEntry:
+        """The dead letter as the index keeps it."""
+
+        def millis(moment: datetime | None) -> int | None:
+            return int(moment.timestamp() * 1000) if moment is not None else None
+
+        return DeadLetterEntry(
+            queue=self.queue,
+            message_id=self.message_id,
+            actor=self.actor,
+            reason=self.reason,
+            exception=self.exception,
+            error=self.error[:1_000],
+            traceback=self.traceback[-4_000:],
+            attempts=self.attempts,
+            enqueued_at=millis(self.enqueued_at),
+            failed_at=millis(self.failed_at) or 0,
+        )
+
+    def replay_message(self) -> Message[Any]:
+        """The message to publish again: original queue, attempts reset, same id and key, and
+        one more replay counted (its status then moves on from ``dead``)."""
+        message = Message.decode(self.body)
+        options = {k: v for k, v in message.options.items() if k not in RESET_OPTIONS}
+        options[record.REPLAYS] = int(message.options.get(record.REPLAYS, 0)) + 1
+        return dataclasses.replace(message, queue_name=self.queue, options=options)
+
+
+class Reader:
+    """One AMQP connection that streams dead-letter queues without acking (see the module doc)."""
+
+    def __init__(self, broker: ProjectBroker) -> None:
+        parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
+        self.connection = pika.BlockingConnection(parameters)
+        self.channel = self.connection.channel()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def count(self, dead_letter_queue: str) -> int:
+        return int(self.channel.queue_declare(dead_letter_queue, passive=True).method.message_count)
+
+    def stream(self, dead_letter_queue: str) -> Iterator[tuple[DeadLetter, int]]:
+        """Each dead letter there was when the stream started, with its delivery tag to ack."""
+        for _ in range(self.count(dead_letter_queue)):
+            method, properties, body = self.channel.basic_get(dead_letter_queue, auto_ack=False)
+            if method is None:  # the queue shrank under us (another operator purged it)
+                return
+            yield DeadLetter.from_delivery(dead_letter_queue, properties, body), method.delivery_tag
+
+    def ack(self, tag: int) -> None:
+        self.channel.basic_ack(tag)
+
+    def close(self) -> None:
+        # Closing the channel hands every unacked dead letter back to its queue, in place.
+        if self.connection.is_open:
+            self.connection.close()

@@ -1,0 +1,87 @@
+"""Each dead letter RabbitMQ confirmed, filed in the dead-letter index of the state store.
+
+The broker publishes a dead letter with its record as ``x-dl-*`` headers and, once RabbitMQ
+confirmed it, hands the same headers here: the entry is written by a background thread, in
+batches (:class:`~jobsystem.runtime.deferred.DeferredWrites`), so the consumer never waits for the
+store, and a store that does not answer delays the entry, never the dead letter. An entry the index
+misses is found again by a re-index (:func:`jobsystem.ops.dead_letters.reindex`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.store.base import StateStore
+from jobsystem.store.dead_letter_index import DeadLetterEntry, IndexBackend, dead_letter_index
+from middleware import dead_letters as record
+
+__all__ = ["DeadLetterIndexer", "entry_from_headers"]
+
+logger = logging.getLogger(__name__)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return "" if value is None else str(value)
+
+
+def _millis(value: Any) -> int | None:
+    try:
+        return int(datetime.fromisoformat(_text(value)).timestamp() * 1000) if value else None
+    except ValueError:
+        return None
+
+
+def entry_from_headers(queue: str, message_id: str, headers: Mapping[str, Any]) -> DeadLetterEntry:
+    """The index entry of a dead letter published with ``headers`` (its ``x-dl-*`` record)."""
+    attempts = headers.get(record.HEADER_ATTEMPTS)
+    return DeadLetterEntry(
+        queue=queue,
+        message_id=message_id,
+        actor=_text(headers.get(record.HEADER_ACTOR)),
+        reason=_text(headers.get(record.HEADER_REASON)) or "rejected",
+        exception=_text(headers.get(record.HEADER_EXCEPTION)),
+        error=_text(headers.get(record.HEADER_ERROR))[:1_000],
+        traceback=_text(headers.get(record.HEADER_TRACEBACK))[-4_000:],
+        attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 0,
+        enqueued_at=_millis(headers.get(record.HEADER_ENQUEUED_AT)),
+        failed_at=_millis(headers.get(record.HEADER_FAILED_AT)) or 0,
+    )
+
+
+class DeadLetterIndexer:
+    """Files confirmed dead letters in the index, in the background.
+
+    Parameters:
+      store: the shared state store.
+      ttl_ms, max_length: the dead-letter queues' bounds (``DEAD_LETTER_TTL_MS``,
+        ``DEAD_LETTER_MAX_LENGTH``), applied to the index too.
+    """
+
+    def __init__(
+        self, store: StateStore, *, ttl_ms: int | None = None, max_length: int | None = None
+    ) -> None:
+        self.backend: IndexBackend = dead_letter_index(store)
+        self.ttl_ms = ttl_ms
+        self.max_length = max_length
+        self.writes = DeferredWrites(store)
+
+    def record(self, queue: str, message_id: str, headers: Mapping[str, Any]) -> None:
+        """Index a dead letter RabbitMQ confirmed. Never raises: the dead letter is safe already,
+        and a raise in the publish path would publish it again."""
+        try:
+            self.writes.submit(self._add_many, entry_from_headers(queue, message_id, headers))
+        except Exception:
+            logger.exception("dead_letter_index_failed", extra={"message_id": message_id})
+
+    def _add_many(self, view: StateStore, entries: list[DeadLetterEntry]) -> None:
+        self.backend.add(entries, ttl_ms=self.ttl_ms, max_length=self.max_length)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every entry recorded so far is written; False on timeout."""
+        return self.writes.flush(timeout)

@@ -1,0 +1,157 @@
+"""The dead-letter index on SQLite: one table, an index per filter
+(:mod:`jobsystem.store.dead_letter_index`)."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from jobsystem.store.dead_letter_index import DeadLetterEntry, DeadLetterFilter, IndexBackend, IndexPage
+from jobsystem.store.sorted_index import Cursor
+from jobsystem.store.sqlite import SqliteStore, sqlite_error
+
+__all__ = ["SqliteIndex"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dead_letter_index (
+    id INTEGER PRIMARY KEY,
+    ns TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    exception TEXT NOT NULL,
+    error TEXT NOT NULL,
+    traceback TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    enqueued_at INTEGER,
+    failed_at INTEGER NOT NULL,
+    copies INTEGER NOT NULL,
+    UNIQUE (ns, queue, message_id)
+);
+CREATE INDEX IF NOT EXISTS dead_letter_index_all ON dead_letter_index (ns, failed_at);
+CREATE INDEX IF NOT EXISTS dead_letter_index_q ON dead_letter_index (ns, queue, failed_at);
+CREATE INDEX IF NOT EXISTS dead_letter_index_a ON dead_letter_index (ns, actor, failed_at);
+CREATE INDEX IF NOT EXISTS dead_letter_index_e ON dead_letter_index (ns, exception, failed_at)
+"""
+
+_COLUMNS = (
+    "queue, message_id, actor, reason, exception, error, traceback, attempts, enqueued_at, failed_at, copies"
+)
+
+
+def _times(e: DeadLetterEntry) -> tuple[int, int | None, int]:
+    return e.attempts, e.enqueued_at, e.failed_at
+
+
+def _entry(row: tuple[Any, ...]) -> DeadLetterEntry:
+    return DeadLetterEntry(*row)
+
+
+class SqliteIndex(IndexBackend):
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        store.ensure_schema(_SCHEMA)
+
+    def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        try:
+            return self.store.connection().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
+
+    def add(self, entries: list[DeadLetterEntry], *, ttl_ms: int | None, max_length: int | None) -> None:
+        if not entries:
+            return
+        ns = self.store.namespace
+        with self.store.transaction() as conn:
+            for e in entries:
+                conn.execute(
+                    f"INSERT INTO dead_letter_index (ns, {_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1) "
+                    "ON CONFLICT (ns, queue, message_id) DO UPDATE SET actor = excluded.actor, "
+                    "reason = excluded.reason, exception = excluded.exception, error = excluded.error, "
+                    "traceback = excluded.traceback, attempts = excluded.attempts, "
+                    "enqueued_at = excluded.enqueued_at, failed_at = excluded.failed_at, copies = copies + 1",
+                    (
+                        ns,
+                        e.queue,
+                        e.message_id,
+                        e.actor,
+                        e.reason,
+                        e.exception,
+                        e.error,
+                        e.traceback,
+                        *_times(e),
+                    ),
+                )
+            if ttl_ms:
+                conn.execute(
+                    "DELETE FROM dead_letter_index WHERE ns = ? AND failed_at <= ?",
+                    (ns, self.store.now_ms() - ttl_ms),
+                )
+            for queue in {e.queue for e in entries} if max_length else ():
+                conn.execute(
+                    "DELETE FROM dead_letter_index WHERE id IN (SELECT id FROM dead_letter_index "
+                    "WHERE ns = ? AND queue = ? ORDER BY failed_at DESC, id DESC LIMIT -1 OFFSET ?)",
+                    (ns, queue, max_length),
+                )
+
+    def remove(self, items: list[tuple[str, str]]) -> None:
+        if not items:
+            return
+        rows = [(self.store.namespace, queue, message_id) for queue, message_id in items]
+        with self.store.transaction() as conn:
+            conn.executemany(
+                "UPDATE dead_letter_index SET copies = copies - 1 "
+                "WHERE ns = ? AND queue = ? AND message_id = ?",
+                rows,
+            )
+            conn.execute("DELETE FROM dead_letter_index WHERE copies <= 0")
+
+    def clear(self, queue: str) -> None:
+        with self.store.transaction() as conn:
+            conn.execute(
+                "DELETE FROM dead_letter_index WHERE ns = ? AND queue = ?", (self.store.namespace, queue)
+            )
+
+    def get(self, queue: str, message_id: str) -> DeadLetterEntry | None:
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM dead_letter_index WHERE ns = ? AND queue = ? AND message_id = ?",
+            (self.store.namespace, queue, message_id),
+        )
+        return _entry(rows[0]) if rows else None
+
+    def page(self, dl_filter: DeadLetterFilter, cursor: Cursor | None, limit: int) -> IndexPage:
+        clauses, params = ["ns = ?"], list[Any]([self.store.namespace])
+        for column in ("queue", "actor", "exception"):
+            value = getattr(dl_filter, column)
+            if value:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if dl_filter.since is not None:
+            clauses.append("failed_at >= ?")
+            params.append(dl_filter.since)
+        if cursor is not None:
+            clauses.append("(failed_at, id) < (?, ?)")
+            params += [cursor.at, int(cursor.id) if cursor.id.isdigit() else 0]
+        rows = self._read(
+            f"SELECT {_COLUMNS}, id FROM dead_letter_index WHERE {' AND '.join(clauses)} "
+            "ORDER BY failed_at DESC, id DESC LIMIT ?",
+            (*params, limit + 1),
+        )
+        entries = [_entry(row[:-1]) for row in rows[:limit]]
+        last = rows[limit - 1] if len(rows) > limit else None
+        return IndexPage(entries, Cursor(int(last[9]), str(last[-1])) if last else None)
+
+    def counts(self) -> dict[str, int]:
+        rows = self._read(
+            "SELECT queue, SUM(copies) FROM dead_letter_index WHERE ns = ? GROUP BY queue",
+            (self.store.namespace,),
+        )
+        return {str(queue): int(count) for queue, count in rows}
+
+    def facets(self) -> dict[str, list[str]]:
+        ns = (self.store.namespace,)
+        actors = self._read("SELECT DISTINCT actor FROM dead_letter_index WHERE ns = ?", ns)
+        exceptions = self._read("SELECT DISTINCT exception FROM dead_letter_index WHERE ns = ?", ns)
+        return {"actor": sorted(a for (a,) in actors), "exception": sorted(e for (e,) in exceptions)}

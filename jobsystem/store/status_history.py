@@ -1,0 +1,143 @@
+"""What the status writer keeps besides each job's current state: its timeline, and per-minute counts.
+
+- **Timeline**: each accepted change of state is appended to the record's ``timeline`` field as
+  ``[state, time ms, attempt, order within the replay]``; the first entry and the latest
+  ``TIMELINE_MAX - 1`` are kept, so a job retried a hundred times keeps a bounded record. A
+  state that arrives after a later one (the sender's ``queued`` written after the worker's
+  ``running``) is not applied to the record but still goes into the timeline, before the later
+  states.
+- **Per-minute counts**: per queue, how many jobs entered each state in each minute, kept
+  ``MINUTES_TTL_MS`` (the dashboard charts the last hour). Redis: one hash per queue and hour
+  (``status-minutes:<queue>:<hour>``, fields ``<minute>:<state>``) that expires whole; SQLite:
+  the table ``job_status_minutes``, swept once a minute.
+
+Both are written in the same script call or transaction as the record (:mod:`jobsystem.store.status`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from string import Template
+from typing import Any
+
+from jobsystem.store.redis import RedisStore
+
+__all__ = ["HISTORY_LUA", "MINUTES_TTL_MS", "SQLITE_SCHEMA", "TIMELINE_MAX", "redis_minutes"]
+
+#: Entries of a record's timeline: the first one and the latest ones.
+TIMELINE_MAX = 50
+#: How long per-minute counts are kept.
+MINUTES_TTL_MS = 3 * 3_600_000
+
+#: ``timeline(key, state, at, order, late)`` and ``count_minute(queue, state, at)`` inside the status
+#: script; ``NS`` (the store's namespace) is a local the script declares before it.
+HISTORY_LUA = Template("""
+local function timeline(key, state, at, order, late)
+  local raw = redis.call('HGET', key, 'timeline')
+  local line = raw and cjson.decode(raw) or {}
+  local place = #line + 1
+  if late then  -- an earlier state written after a later one (another process): put it in its place
+    for i, e in ipairs(line) do
+      if e[1] == state and e[4] == order then return end
+      if (e[4] or 0) > order and place > i then place = i end
+    end
+  end
+  if #line >= $timeline_max then
+    table.remove(line, 2)
+    place = math.max(2, place - 1)
+  end
+  table.insert(line, place, {state, at, math.floor(order / 10), order})
+  redis.call('HSET', key, 'timeline', cjson.encode(line))
+end
+
+local function count_minute(queue, state, at)
+  local minute = math.floor(at / 60000)
+  local per_hour = NS .. 'status-minutes:' .. queue .. ':' .. math.floor(minute / 60)
+  redis.call('HINCRBY', per_hour, minute .. ':' .. state, 1)
+  redis.call('PEXPIRE', per_hour, $minutes_ttl)
+end
+""").substitute(timeline_max=TIMELINE_MAX, minutes_ttl=MINUTES_TTL_MS)
+
+SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS job_status_minutes (
+    queue TEXT NOT NULL,
+    minute INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (queue, minute, state)
+) WITHOUT ROWID
+"""
+
+
+def append_timeline(fields: dict[str, Any], state: str, at: int, order: int, *, late: bool = False) -> bool:
+    """Add one change to ``fields["timeline"]`` (SQLite's twin of the Lua ``timeline``). A
+    ``late`` one (an earlier state that another process wrote after a later one) goes before the
+    later states, once. Returns whether the timeline changed."""
+    raw = fields.get("timeline")
+    entries = json.loads(raw) if raw else []
+    place = len(entries)
+    if late:
+        if any(e[0] == state and e[3:] == [order] for e in entries):
+            return False
+        place = next((i for i, e in enumerate(entries) if (e[3:] or [0])[0] > order), place)
+    if len(entries) >= TIMELINE_MAX:
+        del entries[1]
+        place = max(1, place - 1)
+    entries.insert(place, [state, at, order // 10, order])
+    fields["timeline"] = json.dumps(entries)
+    return True
+
+
+def sqlite_count_minute(conn: sqlite3.Connection, queue_key: str, state: str, at: int) -> None:
+    conn.execute(
+        "INSERT INTO job_status_minutes (queue, minute, state, count) VALUES (?, ?, ?, 1) "
+        "ON CONFLICT(queue, minute, state) DO UPDATE SET count = count + 1",
+        (queue_key, at // 60_000 * 60_000, state),
+    )
+
+
+def sqlite_sweep_minutes(conn: sqlite3.Connection, now_ms: int) -> None:
+    conn.execute("DELETE FROM job_status_minutes WHERE minute < ?", (now_ms - MINUTES_TTL_MS,))
+
+
+def sqlite_minutes(
+    conn: sqlite3.Connection, queue_keys: dict[str, str], since_ms: int
+) -> dict[str, dict[int, dict[str, int]]]:
+    """Per queue (``queue_keys`` maps each to its namespaced name), per minute since ``since_ms``."""
+    found: dict[str, dict[int, dict[str, int]]] = {}
+    for queue, queue_key in queue_keys.items():
+        per_minute = found.setdefault(queue, {})
+        for minute, state, count in conn.execute(
+            "SELECT minute, state, count FROM job_status_minutes WHERE queue = ? AND minute >= ?",
+            (queue_key, since_ms // 60_000 * 60_000),
+        ):
+            per_minute.setdefault(int(minute), {})[str(state)] = int(count)
+    return found
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def redis_minutes(
+    store: RedisStore, queues: list[str], since_ms: int
+) -> dict[str, dict[int, dict[str, int]]]:
+    """Per queue, per minute (ms of its start) since ``since_ms``: jobs entering each state."""
+    hours = range(since_ms // 3_600_000, int(time.time()) // 3_600 + 1)
+    with store.errors():
+        pipe = store.client.pipeline(transaction=False)
+        for queue in queues:
+            for hour in hours:
+                pipe.hgetall(store.key(f"status-minutes:{queue}:{hour}"))
+        replies = iter(pipe.execute())
+    found: dict[str, dict[int, dict[str, int]]] = {}
+    for queue in queues:
+        per_minute = found.setdefault(queue, {})
+        for _ in hours:
+            for name, count in next(replies).items():
+                minute, _, state = _text(name).partition(":")
+                if int(minute) * 60_000 >= since_ms:
+                    per_minute.setdefault(int(minute) * 60_000, {})[state] = int(count)
+    return found

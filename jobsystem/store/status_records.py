@@ -1,0 +1,146 @@
+"""What a job's status record is: its states and their order, a change to it, the record as read.
+
+Every change is a :class:`StatusUpdate` carrying an ``order`` (attempt x 10 + phase rank). A record
+only takes an update whose order is not lower than its own, so writes from different processes
+(the sender's ``queued``, the worker's ``running``) may land in any order and the record still
+never goes back: a late ``queued`` cannot hide a ``running`` job, and a duplicate delivery skipped
+after the job succeeded cannot turn ``succeeded`` into ``skipped``. The backends that store the
+records are in :mod:`jobsystem.store.status`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "order_of"]
+
+#: The states a job goes through, and the rank of each within one attempt.
+STATE_RANKS: dict[str, int] = {
+    "queued": 0,
+    "running": 1,
+    "failed": 2,
+    "retrying": 3,
+    "skipped": 4,
+    "succeeded": 5,
+    "dead": 5,
+}
+
+
+#: Orders of one replay of a message come after every order of the one before (attempts <= 101).
+REPLAY_STRIDE = 10_000
+
+
+def order_of(attempt: int, state: str, replays: int = 0) -> int:
+    """The order of ``state`` within attempt number ``attempt`` (0 before the first run) of the
+    message's ``replays``-th replay from the dead letters (its attempts start again at 1)."""
+    return replays * REPLAY_STRIDE + attempt * 10 + STATE_RANKS[state]
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """A change to one message's record.
+
+    ``fields`` are set, ``once`` fields only when the record has none yet (actor, queue),
+    ``delete`` fields removed (a new attempt clears the last one's progress).
+    """
+
+    message_id: str
+    queue: str
+    order: int
+    fields: Mapping[str, str]
+    once: Mapping[str, str] = field(default_factory=dict)
+    delete: tuple[str, ...] = ()
+
+    @property
+    def progress_only(self) -> bool:
+        """True for a progress report: a newer one for the same message replaces it before it is written."""
+        return "state" not in self.fields and not self.once and not self.delete
+
+    def encode(self) -> str:
+        return json.dumps(
+            {
+                "m": self.message_id,
+                "o": self.order,
+                "f": dict(self.fields),
+                "n": dict(self.once),
+                "d": self.delete,
+            }
+        )
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What is known of one job, as an application shows it (``GET /videos/<id>/status``).
+
+    Times are milliseconds since the epoch (each writer's clock); ``progress`` is 0..1 as the actor
+    last reported it; ``error`` is the last failure's scrubbed message; ``result`` the actor's
+    return value when it was small and JSON.
+    """
+
+    message_id: str
+    state: str
+    actor: str | None = None
+    queue: str | None = None
+    attempts: int = 0
+    enqueued_at: int | None = None
+    started_at: int | None = None
+    finished_at: int | None = None
+    updated_at: int | None = None
+    retry_at: int | None = None
+    progress: float | None = None
+    note: str | None = None
+    error_type: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    result: Any = None
+    timeline: list[list[Any]] = field(default_factory=list)
+    args: Any = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job reached a final state (succeeded, dead or skipped)."""
+        return self.state in ("succeeded", "dead", "skipped")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_fields(cls, message_id: str, fields: Mapping[str, str]) -> JobStatus:
+        def number(name: str) -> int | None:
+            value = fields.get(name)
+            return int(value) if value else None
+
+        progress = fields.get("progress")
+        result = fields.get("result")
+        timeline = fields.get("timeline")
+        args = fields.get("args")
+        return cls(
+            message_id=message_id,
+            state=fields.get("state", "queued"),
+            actor=fields.get("actor") or None,
+            queue=fields.get("queue") or None,
+            attempts=int(fields.get("attempts") or 0),
+            enqueued_at=number("enqueued_at"),
+            started_at=number("started_at"),
+            finished_at=number("finished_at"),
+            updated_at=number("updated_at"),
+            retry_at=number("retry_at"),
+            progress=float(progress) if progress else None,
+            note=fields.get("note") or None,
+            error_type=fields.get("error_type") or None,
+            error=fields.get("error") or None,
+            traceback=fields.get("traceback") or None,
+            result=json.loads(result) if result else None,
+            timeline=json.loads(timeline) if timeline else [],
+            args=_json_or_text(args) if args else None,
+        )
+
+
+def _json_or_text(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

@@ -1,0 +1,139 @@
+"""Each worker process tells the state store it is alive, for the operators' dashboard.
+
+Every ``interval`` seconds a worker process writes its record (:mod:`jobsystem.store.heartbeats`):
+host, pid, the queues it consumes, its threads and how many are running a job right now, the
+jobs it finished, when it started, the project's and Dramatiq's versions. A clean stop writes
+``stopped_at``; a process that dies just stops beating, and the dashboard shows it gone.
+
+A beat never blocks a job: it is written from a thread of its own, and a store that does not
+answer only delays the next one (logged once per outage). Senders (an application, ``jobctl``)
+build the same middleware but never boot a worker, so they never beat.
+
+It also declares the actor option ``dashboard_args``: an actor whose arguments may be shown to
+operators (scrubbed) opts in with ``@dramatiq.actor(dashboard_args=True)``, and the Status
+middleware then records them at send. Declared here, in a middleware every stack has, so the
+option never makes an actor undeclarable when job status is turned off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from importlib import metadata
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.common import q_name
+from dramatiq.middleware import Middleware
+
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.heartbeats import HeartbeatBackend, heartbeat_backend
+
+__all__ = ["Heartbeat"]
+
+logger = logging.getLogger(__name__)
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class Heartbeat(Middleware):
+    """Write this worker process's record to the state store every ``interval`` seconds.
+
+    Parameters:
+      store: the shared state store.
+      interval: seconds between beats (the dashboard shows a worker gone after three missed).
+    """
+
+    def __init__(self, store: StateStore, *, interval: float = 5.0) -> None:
+        self.store = store
+        self.interval = interval
+        self.backend: HeartbeatBackend = heartbeat_backend(store)
+        self._lock = threading.Lock()
+        self._running: set[int] = set()
+        self._done = 0
+        self._stop = threading.Event()
+        self._worker: dramatiq.Worker | None = None
+        self._record: dict[str, Any] = {}
+        self._failing = False
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"dashboard_args"}
+
+    @property
+    def worker_id(self) -> str:
+        return f"{self._record.get('host')}:{self._record.get('pid')}"
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self._worker = worker
+        self._record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "threads": worker.worker_threads,
+            "started_at": int(time.time() * 1000),
+            "version": _version("jobsystem"),
+            "dramatiq": _version("dramatiq"),
+        }
+        self._stop.clear()
+        threading.Thread(target=self._run, name="heartbeat", daemon=True).start()
+
+    def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self._stop.set()
+        self._beat(stopped_at=int(time.time() * 1000))
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        with self._lock:
+            self._running.add(threading.get_ident())
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        with self._lock:
+            self._running.discard(threading.get_ident())
+            self._done += 1
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        with self._lock:
+            self._running.discard(threading.get_ident())
+
+    # -- beating ---------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The record as it stands: the fixed fields, the queues consumed now, the counters."""
+        consumers = list(self._worker.consumers) if self._worker is not None else []
+        with self._lock:
+            busy, done = len(self._running), self._done
+        queues = sorted({q_name(q) for q in consumers})
+        return {**self._record, "queues": queues, "busy": busy, "jobs_done": done}
+
+    def _beat(self, **extra: Any) -> None:
+        now = int(time.time() * 1000)
+        try:
+            self.backend.beat(self.worker_id, {**self.snapshot(), **extra}, now)
+        except StoreUnavailable as exc:
+            if not self._failing:
+                logger.warning("heartbeat_failed", extra={"error": str(exc)})
+            self._failing = True
+            return
+        self._failing = False
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._beat()
+            self._stop.wait(self.interval)
