@@ -339,9 +339,11 @@ class Idempotency(FailClosed):
 
         Dramatiq stops consumers once every worker thread has stopped, and closes them (RabbitMQ
         then redelivers what was prefetched) only afterwards: released now, those messages run
-        at once wherever they are redelivered instead of waiting out this worker's lease.
+        at once wherever they are redelivered instead of waiting out this worker's lease. A claim
+        still on its way is waited for first (at most twice the store's timeout: a batch in flight,
+        then its own), so that it cannot land after its give-back.
         """
-        unstarted = self.ahead.unstarted()
+        unstarted = self.ahead.unstarted(timeout=2 * self.store.timeout)
         if not unstarted:
             return
         try:

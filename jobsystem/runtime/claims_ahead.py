@@ -41,16 +41,17 @@ class ClaimsAhead:
 
     def __init__(self, claims: Coalescer[ClaimRequest, Claim]) -> None:
         self.claims = claims
-        self._unstarted: dict[tuple[str, str], ClaimRequest] = {}
+        self._unstarted: dict[tuple[str, str], Ahead] = {}
         self._lock = threading.Lock()
         #: When a claim last found the store unreachable: a claim sent ahead before it is redone.
         self.store_failed_at = float("-inf")
 
     def send(self, message: MessageProxy, request: ClaimRequest) -> None:
         """Send ``request`` for ``message`` without waiting for the answer."""
+        ahead = Ahead(request, self.claims.submit(request), time.monotonic())
         with self._lock:
-            self._unstarted[(request.message_id, request.owner)] = request
-        send_claim_ahead(message, Ahead(request, self.claims.submit(request), time.monotonic()))
+            self._unstarted[(request.message_id, request.owner)] = ahead
+        send_claim_ahead(message, ahead)
 
     def take(self, message: MessageProxy) -> Ahead | None:
         """The claim sent ahead for ``message``, taken off it (its answer is collected once) and
@@ -77,16 +78,24 @@ class ClaimsAhead:
         trusted = self.store_failed_at < ahead.sent_at
         return ahead.request.owner, claim if fresh and trusted else None
 
-    def granted(self, ahead: Ahead) -> bool:
-        """Whether the claim sent ahead was granted (so there is a lease to give back); an
-        unknown answer counts as granted, to be given back in case."""
+    def granted(self, ahead: Ahead, timeout: float | None = None) -> bool:
+        """Whether the claim sent ahead was granted (so there is a lease to give back), once its
+        answer is in (waiting up to ``timeout`` seconds); an answer that is unknown or not in by
+        then counts as granted, to be given back in case."""
         try:
-            return self.claims.wait(ahead.pending).status == "claimed"
-        except StoreUnavailable:
+            return self.claims.wait(ahead.pending, timeout).status == "claimed"
+        except (StoreUnavailable, TimeoutError):
             return True
 
-    def unstarted(self) -> list[ClaimRequest]:
-        """Every claim sent ahead for a delivery that never started, forgotten from now on."""
+    def unstarted(self, timeout: float) -> list[ClaimRequest]:
+        """The claims sent ahead for deliveries that never started, to be given back (those
+        granted, or whose answer is unknown); all are forgotten from now on.
+
+        Each answer is awaited first, up to ``timeout`` seconds for them all: a claim still queued
+        in the coalescer behind another batch would otherwise be granted after it was given back,
+        and hold its key until its lease ran out.
+        """
         with self._lock:
             unstarted, self._unstarted = list(self._unstarted.values()), {}
-        return unstarted
+        deadline = time.monotonic() + timeout
+        return [ahead.request for ahead in unstarted if self.granted(ahead, deadline - time.monotonic())]

@@ -57,9 +57,12 @@ class Coalescer(Generic[Item, Answer]):
         self._queue.put(pending)
         return pending
 
-    def wait(self, pending: _Pending[Item, Answer]) -> Answer:
-        """The answer to a submitted item (raising what its call raised); callable once."""
-        pending.done.acquire()
+    def wait(self, pending: _Pending[Item, Answer], timeout: float | None = None) -> Answer:
+        """The answer to a submitted item (raising what its call raised), as often as asked;
+        :class:`TimeoutError` when it is not in within ``timeout`` seconds (None: no limit)."""
+        if not pending.done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            raise TimeoutError("no answer yet")
+        pending.done.release()  # answered for good: a later wait returns at once
         if pending.error is not None:
             raise pending.error
         return pending.answer  # type: ignore[return-value]

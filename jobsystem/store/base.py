@@ -41,6 +41,8 @@ class StateStore(ABC):
     label: str
     #: Prefix of every key: environments sharing one store stay apart.
     namespace: str = ""
+    #: Seconds one call may take before it fails (Redis's socket timeout, SQLite's busy timeout).
+    timeout: float = 2.0
 
     def key(self, name: str) -> str:
         """``name`` within this store's namespace."""

@@ -107,6 +107,7 @@ class RedisStore(StateStore):
         self.url = url
         self.label = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
         self.namespace = namespace
+        self.timeout = socket_timeout
         self.client: redis.Redis = client or redis.Redis.from_url(
             url,
             socket_timeout=socket_timeout,

@@ -50,6 +50,7 @@ class SqliteStore(StateStore):
         self.namespace = namespace
         self.label = f"sqlite:///{self.path}"
         self.busy_timeout_ms = busy_timeout_ms
+        self.timeout = busy_timeout_ms / 1000
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()

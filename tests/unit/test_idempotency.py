@@ -3,6 +3,7 @@ store backend: dedup at send, claim, complete, release, skip, defer, claims sent
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from dramatiq.middleware import SkipMessage
 
 from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
+from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.store.base import StateStore
 from jobsystem.store.redis import RedisStore
 from middleware.idempotency import (
@@ -142,6 +144,57 @@ def test_claims_sent_ahead_for_deliveries_that_never_started_are_given_back_at_s
     wait_for(lambda: idem.state("x") == idem.state("y") == "running", what="the claims sent ahead")
     idem.middleware.before_consumer_thread_shutdown(idem.broker, None)
     assert (idem.state("x"), idem.state("y")) == ("pending", "pending")
+
+
+def test_a_claim_still_queued_at_shutdown_is_answered_before_it_is_given_back(idem):
+    # The worker stops while the coalescer's pump is busy with a batch (the claim of "first"), so
+    # the claim of "late" is still queued behind it. Given back before it lands, it would be granted
+    # afterwards and hold its key until its lease ran out.
+    middleware, in_flight, go_on = idem.middleware, threading.Event(), threading.Event()
+    claim_many = middleware.claims.call_many
+
+    def first_batch_held(requests: list[Any]) -> list[Any]:
+        if not go_on.is_set():
+            in_flight.set()
+            go_on.wait(30)
+        return claim_many(requests)
+
+    middleware.claims.call_many = first_batch_held
+    first, late = delivery(idem.message("first")), delivery(idem.message("late"))
+    middleware.on_receive(idem.broker, first)
+    assert in_flight.wait(10)
+    middleware.on_receive(idem.broker, late)
+    release_many, released = middleware.backend.release_many, threading.Event()
+
+    def noting_release(claims: list[tuple[str, str]]) -> None:
+        release_many(claims)
+        released.set()
+
+    middleware.backend.release_many = noting_release  # type: ignore[method-assign]
+    shutdown = threading.Thread(target=middleware.before_consumer_thread_shutdown, args=(idem.broker, None))
+    shutdown.start()
+    released.wait(1.0)  # given back at once (the race), or waiting for the answers
+    go_on.set()
+    shutdown.join(30)
+    assert not shutdown.is_alive()
+    for proxy in (first, late):  # both claims have landed
+        middleware.claims.wait(proxy.claim_ahead.pending, 10)
+    assert (idem.state("first"), idem.state("late")) == ("pending", "pending")
+
+
+def test_a_wait_for_an_answer_is_bounded_and_can_be_repeated():
+    go_on = threading.Event()
+
+    def doubled(items: list[int]) -> list[int]:
+        go_on.wait(10)
+        return [i * 2 for i in items]
+
+    coalescer: Coalescer[int, int] = Coalescer(doubled)
+    pending = coalescer.submit(21)
+    with pytest.raises(TimeoutError):
+        coalescer.wait(pending, 0.05)
+    go_on.set()
+    assert coalescer.wait(pending, 10) == coalescer.wait(pending) == 42
 
 
 def test_an_invalid_key_dead_letters_the_message_with_the_error(idem):
