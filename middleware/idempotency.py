@@ -130,7 +130,7 @@ class Idempotency(FailClosed):
         self.claims: Coalescer[ClaimRequest, Claim] = Coalescer(self._claim_many)
         self._local = threading.local()
         self.leases = HeldLeases(self.backend.renew, lease_ms)
-        self.ahead = ClaimsAhead(self.claims)
+        self.ahead = ClaimsAhead(self.claims, lease_ms)
 
     send_error = IdempotencyStoreError
     defer_option = "idempotency_store_waits"

@@ -15,12 +15,11 @@ from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest
 
-__all__ = ["FRESH_S", "Ahead", "ClaimsAhead"]
+__all__ = ["HELD_FRESH_S", "Ahead", "ClaimsAhead"]
 
-#: How long a claim sent ahead at receipt is taken as the store's current answer. Under load a
-#: prefetched message waits a few milliseconds for a worker thread, and its claim's round trip has
-#: overlapped that wait; a message that waited longer is claimed again when it starts.
-FRESH_S = 0.1
+#: How long an answer "held by another worker" is taken as current: the holder may finish or give
+#: the key back at any moment, and a stale "held" would defer the message for nothing.
+HELD_FRESH_S = 0.1
 
 
 @dataclass
@@ -37,10 +36,19 @@ class ClaimsAhead:
 
     Parameters:
       claims: the coalescer the claims go through (shared with the claims made at start).
+      lease_ms: the lease a granted claim holds; renewed every third of it once the job starts.
+
+    How long an answer is trusted: a granted claim is this worker's until its lease runs out, so
+    it stays good while the message waits in the prefetch buffer, however long that is under load,
+    provided the renewal that starts with the job comes in time: the renewer runs every third of
+    the lease, so an answer younger than a third of the lease leaves a third of it to spare. A
+    "completed" answer is final (the key is done; only its TTL ends that). A "held" answer is
+    trusted :data:`HELD_FRESH_S`. Any answer older than a store failure is asked again.
     """
 
-    def __init__(self, claims: Coalescer[ClaimRequest, Claim]) -> None:
+    def __init__(self, claims: Coalescer[ClaimRequest, Claim], lease_ms: int) -> None:
         self.claims = claims
+        self.trusted_s = lease_ms / 3000
         self._unstarted: dict[tuple[str, str], Ahead] = {}
         self._lock = threading.Lock()
         #: When a claim last found the store unreachable: a claim sent ahead before it is redone.
@@ -64,9 +72,8 @@ class ClaimsAhead:
         return ahead
 
     def answer(self, message: MessageProxy) -> tuple[str | None, Claim | None]:
-        """The owner of the claim sent ahead for ``message``, and its answer if it can be trusted:
-        given less than :data:`FRESH_S` ago and with no store failure since (else None: claim again,
-        as the same owner, so the job starts on an answer the store gave just now)."""
+        """The owner of the claim sent ahead for ``message``, and its answer if it can still be
+        trusted (see the class's docstring; else None: claim again, as the same owner)."""
         ahead = self.take(message)
         if ahead is None:
             return None, None
@@ -74,7 +81,8 @@ class ClaimsAhead:
             claim = self.claims.wait(ahead.pending)
         except StoreUnavailable:
             return ahead.request.owner, None
-        fresh = time.monotonic() - ahead.sent_at < FRESH_S
+        age = time.monotonic() - ahead.sent_at
+        fresh = age < (HELD_FRESH_S if claim.status == "held" else self.trusted_s)
         trusted = self.store_failed_at < ahead.sent_at
         return ahead.request.owner, claim if fresh and trusted else None
 

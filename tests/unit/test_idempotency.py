@@ -222,3 +222,25 @@ def test_keys_are_stored_hashed(idem, store):
     else:
         names = [row[0] for row in store.connection().execute("SELECT key FROM idempotency")]
     assert names and not any("ana@example.com" in name for name in names)
+
+
+def test_a_granted_claim_sent_ahead_is_trusted_for_a_third_of_its_lease(idem):
+    """However long a delivery waited prefetched, its granted claim holds its lease: it is used as
+    it is while a third of the lease (10 s here) has not passed, and made again after that."""
+    middleware, batches = idem.middleware, []
+    claim_many = middleware.claims.call_many
+
+    def counted(requests: list[Any]) -> list[Any]:
+        batches.append([r.key for r in requests])
+        return claim_many(requests)
+
+    middleware.claims.call_many = counted
+    for token, waited_s, claims in (("waited", 2.0, 1), ("stale", 4.0, 2)):
+        batches.clear()
+        proxy = delivery(idem.message(token))
+        middleware.on_receive(idem.broker, proxy)
+        wait_for(lambda token=token: idem.state(token) == "running", what="the claim sent ahead")
+        proxy.claim_ahead.sent_at -= waited_s  # as if it had waited that long in the prefetch
+        run(idem, proxy)
+        assert idem.state(token) == "done"
+        assert len(batches) == claims, (token, batches)
