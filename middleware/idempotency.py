@@ -305,10 +305,12 @@ class Idempotency(FailClosed):
 
     def _claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         try:
-            return self.backend.claim_many(requests)
+            claims = self.backend.claim_many(requests)
         except StoreUnavailable:
             self.ahead.store_failed_at = time.monotonic()
             raise
+        self.ahead.store_answered_at = time.monotonic()
+        return claims
 
     def _finish(self) -> _Held | None:
         held: _Held | None = getattr(self._local, "held", None)

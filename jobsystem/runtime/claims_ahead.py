@@ -15,11 +15,11 @@ from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest
 
-__all__ = ["HELD_FRESH_S", "Ahead", "ClaimsAhead"]
+__all__ = ["FRESH_S", "Ahead", "ClaimsAhead"]
 
-#: How long an answer "held by another worker" is taken as current: the holder may finish or give
-#: the key back at any moment, and a stale "held" would defer the message for nothing.
-HELD_FRESH_S = 0.1
+#: How recent the store's word must be for a job to start on a claim sent ahead: either the answer
+#: itself, or (for a granted or completed claim) some later claim answered by the store.
+FRESH_S = 0.1
 
 
 @dataclass
@@ -38,17 +38,22 @@ class ClaimsAhead:
       claims: the coalescer the claims go through (shared with the claims made at start).
       lease_ms: the lease a granted claim holds; renewed every third of it once the job starts.
 
-    How long an answer is trusted: a granted claim is this worker's until its lease runs out, so
-    it stays good while the message waits in the prefetch buffer, however long that is under load,
-    provided the renewal that starts with the job comes in time: the renewer runs every third of
-    the lease, so an answer younger than a third of the lease leaves a third of it to spare. A
-    "completed" answer is final (the key is done; only its TTL ends that). A "held" answer is
-    trusted :data:`HELD_FRESH_S`. Any answer older than a store failure is asked again.
+    How long an answer is trusted. An answer younger than :data:`FRESH_S` always is. A granted
+    claim is this worker's until its lease runs out, so it stays good while the message waits in
+    the prefetch buffer, however long that is under load, provided the renewal that starts with the
+    job comes in time (the renewer runs every third of the lease: an answer younger than a third of
+    the lease leaves a third of it to spare) and the store is still there: some claim was answered
+    within the last :data:`FRESH_S` (under load, every few milliseconds), and none has failed since
+    the answer. A "completed" answer is final (only the key's TTL ends it) and is trusted alike. A
+    "held" answer is trusted :data:`FRESH_S` only (the holder may finish at any moment). Otherwise
+    the message is claimed again at start, failing closed if the store does not answer.
     """
 
     def __init__(self, claims: Coalescer[ClaimRequest, Claim], lease_ms: int) -> None:
         self.claims = claims
         self.trusted_s = lease_ms / 3000
+        #: When the store last answered a batch of claims.
+        self.store_answered_at = float("-inf")
         self._unstarted: dict[tuple[str, str], Ahead] = {}
         self._lock = threading.Lock()
         #: When a claim last found the store unreachable: a claim sent ahead before it is redone.
@@ -81,8 +86,10 @@ class ClaimsAhead:
             claim = self.claims.wait(ahead.pending)
         except StoreUnavailable:
             return ahead.request.owner, None
-        age = time.monotonic() - ahead.sent_at
-        fresh = age < (HELD_FRESH_S if claim.status == "held" else self.trusted_s)
+        now = time.monotonic()
+        age = now - ahead.sent_at
+        store_seen = now - self.store_answered_at < FRESH_S
+        fresh = age < FRESH_S or (claim.status != "held" and age < self.trusted_s and store_seen)
         trusted = self.store_failed_at < ahead.sent_at
         return ahead.request.owner, claim if fresh and trusted else None
 
