@@ -206,7 +206,9 @@ local function load(key, rate, burst)
              lout = tonumber(h[4]) or 0, lend = tonumber(h[5]) or 0}
   if b.tokens == nil then b.tokens, b.ts = burst, now end
   if b.lout > 0 and b.lend <= now then
-    if b.lend > b.ts then b.tokens, b.ts = math.min(burst - b.lout, b.tokens + (b.lend - b.ts) * rate), b.lend end
+    if b.lend > b.ts then
+      b.tokens, b.ts = math.min(burst - b.lout, b.tokens + (b.lend - b.ts) * rate), b.lend
+    end
     b.lout = 0
   end
   if now > b.ts then b.tokens, b.ts = math.min(burst - b.lout, b.tokens + (now - b.ts) * rate), now end
