@@ -335,11 +335,10 @@ class RateLimits(FailClosed):
         self._local.target = None
         if not isinstance(raised, RateLimited) or message.failed:
             return
-        if target is not None:
-            self.leases.drop(target.bucket)  # the upstream wants less: no more jobs from leases
         self._local.upstream = message  # until re-enqueued; see after_hook_failed
         pause_ms = math.ceil(raised.retry_after * 1000)
         if target is not None:
+            self.leases.drop(target.bucket)  # the upstream wants less: no more jobs from leases
             try:
                 # One round trip: drain for the pause, then take the slot after it.
                 take = self.backend.drain_and_take(
