@@ -7,17 +7,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import dramatiq
 import pytest
 from dramatiq.middleware import SkipMessage
 
-from jobsystem.limits import Limit
 from jobsystem.runtime.token_leases import TokenLeases
 from jobsystem.store import StateStore
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.buckets import TakeRequest
-from middleware.ratelimit import RateLimited, RateLimits
-from tests.unit.stub import RecordingBroker, delivery
+from middleware.ratelimit import RateLimited
+from tests.unit.stub import delivery
+from tests.unit.test_ratelimit import Setup
 
 # -- the pool --------------------------------------------------------------------------------------
 
@@ -61,14 +60,12 @@ def test_the_pool_holds_leases_for_a_bounded_number_of_buckets():
 # -- the middleware --------------------------------------------------------------------------------
 
 
-class Hot:
+class Hot(Setup):
     """A bucket ``api`` far from empty (leases of 20 tokens), an actor spending from it, and a
     record of every batch of takes sent to the store."""
 
     def __init__(self, store: StateStore, rate: float = 1_000, burst: float = 320, **options: Any) -> None:
-        self.middleware = RateLimits(
-            store, {"api": Limit(rate=rate, burst=burst)}, wait_ms=0, max_delay_ms=60_000, **options
-        )
+        super().__init__(store, rate, burst, **options)
         self.sent: list[list[TakeRequest]] = []
         send = self.middleware.takes.call_many
 
@@ -77,15 +74,9 @@ class Hot:
             return send(requests)
 
         self.middleware.takes.call_many = counted
-        self.broker = RecordingBroker(middleware=[self.middleware])
-        self.actor = dramatiq.actor(
-            broker=self.broker, actor_name="call", queue_name="q", rate_limit=lambda bucket="api": bucket
-        )(lambda bucket="api": None)
 
     def run(self, bucket: str = "api", **options: Any) -> Any:
-        proxy = delivery(self.actor.message(bucket).copy(options=options))
-        self.middleware.before_process_message(self.broker, proxy)
-        return proxy
+        return self.before(self.actor.message(bucket).copy(options=options))
 
 
 @pytest.fixture
