@@ -11,6 +11,7 @@ import pytest
 from dramatiq.middleware import SkipMessage
 
 from jobsystem.runtime.token_leases import TokenLeases
+from jobsystem.settings import SettingsError, load_settings
 from jobsystem.store import StateStore
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.buckets import TakeRequest
@@ -159,3 +160,15 @@ def test_leased_tokens_unspent_at_the_end_of_the_lease_are_dropped(store):
     short.run()
     assert len(short.sent) == 2 and short.middleware.leases.tally.dropped == 19
     short.broker.close()
+
+
+def test_leases_are_sized_by_a_setting_that_can_turn_them_off(store):
+    assert load_settings({}).rate_limit_lease_jobs == 32
+    off = load_settings({"RATE_LIMIT_LEASE_JOBS": "0"}).rate_limit_lease_jobs
+    with pytest.raises(SettingsError, match="RATE_LIMIT_LEASE_JOBS"):
+        load_settings({"RATE_LIMIT_LEASE_JOBS": "-1"})
+    unleased = Hot(store, lease_jobs=off)
+    for _ in range(3):
+        unleased.run()
+    assert len(unleased.sent) == 3 and unleased.middleware.leases.tally.leased == 0
+    unleased.broker.close()
