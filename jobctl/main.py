@@ -194,11 +194,16 @@ def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> N
     serve(Project.from_system(system), host, port)
 
 
+def _stamp(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+
+
 def _when(ms: int | None, now_ms: int) -> str:
     if ms is None:
         return "-"
-    stamp = datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
-    return f"{stamp}  ({(now_ms - ms) / 1000:.0f} s ago)"
+    if ms > now_ms:
+        return f"{_stamp(ms)}  (in {(ms - now_ms) / 1000:.0f} s)"
+    return f"{_stamp(ms)}  ({(now_ms - ms) / 1000:.0f} s ago)"
 
 
 @main.command()
@@ -240,6 +245,9 @@ def status(message_id: str, as_json: bool) -> None:
     ]
     if record.retry_at and record.state == "retrying":
         rows.append(("next try", _when(record.retry_at, now)))
+    if record.due_at and record.state == "scheduled":
+        rows[1] = ("state", f"scheduled, due {_stamp(record.due_at)}")
+        rows.append(("due", _when(record.due_at, now)))
     if record.error_type:
         rows.append(("error", f"{record.error_type}: {record.error or ''}"))
     if record.result is not None:
@@ -283,8 +291,8 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
     if report.status == "unreachable":
         click.echo(f"unreachable  rabbitmq: {report.error}")
         sys.exit(report.exit_code)
-    header: tuple[str, ...] = ("queue", "verdict", "waiting", "running", "delayed", "dead", "consumers")
-    header += ("publish/s", "ack/s", "oldest s", "succeeded", "failed")
+    header: tuple[str, ...] = ("queue", "verdict", "waiting", "running", "delayed", "scheduled")
+    header += ("next due", "dead", "consumers", "publish/s", "ack/s", "oldest s", "succeeded", "failed")
     lines: list[tuple[str, ...]] = [header]
     for q in report.queues:
         lines.append(
@@ -294,6 +302,8 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
                 _number(q.waiting),
                 _number(q.in_progress),
                 _number(q.delayed),
+                _number(q.scheduled),
+                _stamp(q.next_due_at) if q.next_due_at else "-",
                 _number(q.dead),
                 _number(q.consumers),
                 _number(q.publish_rate, 1),

@@ -87,6 +87,13 @@ class _Held:
     token: int | None = None
 
 
+def _wait_ms(message: Message[Any]) -> int:
+    """How long a delayed message waits before it can run: its key stays pending that much longer
+    (a job scheduled for next month is still a duplicate of itself tomorrow)."""
+    eta = message.options.get("eta")
+    return max(0, int(eta) - int(time.time() * 1000)) if isinstance(eta, int | float) else 0
+
+
 class Idempotency(FailClosed):
     """Dedup at send and a leased claim at run, on a :class:`~jobsystem.store.base.StateStore`.
 
@@ -203,7 +210,8 @@ class Idempotency(FailClosed):
             if key is None:
                 continue
             if option_of(broker, message, "idempotency_drop_duplicates", self.drop_duplicates):
-                to_register.append((message, key, option_of(broker, message, "idempotency_ttl", self.ttl_ms)))
+                ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms) + _wait_ms(message)
+                to_register.append((message, key, ttl))
             else:
                 message.options[REGISTERED] = True
         if not to_register:

@@ -20,6 +20,7 @@ __all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "order_o
 #: The states a job goes through, and the rank of each within one attempt.
 STATE_RANKS: dict[str, int] = {
     "queued": 0,
+    "scheduled": 0,
     "running": 1,
     "failed": 2,
     "retrying": 3,
@@ -90,6 +91,7 @@ class JobStatus:
     finished_at: int | None = None
     updated_at: int | None = None
     retry_at: int | None = None
+    due_at: int | None = None
     progress: float | None = None
     note: str | None = None
     error_type: str | None = None
@@ -128,6 +130,7 @@ class JobStatus:
             finished_at=number("finished_at"),
             updated_at=number("updated_at"),
             retry_at=number("retry_at"),
+            due_at=number("due_at"),
             progress=float(progress) if progress else None,
             note=fields.get("note") or None,
             error_type=fields.get("error_type") or None,
