@@ -141,9 +141,9 @@ class ProjectBroker(RabbitmqTopology):
                 return message
             except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
                 del self.connection
-                if isinstance(exc, pika.exceptions.UnroutableError):
-                    self.queues_pending.add(canonical)
-                    self._cascade_declared = False
+                # A queue or exchange deleted under us (404, unroutable): declare them all again.
+                self.queues_pending.add(canonical)
+                self._cascade_declared = False
                 if attempt == SCHEDULE_PUBLISH_ATTEMPTS:
                     raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         raise AssertionError("unreachable")  # pragma: no cover
