@@ -209,13 +209,14 @@ class Status(Middleware):
         eta = message.options.get("eta")
         fields = {"retry_at": str(eta)} if kind == "retry" and eta else {}
         if delay is not None and delay > self.scheduled_after_ms and eta:
-            # Waits in RabbitMQ's delay cascade: scheduled, in the place of its queued or
-            # retrying state (the next attempt's ``running`` comes after either).
+            # Waits in RabbitMQ's delay cascade: scheduled until it runs (a ``queued`` written
+            # when it leaves the cascade, or late by its sender, does not hide it), in the place
+            # of its retrying state for a retry.
             fields["due_at"] = str(eta)
             if retries == 0:
                 shown = self._shown_args(broker, message)
                 fields.update({"args": shown} if shown else {})
-            self._update(message, "scheduled", retries, fields, rank="retrying" if retries else "queued")
+            self._update(message, "scheduled", retries, fields, rank="retrying" if retries else None)
         elif kind == "retry":
             # Retries counted the failed attempt already: ``retries`` attempts have run.
             self._update(message, "retrying", retries, fields or None)
@@ -223,10 +224,6 @@ class Status(Middleware):
             # A send (or a deferral or delayed move of a message that never ran: it is still queued).
             shown = self._shown_args(broker, message)
             self._update(message, "queued", 0, {"args": shown} if shown else None)
-        elif delay is None:
-            # A retried message moved out of its delay queue: retrying again if it was scheduled
-            # (which takes it out of the scheduled index), unchanged otherwise.
-            self._update(message, "retrying", retries)
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         _ACTIVE.set(self)

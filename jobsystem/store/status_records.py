@@ -20,7 +20,9 @@ __all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "order_o
 #: The states a job goes through, and the rank of each within one attempt.
 STATE_RANKS: dict[str, int] = {
     "queued": 0,
-    "scheduled": 0,
+    # After queued: the worker's ``scheduled`` (a deferral) is never hidden by the sender's late
+    # ``queued``; the job stays scheduled until it runs (a retry's takes the place of retrying).
+    "scheduled": 1,
     "running": 1,
     "failed": 2,
     "retrying": 3,

@@ -132,8 +132,8 @@ def test_a_two_hour_backoff_and_three_hours_of_reservations_are_scheduled_not_he
     start_worker, queues, store, prefix
 ):
     start_worker(
-        JOB_MIN_BACKOFF_MS="7200000",
-        JOB_MAX_BACKOFF_MS="7200000",
+        JOB_MIN_BACKOFF_MS="7200000",  # the first backoff: 2 h x U[1, 2)
+        JOB_MAX_BACKOFF_MS="14400000",
         RATE_LIMITS=json.dumps(
             {"smtp": {"rate": 1000, "burst": 1000}, "slowpoke": {"rate": "1/minute", "burst": 1}}
         ),
@@ -147,12 +147,14 @@ def test_a_two_hour_backoff_and_three_hours_of_reservations_are_scheduled_not_he
 
     def scheduled() -> bool:
         found = queues._status().backend.scheduled([queue])[queue]
+        counts.append(found.count)
         return found.count == 181
 
-    wait_for(scheduled, timeout=90, what="the retry and 180 reservations scheduled")
+    counts: list[int] = []
+    wait_for(scheduled, timeout=90, what=f"the retry and 180 reservations scheduled {counts[-3:]}")
     retry = queues.status(failing.message_id)
     assert retry.state == "scheduled" and retry.attempts == 1
-    assert 7_200 - 5 <= retry.due_at / 1000 - started <= 7_200 + 5
+    assert 7_200 - 5 <= retry.due_at / 1000 - started <= 14_400 + 5
     dues = sorted(
         queues.status(m.message_id).due_at / 1000 - started for m in sent[1:] if queues.status(m.message_id)
     )

@@ -146,10 +146,14 @@ def test_a_send_past_the_horizon_is_scheduled_until_it_leaves_the_cascade(tracke
     assert status.get(short.message_id).state == "queued"
     (found,) = status.backend.scheduled(["q"]).values()
     assert (found.count, found.next_due_at) == (2, record.due_at)
-    # The hour's job leaves the cascade: the worker moves it from q.DQ to q (no delay).
+    # The sender's own ``queued`` landing late, and the worker's when the job leaves the cascade
+    # (moved from q.DQ to q), do not hide it: it is scheduled until it runs.
     status.after_enqueue(broker, hour.copy(), None)
     assert status.flush(10)
-    assert status.get(hour.message_id).state == "queued"
+    assert status.get(hour.message_id).state == "scheduled"
+    status.before_process_message(broker, delivery(hour))
+    assert status.flush(10)
+    assert status.get(hour.message_id).state == "running"
     left = status.backend.scheduled(["q", "elsewhere"])
     assert (left["q"].count, left["q"].next_due_at) == (1, status.get(month.message_id).due_at)
     assert (left["elsewhere"].count, left["elsewhere"].next_due_at) == (0, None)
