@@ -4,6 +4,7 @@ delay cascade, and what workers hold unacked."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import subprocess
 import time
@@ -14,8 +15,9 @@ import dramatiq
 import pika
 
 from jobsystem.rabbitmq.delays import DelayCascade, seconds_of
-from jobsystem.system import get_system
-from tests.support import Queues
+from jobsystem.settings import load_settings
+from jobsystem.system import build_system, get_system
+from tests.support import TEST_REDIS_URL, Queues
 
 
 def _rabbitmqctl_eval(expression: str) -> str:
@@ -80,6 +82,16 @@ def send_delayed(
         message = message.copy(options=options)
     result: dramatiq.Message[Any] = queues.broker.enqueue(message, delay=delay_ms)
     return result
+
+
+def short_horizon(queues: Queues, prefix: str) -> Queues:
+    """The test's queues, sent to through a broker whose horizon is two seconds."""
+    settings = load_settings(
+        {**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL, "DELAY_HORIZON_MS": "2000"}
+    )
+    broker = build_system(settings).broker
+    broker.actors.update(get_system().broker.actors)
+    return queues.using(broker)
 
 
 def wait_seconds(until_s: float) -> None:

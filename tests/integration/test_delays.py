@@ -7,28 +7,23 @@ The RabbitMQ restart is in ``test_delays_restart.py`` (it disturbs every other t
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pika
 import requests
 
 from jobsystem.rabbitmq.bulk import send_bulk
-from jobsystem.settings import load_settings
-from jobsystem.system import build_system, get_system
+from jobsystem.system import get_system
 from tests import workload
-from tests.delay_support import cascade_contents, consumer_timeout, in_cascade, send_delayed, unacked
-from tests.support import TEST_REDIS_URL, Queues, wait_for
-
-
-def short_horizon(queues: Queues, prefix: str) -> Queues:
-    """The test's queues, sent to through a broker whose horizon is two seconds."""
-    settings = load_settings(
-        {**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL, "DELAY_HORIZON_MS": "2000"}
-    )
-    broker = build_system(settings).broker
-    broker.actors.update(get_system().broker.actors)
-    return queues.using(broker)
+from tests.delay_support import (
+    cascade_contents,
+    consumer_timeout,
+    in_cascade,
+    send_delayed,
+    short_horizon,
+    unacked,
+)
+from tests.support import wait_for
 
 
 def get_one(queue: str, timeout: float) -> tuple[float, pika.spec.BasicProperties, dict]:
