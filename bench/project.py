@@ -7,6 +7,7 @@ import time
 
 import dramatiq
 import redis
+from dramatiq.middleware import CurrentMessage
 
 import actors  # noqa: F401 - builds the project's broker and middleware
 
@@ -35,3 +36,10 @@ def metered_noop() -> None:
 def paced_noop() -> None:
     """Note the start time: the bench measures the pace the bucket allowed."""
     _starts.rpush(STARTS_KEY, f"{time.time():.6f}")
+
+
+@dramatiq.actor(actor_name="timed_noop", queue_name=QUEUE)
+def timed_noop() -> None:
+    """Note the message id and the start time: the delay bench compares it with the due time."""
+    message = CurrentMessage.get_current_message()
+    _starts.rpush(STARTS_KEY, f"{message.message_id if message else '-'} {time.time():.6f}")
