@@ -193,9 +193,14 @@ class ProjectBroker(RabbitmqTopology):
     def declare_delay_queue(self, queue_name: str) -> Any:
         """Declare ``<queue>.DQ`` and route the delay cascade's exits for it into it."""
         result = self._declare_checked(dq_name(queue_name), self.queue_arguments(queue_name))
+        self.bind_delays(queue_name)
+        return result
+
+    def bind_delays(self, queue_name: str) -> None:
+        """Declare the delay cascade if need be and route its exits for ``queue_name`` into
+        ``<queue>.DQ`` (a binding goes with its queue: again after the queue is recreated)."""
         self.ensure_delays()
         self.delays.bind(self.channel, dq_name(queue_name))
-        return result
 
     def declare_dead_letter_queue(self, queue_name: str) -> Any:
         """Declare the dead-letter exchange and ``<queue>.DLQ`` bound to it (in place of ``.XQ``)."""

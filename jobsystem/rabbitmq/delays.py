@@ -23,6 +23,7 @@ rather than vanishing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ __all__ = [
     "DelayCascade",
     "bits_of",
     "cascade_seconds",
+    "destination_binding",
+    "is_cascade_queue",
     "level_binding",
     "routing_key",
     "seconds_of",
@@ -51,6 +54,14 @@ MAX_DELAY_MS = (2**LEVELS - 1) * 1000
 #: of its one-second tick, so a message is never early and the cascade's second-granularity and
 #: its few milliseconds per hop never make it late.
 EXIT_LEAD_MS = 1_000
+
+
+_CASCADE_QUEUE = re.compile(r".*delay\.(L\d{1,2}|unroutable)")
+
+
+def is_cascade_queue(name: str) -> bool:
+    """Whether ``name`` is a queue of a delay cascade (of any ``QUEUE_PREFIX``): not a work queue."""
+    return bool(_CASCADE_QUEUE.fullmatch(name))
 
 
 def cascade_seconds(delay_ms: int) -> int:

@@ -164,3 +164,22 @@ def test_a_two_hour_backoff_and_three_hours_of_reservations_are_scheduled_not_he
     assert samples == [0] * 7
     health = requests.get(queues.api(f"/{queue}.DQ"), timeout=10).json()
     assert health["messages"] == 0
+
+
+def test_a_long_delay_left_in_a_delay_queue_by_plain_dramatiq_moves_into_the_cascade(
+    start_worker, queues, prefix
+):
+    queue = queues.name(workload.record)
+    queues.broker.declare_queue(queue, ensure=True)
+    eta = int(time.time() * 1000) + 3_600_000
+    # What a worker before the cascade finds: a message due in an hour in <queue>.DQ.
+    message = queues.message(workload.record, "old").copy(queue_name=queue + ".DQ", options={"eta": eta})
+    queues.publish_raw(message)
+    start_worker()
+    wait_for(lambda: in_cascade(prefix), timeout=30, what="the old delay in the cascade")
+    (waiting,) = cascade_contents(queues)
+    body = json.loads(waiting["payload"])
+    assert (body["message_id"], body["options"]["eta"]) == (message.message_id, eta)
+    assert queues.depth(queue + ".DQ") == 0 and unacked(queues, queue) == 0
+    record = wait_for(lambda: queues.status(message.message_id), what="its status")
+    assert (record.state, record.due_at) == ("scheduled", eta)

@@ -197,3 +197,12 @@ def test_a_scheduled_record_outlives_the_status_ttl_until_it_is_due(store):
         assert status.get(later.message_id).state == "scheduled"
     finally:
         status.writes.stop()
+
+
+def test_migration_leaves_the_cascades_queues_alone():
+    from jobsystem.ops.migration import QueueState, work_queues
+    from jobsystem.settings import load_settings
+
+    names = [*DelayCascade("t1-").queues(), "t1-delay.unroutable", "t1-emails", "t1-emails.DQ", "t1-delays"]
+    existing = {name: QueueState(name, {}, 0) for name in names}
+    assert work_queues(load_settings({"QUEUE_PREFIX": "t1-"}), existing) == ["t1-delays", "t1-emails"]
