@@ -10,14 +10,16 @@ import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import dramatiq
 import pika
+import requests
 
 from jobsystem.rabbitmq.delays import DelayCascade, seconds_of
 from jobsystem.settings import load_settings
 from jobsystem.system import build_system, get_system
-from tests.support import TEST_REDIS_URL, Queues
+from tests.support import TEST_REDIS_URL, Queues, wait_for
 
 
 def _rabbitmqctl_eval(expression: str) -> str:
@@ -41,6 +43,30 @@ def consumer_timeout(ms: int) -> Iterator[None]:
             _rabbitmqctl_eval(f"application:set_env(rabbit, consumer_timeout, {found.group(1)}).")
         else:
             _rabbitmqctl_eval("application:unset_env(rabbit, consumer_timeout).")
+
+
+@contextlib.contextmanager
+def refusing_cascade(queues: Queues) -> Iterator[None]:
+    """Every level queue of the test's cascade full and refusing publishes (a RabbitMQ policy)."""
+    vhost = quote(queues.settings.rabbitmq_vhost, safe="")
+    url = f"{queues.settings.management_url}/api/policies/{vhost}/{quote(queues.prefix, safe='')}-refuse"
+    policy = {
+        "pattern": f"^{re.escape(queues.prefix)}delay\\.L[0-9]+$",
+        "definition": {"max-length": 0, "overflow": "reject-publish"},
+        "apply-to": "queues",
+        "priority": 10,
+    }
+    requests.put(url, json=policy, timeout=10).raise_for_status()
+    try:
+        level = DelayCascade(queues.prefix).level(6)
+        wait_for(
+            lambda: queues.info(level).get("effective_policy_definition", {}).get("max-length") == 0,
+            timeout=15,
+            what="the policy to apply",
+        )
+        yield
+    finally:
+        requests.delete(url, timeout=10)
 
 
 def in_cascade(prefix: str) -> dict[str, int]:

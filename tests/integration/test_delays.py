@@ -10,7 +10,9 @@ import json
 import time
 
 import pika
+import pytest
 import requests
+from dramatiq.errors import ConnectionClosed
 
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.system import get_system
@@ -19,6 +21,7 @@ from tests.delay_support import (
     cascade_contents,
     consumer_timeout,
     in_cascade,
+    refusing_cascade,
     send_delayed,
     short_horizon,
     unacked,
@@ -179,3 +182,24 @@ def test_a_long_delay_left_in_a_delay_queue_by_plain_dramatiq_moves_into_the_cas
     assert queues.depth(queue + ".DQ") == 0 and unacked(queues, queue) == 0
     record = wait_for(lambda: queues.status(message.message_id), what="its status")
     assert (record.state, record.due_at) == ("scheduled", eta)
+
+
+def test_a_publish_the_cascade_refuses_raises_at_send_and_holds_a_retry_until_taken(
+    start_worker, queues, store, prefix
+):
+    queue = queues.name(workload.flaky)
+    queues.broker.declare_queue(queue, ensure=True)  # the cascade with it
+    worker = start_worker(JOB_MIN_BACKOFF_MS="100000", JOB_MAX_BACKOFF_MS="100000")  # 50-100 s
+    with refusing_cascade(queues):
+        with pytest.raises(ConnectionClosed):
+            send_delayed(queues, workload.record, 60_000, "refused")
+        failing = queues.send(workload.flaky, "n1", 1)
+        wait_for(lambda: "retry_publish_failed" in worker.output(), timeout=60, what="a refused retry")
+        assert in_cascade(prefix) == {}
+    # The held delivery comes back and its decided retry goes into the cascade: nothing lost.
+    wait_for(lambda: in_cascade(prefix), timeout=90, what="the retry in the cascade")
+    record = wait_for(
+        lambda: (r := queues.status(failing.message_id)) and r.state == "scheduled" and r, what="scheduled"
+    )
+    assert 50 - 5 <= record.due_at / 1000 - time.time() <= 100
+    assert store.llen(f"test:{prefix}attempt:n1") == 1  # not run again while held
