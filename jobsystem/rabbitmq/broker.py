@@ -117,7 +117,7 @@ class ProjectBroker(RabbitmqTopology):
         """Publish ``message`` into the delay cascade, bound for its delay queue at its ``eta``.
 
         The same steps as Dramatiq's ``enqueue`` (the hooks see the delayed copy and ``delay``),
-        with a confirmed, persistent, mandatory publish to the cascade's entry exchange.
+        with a confirmed, persistent, mandatory publish into the cascade.
         """
         canonical = q_name(message.queue_name)
         seconds = cascade_seconds(delay)
@@ -129,7 +129,7 @@ class ProjectBroker(RabbitmqTopology):
                 self.ensure_delays()
                 self.emit_before("enqueue", message, delay)
                 self.channel.basic_publish(
-                    exchange=self.delays.entry,
+                    exchange=self.delays.exchange_for(seconds),
                     routing_key=key,
                     body=message.encode(),
                     properties=pika.BasicProperties(

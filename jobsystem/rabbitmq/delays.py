@@ -11,7 +11,8 @@ than the horizon therefore waits inside RabbitMQ instead, in the cascade kombu (
 - the routing key carries the remaining whole seconds in binary, most significant bit first, then
   the destination queue: ``b28.b27. ... .b0.<queue>.DQ``. Exchange ``L<n>`` routes a key whose bit
   ``n`` is 1 into queue ``L<n>`` (to wait ``2**n`` s) and one whose bit is 0 straight on to the
-  exchange of level ``n-1``, so a message waits exactly the sum of its set bits;
+  exchange of level ``n-1``, so a message waits exactly the sum of its set bits. It is published
+  to the exchange of its highest set bit;
 - ``<prefix>delay.deliver`` routes ``<LEVELS stars>.<queue>.DQ`` into that delay queue, where
   the worker holds the last stretch (under two seconds) and releases it at its ``eta``.
 
@@ -125,8 +126,14 @@ class DelayCascade:
 
     @property
     def entry(self) -> str:
-        """The exchange a delayed message is published to: the top level."""
+        """The top level's exchange: any key published there finds its way down."""
         return self.level(LEVELS - 1)
+
+    def exchange_for(self, seconds: int) -> str:
+        """The exchange a message waiting ``seconds`` is published to: the level of its highest
+        set bit (the levels above would only pass it on; publishing to the top and letting the
+        exchange-to-exchange bindings pass it down measured four times slower)."""
+        return self.level(seconds.bit_length() - 1) if seconds else self.deliver
 
     @property
     def deliver(self) -> str:
