@@ -75,7 +75,7 @@ def _cleanup(broker: Any, queue: str) -> None:
 
 def delay_figures(count: int = 10_000, processes: int = 1, threads: int = 8) -> list[str]:
     """Send ``count`` randomly delayed messages, run them, and report the send rate and the errors."""
-    from bench.__main__ import store_broker
+    from bench.costs import store_broker
 
     prefix = f"bench{uuid.uuid4().hex[:6]}."
     queue, starts_key = f"{prefix}delays", f"bench:starts:{uuid.uuid4().hex[:8]}"

@@ -21,6 +21,7 @@ from dramatiq.middleware import (
 from jobsystem.observability.metrics import serve_metrics
 from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.privacy.scrub import Scrubber
+from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.settings import Settings, SettingsError
 from jobsystem.startup import configuration_checked
 from jobsystem.store import StateStore
@@ -46,6 +47,8 @@ def build_middleware(
     StoreCheck, ThreadWatchdog, Heartbeat, JobLifecycle, AgeLimit, TimeLimit, ShutdownNotifications,
     Callbacks, Pipelines, DeadLetters, SafeRetries, CurrentMessage, RateLimits, Idempotency,
     Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks."""
+    # One background writer: a job's key completion and its final status leave in one batch.
+    writes = DeferredWrites(store)
     stack: list[Middleware] = [
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
@@ -77,6 +80,7 @@ def build_middleware(
             lease_ms=settings.idempotency_lease_ms,
             drop_duplicates=settings.idempotency_drop_duplicates,
             key_hasher=key_hasher,
+            writes=writes,
         ),
     ]
     if settings.job_status:
@@ -85,6 +89,7 @@ def build_middleware(
                 store,
                 ttl_ms=settings.job_status_ttl_ms,
                 scrub=scrubber.text,
+                writes=writes,
                 scheduled_after_ms=settings.delay_horizon_ms,
             )
         )

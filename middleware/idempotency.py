@@ -8,8 +8,10 @@ receipt included, is in ``docs/architecture.md`` ("Idempotency keys").
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -80,6 +82,26 @@ class IdempotencyKeyError(MiddlewareError):
 
 
 @dataclass
+class _Owners:
+    """Claim owners unique across processes and hosts without a random draw per claim: a random
+    token per process (drawn again in a forked child) and a counter."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._token = uuid.uuid4().hex[:20]
+        self._counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._token}{next(self._counter):x}"
+
+
+_new_owner = _Owners()
+
+
+@dataclass
 class _Held:
     key: str
     owner: str
@@ -109,6 +131,8 @@ class Idempotency(FailClosed):
       result_max_bytes: results larger than this, once JSON-encoded, are not stored.
       key_hasher: hashes each scoped key before it becomes a store key or a log field (every
         process sharing the store needs the same secret); without one, keys are hashed unkeyed.
+      writes: the background writer completions and releases go through; share one with
+        :class:`~middleware.status.Status` so a job's completion and its outcome leave together.
     """
 
     def __init__(
@@ -122,6 +146,7 @@ class Idempotency(FailClosed):
         max_store_retry_ms: int = 60_000,
         result_max_bytes: int = 65_536,
         key_hasher: KeyHasher | None = None,
+        writes: DeferredWrites | None = None,
     ) -> None:
         self.store = store
         self.hasher = key_hasher or KeyHasher()
@@ -132,12 +157,12 @@ class Idempotency(FailClosed):
         self.defer_base_ms = store_retry_ms
         self.defer_max_ms = max_store_retry_ms
         self.result_max_bytes = result_max_bytes
-        self.writes = DeferredWrites(store)
+        self.writes = writes or DeferredWrites(store)
         # Claims of concurrent worker threads share round trips (see jobsystem.runtime.coalesce).
         self.claims: Coalescer[ClaimRequest, Claim] = Coalescer(self._claim_many)
         self._local = threading.local()
         self.leases = HeldLeases(self.backend.renew, lease_ms)
-        self.ahead = ClaimsAhead(self.claims)
+        self.ahead = ClaimsAhead(self.claims, lease_ms)
 
     send_error = IdempotencyStoreError
     defer_option = "idempotency_store_waits"
@@ -247,7 +272,7 @@ class Idempotency(FailClosed):
         if key is None:
             return
         ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
-        self.ahead.send(message, ClaimRequest(key, message.message_id, uuid.uuid4().hex, self.lease_ms, ttl))
+        self.ahead.send(message, ClaimRequest(key, message.message_id, _new_owner(), self.lease_ms, ttl))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None
@@ -264,7 +289,7 @@ class Idempotency(FailClosed):
         if key is None:
             return
         ahead_owner, claim = self.ahead.answer(message)
-        owner = ahead_owner or uuid.uuid4().hex
+        owner = ahead_owner or _new_owner()
         if claim is None:
             ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
             try:
@@ -288,10 +313,12 @@ class Idempotency(FailClosed):
 
     def _claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         try:
-            return self.backend.claim_many(requests)
+            claims = self.backend.claim_many(requests)
         except StoreUnavailable:
             self.ahead.store_failed_at = time.monotonic()
             raise
+        self.ahead.store_answered_at = time.monotonic()
+        return claims
 
     def _finish(self) -> _Held | None:
         held: _Held | None = getattr(self._local, "held", None)
