@@ -31,7 +31,7 @@ from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.runtime.leases import HeldLeases
-from jobsystem.runtime.options import option_of
+from jobsystem.runtime.options import key_ttl_ms, option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest, KeyRecord, idempotency_backend
@@ -107,13 +107,6 @@ class _Held:
     owner: str
     #: Under which the lease is renewed while the job runs (None: not renewed).
     token: int | None = None
-
-
-def _wait_ms(message: Message[Any]) -> int:
-    """How long a delayed message waits before it can run: its key stays pending that much longer
-    (a job scheduled for next month is still a duplicate of itself tomorrow)."""
-    eta = message.options.get("eta")
-    return max(0, int(eta) - int(time.time() * 1000)) if isinstance(eta, int | float) else 0
 
 
 class Idempotency(FailClosed):
@@ -235,8 +228,7 @@ class Idempotency(FailClosed):
             if key is None:
                 continue
             if option_of(broker, message, "idempotency_drop_duplicates", self.drop_duplicates):
-                ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms) + _wait_ms(message)
-                to_register.append((message, key, ttl))
+                to_register.append((message, key, key_ttl_ms(broker, message, self.ttl_ms)))
             else:
                 message.options[REGISTERED] = True
         if not to_register:

@@ -210,3 +210,13 @@ def test_migration_leaves_the_cascades_queues_alone():
     names = [*DelayCascade("t1-").queues(), "t1-delay.unroutable", "t1-emails", "t1-emails.DQ", "t1-delays"]
     existing = {name: QueueState(name, {}, 0) for name in names}
     assert work_queues(load_settings({"QUEUE_PREFIX": "t1-"}), existing) == ["t1-delays", "t1-emails"]
+
+
+def test_a_delayed_sends_idempotency_key_stays_pending_until_due_and_its_ttl_after(tracked):
+    from jobsystem.runtime.options import key_ttl_ms
+
+    _, broker, actor = tracked
+    month = delayed(actor.message(), 30 * 86_400_000)
+    ttl = key_ttl_ms(broker, month, 86_400_000)
+    assert 31 * 86_400_000 - 5_000 <= ttl <= 31 * 86_400_000
+    assert key_ttl_ms(broker, actor.message(), 86_400_000) == 86_400_000
