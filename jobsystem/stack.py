@@ -84,7 +84,15 @@ def build_middleware(
         ),
     ]
     if settings.job_status:
-        stack.append(Status(store, ttl_ms=settings.job_status_ttl_ms, scrub=scrubber.text, writes=writes))
+        stack.append(
+            Status(
+                store,
+                ttl_ms=settings.job_status_ttl_ms,
+                scrub=scrubber.text,
+                writes=writes,
+                scheduled_after_ms=settings.delay_horizon_ms,
+            )
+        )
     if settings.prometheus_port:
         stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     stack.append(ScrubStoredTracebacks(scrubber.text))

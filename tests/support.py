@@ -386,3 +386,10 @@ class Queues:
         for queue in response.json():
             if queue["name"].startswith(self.prefix):
                 requests.delete(self.api(f"/{quote(queue['name'], safe='')}"), timeout=10)
+        # The delay cascade's exchanges carry the prefix too.
+        exchanges = self.api("").replace("/api/queues/", "/api/exchanges/")
+        response = requests.get(exchanges, params={"columns": "name"}, timeout=10)
+        response.raise_for_status()
+        for exchange in response.json():
+            if exchange["name"].startswith(self.prefix):
+                requests.delete(f"{exchanges}/{quote(exchange['name'], safe='')}", timeout=10)
