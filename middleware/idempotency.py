@@ -25,6 +25,7 @@ from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from jobsystem.dramatiq_internals import reject
 from jobsystem.privacy.keyhash import KeyHasher
+from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
@@ -303,6 +304,9 @@ class Idempotency(FailClosed):
         held = self._finish()
         if held is None:
             return
+        if isinstance(exception, JobCancelled):  # cancelled: a deliberate re-send must run
+            self.backend.forget_many([held.key])
+            return
         if exception is not None:
             self.writes.submit(_release_many, (held.key, held.owner))
             return
@@ -315,6 +319,15 @@ class Idempotency(FailClosed):
         # never come back to find the claim still held (which would delay it by a whole lease).
         held = self._finish()
         ahead = self.ahead.take(message)
+        if message.options.get(CANCELLED):
+            # Skipped as cancelled before its claim: forget the key, so a deliberate re-send runs
+            # (once a claim sent ahead has landed, so that it cannot take the key back after).
+            if ahead is not None:
+                self.ahead.granted(ahead, timeout=2 * self.store.timeout)
+            key = self.key_of(broker, message)
+            if key is not None:
+                self.backend.forget_many([key])
+            return
         if held is None and ahead is not None and self.ahead.granted(ahead):
             # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead.
             held = _Held(ahead.request.key, ahead.request.owner)

@@ -35,7 +35,7 @@ TEST_RATE_LIMITS = json.dumps({"smtp": {"rate": 1000, "burst": 1000}})
 
 
 #: Job states after which nothing more happens to a message (``jobsystem/store/status.py``).
-FINISHED_STATES = frozenset({"succeeded", "dead", "skipped"})
+FINISHED_STATES = frozenset({"succeeded", "dead", "skipped", "cancelled"})
 
 #: Worker log events that end one delivery of a message for good: it ran, it was dead-lettered,
 #: or it was a duplicate of a completed idempotency key and dropped. ``job_skipped`` alone is not

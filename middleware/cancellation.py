@@ -1,0 +1,89 @@
+"""Cancellation: a job marked cancelled in the state store is skipped on arrival or interrupted.
+
+``actors.workflows.cancel(id)`` marks message ids in the store (with a TTL: the marks survive
+worker restarts and reach every host). A message that arrives marked is not run: it is acked,
+not retried and not dead-lettered, with the option :data:`CANCELLED` set for the hooks after it
+(status ``cancelled``, its idempotency key forgotten, its result a ``JobCancelled`` failure). A
+job already running is interrupted by :class:`~jobsystem.runtime.cancellation.RunningJobs`,
+which raises ``JobCancelled`` in its thread within about one poll interval, unless its actor is
+declared ``interruptible=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.middleware import SkipMessage
+
+from jobsystem.runtime.cancellation import CANCELLED, JobCancelled, RunningJobs
+from jobsystem.runtime.coalesce import Coalescer
+from jobsystem.runtime.options import option_of
+from jobsystem.store.base import StateStore
+from jobsystem.store.workflows import workflow_backend
+from middleware.guard import FailClosed
+
+__all__ = ["Cancellation", "is_cancelled"]
+
+logger = logging.getLogger(__name__)
+
+
+def is_cancelled(message: MessageProxy, exception: BaseException | None = None) -> bool:
+    """Whether ``message`` was skipped because it was cancelled, or interrupted (``exception``)."""
+    return isinstance(exception, JobCancelled) or bool(message.options.get(CANCELLED))
+
+
+class Cancellation(FailClosed):
+    """Skip cancelled messages on arrival and interrupt cancelled running jobs.
+
+    Parameters:
+      store: the shared state store holding the cancellation marks.
+      poll_interval: seconds between two checks of the running jobs' marks (one store call each).
+
+    Place it before RateLimits and Idempotency: a cancelled message spends no token and takes no
+    claim. A store that cannot be asked on arrival defers the message (fail closed).
+    """
+
+    defer_option = "cancellation_store_waits"
+
+    def __init__(self, store: StateStore, *, poll_interval: float = 0.5) -> None:
+        self.backend = workflow_backend(store)
+        self.checks: Coalescer[str, bool] = Coalescer(self._check_many)
+        self.running = RunningJobs(self.backend.cancelled_among, interval=poll_interval)
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"interruptible"}
+
+    def _check_many(self, message_ids: list[str]) -> list[bool]:
+        marked = self.backend.cancelled_among(list(dict.fromkeys(message_ids)))
+        return [m in marked for m in message_ids]
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        if self.checks.call(message.message_id):
+            message.options[CANCELLED] = True
+            logger.info("job_cancelled", extra={"message_id": message.message_id, "running": False})
+            raise SkipMessage("cancelled")
+        if option_of(broker, message, "interruptible", True):
+            self.running.started(message.message_id)
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self.running.ended(message.message_id)
+        if isinstance(exception, JobCancelled):
+            message.options[CANCELLED] = True
+            logger.info("job_cancelled", extra={"message_id": message.message_id, "running": True})
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        self.running.ended(message.message_id)
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self.running.stop()
