@@ -7,8 +7,10 @@ its step is complete and the workflow still runs, the member's worker sends the 
 what the step hands on (its result, the group's results in order, or the counts). A member that
 did not succeed fails a chord: the next step is never sent and the workflow names the member.
 
-A duplicate delivery of the last member could find the step complete again: each next message is
-sent with an idempotency key made from its own id, so it is published and run once.
+The call that completes a step answers so exactly once; a later one answers so again only while
+the next step is not noted as sent (the worker that completed it died, or its publish failed and
+its delivery was put back). Each next message carries an idempotency key made from its own id,
+so even two such sends publish and run it once.
 """
 
 from __future__ import annotations
@@ -105,8 +107,9 @@ class Workflows(FailClosed):
                 "workflow_state": progress.state,
             },
         )
-        if progress.complete and progress.state == "running" and option.get("next"):
+        if progress.send_next and option.get("next"):
             self._send_next(broker, option, result, progress)
+            self.backend.mark_sent(str(option["id"]), int(option["step"]), self.ttl_ms)
 
     def _send_next(self, broker: Broker, option: dict[str, Any], result: Any, progress: StepProgress) -> None:
         piped: Any = result

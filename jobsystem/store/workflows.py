@@ -45,10 +45,19 @@ class StepProgress:
     size: int
     #: How many of the step's members ended in each state (succeeded, dead, cancelled).
     counts: dict[str, int] = field(default_factory=dict)
+    #: Whether the step after this one was sent already (:meth:`WorkflowBackend.mark_sent`).
+    sent: bool = False
 
     @property
     def complete(self) -> bool:
         return self.size > 0 and self.finished >= self.size
+
+    @property
+    def send_next(self) -> bool:
+        """Whether the caller is to send the next step: the step is complete, the workflow still
+        runs, and this call completed it (exactly one caller), or the one that did has not sent
+        it (it died or its publish failed; a duplicate send is dropped by its idempotency key)."""
+        return self.complete and self.state == "running" and (self.added or not self.sent)
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,10 @@ class WorkflowBackend(ABC):
         workflow unless its step's mode is ``finished``; the last step complete succeeds it."""
 
     @abstractmethod
+    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        """Note that the step after ``step`` was sent."""
+
+    @abstractmethod
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         """The workflow, or None when unknown or expired."""
 
@@ -132,7 +145,7 @@ class WorkflowBackend(ABC):
 
 
 _FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}'} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0} end
 local step, member, state = ARGV[1], ARGV[2], ARGV[3]
 local added = redis.call('SADD', KEYS[2], member)
 if added == 1 then
@@ -155,7 +168,8 @@ local counts = {}
 for _, s in ipairs({'succeeded', 'dead', 'cancelled'}) do
   counts[s] = tonumber(redis.call('HGET', KEYS[1], 'c:' .. step .. ':' .. s) or '0')
 end
-return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts)}
+local sent = redis.call('HGET', KEYS[1], 'sent:' .. step) and 1 or 0
+return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent}
 """
 
 _SET_STATE = """
@@ -194,12 +208,16 @@ class RedisWorkflows(WorkflowBackend):
         key = self._key(workflow_id)
         reply = self._finish(keys=[key, f"{key}:done:{step}"], args=[step, member, state, result, ttl_ms])
         try:
-            wf_state, added, finished, size, counts = reply
+            wf_state, added, finished, size, counts, sent = reply
             return StepProgress(
-                _text(wf_state), bool(added), int(finished), int(size), json.loads(_text(counts))
+                _text(wf_state), bool(added), int(finished), int(size), json.loads(_text(counts)), bool(sent)
             )
         except (TypeError, ValueError) as exc:  # a reply of the wrong shape
             raise StoreUnavailable(f"unexpected reply to finish: {exc}") from exc
+
+    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        with self.store.errors():
+            self.store.client.hset(self._key(workflow_id), f"sent:{step}", "1")
 
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         with self.store.errors():
@@ -318,7 +336,11 @@ class SqliteWorkflows(WorkflowBackend):
             except sqlite3.Error as exc:
                 raise sqlite_error(exc) from exc
         counts = {s: int(fields.get(f"c:{step}:{s}", "0")) for s in ("succeeded", "dead", "cancelled")}
-        return StepProgress(fields["state"], added, int(finished), size, counts)
+        return StepProgress(fields["state"], added, int(finished), size, counts, f"sent:{step}" in fields)
+
+    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        with self.store.transaction() as conn:
+            self._put(conn, workflow_id, {f"sent:{step}": "1"}, ttl_ms)
 
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         with self.store.transaction() as conn:

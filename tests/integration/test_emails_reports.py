@@ -122,7 +122,9 @@ def test_campaign_ends_with_one_summary_mail_to_its_owner(start_worker, queues, 
     port, received = smtp
     worker = start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", threads=8, JOB_MAX_RETRIES="5")
     recipients = [f"user{i}@example.com" for i in range(48)] + ["not-an-address", "bounce@example.com"]
-    queues.send(emails.send_campaign, "autumn", recipients, {"headline": "Autumn", "text": "hi"}, "boss@example.com")
+    queues.send(
+        emails.send_campaign, "autumn", recipients, {"headline": "Autumn", "text": "hi"}, "boss@example.com"
+    )
 
     def summaries():
         return [m for m in received if m["To"] == "boss@example.com"]
