@@ -68,7 +68,7 @@ def build_middleware(
             max_backoff=settings.job_max_backoff_ms,
         ),
         CurrentMessage(),
-        Cancellation(store),
+        Cancellation(store, keep_ms=settings.cancel_ttl_ms),
         RateLimits(
             store,
             settings.rate_limits,

@@ -4,9 +4,13 @@
 worker restarts and reach every host). A message that arrives marked is not run: it is acked,
 not retried and not dead-lettered, with the option :data:`CANCELLED` set for the hooks after it
 (status ``cancelled``, its idempotency key forgotten, its result a ``JobCancelled`` failure). A
-job already running is interrupted by :class:`~jobsystem.runtime.cancellation.RunningJobs`,
+job already running is interrupted by :class:`~jobsystem.runtime.cancellation.CancelWatch`,
 which raises ``JobCancelled`` in its thread within about one poll interval, unless its actor is
 declared ``interruptible=False``.
+
+Arrivals are checked against the marks the process's poller knows, without a round trip; the
+store is asked directly only while the poller is not up to date, and for an actor that is not
+interruptible (a mark made since the last poll could not stop it later).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import dramatiq
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import SkipMessage
 
-from jobsystem.runtime.cancellation import CANCELLED, JobCancelled, RunningJobs
+from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.options import option_of
 from jobsystem.store.base import StateStore
@@ -40,7 +44,8 @@ class Cancellation(FailClosed):
 
     Parameters:
       store: the shared state store holding the cancellation marks.
-      poll_interval: seconds between two checks of the running jobs' marks (one store call each).
+      keep_ms: how long a mark is kept (``CANCEL_TTL_MS``).
+      poll_interval: seconds between two polls for new marks (one store call each).
 
     Place it before RateLimits and Idempotency: a cancelled message spends no token and takes no
     claim. A store that cannot be asked on arrival defers the message (fail closed).
@@ -48,10 +53,10 @@ class Cancellation(FailClosed):
 
     defer_option = "cancellation_store_waits"
 
-    def __init__(self, store: StateStore, *, poll_interval: float = 0.5) -> None:
+    def __init__(self, store: StateStore, *, keep_ms: int, poll_interval: float = 0.5) -> None:
         self.backend = workflow_backend(store)
         self.checks: Coalescer[str, bool] = Coalescer(self._check_many)
-        self.running = RunningJobs(self.backend.cancelled_among, interval=poll_interval)
+        self.watch = CancelWatch(self.backend.cancelled_since, keep_ms=keep_ms, interval=poll_interval)
 
     @property
     def actor_options(self) -> set[str]:
@@ -62,12 +67,16 @@ class Cancellation(FailClosed):
         return [m in marked for m in message_ids]
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        if self.checks.call(message.message_id):
+        interruptible = option_of(broker, message, "interruptible", True)
+        cancelled = self.watch.known(message.message_id)
+        if cancelled is None or (not cancelled and not interruptible):
+            cancelled = self.checks.call(message.message_id)  # the store's own answer
+        if cancelled:
             message.options[CANCELLED] = True
             logger.info("job_cancelled", extra={"message_id": message.message_id, "running": False})
             raise SkipMessage("cancelled")
-        if option_of(broker, message, "interruptible", True):
-            self.running.started(message.message_id)
+        if interruptible:
+            self.watch.started(message.message_id)
 
     def after_process_message(
         self,
@@ -77,13 +86,13 @@ class Cancellation(FailClosed):
         result: Any | None = None,
         exception: BaseException | None = None,
     ) -> None:
-        self.running.ended(message.message_id)
+        self.watch.ended(message.message_id)
         if isinstance(exception, JobCancelled):
             message.options[CANCELLED] = True
             logger.info("job_cancelled", extra={"message_id": message.message_id, "running": True})
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        self.running.ended(message.message_id)
+        self.watch.ended(message.message_id)
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        self.running.stop()
+        self.watch.stop()

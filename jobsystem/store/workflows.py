@@ -8,8 +8,9 @@ is retried or delivered twice is counted once, and answers whether the step is n
 
 Redis: the hash ``wf:<id>`` (``record``, ``state``, ``failed``, ``steps``, per step ``size:<i>``,
 ``mode:<i>`` and counters ``c:<i>:<state>``, per member ``s:<id>`` and ``r:<id>``) and the set
-``wf:<id>:done:<i>``; cancellation marks are keys ``cancel:<id>``. SQLite: the tables
-``workflow_fields``, ``workflow_done`` and ``cancel_marks``. Ids are UUIDs: no personal data in
+``wf:<id>:done:<i>``; cancellation marks are keys ``cancel:<id>`` and, for the workers' pollers,
+the sorted set ``cancels`` (id by the time it was marked). SQLite: the tables ``workflow_fields``,
+``workflow_done`` and ``cancel_marks``. Ids are UUIDs: no personal data in
 a key name.
 """
 
@@ -143,6 +144,11 @@ class WorkflowBackend(ABC):
     def cancelled_among(self, ids: list[str]) -> set[str]:
         """Which of ``ids`` carry a cancellation mark (one round trip)."""
 
+    @abstractmethod
+    def cancelled_since(self, since_ms: int) -> tuple[dict[str, int], int]:
+        """The ids marked at or after ``since_ms`` (store clock) with when, and the store's time
+        now (one round trip): what a worker's poller adds to what it knows."""
+
 
 _FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0} end
@@ -172,6 +178,27 @@ local sent = redis.call('HGET', KEYS[1], 'sent:' .. step) and 1 or 0
 return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent}
 """
 
+_MARK = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  if i > 1 then
+    redis.call('SET', key, '1', 'PX', ttl)
+    redis.call('ZADD', KEYS[1], now, ARGV[i])
+  end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[1], ttl)
+return now
+"""
+
+_SINCE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {now, redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES')}
+"""
+
 _SET_STATE = """
 if redis.call('HGET', KEYS[1], 'state') == ARGV[2] then
   redis.call('HSET', KEYS[1], 'state', ARGV[1])
@@ -190,6 +217,8 @@ class RedisWorkflows(WorkflowBackend):
         self.store = store
         self._finish = store.script(_FINISH)
         self._set_state = store.script(_SET_STATE)
+        self._mark = store.script(_MARK)
+        self._since = store.script(_SINCE)
 
     def _key(self, workflow_id: str) -> str:
         return self.store.key(f"wf:{workflow_id}")
@@ -229,11 +258,17 @@ class RedisWorkflows(WorkflowBackend):
 
     def mark_cancelled(self, ids: list[str], ttl_ms: int) -> None:
         if ids:
-            with self.store.errors():
-                pipe = self.store.client.pipeline(transaction=False)
-                for message_id in ids:
-                    pipe.set(self.store.key(f"cancel:{message_id}"), "1", px=ttl_ms)
-                pipe.execute()
+            keys = [self.store.key("cancels"), *(self.store.key(f"cancel:{i}") for i in ids)]
+            self._mark(keys=keys, args=[ttl_ms, *ids])
+
+    def cancelled_since(self, since_ms: int) -> tuple[dict[str, int], int]:
+        reply = self._since(keys=[self.store.key("cancels")], args=[since_ms])
+        try:
+            now, flat = reply
+            marks = {_text(flat[i]): int(float(_text(flat[i + 1]))) for i in range(0, len(flat), 2)}
+            return marks, int(now)
+        except (TypeError, ValueError) as exc:  # a reply of the wrong shape
+            raise StoreUnavailable(f"unexpected reply to cancelled_since: {exc}") from exc
 
     def cancelled_among(self, ids: list[str]) -> set[str]:
         if not ids:
@@ -259,8 +294,10 @@ CREATE TABLE IF NOT EXISTS workflow_done (
 );
 CREATE TABLE IF NOT EXISTS cancel_marks (
     id TEXT PRIMARY KEY,
+    marked_at INTEGER NOT NULL,
     expires_at INTEGER NOT NULL
-)
+);
+CREATE INDEX IF NOT EXISTS cancel_marks_at ON cancel_marks (marked_at)
 """
 
 
@@ -355,12 +392,29 @@ class SqliteWorkflows(WorkflowBackend):
             return cursor.rowcount > 0
 
     def mark_cancelled(self, ids: list[str], ttl_ms: int) -> None:
-        expires = self.store.now_ms() + ttl_ms
+        now = self.store.now_ms()
         with self.store.transaction() as conn:
             conn.executemany(
-                "INSERT OR REPLACE INTO cancel_marks (id, expires_at) VALUES (?, ?)",
-                [(self.store.key(i), expires) for i in ids],
+                "INSERT OR REPLACE INTO cancel_marks (id, marked_at, expires_at) VALUES (?, ?, ?)",
+                [(self.store.key(i), now, now + ttl_ms) for i in ids],
             )
+            conn.execute("DELETE FROM cancel_marks WHERE expires_at <= ?", (now,))
+
+    def cancelled_since(self, since_ms: int) -> tuple[dict[str, int], int]:
+        now = self.store.now_ms()
+        prefix = self.store.key("")
+        try:
+            rows = (
+                self.store.connection()
+                .execute(
+                    "SELECT id, marked_at FROM cancel_marks WHERE marked_at >= ? AND expires_at > ?",
+                    (since_ms, now),
+                )
+                .fetchall()
+            )
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc) from exc
+        return {i.removeprefix(prefix): at for i, at in rows if i.startswith(prefix)}, now
 
     def cancelled_among(self, ids: list[str]) -> set[str]:
         if not ids:

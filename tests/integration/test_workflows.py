@@ -149,8 +149,10 @@ def test_cancelling_a_delayed_job_before_it_is_due_means_it_never_starts(
     start_worker, sender, store, state_url, key
 ):
     start_worker(STATE_URL=state_url)
-    message = sender.send_with_options(workload.ticking, args=("later", 1), delay=1_500)
+    message = sender.broker.enqueue(sender.message(workload.ticking, "later", 1), delay=1_500)
     cancel(message.message_id, broker=sender.broker)
+    queued = wait_for(lambda: sender.status(message.message_id), what="the queued record")
+    assert queued.state == "queued"  # cancelled before it was due
     record = sender.wait_finished([message])[message.message_id]
     assert record.state == "cancelled" and record.started_at is None
     assert ticks(store, key, "later") == []

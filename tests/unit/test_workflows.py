@@ -13,7 +13,7 @@ import pytest
 from dramatiq.middleware import SkipMessage
 from dramatiq.results import ResultFailure
 
-from jobsystem.runtime.cancellation import CANCELLED, JobCancelled, RunningJobs
+from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.workflow_steps import WORKFLOW, Step, annotate
 from jobsystem.store import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import idempotency_backend
@@ -90,6 +90,17 @@ def test_cancellation_marks_are_read_in_one_call_and_expire(store):
     time.sleep(0.1)
     assert backend.cancelled_among(["a", "short"]) == {"a"}
     assert backend.cancelled_among([]) == set()
+
+
+def test_a_poller_reads_the_marks_made_since_a_time(store):
+    backend = workflow_backend(store)
+    backend.mark_cancelled(["a"], TTL)
+    marks, now = backend.cancelled_since(0)
+    assert set(marks) == {"a"} and marks["a"] <= now
+    backend.mark_cancelled(["b"], TTL)
+    later, _ = backend.cancelled_since(now + 1)
+    assert set(later) <= {"b"}  # "a" is older (b may share a's millisecond on a fast store)
+    assert set(backend.cancelled_since(now - 1_000)[0]) == {"a", "b"}
 
 
 def test_a_workflow_moves_to_cancelled_only_while_it_runs(store):
@@ -178,39 +189,59 @@ def test_a_store_down_when_counting_puts_the_delivery_back(store):
 
 
 def cancellation_broker(store: StateStore) -> tuple[RecordingBroker, Cancellation, Any]:
-    cancellation = Cancellation(store, poll_interval=0.05)
+    cancellation = Cancellation(store, keep_ms=TTL, poll_interval=0.05)
     broker = RecordingBroker(middleware=[cancellation])
     job = dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
     return broker, cancellation, job
 
 
-def test_a_cancelled_message_is_skipped_on_arrival(store):
+def test_a_cancelled_message_is_skipped_on_arrival_asking_the_store_until_the_poller_is_up(store):
     broker, cancellation, job = cancellation_broker(store)
     message = job.message()
     cancellation.backend.mark_cancelled([message.message_id], TTL)
+    asked: list[str] = []
+    exact = cancellation.backend.cancelled_among
+    cancellation.backend.cancelled_among = lambda ids: asked.extend(ids) or exact(ids)  # type: ignore[method-assign]
     arrived = delivery(message)
     with pytest.raises(SkipMessage, match="cancelled"):
         cancellation.before_process_message(broker, arrived)
     assert arrived.options[CANCELLED] is True and broker.enqueued == []
+    wait_until(lambda: cancellation.watch.known("x") is not None)
+    asked.clear()
+    with pytest.raises(SkipMessage, match="cancelled"):  # the poller knows: no store call
+        cancellation.before_process_message(broker, delivery(message))
     cancellation.before_process_message(broker, delivery(job.message()))  # not marked: runs
+    assert asked == []
+    cancellation.watch.stop()
+
+
+def wait_until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def test_a_store_that_errs_on_arrival_defers_the_message(store):
     broker, cancellation, job = cancellation_broker(store)
 
-    def down(ids: list[str]) -> set[str]:
+    def down(*args: Any) -> Any:
         raise StoreUnavailable("redis: ResponseError: OOM command not allowed")
 
+    # The poller cannot read the marks, so the arrival asks the store, which errs: deferred.
     cancellation.backend.cancelled_among = down  # type: ignore[method-assign]
+    cancellation.watch.cancelled_since = down
     with pytest.raises(SkipMessage, match="deferred"):
         cancellation.before_process_message(broker, delivery(job.message()))
     (copy, delay), *_ = broker.enqueued
     assert delay is not None and delay > 0 and copy.options["cancellation_store_waits"] == 1
+    cancellation.watch.stop()
 
 
 def test_a_running_job_is_interrupted_and_one_that_ended_is_not(store):
     backend = workflow_backend(store)
-    running = RunningJobs(backend.cancelled_among, interval=0.05)
+    running = CancelWatch(backend.cancelled_since, keep_ms=TTL, interval=0.05)
+    running.start()
     outcome: dict[str, Any] = {}
     started = threading.Event()
 
