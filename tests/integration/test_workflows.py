@@ -143,6 +143,9 @@ def test_cancelling_a_running_job_stops_it_within_a_second(start_worker, sender,
     assert sender.left_after_stop([worker], queue) == 0
     assert len(ticks(store, key, "long")) == count  # nothing ran after the re-send ended
     assert sender.depth(queue + ".DLQ") == 0 and record.attempts == 1
+    # Stopped on purpose: logged as cancelled, not as a failure with a traceback.
+    assert worker.events("job_cancelled", message_id=message.message_id)
+    assert "Failed to process message" not in worker.output()
 
 
 def test_cancelling_a_delayed_job_before_it_is_due_means_it_never_starts(
