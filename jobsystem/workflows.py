@@ -219,5 +219,5 @@ def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
         members = [m["id"] for step in found.record["steps"] for m in step["members"]]
         marked.extend(m for m in members if m not in found.states)
         workflows.backend.set_state(given, "cancelled")
-    workflows.backend.mark_cancelled(marked, workflows.cancel_ttl_ms)
+    workflows.marks.mark_cancelled(marked, workflows.cancel_ttl_ms)
     return marked

@@ -26,7 +26,7 @@ from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.options import option_of
 from jobsystem.store.base import StateStore
-from jobsystem.store.workflows import workflow_backend
+from jobsystem.store.cancel_marks import cancel_marks
 from middleware.guard import FailClosed
 
 __all__ = ["Cancellation", "is_cancelled"]
@@ -54,7 +54,7 @@ class Cancellation(FailClosed):
     defer_option = "cancellation_store_waits"
 
     def __init__(self, store: StateStore, *, keep_ms: int, poll_interval: float = 0.5) -> None:
-        self.backend = workflow_backend(store)
+        self.backend = cancel_marks(store)
         self.checks: Coalescer[str, bool] = Coalescer(self._check_many)
         self.watch = CancelWatch(self.backend.cancelled_since, keep_ms=keep_ms, interval=poll_interval)
 

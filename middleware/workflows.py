@@ -25,6 +25,7 @@ from jobsystem.dramatiq_internals import request_redelivery, wants_redelivery
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.workflow_steps import WORKFLOW, next_messages
 from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.cancel_marks import CancelMarks, cancel_marks
 from jobsystem.store.workflows import StepProgress, WorkflowBackend, workflow_backend
 from middleware.cancellation import is_cancelled
 from middleware.guard import FailClosed
@@ -48,6 +49,7 @@ class Workflows(FailClosed):
         self, store: StateStore, *, ttl_ms: int, cancel_ttl_ms: int, result_max_bytes: int = 65_536
     ) -> None:
         self.backend: WorkflowBackend = workflow_backend(store)
+        self.marks: CancelMarks = cancel_marks(store)
         self.ttl_ms = ttl_ms
         self.cancel_ttl_ms = cancel_ttl_ms
         self.result_max_bytes = result_max_bytes

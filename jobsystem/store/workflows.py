@@ -1,4 +1,4 @@
-"""Workflows and cancellation marks in the state store.
+"""Workflows in the state store.
 
 A workflow (a pipeline, a group, a chord) is a record of its steps, each a list of member message
 ids, with the final state of each member and its JSON result. A member's end is counted with
@@ -8,10 +8,8 @@ is retried or delivered twice is counted once, and answers whether the step is n
 
 Redis: the hash ``wf:<id>`` (``record``, ``state``, ``failed``, ``steps``, per step ``size:<i>``,
 ``mode:<i>`` and counters ``c:<i>:<state>``, per member ``s:<id>`` and ``r:<id>``) and the set
-``wf:<id>:done:<i>``; cancellation marks are keys ``cancel:<id>`` and, for the workers' pollers,
-the sorted set ``cancels`` (id by the time it was marked). SQLite: the tables ``workflow_fields``,
-``workflow_done`` and ``cancel_marks``. Ids are UUIDs: no personal data in
-a key name.
+``wf:<id>:done:<i>``. SQLite: the tables ``workflow_fields`` and ``workflow_done``. Ids are
+UUIDs: no personal data in a key name. Cancellation marks are in :mod:`jobsystem.store.cancel_marks`.
 """
 
 from __future__ import annotations
@@ -110,7 +108,7 @@ def _initial_fields(record: dict[str, Any]) -> dict[str, str]:
 
 
 class WorkflowBackend(ABC):
-    """The workflow and cancellation operations, one implementation per store backend."""
+    """The workflow operations, one implementation per store backend."""
 
     @abstractmethod
     def create(self, record: dict[str, Any], ttl_ms: int) -> None:
@@ -135,19 +133,6 @@ class WorkflowBackend(ABC):
     @abstractmethod
     def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
         """Move the workflow to ``state`` if it is in ``only_from``; returns whether it moved."""
-
-    @abstractmethod
-    def mark_cancelled(self, ids: list[str], ttl_ms: int) -> None:
-        """Mark message ids cancelled for ``ttl_ms``."""
-
-    @abstractmethod
-    def cancelled_among(self, ids: list[str]) -> set[str]:
-        """Which of ``ids`` carry a cancellation mark (one round trip)."""
-
-    @abstractmethod
-    def cancelled_since(self, since_ms: int) -> tuple[dict[str, int], int]:
-        """The ids marked at or after ``since_ms`` (store clock) with when, and the store's time
-        now (one round trip): what a worker's poller adds to what it knows."""
 
 
 _FINISH = """
@@ -178,27 +163,6 @@ local sent = redis.call('HGET', KEYS[1], 'sent:' .. step) and 1 or 0
 return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent}
 """
 
-_MARK = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[1])
-for i, key in ipairs(KEYS) do
-  if i > 1 then
-    redis.call('SET', key, '1', 'PX', ttl)
-    redis.call('ZADD', KEYS[1], now, ARGV[i])
-  end
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)
-redis.call('PEXPIRE', KEYS[1], ttl)
-return now
-"""
-
-_SINCE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {now, redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES')}
-"""
-
 _SET_STATE = """
 if redis.call('HGET', KEYS[1], 'state') == ARGV[2] then
   redis.call('HSET', KEYS[1], 'state', ARGV[1])
@@ -217,8 +181,6 @@ class RedisWorkflows(WorkflowBackend):
         self.store = store
         self._finish = store.script(_FINISH)
         self._set_state = store.script(_SET_STATE)
-        self._mark = store.script(_MARK)
-        self._since = store.script(_SINCE)
 
     def _key(self, workflow_id: str) -> str:
         return self.store.key(f"wf:{workflow_id}")
@@ -256,27 +218,6 @@ class RedisWorkflows(WorkflowBackend):
     def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
         return bool(self._set_state(keys=[self._key(workflow_id)], args=[state, only_from]))
 
-    def mark_cancelled(self, ids: list[str], ttl_ms: int) -> None:
-        if ids:
-            keys = [self.store.key("cancels"), *(self.store.key(f"cancel:{i}") for i in ids)]
-            self._mark(keys=keys, args=[ttl_ms, *ids])
-
-    def cancelled_since(self, since_ms: int) -> tuple[dict[str, int], int]:
-        reply = self._since(keys=[self.store.key("cancels")], args=[since_ms])
-        try:
-            now, flat = reply
-            marks = {_text(flat[i]): int(float(_text(flat[i + 1]))) for i in range(0, len(flat), 2)}
-            return marks, int(now)
-        except (TypeError, ValueError) as exc:  # a reply of the wrong shape
-            raise StoreUnavailable(f"unexpected reply to cancelled_since: {exc}") from exc
-
-    def cancelled_among(self, ids: list[str]) -> set[str]:
-        if not ids:
-            return set()
-        with self.store.errors():
-            values = self.store.client.mget([self.store.key(f"cancel:{i}") for i in ids])
-        return {i for i, value in zip(ids, values, strict=True) if value is not None}
-
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS workflow_fields (
@@ -291,13 +232,7 @@ CREATE TABLE IF NOT EXISTS workflow_done (
     step INTEGER NOT NULL,
     member TEXT NOT NULL,
     PRIMARY KEY (wid, step, member)
-);
-CREATE TABLE IF NOT EXISTS cancel_marks (
-    id TEXT PRIMARY KEY,
-    marked_at INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS cancel_marks_at ON cancel_marks (marked_at)
+)
 """
 
 
@@ -390,49 +325,6 @@ class SqliteWorkflows(WorkflowBackend):
                 (state, self._wid(workflow_id), only_from),
             )
             return cursor.rowcount > 0
-
-    def mark_cancelled(self, ids: list[str], ttl_ms: int) -> None:
-        now = self.store.now_ms()
-        with self.store.transaction() as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO cancel_marks (id, marked_at, expires_at) VALUES (?, ?, ?)",
-                [(self.store.key(i), now, now + ttl_ms) for i in ids],
-            )
-            conn.execute("DELETE FROM cancel_marks WHERE expires_at <= ?", (now,))
-
-    def cancelled_since(self, since_ms: int) -> tuple[dict[str, int], int]:
-        now = self.store.now_ms()
-        prefix = self.store.key("")
-        try:
-            rows = (
-                self.store.connection()
-                .execute(
-                    "SELECT id, marked_at FROM cancel_marks WHERE marked_at >= ? AND expires_at > ?",
-                    (since_ms, now),
-                )
-                .fetchall()
-            )
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
-        return {i.removeprefix(prefix): at for i, at in rows if i.startswith(prefix)}, now
-
-    def cancelled_among(self, ids: list[str]) -> set[str]:
-        if not ids:
-            return set()
-        names = {self.store.key(i): i for i in ids}
-        marks = ",".join("?" * len(names))
-        try:
-            rows = (
-                self.store.connection()
-                .execute(
-                    f"SELECT id FROM cancel_marks WHERE id IN ({marks}) AND expires_at > ?",
-                    (*names, self.store.now_ms()),
-                )
-                .fetchall()
-            )
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
-        return {names[row[0]] for row in rows}
 
 
 def workflow_backend(store: StateStore) -> WorkflowBackend:

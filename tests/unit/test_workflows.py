@@ -16,6 +16,7 @@ from dramatiq.results import ResultFailure
 from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.workflow_steps import WORKFLOW, Step, annotate
 from jobsystem.store import StateStore, StoreUnavailable
+from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.store.idempotency import idempotency_backend
 from jobsystem.store.results import StoreResultBackend
 from jobsystem.store.workflows import workflow_backend
@@ -83,7 +84,7 @@ def test_an_unknown_workflow_is_answered_not_created(store):
 
 
 def test_cancellation_marks_are_read_in_one_call_and_expire(store):
-    backend = workflow_backend(store)
+    backend = cancel_marks(store)
     backend.mark_cancelled(["a", "b"], TTL)
     backend.mark_cancelled(["short"], 50)
     assert backend.cancelled_among(["a", "x", "b", "short"]) == {"a", "b", "short"}
@@ -93,7 +94,7 @@ def test_cancellation_marks_are_read_in_one_call_and_expire(store):
 
 
 def test_a_poller_reads_the_marks_made_since_a_time(store):
-    backend = workflow_backend(store)
+    backend = cancel_marks(store)
     backend.mark_cancelled(["a"], TTL)
     marks, now = backend.cancelled_since(0)
     assert set(marks) == {"a"} and marks["a"] <= now
@@ -239,7 +240,7 @@ def test_a_store_that_errs_on_arrival_defers_the_message(store):
 
 
 def test_a_running_job_is_interrupted_and_one_that_ended_is_not(store):
-    backend = workflow_backend(store)
+    backend = cancel_marks(store)
     running = CancelWatch(backend.cancelled_since, keep_ms=TTL, interval=0.05)
     running.start()
     outcome: dict[str, Any] = {}
