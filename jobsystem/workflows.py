@@ -37,15 +37,22 @@ def _results_backend(broker: dramatiq.Broker) -> Any:
 
 
 def _launch(broker: dramatiq.Broker, kind: str, steps: list[Step], delay: int | None, bulk: bool) -> str:
-    """Record a new workflow of ``steps`` and send its first step; returns its id."""
+    """Record a new workflow of ``steps`` and send its first step; returns its id.
+
+    A member dropped at send as the duplicate of an earlier message with its idempotency key (a
+    campaign sent again) will never run in this workflow: it counts as succeeded at once, so the
+    workflow does not wait for it forever.
+    """
     workflows = find_workflows(broker)
     record, first = annotate(kind, steps)
     workflows.backend.create(record, workflows.ttl_ms)
     if bulk and delay is None:
-        send_bulk(first, broker=broker)  # type: ignore[arg-type]
+        sent = send_bulk(first, broker=broker)  # type: ignore[arg-type]
     else:
-        for message in first:
-            broker.enqueue(message, delay=delay)
+        sent = [broker.enqueue(message, delay=delay) for message in first]
+    for member, outcome in zip(first, sent, strict=True):
+        if outcome.options.get("duplicate"):
+            workflows.member_finished(broker, member, "succeeded", None)
     return str(record["id"])
 
 

@@ -87,6 +87,11 @@ class Workflows(FailClosed):
         request_redelivery(message)
 
     def _finish(self, broker: Broker, message: MessageProxy, state: str, result: Any) -> None:
+        self.member_finished(broker, message, state, result)
+
+    def member_finished(self, broker: Broker, message: Any, state: str, result: Any) -> None:
+        """Count ``message``'s end (``state``, ``result``) in its workflow, if it is a member, and
+        send the next step if this completed it (a sender calls it too: see ``jobsystem.workflows``)."""
         option = message.options.get(WORKFLOW)
         if not isinstance(option, dict):
             return

@@ -290,3 +290,33 @@ def test_a_next_step_whose_publish_failed_is_sent_by_the_redelivered_member(stor
     broker.enqueue = publish  # type: ignore[method-assign]
     workflows.after_process_message(broker, delivery(first[0], redelivered=True), result=4)
     assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", ([4],))]
+
+
+def test_a_member_dropped_as_a_duplicate_at_send_counts_as_finished(store):
+    from jobsystem.workflows import group as workflow_group
+    from middleware.idempotency import DuplicateMessage, Idempotency, as_duplicate
+
+    class DedupingBroker(RecordingBroker):
+        """Answers a duplicate send as the project's broker does."""
+
+        def enqueue(self, message: Any, *, delay: Any = None) -> Any:
+            try:
+                return super().enqueue(message, delay=delay)
+            except DuplicateMessage as duplicate:
+                return as_duplicate(message, duplicate.original_message_id)
+
+    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
+    broker = DedupingBroker(middleware=[Idempotency(store), workflows])
+    mail = dramatiq.actor(broker=broker, actor_name="mail", queue_name="q", idempotency_key=lambda to: to)(
+        lambda to: None
+    )
+    summary = dramatiq.actor(broker=broker, actor_name="summary", queue_name="q")(lambda counts: None)
+    broker.enqueue(mail.message("ana"))  # sent before: the group's first member is a duplicate
+    fan_out = workflow_group([mail.message("ana"), mail.message("bob")], broker=broker)
+    fan_out.on_finish(summary.message())
+    fan_out.run()
+    assert [m.actor_name for m, _ in broker.enqueued] == ["mail", "mail"]  # "ana" once, "bob"
+    workflows.after_process_message(broker, delivery(broker.enqueued[-1][0]), result=None)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued[2:]] == [
+        ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},))
+    ]
