@@ -1,10 +1,10 @@
-"""``python -m bench``: throughput of bare Dramatiq against this project's stack (with and without
-lifecycle logging), send rates, and the scrubber's cost per log event.
+"""``python -m bench``: the cost table (bare Dramatiq, then the project's worker with each feature
+added), send -> start latency, send rates, the scrubber's cost per log event, rate-limit overhead
+and accuracy, dead letters and the dashboard.
 
-Each throughput run pre-fills a fresh queue with N no-op messages, starts a real ``dramatiq``
-worker (same processes x threads for both), and times the queue from the first message taken to
-empty. The few messages still prefetched when the queue reads empty (at most processes x threads
-x 2) are within a fraction of a percent at the default N.
+Throughput runs are described in ``bench.throughput``, the cost table in ``bench.costs``, the
+latency probe in ``bench.latency``. ``--repeat N`` repeats the cost table and the latency probes and
+prints medians; ``--costs-only`` stops after them.
 
 Rate limits: the overhead of a bucket that never runs dry (a take per job) as a ratio of bare
 throughput, and the accuracy of a paced bucket: enough jobs for ``--rate-duration`` seconds at
@@ -18,67 +18,31 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
+from bench.costs import STORES, cost_table, store_broker
 from bench.dashboard import add_dashboard_arguments, dashboard_report
 from bench.dead_letters import dead_letter_figures
+from bench.latency import send_to_start
 from bench.scrub import scrub_costs
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-
-
-@dataclass
-class Rate:
-    label: str
-    count: int
-    seconds: float
-
-    @property
-    def per_second(self) -> float:
-        return self.count / self.seconds
-
-    def line(self) -> str:
-        return f"  {self.label:<44} {self.per_second:>9,.0f} /s   ({self.count:,} in {self.seconds:.2f} s)"
-
-
-def delete_queues(broker: RabbitmqBroker, queue: str) -> None:
-    """Remove a bench queue and its companions (delay, dead letters, and Dramatiq's own .XQ)."""
-    for name in (queue, f"{queue}.DQ", f"{queue}.DLQ", f"{queue}.XQ"):
-        broker.channel.queue_delete(name)
-
-
-def noop_messages(queue: str, count: int) -> list[Message[Any]]:
-    return [
-        Message(queue_name=queue, actor_name="noop", args=(), kwargs={}, options={}) for _ in range(count)
-    ]
-
-
-def keyed_messages(queue: str, count: int) -> list[Message[Any]]:
-    """No-op messages each with its own idempotency key (the actor computes it from its argument)."""
-    run = uuid.uuid4().hex[:8]
-    return [
-        Message(queue_name=queue, actor_name="keyed_noop", args=(f"{run}-{i}",), kwargs={}, options={})
-        for i in range(count)
-    ]
-
-
-def metered_messages(queue: str, count: int) -> list[Message[Any]]:
-    """No-op messages of an actor that takes a token of an unconstrained bucket first."""
-    return [
-        Message(queue_name=queue, actor_name="metered_noop", args=(), kwargs={}, options={})
-        for _ in range(count)
-    ]
+from bench.throughput import (
+    BIN,
+    ROOT,
+    Rate,
+    Run,
+    delete_queues,
+    keyed_messages,
+    metered_messages,
+    noop_messages,
+)
 
 
 #: The bench's buckets (RATE_LIMITS for the bench and its workers): one that never runs dry, one
@@ -89,55 +53,6 @@ def bench_rate_limits(rate: float, burst: float) -> dict[str, dict[str, float]]:
         "bench-open": {"rate": 1e9, "burst": 1e9},
         "bench-paced": {"rate": rate, "burst": burst},
     }
-
-
-def depth(broker: RabbitmqBroker, queue: str) -> int:
-    return int(broker.channel.queue_declare(queue, passive=True).method.message_count)
-
-
-def throughput(
-    label: str,
-    module: str,
-    broker: RabbitmqBroker,
-    count: int,
-    processes: int,
-    threads: int,
-    make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
-    **env_overrides: str,
-) -> Rate:
-    """Fill a fresh queue, run ``dramatiq MODULE`` on it, time it from first take to empty.
-
-    The worker logs at WARNING unless ``env_overrides`` say otherwise (its output is discarded).
-    """
-    from jobsystem.rabbitmq.bulk import send_bulk
-    from middleware.status import find_status
-
-    queue = f"bench-{uuid.uuid4().hex[:8]}"
-    broker.declare_queue(queue, ensure=True)
-    send_bulk(make_messages(queue, count), broker=broker)
-    status = find_status(broker)
-    if status is not None:
-        status.flush(120)  # the "queued" records are written before the clock starts
-    env = {**os.environ, "BENCH_QUEUE": queue, "LOG_LEVEL": "WARNING", **env_overrides}
-    worker = subprocess.Popen(
-        [str(BIN / "dramatiq"), module, "-p", str(processes), "-t", str(threads)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        while (left := depth(broker, queue)) >= count:
-            time.sleep(0.01)
-        started, at_start = time.perf_counter(), left
-        while depth(broker, queue) > 0:
-            time.sleep(0.02)
-        elapsed = time.perf_counter() - started
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(60)
-        delete_queues(broker, queue)
-    return Rate(label, at_start, elapsed)
 
 
 def send_rates(count: int) -> tuple[Rate, Rate]:
@@ -166,6 +81,9 @@ def main() -> None:
     parser.add_argument("-n", "--count", type=int, default=int(os.environ.get("BENCH_COUNT", 20_000)))
     parser.add_argument("-p", "--processes", type=int, default=2)
     parser.add_argument("-t", "--threads", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="repetitions of the cost table (medians)")
+    parser.add_argument("--latency-count", type=int, default=300, help="sequential latency probes")
+    parser.add_argument("--costs-only", action="store_true", help="only the cost table and latency")
     parser.add_argument("--rate", type=float, default=100.0, help="paced bucket: tokens per second")
     parser.add_argument("--rate-burst", type=float, default=10.0, help="paced bucket: burst")
     parser.add_argument(
@@ -182,12 +100,13 @@ def main() -> None:
 
     bare_broker = RabbitmqBroker(url=get_system().settings.rabbitmq_url)
     run = Run(args.count, args.processes, args.threads)
-    bare = stack_figures(run, bare_broker)
+    bare = costs_and_latency(run, bare_broker, args)
+    if args.costs_only:
+        return
     print("scrubber cost per log event, in-process")
     for label, micros in scrub_costs():
         print(f"  {label:<52} {micros:>7.1f} us")
     keyed_figures(run, bare)
-    status_figures(run, bare)
     rate_limit_figures(run, bare, args)
     send_figures(args.count)
     print("dead letters, 10,000")
@@ -197,56 +116,51 @@ def main() -> None:
     dashboard_report(STORES["redis"], args.dashboard_records)
 
 
-#: The two state stores the figures are taken on.
-STORES = {"redis": "redis://127.0.0.1:6379/14", "sqlite": f"sqlite:///{ROOT}/var/bench-state.db"}
-
-
-@dataclass(frozen=True)
-class Run:
-    """The size and shape of every throughput run."""
-
-    count: int
-    processes: int
-    threads: int
-
-    def throughput(
-        self,
-        label: str,
-        module: str,
-        broker: RabbitmqBroker,
-        make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
-        **env: str,
-    ) -> Rate:
-        return throughput(
-            label, module, broker, self.count, self.processes, self.threads, make_messages, **env
-        )
+def costs_and_latency(run: Run, bare_broker: RabbitmqBroker, args: argparse.Namespace) -> Rate:
+    """Print the cost table and the send -> start latency; return a bare Dramatiq rate."""
+    load = os.getloadavg()
+    print(
+        f"cost table, {run.count:,} no-op jobs, {run.processes} processes x {run.threads} threads,"
+        f" redis store, median of {args.repeat} (load averages {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})"
+    )
+    table = cost_table(run, bare_broker, args.repeat)
+    for line in table.lines():
+        print(line)
+    print(f"send -> start latency, idle worker, {args.latency_count} sequential sends, median of runs")
+    full = store_broker(STORES["redis"])
+    probes = {
+        "bare Dramatiq": ("bench.bare", bare_broker),
+        "full stack (defaults + key + limit)": ("bench.project", full),
+    }
+    figures: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(args.repeat):
+        for label, (module, broker) in probes.items():
+            found = send_to_start(
+                label,
+                module,
+                broker,
+                args.latency_count,
+                run.processes,
+                run.threads,
+                STATE_URL=STORES["redis"],
+                LOG_LEVEL="INFO",
+                LOG_FORMAT="json",
+            )
+            figures.setdefault(label, []).append((found.median_ms, found.p99_ms))
+    for label, runs in figures.items():
+        median = statistics.median(m for m, _ in runs)
+        p99 = statistics.median(p for _, p in runs)
+        print(f"  {label:<44} median {median:>6.2f} ms   p99 {p99:>6.2f} ms")
+    bare_median = statistics.median(m for m, _ in figures["bare Dramatiq"])
+    full_median = statistics.median(m for m, _ in figures["full stack (defaults + key + limit)"])
+    print(ratio("ratio full / bare (median)", full_median / bare_median))
+    load = os.getloadavg()
+    print(f"  load averages at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return table.rates["bare Dramatiq, default middleware"][-1]
 
 
 def ratio(label: str, value: float, digits: int = 2) -> str:
     return f"  {label:<44} {value:>9.{digits}f}"
-
-
-def stack_figures(run: Run, bare_broker: RabbitmqBroker) -> Rate:
-    """Bare Dramatiq, the project's stack, and the stack with lifecycle logs; returns bare's rate."""
-    from jobsystem.system import get_system
-
-    broker = get_system().broker
-    print(f"throughput, {run.count:,} no-op jobs, {run.processes} processes x {run.threads} threads")
-    bare = run.throughput("bare Dramatiq, default middleware", "bench.bare", bare_broker)
-    print(bare.line())
-    project = run.throughput("this project's stack", "bench.project", broker)
-    print(project.line())
-    print(ratio("ratio project / bare", project.per_second / bare.per_second))
-    logged = run.throughput(
-        "project's stack, lifecycle logs (INFO, JSON)",
-        "bench.project",
-        broker,
-        LOG_LEVEL="INFO",
-        LOG_FORMAT="json",
-    )
-    print(logged.line())
-    print(ratio("ratio logged / project", logged.per_second / project.per_second))
-    return bare
 
 
 def per_store(
@@ -266,22 +180,6 @@ def keyed_figures(run: Run, bare: Rate) -> None:
     per_store(run, bare, "keyed no-op jobs", keyed_messages)
 
 
-def status_figures(run: Run, bare: Rate) -> None:
-    print("job status tracking (queued at send, running, succeeded: deferred, batched writes)")
-    redis_url = STORES["redis"]
-    off = store_broker(redis_url, JOB_STATUS="false")
-    untracked = run.throughput(
-        "project stack, status off", "bench.project", off, STATE_URL=redis_url, JOB_STATUS="false"
-    )
-    print(untracked.line())
-    for name, url in STORES.items():
-        label = f"project stack, status on, {name} store"
-        tracked = run.throughput(label, "bench.project", store_broker(url), STATE_URL=url, JOB_STATUS="true")
-        print(tracked.line())
-        for against, rate in (("off", untracked), ("bare", bare)):
-            print(ratio(f"ratio status on ({name}) / {against}", tracked.per_second / rate.per_second))
-
-
 def rate_limit_figures(run: Run, bare: Rate, args: argparse.Namespace) -> None:
     print("rate limits (a token taken per job, state store round trips coalesced)")
     per_store(run, bare, "unconstrained bucket", metered_messages)
@@ -299,19 +197,6 @@ def send_figures(count: int) -> None:
         print(
             dedup_send_rate(f"send_bulk() with dedup at send, {name} store", store_broker(url), count).line()
         )
-
-
-def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
-    """The project's broker and middleware on ``state_url`` (other settings from ``env``), knowing
-    the bench's actors."""
-    import bench.project  # declares the bench's actors on the process's system
-    from jobsystem.settings import load_settings
-    from jobsystem.system import build_system, get_system
-
-    broker = build_system(load_settings({**os.environ, "STATE_URL": state_url, **env})).broker
-    broker.actors.update(get_system().broker.actors)
-    assert "keyed_noop" in broker.actors and bench.project.QUEUE
-    return broker
 
 
 def rate_accuracy(state_url: str, rate: float, burst: float, duration: float, run: Run) -> list[str]:

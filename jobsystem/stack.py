@@ -21,6 +21,7 @@ from dramatiq.middleware import (
 from jobsystem.observability.metrics import serve_metrics
 from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.privacy.scrub import Scrubber
+from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.settings import Settings, SettingsError
 from jobsystem.startup import configuration_checked
 from jobsystem.store import StateStore
@@ -51,6 +52,8 @@ def build_middleware(
     Callbacks, Pipelines, DeadLetters, SafeRetries, CurrentMessage, Cancellation, RateLimits,
     Idempotency, StoreResults, Workflows, Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``),
     ScrubStoredTracebacks."""
+    # One background writer: a job's key completion and its final status leave in one batch.
+    writes = DeferredWrites(store)
     stack: list[Middleware] = [
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
@@ -83,12 +86,13 @@ def build_middleware(
             lease_ms=settings.idempotency_lease_ms,
             drop_duplicates=settings.idempotency_drop_duplicates,
             key_hasher=key_hasher,
+            writes=writes,
         ),
         StoreResults(StoreResultBackend(store, scrub=scrubber.text), result_ttl=settings.result_ttl_ms),
         Workflows(store, ttl_ms=settings.result_ttl_ms, cancel_ttl_ms=settings.cancel_ttl_ms),
     ]
     if settings.job_status:
-        stack.append(Status(store, ttl_ms=settings.job_status_ttl_ms, scrub=scrubber.text))
+        stack.append(Status(store, ttl_ms=settings.job_status_ttl_ms, scrub=scrubber.text, writes=writes))
     if settings.prometheus_port:
         stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     stack.append(ScrubStoredTracebacks(scrubber.text))

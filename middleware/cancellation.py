@@ -28,6 +28,7 @@ from jobsystem.runtime.options import option_of
 from jobsystem.store.base import StateStore
 from jobsystem.store.cancel_marks import cancel_marks
 from middleware.guard import FailClosed
+from middleware.idempotency import Idempotency
 
 __all__ = ["Cancellation", "is_cancelled"]
 
@@ -48,7 +49,9 @@ class Cancellation(FailClosed):
       poll_interval: seconds between two polls for new marks (one store call each).
 
     Place it before RateLimits and Idempotency: a cancelled message spends no token and takes no
-    claim. A store that cannot be asked on arrival defers the message (fail closed).
+    claim, and its ``after_*`` hooks run after theirs, so that it forgets the job's idempotency key
+    (deletes it unless done) once Idempotency gave back its claim: a deliberate re-send then runs.
+    A store that cannot be asked on arrival defers the message (fail closed).
     """
 
     defer_option = "cancellation_store_waits"
@@ -90,9 +93,19 @@ class Cancellation(FailClosed):
         if isinstance(exception, JobCancelled):
             message.options[CANCELLED] = True
             logger.info("job_cancelled", extra={"message_id": message.message_id, "running": True})
+            self._forget_key(broker, message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self.watch.ended(message.message_id)
+        if message.options.get(CANCELLED):
+            self._forget_key(broker, message)
+
+    def _forget_key(self, broker: Broker, message: MessageProxy) -> None:
+        for middleware in broker.middleware:
+            if isinstance(middleware, Idempotency):
+                key = middleware.key_of(broker, message)
+                if key is not None:
+                    middleware.backend.forget_many([key])
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self.watch.stop()

@@ -8,8 +8,10 @@ receipt included, is in ``docs/architecture.md`` ("Idempotency keys").
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -25,7 +27,6 @@ from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from jobsystem.dramatiq_internals import reject
 from jobsystem.privacy.keyhash import KeyHasher
-from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
@@ -81,6 +82,26 @@ class IdempotencyKeyError(MiddlewareError):
 
 
 @dataclass
+class _Owners:
+    """Claim owners unique across processes and hosts without a random draw per claim: a random
+    token per process (drawn again in a forked child) and a counter."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._token = uuid.uuid4().hex[:20]
+        self._counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._token}{next(self._counter):x}"
+
+
+_new_owner = _Owners()
+
+
+@dataclass
 class _Held:
     key: str
     owner: str
@@ -103,6 +124,8 @@ class Idempotency(FailClosed):
       result_max_bytes: results larger than this, once JSON-encoded, are not stored.
       key_hasher: hashes each scoped key before it becomes a store key or a log field (every
         process sharing the store needs the same secret); without one, keys are hashed unkeyed.
+      writes: the background writer completions and releases go through; share one with
+        :class:`~middleware.status.Status` so a job's completion and its outcome leave together.
     """
 
     def __init__(
@@ -116,6 +139,7 @@ class Idempotency(FailClosed):
         max_store_retry_ms: int = 60_000,
         result_max_bytes: int = 65_536,
         key_hasher: KeyHasher | None = None,
+        writes: DeferredWrites | None = None,
     ) -> None:
         self.store = store
         self.hasher = key_hasher or KeyHasher()
@@ -126,12 +150,12 @@ class Idempotency(FailClosed):
         self.defer_base_ms = store_retry_ms
         self.defer_max_ms = max_store_retry_ms
         self.result_max_bytes = result_max_bytes
-        self.writes = DeferredWrites(store)
+        self.writes = writes or DeferredWrites(store)
         # Claims of concurrent worker threads share round trips (see jobsystem.runtime.coalesce).
         self.claims: Coalescer[ClaimRequest, Claim] = Coalescer(self._claim_many)
         self._local = threading.local()
         self.leases = HeldLeases(self.backend.renew, lease_ms)
-        self.ahead = ClaimsAhead(self.claims)
+        self.ahead = ClaimsAhead(self.claims, lease_ms)
 
     send_error = IdempotencyStoreError
     defer_option = "idempotency_store_waits"
@@ -240,7 +264,7 @@ class Idempotency(FailClosed):
         if key is None:
             return
         ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
-        self.ahead.send(message, ClaimRequest(key, message.message_id, uuid.uuid4().hex, self.lease_ms, ttl))
+        self.ahead.send(message, ClaimRequest(key, message.message_id, _new_owner(), self.lease_ms, ttl))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None
@@ -257,7 +281,7 @@ class Idempotency(FailClosed):
         if key is None:
             return
         ahead_owner, claim = self.ahead.answer(message)
-        owner = ahead_owner or uuid.uuid4().hex
+        owner = ahead_owner or _new_owner()
         if claim is None:
             ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
             try:
@@ -281,10 +305,12 @@ class Idempotency(FailClosed):
 
     def _claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         try:
-            return self.backend.claim_many(requests)
+            claims = self.backend.claim_many(requests)
         except StoreUnavailable:
             self.ahead.store_failed_at = time.monotonic()
             raise
+        self.ahead.store_answered_at = time.monotonic()
+        return claims
 
     def _finish(self) -> _Held | None:
         held: _Held | None = getattr(self._local, "held", None)
@@ -304,9 +330,6 @@ class Idempotency(FailClosed):
         held = self._finish()
         if held is None:
             return
-        if isinstance(exception, JobCancelled):  # cancelled: a deliberate re-send must run
-            self.backend.forget_many([held.key])
-            return
         if exception is not None:
             self.writes.submit(_release_many, (held.key, held.owner))
             return
@@ -319,15 +342,6 @@ class Idempotency(FailClosed):
         # never come back to find the claim still held (which would delay it by a whole lease).
         held = self._finish()
         ahead = self.ahead.take(message)
-        if message.options.get(CANCELLED):
-            # Skipped as cancelled before its claim: forget the key, so a deliberate re-send runs
-            # (once a claim sent ahead has landed, so that it cannot take the key back after).
-            if ahead is not None:
-                self.ahead.granted(ahead, timeout=2 * self.store.timeout)
-            key = self.key_of(broker, message)
-            if key is not None:
-                self.backend.forget_many([key])
-            return
         if held is None and ahead is not None and self.ahead.granted(ahead):
             # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead.
             held = _Held(ahead.request.key, ahead.request.owner)

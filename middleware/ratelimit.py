@@ -288,11 +288,12 @@ class RateLimits(FailClosed):
         pause_ms = math.ceil(raised.retry_after * 1000)
         if target is not None:
             try:
-                self.backend.drain(target.bucket, target.limit.rate, target.limit.burst, pause_ms)
-                take = self.takes.call(
+                # One round trip: drain for the pause, then take the slot after it.
+                take = self.backend.drain_and_take(
+                    pause_ms,
                     TakeRequest(
                         target.bucket, target.limit.rate, target.limit.burst, target.cost, self.max_delay_ms
-                    )
+                    ),
                 )
             except StoreUnavailable as exc:
                 logger.warning(

@@ -78,6 +78,8 @@ class Status(Middleware):
       args_max_chars: the arguments of an actor that opts in, as JSON, are cut to this length.
       max_pending: updates held while the store does not answer; past this, new ones are dropped
         (status is best effort: the jobs themselves never wait for it).
+      writes: the background writer the updates go through (shared with
+        :class:`~middleware.idempotency.Idempotency`: one batch carries a job's completion and outcome).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class Status(Middleware):
         traceback_max_chars: int = 4_000,
         args_max_chars: int = 2_000,
         max_pending: int = 100_000,
+        writes: DeferredWrites | None = None,
     ) -> None:
         self.store = store
         self.backend: StatusBackend = status_backend(store)
@@ -101,7 +104,7 @@ class Status(Middleware):
         self.traceback_max_chars = traceback_max_chars
         self.args_max_chars = args_max_chars
         self.max_pending = max_pending
-        self.writes = DeferredWrites(store)
+        self.writes = writes or DeferredWrites(store)
         self.attempts = AttemptTracker()
         self._pending: dict[str, list[StatusUpdate]] = {}
         self._lock = threading.Lock()

@@ -10,6 +10,9 @@ Personal data is removed twice over: on each root handler, filters hide Dramatiq
 arguments and scrub a standard-library record's message before anything formats it (Sentry's
 logging integration reads the record after these handlers); in the formatter, the scrubber runs
 over the whole event after the traceback is formatted, just before rendering.
+
+The lifecycle events of every job (``job_started``, ``job_succeeded``) take a short path to the
+same handlers' streams (:mod:`jobsystem.observability.direct_lines`); JSON is rendered by orjson.
 """
 
 from __future__ import annotations
@@ -24,16 +27,18 @@ import structlog
 from structlog.typing import Processor
 
 from jobsystem.dramatiq_internals import RESULTS_MISSING_WARNING
+from jobsystem.observability.direct_lines import DirectLines, json_renderer
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
 from jobsystem.runtime.cancellation import JobCancelled
 from jobsystem.settings import Settings
+from middleware.lifecycle import DEFAULT_LOGGER as LIFECYCLE_LOGGER
 
 
 def _renderer(log_format: str) -> Processor:
     if log_format == "json":
-        return structlog.processors.JSONRenderer()
+        return json_renderer()
     return structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
 
 
@@ -75,11 +80,19 @@ def configure_logging(
         structlog.stdlib.ExtraAdder(),
         *(extra_processors or []),
     ]
+    # What turns an event into a line: after the traceback is text, scrubbed, before rendering.
+    finish: list[Processor] = [
+        structlog.processors.format_exc_info,
+        scrubber.processor,
+        _renderer(settings.log_format),
+    ]
+    direct = DirectLines([LIFECYCLE_LOGGER], finish, allowed_filters=(HideMessageArguments, Scrubber))
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,
             *shared,
             structlog.processors.StackInfoRenderer(),
+            direct,
             structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
         ],
         logger_factory=structlog.stdlib.LoggerFactory(),
@@ -88,12 +101,7 @@ def configure_logging(
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
-        processors=[
-            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            structlog.processors.format_exc_info,
-            scrubber.processor,  # after the traceback is text, before anything is rendered
-            _renderer(settings.log_format),
-        ],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *finish],
     )
     root = logging.getLogger()
     if not root.handlers:

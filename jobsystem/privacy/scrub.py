@@ -48,6 +48,9 @@ from jobsystem.privacy.scrub_numbers import DEFAULT_PHONE_REGIONS, NumberFinder
 __all__ = ["Scrubber", "exception_text"]
 
 _SCALARS = (int, float, bool, type(None), dt.date, dt.time, dt.timedelta, uuid.UUID, decimal.Decimal)
+_UNCHANGED = (*_SCALARS, enum.Enum)
+#: Types of values (not subclasses: their repr could say anything) passed through as they are.
+_PLAIN = frozenset({int, float, bool, type(None)})
 #: Five digits close together: the least any number worth a look has.
 _DIGITS = re.compile(r"\d(?:\D{0,3}\d){4}")
 # Whole strings that cannot hold personal data: ISO dates and timestamps, UUIDs, short numbers.
@@ -123,6 +126,8 @@ class Scrubber:
         self._hash_key = hash_key.encode() if isinstance(hash_key, str) else hash_key
         # Longest first: a secret that contains another is removed whole.
         self._secrets = tuple(sorted({s for s in secrets if len(s) >= 6}, key=len, reverse=True))
+        # Key name -> (its label, the key as scrubbed): log events repeat the same few keys.
+        self._keys_seen: dict[str, tuple[str | None, str]] = {}
         self.max_length = max_length
         self.max_depth = max_depth
         self._cached_scan: Callable[[str], str] = lru_cache(maxsize=4096)(self._scan)
@@ -157,9 +162,12 @@ class Scrubber:
             return "[unscrubbable text]"
 
     def _text(self, text: str) -> str:
-        if len(text) < 6:
+        size = len(text)
+        if size < 6:
             return text
-        if len(text) <= 256:
+        if size <= 64 and _SAFE.fullmatch(text):
+            return text  # ids and timestamps: unique, so not worth a place in the cache
+        if size <= 256:
             return self._cached_scan(text)  # event names, loggers, actors, queues repeat
         return self._scan(text)
 
@@ -209,7 +217,7 @@ class Scrubber:
     def _value(self, value: Any, depth: int, seen: set[int]) -> Any:
         if isinstance(value, str):
             return self._text(value)
-        if isinstance(value, (*_SCALARS, enum.Enum)):
+        if isinstance(value, _UNCHANGED):
             return value
         if isinstance(value, (bytes, bytearray, memoryview)):
             return self._text(bytes(value[: self.max_length + 1]).decode("utf-8", "replace"))
@@ -231,19 +239,32 @@ class Scrubber:
         if isinstance(value, dict):
             out: dict[Any, Any] = {}
             for key, item in value.items():
-                label = self.label_for_key(key) if isinstance(key, str) else None
+                label, shown = self._key(key) if isinstance(key, str) else (None, key)
                 if label is not None:
                     out[key] = self._replace_keyed(label, item)
+                elif type(item) is str:  # the common cases, without _value's type tests
+                    out[shown] = self._text(item)
+                elif type(item) in _PLAIN:
+                    out[shown] = item
                 else:
-                    out[self._text(key) if isinstance(key, str) else key] = self._value(item, depth, seen)
+                    out[shown] = self._value(item, depth, seen)
             return out
         items = [self._value(item, depth, seen) for item in value]
         return tuple(items) if isinstance(value, tuple) else items
 
+    def _key(self, key: str) -> tuple[str | None, str]:
+        """The label of a key name and the name as scrubbed (memoised: key names come from code)."""
+        known = self._keys_seen.get(key)
+        if known is None:
+            known = (self.label_for_key(key), self._text(key))
+            if len(self._keys_seen) < 8192:
+                self._keys_seen[key] = known
+        return known
+
     def mapping(self, event: Mapping[str, Any]) -> dict[str, Any]:
         """A scrubbed copy of a mapping (a log event, a Sentry event or breadcrumb)."""
         try:
-            scrubbed = self._container(dict(event), 1, set())
+            scrubbed = self._container(event if type(event) is dict else dict(event), 1, set())
             assert isinstance(scrubbed, dict)
             return scrubbed
         except Exception:

@@ -17,9 +17,8 @@ from jobsystem.store.idempotency import Claim, ClaimRequest
 
 __all__ = ["FRESH_S", "Ahead", "ClaimsAhead"]
 
-#: How long a claim sent ahead at receipt is taken as the store's current answer. Under load a
-#: prefetched message waits a few milliseconds for a worker thread, and its claim's round trip has
-#: overlapped that wait; a message that waited longer is claimed again when it starts.
+#: How recent the store's word must be for a job to start on a claim sent ahead: either the answer
+#: itself, or (for a granted or completed claim) some later claim answered by the store.
 FRESH_S = 0.1
 
 
@@ -37,10 +36,24 @@ class ClaimsAhead:
 
     Parameters:
       claims: the coalescer the claims go through (shared with the claims made at start).
+      lease_ms: the lease a granted claim holds; renewed every third of it once the job starts.
+
+    How long an answer is trusted. An answer younger than :data:`FRESH_S` always is. A granted
+    claim is this worker's until its lease runs out, so it stays good while the message waits in
+    the prefetch buffer, however long that is under load, provided the renewal that starts with the
+    job comes in time (the renewer runs every third of the lease: an answer younger than a third of
+    the lease leaves a third of it to spare) and the store is still there: some claim was answered
+    within the last :data:`FRESH_S` (under load, every few milliseconds), and none has failed since
+    the answer. A "completed" answer is final (only the key's TTL ends it) and is trusted alike. A
+    "held" answer is trusted :data:`FRESH_S` only (the holder may finish at any moment). Otherwise
+    the message is claimed again at start, failing closed if the store does not answer.
     """
 
-    def __init__(self, claims: Coalescer[ClaimRequest, Claim]) -> None:
+    def __init__(self, claims: Coalescer[ClaimRequest, Claim], lease_ms: int) -> None:
         self.claims = claims
+        self.trusted_s = lease_ms / 3000
+        #: When the store last answered a batch of claims.
+        self.store_answered_at = float("-inf")
         self._unstarted: dict[tuple[str, str], Ahead] = {}
         self._lock = threading.Lock()
         #: When a claim last found the store unreachable: a claim sent ahead before it is redone.
@@ -64,9 +77,8 @@ class ClaimsAhead:
         return ahead
 
     def answer(self, message: MessageProxy) -> tuple[str | None, Claim | None]:
-        """The owner of the claim sent ahead for ``message``, and its answer if it can be trusted:
-        given less than :data:`FRESH_S` ago and with no store failure since (else None: claim again,
-        as the same owner, so the job starts on an answer the store gave just now)."""
+        """The owner of the claim sent ahead for ``message``, and its answer if it can still be
+        trusted (see the class's docstring; else None: claim again, as the same owner)."""
         ahead = self.take(message)
         if ahead is None:
             return None, None
@@ -74,7 +86,10 @@ class ClaimsAhead:
             claim = self.claims.wait(ahead.pending)
         except StoreUnavailable:
             return ahead.request.owner, None
-        fresh = time.monotonic() - ahead.sent_at < FRESH_S
+        now = time.monotonic()
+        age = now - ahead.sent_at
+        store_seen = now - self.store_answered_at < FRESH_S
+        fresh = age < FRESH_S or (claim.status != "held" and age < self.trusted_s and store_seen)
         trusted = self.store_failed_at < ahead.sent_at
         return ahead.request.owner, claim if fresh and trusted else None
 

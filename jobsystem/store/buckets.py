@@ -139,16 +139,25 @@ class BucketBackend(ABC):
         handed out before then."""
 
     @abstractmethod
+    def drain_and_take(self, for_ms: int, request: TakeRequest) -> Take:
+        """:meth:`drain` ``request``'s bucket for ``for_ms``, then answer ``request`` from it,
+        atomically in one store operation (an upstream said "slow down")."""
+
+    @abstractmethod
     def reset(self, key: str) -> None:
         """Forget bucket ``key``: it is full again and its slots are void (an operator's tool)."""
 
 
-_TAKE = """
+_NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+"""
+
+#: Takes for every key of KEYS; the arguments of key i start at ARGV[base + 6 * (i - 1) + 1].
+_TAKE_LOOP = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local a = 6 * (i - 1)
+  local a = base + 6 * (i - 1)
   local rate, burst, cost = tonumber(ARGV[a + 1]) / 1000, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local horizon, slot = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local h = redis.call('HMGET', key, 'tokens', 'ts', 'until')
@@ -176,9 +185,8 @@ end
 return out
 """
 
-_DRAIN = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+#: Drains KEYS[1] (ARGV[1..4]: rate, burst, for_ms, linger).
+_DRAIN_BODY = """
 local rate, burst, span = tonumber(ARGV[1]) / 1000, tonumber(ARGV[2]), tonumber(ARGV[3])
 local h = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'until')
 local tokens, ts, blocked = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or 0
@@ -190,8 +198,12 @@ redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', stri
            'until', string.format('%.3f', blocked))
 local ttl = math.max((burst - tokens) / rate, blocked - now, 0)
 redis.call('PEXPIRE', KEYS[1], math.ceil(ttl) + tonumber(ARGV[4]))
-return 0
 """
+
+_TAKE = _NOW + "local base = 0\n" + _TAKE_LOOP
+_DRAIN = _NOW + "do\n" + _DRAIN_BODY + "end\nreturn 0\n"
+#: A drain, then a take from the drained bucket (ARGV[5..10]), in one call.
+_DRAIN_TAKE = _NOW + "do\n" + _DRAIN_BODY + "end\nlocal base = 4\n" + _TAKE_LOOP
 
 
 class RedisBuckets(BucketBackend):
@@ -201,6 +213,7 @@ class RedisBuckets(BucketBackend):
         self.store = store
         self._take = store.script(_TAKE)
         self._drain = store.script(_DRAIN)
+        self._drain_take = store.script(_DRAIN_TAKE)
 
     def _key(self, key: str) -> str:
         return self.store.key("rate:" + key)
@@ -214,6 +227,14 @@ class RedisBuckets(BucketBackend):
         with self.store.errors():
             replies = self._take(keys=[self._key(r.key) for r in requests], args=args)
         return [Take(_status(status), int(wait), int(at)) for status, wait, at in replies]
+
+    def drain_and_take(self, for_ms: int, request: TakeRequest) -> Take:
+        r = request
+        slot = -1 if r.slot_ms is None else r.slot_ms
+        args = [r.rate, r.burst, for_ms, _LINGER_MS, r.rate, r.burst, r.cost, r.horizon_ms, slot, _LINGER_MS]
+        with self.store.errors():
+            ((status, wait, at),) = self._drain_take(keys=[self._key(r.key)], args=args)
+        return Take(_status(status), int(wait), int(at))
 
     def peek(self, key: str, rate: float, burst: float) -> Level:
         with self.store.errors():
@@ -299,13 +320,25 @@ class SqliteBuckets(BucketBackend):
 
     def drain(self, key: str, rate: float, burst: float, for_ms: int) -> None:
         with self.store.transaction() as conn:
+            self._drain_in(conn, self._now(), key, rate, burst, for_ms)
+
+    def drain_and_take(self, for_ms: int, request: TakeRequest) -> Take:
+        with self.store.transaction() as conn:
             now = self._now()
-            bucket = self._load(conn, key, now)
-            probe = TakeRequest(key, rate, burst, 0, 0)
-            bucket = _refill(bucket, probe, now)
-            bucket.tokens = min(bucket.tokens, -rate * for_ms / 1000)
-            bucket.blocked_until = max(bucket.blocked_until, now + for_ms)
-            self._save(conn, key, bucket, burst, rate)
+            bucket = self._drain_in(conn, now, request.key, request.rate, request.burst, for_ms)
+            answer, changed = _take(bucket, request, now)
+            if changed:
+                self._save(conn, request.key, bucket, request.burst, request.rate)
+        return answer
+
+    def _drain_in(
+        self, conn: sqlite3.Connection, now: float, key: str, rate: float, burst: float, for_ms: int
+    ) -> _Bucket:
+        bucket = _refill(self._load(conn, key, now), TakeRequest(key, rate, burst, 0, 0), now)
+        bucket.tokens = min(bucket.tokens, -rate * for_ms / 1000)
+        bucket.blocked_until = max(bucket.blocked_until, now + for_ms)
+        self._save(conn, key, bucket, burst, rate)
+        return bucket
 
     def reset(self, key: str) -> None:
         with self.store.transaction() as conn:

@@ -169,8 +169,9 @@ def test_redis_down_mid_run_runs_nothing_unguarded(start_worker, queues, store, 
 def test_a_claim_sent_ahead_goes_stale_and_is_renewed_by_its_own_owner(
     start_worker, keyed, store, prefix, state_url
 ):
-    """Claims are sent as messages arrive; one that waited behind a slow job is made again at start
-    by the same owner, so the message runs at once instead of finding its own claim 'held'."""
+    """Claims are sent as messages arrive; one that waited behind a slow job still holds its lease
+    (or is made again at start by the same owner), so the message runs at once instead of finding
+    its own claim 'held'."""
     worker = start_worker(threads=1, STATE_URL=state_url)
     slow = keyed.send(workload.effect, "slow", seconds=1.0)
     behind = keyed.send(workload.effect, "behind")

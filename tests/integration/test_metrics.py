@@ -38,7 +38,9 @@ def test_endpoint_serves_the_counters_after_jobs_ran(start_worker, queues, prefi
 
     def counted() -> dict | None:
         metrics = scrape(port)
+        # Each worker process applies its counts every second: wait for both processes' share.
         done = metrics and metrics.get(("dramatiq_messages_total", labels("flaky"))) == 2
+        done = done and metrics.get(("dramatiq_messages_total", labels("record"))) == 6
         return (
             metrics if done and metrics.get(("dramatiq_message_rejects_total", labels("permanent"))) else None
         )
@@ -56,3 +58,25 @@ def test_endpoint_serves_the_counters_after_jobs_ran(start_worker, queues, prefi
     assert metrics[("jobs_queue_messages", frozenset({"queue": queue, "state": "dead"}.items()))] == 1
     assert metrics[("jobs_queue_messages", frozenset({"queue": queue, "state": "waiting"}.items()))] == 0
     assert metrics[("jobs_queue_consumers", frozenset({"queue": queue}.items()))] == 2
+
+
+def test_counts_are_exact_once_the_worker_stopped(start_worker, queues, prefix, tmp_path):
+    """Counts gathered in-process are applied at shutdown: jobs finished just before it count."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    directory = tmp_path / "metrics"
+    worker = start_worker(processes=2, PROMETHEUS_PORT=str(free_port()), PROMETHEUS_DIR=str(directory))
+    sent = [queues.send(workload.record, f"x{i}") for i in range(40)]
+    finished = queues.wait_finished(sent)
+    assert [r.state for r in finished.values()] == ["succeeded"] * 40
+    assert worker.stop() == 0
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory / f"group-{worker.proc.pid}"))
+    labels = {"queue_name": f"{prefix}workload", "actor_name": "record"}
+    assert registry.get_sample_value("dramatiq_messages_total", labels) == 40
+    assert registry.get_sample_value("dramatiq_message_duration_milliseconds_count", labels) == 40
+    assert (
+        registry.get_sample_value("dramatiq_message_duration_milliseconds_bucket", {**labels, "le": "+Inf"})
+        == 40
+    )

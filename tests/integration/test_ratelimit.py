@@ -15,7 +15,7 @@ import json
 from jobsystem.rabbitmq.bulk import send_bulk
 from middleware.idempotency import Idempotency
 from tests import workload
-from tests.support import run_worker, sender_broker, wait_for, wait_for_final_events
+from tests.support import json_lines, run_worker, sender_broker, wait_for, wait_for_final_events
 
 TIMING_SLACK = 0.1
 
@@ -41,7 +41,8 @@ def assert_conforms(times: list[float], rate: float, burst: float) -> None:
 
 
 def deferrals(output: str) -> int:
-    return output.count('"event": "rate_limited"') - output.count('"action": "wait"')
+    limited = [e for e in json_lines(output) if e.get("event") == "rate_limited"]
+    return sum(e.get("action") != "wait" for e in limited)
 
 
 def test_two_worker_processes_share_one_bucket(start_worker, queues, store, prefix, state_url):
@@ -119,7 +120,10 @@ def test_an_upstream_429_delays_the_job_and_drains_the_bucket_without_a_retry(
     )
     sender = queues.using(sender_broker(prefix, state_url))  # the worker's store: its status records
     x = sender.send(workload.limited, "x", "partner", upstream_429=1.5)
-    wait_for(lambda: '"action": "upstream"' in worker.output(), what="the 429 handled")
+    wait_for(
+        lambda: any(e.get("action") == "upstream" for e in json_lines(worker.output())),
+        what="the 429 handled",
+    )
     y = sender.send(workload.limited, "y", "partner")
     finished = sender.wait_finished([x, y])
     assert {r.state for r in finished.values()} == {"succeeded"}

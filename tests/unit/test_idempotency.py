@@ -222,3 +222,48 @@ def test_keys_are_stored_hashed(idem, store):
     else:
         names = [row[0] for row in store.connection().execute("SELECT key FROM idempotency")]
     assert names and not any("ana@example.com" in name for name in names)
+
+
+def test_a_granted_claim_sent_ahead_is_trusted_for_a_third_of_its_lease(idem):
+    """However long a delivery waited prefetched, its granted claim holds its lease: it is used as
+    it is while a third of the lease (10 s here) has not passed and the store answered a claim in
+    the last 0.1 s, and made again otherwise."""
+    middleware, batches = idem.middleware, []
+    claim_many = middleware.claims.call_many
+
+    def counted(requests: list[Any]) -> list[Any]:
+        batches.append([r.key for r in requests])
+        return claim_many(requests)
+
+    middleware.claims.call_many = counted
+    for token, waited_s, silent_s, claims in (
+        ("waited", 2.0, 0.0, 1),
+        ("stale", 4.0, 0.0, 2),
+        ("store silent", 2.0, 1.0, 2),
+    ):
+        batches.clear()
+        proxy = delivery(idem.message(token))
+        middleware.on_receive(idem.broker, proxy)
+        wait_for(lambda token=token: idem.state(token) == "running", what="the claim sent ahead")
+        proxy.claim_ahead.sent_at -= waited_s  # as if it had waited that long in the prefetch
+        middleware.ahead.store_answered_at -= silent_s  # as if the store had said nothing since
+        run(idem, proxy)
+        assert idem.state(token) == "done"
+        assert len(batches) == claims, (token, batches)
+
+
+def test_claim_owners_are_unique_and_a_forked_child_draws_its_own_token():
+    import os
+
+    from middleware.idempotency import _new_owner
+
+    owners = {_new_owner() for _ in range(1000)}
+    assert len(owners) == 1000
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report one owner and leave at once
+        os.write(write, _new_owner().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 200).decode()
+    assert child and child[:20] not in {owner[:20] for owner in owners}

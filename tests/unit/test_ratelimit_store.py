@@ -96,6 +96,18 @@ def test_drain_empties_the_bucket_for_a_while_and_voids_earlier_slots(store: Sta
     assert buckets.take(req(burst=1)).at_ms > voided.at_ms
 
 
+def test_drain_and_take_is_a_drain_then_a_take_in_one_operation(store: StateStore):
+    buckets = bucket_backend(store)
+    assert buckets.take(req(burst=1)).status == "run"
+    slot = buckets.take(req(burst=1))
+    answer = buckets.drain_and_take(500, req(burst=1))
+    assert answer.status == "wait" and answer.wait_ms >= 500  # behind the drain, not refilled
+    assert answer.at_ms > slot.at_ms
+    # The drained bucket is what later takes see: the next slot comes after this one.
+    assert buckets.take(req(burst=1)).at_ms > answer.at_ms
+    assert buckets.take(req(burst=1, slot_ms=slot.at_ms)).at_ms > answer.at_ms  # the old slot is void
+
+
 def test_reset_forgets_the_bucket(store: StateStore):
     buckets = bucket_backend(store)
     buckets.take_many([req(burst=1) for _ in range(5)])

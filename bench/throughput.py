@@ -1,0 +1,189 @@
+"""One throughput run: a pre-filled queue, a real ``dramatiq`` worker, jobs/s and worker CPU per job.
+
+Each run pre-fills a fresh queue with N messages, starts ``dramatiq MODULE -p P -t T`` (the same
+processes x threads for bare Dramatiq and the project), and times the queue from the first message
+taken to empty. The few messages still prefetched when the queue reads empty (at most processes x
+threads x 2) are within a fraction of a percent at the default N. Worker CPU is the sum of
+utime + stime of the worker group (the ``dramatiq`` process and its descendants, from
+``/proc/PID/stat``) over the same window, divided by the jobs taken in it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dramatiq import Message
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+__all__ = [
+    "BIN",
+    "ROOT",
+    "Rate",
+    "Run",
+    "delete_queues",
+    "group_cpu_seconds",
+    "keyed_messages",
+    "messages_of",
+    "metered_messages",
+    "noop_messages",
+    "throughput",
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Rate:
+    label: str
+    count: int
+    seconds: float
+    cpu_seconds: float = 0.0
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.seconds
+
+    @property
+    def cpu_micros_per_job(self) -> float:
+        return self.cpu_seconds / self.count * 1e6
+
+    def line(self) -> str:
+        return f"  {self.label:<44} {self.per_second:>9,.0f} /s   ({self.count:,} in {self.seconds:.2f} s)"
+
+
+def delete_queues(broker: RabbitmqBroker, queue: str) -> None:
+    """Remove a bench queue and its companions (delay, dead letters, and Dramatiq's own .XQ)."""
+    for name in (queue, f"{queue}.DQ", f"{queue}.DLQ", f"{queue}.XQ"):
+        broker.channel.queue_delete(name)
+
+
+def messages_of(actor: str) -> Callable[[str, int], list[Message[Any]]]:
+    """A factory of ``count`` argument-less messages of ``actor``."""
+
+    def make(queue: str, count: int) -> list[Message[Any]]:
+        return [
+            Message(queue_name=queue, actor_name=actor, args=(), kwargs={}, options={}) for _ in range(count)
+        ]
+
+    return make
+
+
+noop_messages = messages_of("noop")
+#: No-op messages of an actor that takes a token of an unconstrained bucket first.
+metered_messages = messages_of("metered_noop")
+
+
+def keyed_messages(queue: str, count: int, actor: str = "keyed_noop") -> list[Message[Any]]:
+    """No-op messages each with its own idempotency key (the actor computes it from its argument)."""
+    run = uuid.uuid4().hex[:8]
+    return [
+        Message(queue_name=queue, actor_name=actor, args=(f"{run}-{i}",), kwargs={}, options={})
+        for i in range(count)
+    ]
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def group_cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and all its descendants, in seconds (0 for those gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        todo += _children(current)
+    return total / _TICKS
+
+
+def depth(broker: RabbitmqBroker, queue: str) -> int:
+    return int(broker.channel.queue_declare(queue, passive=True).method.message_count)
+
+
+def throughput(
+    label: str,
+    module: str,
+    broker: RabbitmqBroker,
+    run: Run,
+    make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
+    **env_overrides: str,
+) -> Rate:
+    """Fill a fresh queue, run ``dramatiq MODULE`` on it, time it from first take to empty.
+
+    The worker logs at WARNING unless ``env_overrides`` say otherwise (its output is discarded).
+    """
+    from jobsystem.rabbitmq.bulk import send_bulk
+    from middleware.status import find_status
+
+    count = run.count
+    queue = f"bench-{uuid.uuid4().hex[:8]}"
+    broker.declare_queue(queue, ensure=True)
+    send_bulk(make_messages(queue, count), broker=broker)
+    status = find_status(broker)
+    if status is not None:
+        status.flush(120)  # the "queued" records are written before the clock starts
+    env = {**os.environ, "BENCH_QUEUE": queue, "LOG_LEVEL": "WARNING", **env_overrides}
+    worker = subprocess.Popen(
+        [str(BIN / "dramatiq"), module, "-p", str(run.processes), "-t", str(run.threads)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while (left := depth(broker, queue)) >= count:
+            time.sleep(0.01)
+        started, at_start, cpu_start = time.perf_counter(), left, group_cpu_seconds(worker.pid)
+        while depth(broker, queue) > 0:
+            time.sleep(0.02)
+        elapsed, cpu = time.perf_counter() - started, group_cpu_seconds(worker.pid) - cpu_start
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+        delete_queues(broker, queue)
+    return Rate(label, at_start, elapsed, cpu)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The size and shape of every throughput run."""
+
+    count: int
+    processes: int
+    threads: int
+
+    def throughput(
+        self,
+        label: str,
+        module: str,
+        broker: RabbitmqBroker,
+        make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
+        **env: str,
+    ) -> Rate:
+        return throughput(label, module, broker, self, make_messages, **env)
