@@ -218,26 +218,37 @@ def _when(ms: int | None, now_ms: int) -> str:
 @click.argument("message_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
 def status(message_id: str, as_json: bool) -> None:
-    """Show the status of one job (the message id ``send()`` returned).
+    """Show the status of one job (the message id ``send()`` returned) or one workflow (the
+    ``workflow_id`` of a pipeline or group): its steps and their members' states.
 
     Exit code 0 when the job is known, 1 when it is unknown or its record expired
-    (JOB_STATUS_TTL_MS), 2 when the state store cannot be reached.
+    (JOB_STATUS_TTL_MS, RESULT_TTL_MS), 2 when the state store cannot be reached.
     """
     system = load_system()
     from jobsystem.ops.status import get_status
     from jobsystem.store.base import StoreUnavailable
+    from jobsystem.workflows import workflow_status
 
     try:
         record = get_status(message_id, state=system.store)
+        flow = workflow_status(message_id, broker=system.broker) if record is None else None
     except StoreUnavailable as exc:
         click.echo(f"jobctl: state store unreachable ({exc})", err=True)
         sys.exit(EXIT_UNREACHABLE)
+    if flow is not None:
+        _print_workflow(flow, as_json)
+        sys.exit(EXIT_OK)
     if record is None:
         click.echo(json.dumps({"message_id": message_id, "state": "unknown"}) if as_json else "unknown")
         sys.exit(EXIT_DEGRADED)
     if as_json:
         click.echo(json.dumps(record.to_dict()))
         sys.exit(EXIT_OK)
+    _print_job(record)
+    sys.exit(EXIT_OK)
+
+
+def _print_job(record: Any) -> None:
     now = int(time.time() * 1000)
     rows = [
         ("message", record.message_id),
@@ -262,6 +273,42 @@ def status(message_id: str, as_json: bool) -> None:
         rows.append(("result", json.dumps(record.result)))
     for name, value in rows:
         click.echo(f"{name:<10} {value}")
+
+
+def _print_workflow(flow: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(flow))
+        return
+    click.echo(f"{'workflow':<10} {flow['workflow_id']}  ({flow['kind']})")
+    click.echo(f"{'state':<10} {flow['state']}")
+    failed = flow.get("failed_member")
+    if failed:
+        click.echo(f"{'failed':<10} {failed['id']}  {failed.get('actor', '-')}  {failed.get('state') or ''}")
+    for step in flow["steps"]:
+        click.echo(f"step {step['step']}  ({step['mode']})")
+        for member in step["members"]:
+            click.echo(f"  {member['id']}  {member['actor']:<24} {member['state']}")
+
+
+@main.command()
+@click.argument("ids", nargs=-1, required=True)
+def cancel(ids: tuple[str, ...]) -> None:
+    """Cancel jobs (message ids) or workflows (every member not yet finished).
+
+    A queued or delayed job is skipped when it arrives; a running one is interrupted within about
+    a second (unless its actor is interruptible=False). Exit code 0 once marked, 2 when the state
+    store cannot be reached.
+    """
+    system = load_system()
+    from jobsystem.store.base import StoreUnavailable
+    from jobsystem.workflows import cancel as cancel_ids
+
+    try:
+        marked = cancel_ids(*ids, broker=system.broker)
+    except StoreUnavailable as exc:
+        click.echo(f"jobctl: state store unreachable ({exc})", err=True)
+        sys.exit(EXIT_UNREACHABLE)
+    click.echo(f"cancelled {len(marked)} job(s)")
     sys.exit(EXIT_OK)
 
 

@@ -101,6 +101,10 @@ class Settings(BaseModel):
     idempotency_lease_ms: int = Field(default=30_000, ge=1_000, le=MAX_DURATION_MS)
     idempotency_drop_duplicates: bool = True
 
+    # Results, workflows and cancellation
+    result_ttl_ms: int = Field(default=86_400_000, ge=1_000, le=MAX_DURATION_MS)
+    cancel_ttl_ms: int = Field(default=604_800_000, ge=1_000, le=MAX_DURATION_MS)
+
     # Scheduler (python -m scheduler)
     schedules_file: Path | None = None
     scheduler_lease_ms: int = Field(default=15_000, ge=1_000, le=600_000)

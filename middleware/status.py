@@ -4,7 +4,7 @@ Each message id gets a record in the state store: its state (``queued`` at send,
 ``scheduled`` with its due time when sent with a delay past ``scheduled_after_ms`` (it then waits
 in RabbitMQ's delay cascade and is filed in the queue's scheduled index), ``running``,
 ``failed`` after an attempt raised, ``retrying`` once Retries re-enqueued it, then ``succeeded``,
-``dead`` or ``skipped``), actor, queue, attempts, times, the progress the actor reports with
+``dead``, ``skipped`` or ``cancelled``), actor, queue, attempts, times, the progress the actor reports with
 :func:`progress`, the last failure's error and traceback (passed through ``scrub``) and a small
 JSON result. The arguments are recorded (scrubbed, at most ``args_max_chars``) only for an actor
 that opts in with ``dashboard_args=True`` (declared by :class:`middleware.heartbeat.Heartbeat`):
@@ -42,6 +42,7 @@ from dramatiq.middleware import CurrentMessage, Middleware
 
 from jobsystem.dramatiq_internals import wants_redelivery
 from jobsystem.runtime.attempts import AttemptTracker
+from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.runtime.options import option_of
 from jobsystem.store.base import StateStore, StoreUnavailable
@@ -256,6 +257,9 @@ class Status(Middleware):
                 fields["result"] = encoded
             self._update(message, "succeeded", attempt, fields)
             return
+        if isinstance(exception, JobCancelled):
+            self._update(message, "cancelled", attempt, {"finished_at": _now_ms()})
+            return
         self.attempts.failed(message.message_id)
         error = self.scrub(str(exception))[: self.error_max_chars]
         trace = "".join(traceback.format_exception(exception))[-self.traceback_max_chars :]
@@ -268,7 +272,8 @@ class Status(Middleware):
         if self.attempts.deferred(message.message_id):
             return  # re-enqueued with a delay to be tried again: it stays queued (or retrying)
         attempt = message.options.get("retries", 0) + 1
-        self._update(message, "skipped", attempt, {"finished_at": _now_ms()})
+        state = "cancelled" if message.options.get(CANCELLED) else "skipped"
+        self._update(message, state, attempt, {"finished_at": _now_ms()})
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()

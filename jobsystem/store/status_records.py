@@ -29,6 +29,7 @@ STATE_RANKS: dict[str, int] = {
     "skipped": 4,
     "succeeded": 5,
     "dead": 5,
+    "cancelled": 5,
 }
 
 
@@ -105,8 +106,8 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        """Whether the job reached a final state (succeeded, dead or skipped)."""
-        return self.state in ("succeeded", "dead", "skipped")
+        """Whether the job reached a final state (succeeded, dead, skipped or cancelled)."""
+        return self.state in ("succeeded", "dead", "skipped", "cancelled")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
