@@ -216,7 +216,8 @@ def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
     raised in its thread (unless its actor is ``interruptible=False``). Returns the message ids
     marked. Raises ``StoreUnavailable`` when the state store does not answer.
     """
-    workflows: Workflows = find_workflows(broker or dramatiq.get_broker())
+    broker = broker or dramatiq.get_broker()
+    workflows: Workflows = find_workflows(broker)
     marked: list[str] = []
     for given in ids:
         found = workflows.backend.get(given)
@@ -226,5 +227,16 @@ def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
         members = [m["id"] for step in found.record["steps"] for m in step["members"]]
         marked.extend(m for m in members if m not in found.states)
         workflows.backend.set_state(given, "cancelled")
-    workflows.marks.mark_cancelled(marked, workflows.cancel_ttl_ms)
+    workflows.marks.mark_cancelled(marked, mark_ttl_ms(broker, marked, workflows.cancel_ttl_ms))
     return marked
+
+
+def mark_ttl_ms(broker: dramatiq.Broker, message_ids: list[str], ttl_ms: int) -> int:
+    """How long marks on ``message_ids`` must live: ``ttl_ms``, or past the due time of one
+    scheduled further ahead (a job delayed 30 days arrives after a 7-day mark would be gone)."""
+    status = find_status(broker)
+    if status is None or not message_ids:
+        return ttl_ms
+    now = int(time.time() * 1000)
+    dues = [record.due_at for record in status.backend.get_many(message_ids).values() if record.due_at]
+    return max([ttl_ms, *(due - now + ttl_ms for due in dues)])

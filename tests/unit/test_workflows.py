@@ -20,7 +20,9 @@ from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.store.idempotency import idempotency_backend
 from jobsystem.store.results import StoreResultBackend
 from jobsystem.store.workflows import workflow_backend
+from jobsystem.workflows import mark_ttl_ms
 from middleware.cancellation import Cancellation
+from middleware.status import Status
 from middleware.workflows import Workflows
 from tests.unit.stub import RecordingBroker, delivery
 
@@ -320,3 +322,21 @@ def test_a_member_dropped_as_a_duplicate_at_send_counts_as_finished(store):
     assert [(m.actor_name, m.args) for m, _ in broker.enqueued[2:]] == [
         ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},))
     ]
+
+
+def test_a_mark_on_a_job_scheduled_past_its_ttl_lives_until_the_job_is_due(store):
+    status = Status(store, scheduled_after_ms=30_000)
+    broker = RecordingBroker(middleware=[status])
+    actor = dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
+    month, now = actor.message(), actor.message()
+    eta = int(time.time() * 1000) + 30 * 86_400_000
+    status.after_enqueue(broker, month.copy(queue_name="q.DQ", options={"eta": eta}), 30 * 86_400_000)
+    assert status.flush(10)
+    try:
+        before = int(time.time() * 1000)
+        ttl = mark_ttl_ms(broker, [month.message_id, now.message_id], TTL)
+        assert abs(before + ttl - (eta + TTL)) < 1_000  # the mark outlives the due time by TTL
+        assert mark_ttl_ms(broker, [now.message_id], TTL) == TTL
+        assert mark_ttl_ms(RecordingBroker(middleware=[]), [month.message_id], TTL) == TTL
+    finally:
+        status.writes.stop()
