@@ -16,6 +16,7 @@ interruptible (a mark made since the last poll could not stop it later).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import dramatiq
@@ -72,7 +73,7 @@ class Cancellation(FailClosed):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         interruptible = option_of(broker, message, "interruptible", True)
         cancelled = self.watch.known(message.message_id)
-        if cancelled is None or (not cancelled and not interruptible):
+        if cancelled is None or (not cancelled and (not interruptible or self._outlived_watch(message))):
             cancelled = self.checks.call(message.message_id)  # the store's own answer
         if cancelled:
             message.options[CANCELLED] = True
@@ -80,6 +81,11 @@ class Cancellation(FailClosed):
             raise SkipMessage("cancelled")
         if interruptible:
             self.watch.started(message.message_id)
+
+    def _outlived_watch(self, message: MessageProxy) -> bool:
+        """Whether ``message`` was sent longer ago than the poller remembers marks: a job that
+        waited weeks in the delay cascade may carry a mark the poller has already forgotten."""
+        return time.time() * 1000 - message.message_timestamp > self.watch.keep_ms // 2
 
     def after_process_message(
         self,

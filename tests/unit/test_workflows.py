@@ -225,6 +225,20 @@ def wait_until(predicate: Any, timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def test_a_message_older_than_the_pollers_memory_is_checked_against_the_store(store):
+    broker, cancellation, job = cancellation_broker(store)
+    wait_until(lambda: cancellation.watch.known("x") is not None)
+    # Sent a month ago, cancelled then with a mark that lives until it is due: the poller has
+    # forgotten the mark (it keeps marks for TTL), the store has not.
+    month_old = job.message().copy(message_timestamp=int(time.time() * 1000) - 30 * 86_400_000)
+    cancellation.backend.mark_cancelled([month_old.message_id], 31 * 86_400_000)
+    cancellation.watch._marks.pop(month_old.message_id, None)
+    assert cancellation.watch.known(month_old.message_id) is False
+    with pytest.raises(SkipMessage, match="cancelled"):
+        cancellation.before_process_message(broker, delivery(month_old))
+    cancellation.watch.stop()
+
+
 def test_a_store_that_errs_on_arrival_defers_the_message(store):
     broker, cancellation, job = cancellation_broker(store)
 
