@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from typing import Any
 
 from dramatiq.broker import Broker, MessageProxy
@@ -43,16 +45,25 @@ class Workflows(FailClosed):
       ttl_ms: how long a workflow's record is kept after its last change.
       cancel_ttl_ms: how long a cancellation mark is kept (``actors.workflows.cancel``).
       result_max_bytes: a member's result larger than this once JSON-encoded is kept as null.
+      dead_retry_s: first wait before counting a dead-lettered member again when the store did not
+        answer (it doubles, up to a minute).
     """
 
     def __init__(
-        self, store: StateStore, *, ttl_ms: int, cancel_ttl_ms: int, result_max_bytes: int = 65_536
+        self,
+        store: StateStore,
+        *,
+        ttl_ms: int,
+        cancel_ttl_ms: int,
+        result_max_bytes: int = 65_536,
+        dead_retry_s: float = 1.0,
     ) -> None:
         self.backend: WorkflowBackend = workflow_backend(store)
         self.marks: CancelMarks = cancel_marks(store)
         self.ttl_ms = ttl_ms
         self.cancel_ttl_ms = cancel_ttl_ms
         self.result_max_bytes = result_max_bytes
+        self.dead_retry_s = dead_retry_s
 
     def after_process_message(
         self,
@@ -74,12 +85,31 @@ class Workflows(FailClosed):
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         if wants_redelivery(message) or not isinstance(message.options.get(WORKFLOW), dict):
             return
+        self._record_dead(broker, message, time.monotonic() + self.ttl_ms / 1000, self.dead_retry_s)
+
+    def _record_dead(self, broker: Broker, message: MessageProxy, deadline: float, wait_s: float) -> None:
+        """Count a dead-lettered member. Its delivery is gone, so nothing redelivers it: while
+        the store does not answer, try again (doubling waits up to a minute) until the workflow's
+        record would have expired anyway."""
         try:
             self._finish(broker, message, "dead", None)
-        except Exception as exc:  # after the nack nothing can be redelivered: say so loudly
+            return
+        except Exception as exc:
+            retry = time.monotonic() + wait_s < deadline
             logger.error(
-                "workflow_member_unrecorded", extra={"message_id": message.message_id, "error": str(exc)}
+                "workflow_member_unrecorded",
+                extra={
+                    "message_id": message.message_id,
+                    "error": str(exc),
+                    "retry_in_s": wait_s if retry else None,
+                },
             )
+        if retry:
+            again = threading.Timer(
+                wait_s, self._record_dead, (broker, message, deadline, min(wait_s * 2, 60.0))
+            )
+            again.daemon = True
+            again.start()
 
     def after_hook_failed(self, broker: Broker, message: MessageProxy, hook: str) -> None:
         # The member's end was not counted (store down) or its next step not sent: run it again

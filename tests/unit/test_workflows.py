@@ -176,6 +176,31 @@ def test_a_dead_member_never_sends_the_next_step(store):
     assert found is not None and (found.state, found.failed) == ("failed", first[1].message_id)
 
 
+def test_a_dead_member_the_store_could_not_count_is_counted_once_it_answers(store):
+    broker, workflows, square, total = workflow_broker(store)
+    workflows.dead_retry_s = 0.05
+    record, first = annotate(
+        "chord", [Step([square.message(i) for i in range(2)], pipe="list"), Step([total.message()])]
+    )
+    workflows.backend.create(record, TTL)
+    answer = workflows.backend.finish
+    refusals = iter([StoreUnavailable("redis: ResponseError: OOM"), StoreUnavailable("redis: timeout")])
+
+    def flaky(*args: Any) -> Any:
+        refusal = next(refusals, None)
+        if refusal is not None:
+            raise refusal
+        return answer(*args)
+
+    workflows.backend.finish = flaky  # type: ignore[method-assign]
+    dead = delivery(first[1])
+    dead.fail()
+    workflows.after_nack(broker, dead)  # refused twice, then counted in the background
+    wait_until(lambda: (found := workflows.backend.get(record["id"])) is not None and found.state == "failed")
+    found = workflows.backend.get(record["id"])
+    assert found is not None and found.failed == first[1].message_id and broker.enqueued == []
+
+
 def test_a_store_down_when_counting_puts_the_delivery_back(store):
     from jobsystem.dramatiq_internals import wants_redelivery
 
