@@ -1,4 +1,5 @@
-"""Email over SMTP: one message per job, and a campaign that fans out with a bulk send.
+"""Email over SMTP: one message per job, and a campaign that fans out with a bulk send and ends
+with a summary mail to its owner once every recipient's job finished (a workflow group).
 
 The pattern to copy: classify failures. A recipient that can never receive (bad syntax, a 5xx
 refusal) raises :class:`InvalidRecipient`, listed in ``throws`` so it fails at once without
@@ -21,6 +22,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
+from actors.workflows import group
 from jobsystem.observability.logs import get_logger
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.system import get_system
@@ -35,6 +37,10 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "welcome": ("Welcome, $name", "Hello $name,\n\nyour account is ready.\n"),
     "campaign": ("$headline", "Hello,\n\n$text\n\nTo unsubscribe, reply STOP.\n"),
     "report": ("Your $kind report", "Hello,\n\nthe $kind report you asked for is attached.\n"),
+    "campaign_summary": (
+        "Campaign $campaign: $sent sent, $failed failed",
+        "Hello,\n\nyour campaign $campaign is done: $sent sent, $failed failed.\n",
+    ),
     "report_failed": (
         "Your $kind report could not be made",
         "Hello,\n\nwe could not make the $kind report you asked for (job $job). We are looking into it.\n",
@@ -141,9 +147,30 @@ def campaign_messages(
     ]
 
 
+@dramatiq.actor(queue_name=settings.queue("emails"))
+def campaign_summary(campaign: str, owner: str, counts: dict[str, int]) -> None:
+    """Mail ``owner`` how ``campaign`` went ("48 sent, 2 failed"); run once every recipient's job
+    finished, with their ``counts`` (succeeded, dead, cancelled)."""
+    sent = int(counts.get("succeeded", 0))
+    failed = int(counts.get("dead", 0)) + int(counts.get("cancelled", 0))
+    context = {"campaign": campaign, "sent": sent, "failed": failed}
+    send_email.send(owner, "campaign_summary", context, campaign)
+    logger.info("campaign_finished", campaign=campaign, sent=sent, failed=failed)
+
+
 @dramatiq.actor(queue_name=settings.queue("emails"), time_limit=600_000)
-def send_campaign(campaign: str, recipients: list[str], context: dict[str, Any] | None = None) -> int:
-    """Fan a campaign out into one ``send_email`` job per recipient with one bulk send."""
-    sent = send_bulk(campaign_messages(campaign, recipients, context))
+def send_campaign(
+    campaign: str, recipients: list[str], context: dict[str, Any] | None = None, owner: str | None = None
+) -> int:
+    """Fan a campaign out into one ``send_email`` job per recipient with one bulk send; with an
+    ``owner``, as a group whose end mails the owner a summary (:func:`campaign_summary`)."""
+    messages = campaign_messages(campaign, recipients, context)
+    if owner is None:
+        sent = send_bulk(messages)
+    else:
+        fan_out = group(messages)
+        fan_out.on_finish(campaign_summary.message_with_options(args=(campaign, owner)))
+        fan_out.run(bulk=True)
+        sent = messages
     logger.info("campaign_fanned_out", campaign=campaign, recipients=len(recipients), sent=len(sent))
     return len(sent)

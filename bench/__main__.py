@@ -31,6 +31,7 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from bench.costs import STORES, cost_table, store_broker
 from bench.dashboard import add_dashboard_arguments, dashboard_report
 from bench.dead_letters import dead_letter_figures
+from bench.delays import delay_figures
 from bench.latency import send_to_start
 from bench.scrub import scrub_costs
 from bench.throughput import (
@@ -89,6 +90,8 @@ def main() -> None:
     parser.add_argument(
         "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
     )
+    parser.add_argument("--only", choices=["delays"], help="run only this bench")
+    parser.add_argument("--delay-count", type=int, default=10_000, help="delays bench: messages")
     add_dashboard_arguments(parser)
     args = parser.parse_args()
     if args.dashboard_only:
@@ -96,6 +99,9 @@ def main() -> None:
         return
     # Before the system is built: the settings (and the workers started below) see the bench's buckets.
     os.environ["RATE_LIMITS"] = json.dumps(bench_rate_limits(args.rate, args.rate_burst))
+    if args.only == "delays":
+        delay_report(args.delay_count)
+        return
     from jobsystem.system import get_system
 
     bare_broker = RabbitmqBroker(url=get_system().settings.rabbitmq_url)
@@ -114,6 +120,13 @@ def main() -> None:
         print(f"  {label:<52} {figure:>12}")
     bare_broker.close()
     dashboard_report(STORES["redis"], args.dashboard_records)
+    delay_report(args.delay_count)
+
+
+def delay_report(count: int) -> None:
+    print(f"delays, {count:,} messages, 1-120 s (about two minutes)")
+    for line in delay_figures(count):
+        print(line)
 
 
 def costs_and_latency(run: Run, bare_broker: RabbitmqBroker, args: argparse.Namespace) -> Rate:

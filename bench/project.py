@@ -7,6 +7,7 @@ import time
 
 import dramatiq
 import redis
+from dramatiq.middleware import CurrentMessage
 
 import actors  # noqa: F401 - builds the project's broker and middleware
 
@@ -58,3 +59,10 @@ def keyed_metered_noop(i: str) -> None:
 def latency_probe(sent_at: float, key: str) -> None:
     """Note how long after ``sent_at`` (the sender's clock, same host) the job started."""
     _starts.rpush(LATENCY_KEY, f"{time.time() - sent_at:.6f}")
+
+
+@dramatiq.actor(actor_name="timed_noop", queue_name=QUEUE)
+def timed_noop() -> None:
+    """Note the message id and the start time: the delay bench compares it with the due time."""
+    message = CurrentMessage.get_current_message()
+    _starts.rpush(STARTS_KEY, f"{message.message_id if message else '-'} {time.time():.6f}")

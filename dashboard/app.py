@@ -33,7 +33,7 @@ from dashboard import dead_letters, jobs, system
 from dashboard.auth import CSRF_HEADER, Credentials, User, cross_site_refusal
 from dashboard.dead_letters import ActionError, Selection
 from dashboard.format import register_filters
-from dashboard.project import Project, StoreUnavailable
+from dashboard.project import Project, StoreUnavailable, cancel
 from dashboard.queues import HealthSampler, overview
 
 __all__ = ["create_app"]
@@ -270,7 +270,8 @@ class Dashboard:
                 self.project.audit.finish, entry_id, {"state": "failed", "error": type(exc).__name__}
             )
             return JSONResponse({"error": f"{action} failed ({type(exc).__name__})"}, status_code=500)
-        count = next((v for k, v in outcome.items() if k in ("retried", "purged", "indexed")), None)
+        counted = ("retried", "purged", "indexed", "cancelled")
+        count = next((v for k, v in outcome.items() if k in counted), None)
         took_ms = int((time.monotonic() - started) * 1000)
         finished = {"state": "done", "count": count, "outcome": outcome, "took_ms": took_ms}
         await run_in_threadpool(self.project.audit.finish, entry_id, finished)
@@ -319,6 +320,20 @@ class Dashboard:
 
         return await self._act(request, "job.retry", parse, lambda s: dead_letters.retry(self.project, s))
 
+    async def cancel_job(self, request: Request) -> Response:
+        message_id = str(request.path_params["message_id"])
+
+        def parse(body: Any) -> str:
+            found = jobs.job_detail(self.project, message_id, None)
+            if found is None or not found["can_cancel"]:
+                raise ActionError(f"job {message_id} has finished: nothing to cancel")
+            return message_id
+
+        def run(target: str) -> dict[str, Any]:
+            return {"cancelled": len(cancel(target, broker=self.project.system.broker))}
+
+        return await self._act(request, "job.cancel", parse, run)
+
 
 def create_app(project: Project, credentials: Credentials, sampler: HealthSampler) -> Starlette:
     """The dashboard for ``project``; ``sampler`` measures the queues (started by the caller)."""
@@ -338,6 +353,7 @@ def create_app(project: Project, credentials: Credentials, sampler: HealthSample
         ("/api/dead-letters/purge", d.purge_dead_letters),
         ("/api/dead-letters/reindex", d.reindex_dead_letters),
         ("/api/jobs/{message_id:path}/retry", d.retry_job),
+        ("/api/jobs/{message_id:path}/cancel", d.cancel_job),
     ]
     routes: list[Any] = [Route(path, endpoint, methods=["POST"]) for path, endpoint in actions]
     for path, endpoint, api in pages:

@@ -22,6 +22,7 @@ TONES = {
     "started": "busy",
     "queued": "idle",
     "skipped": "idle",
+    "cancelled": "idle",
     "stopped": "idle",
     "retrying": "warn",
     "failed": "warn",

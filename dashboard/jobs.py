@@ -17,6 +17,8 @@ from dashboard.project import STATE_RANKS, Cursor, JobFilter, JobStatus, Project
 
 __all__ = ["STATES", "job_detail", "job_list", "job_row"]
 
+#: States of a job that a cancellation can still stop (skipped on arrival, or interrupted).
+CANCELLABLE = ("queued", "running", "failed", "retrying")
 #: The states, in the order the filter menu lists them.
 STATES = sorted(STATE_RANKS, key=lambda s: (STATE_RANKS[s], s))
 #: Rows per page, and the most a client may ask for.
@@ -108,4 +110,5 @@ def job_detail(project: Project, message_id: str, queue: str | None = None) -> d
     data["dead_letter"] = dead.to_dict() if dead else None
     data["dead_letter_queue"] = dead_letter_queue(dead.queue) if dead else None
     data["can_retry"] = dead is not None and dead.reason not in ("malformed", "undecodable")
+    data["can_cancel"] = dead is None and data.get("state") in CANCELLABLE
     return data

@@ -25,6 +25,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.compat import StreamablePipe
 from dramatiq.errors import DecodeError
+from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
@@ -36,6 +37,7 @@ __all__ = [
     "ConsumerThread",
     "DramatiqContractError",
     "FlagsNotHonoured",
+    "Interrupt",
     "ProjectMessage",
     "RabbitmqConsumer",
     "RabbitmqTopology",
@@ -47,6 +49,7 @@ __all__ = [
     "mark_dead_lettered",
     "pending_follow_up",
     "project_message",
+    "raise_in_thread",
     "reject",
     "request_redelivery",
     "send_claim_ahead",
@@ -80,6 +83,14 @@ RESULTS_MISSING_WARNING = "you haven't added the Results middleware"
 def add_worker_thread(worker: Worker) -> None:
     """Start one more worker thread in ``worker`` (``Worker._add_worker``)."""
     worker._add_worker()
+
+
+def raise_in_thread(thread_id: int, exception: type[BaseException]) -> None:
+    """Raise ``exception`` asynchronously in thread ``thread_id``, as Dramatiq's ``TimeLimit`` does
+    (``raise_thread_exception``; CPython only, between bytecodes: a blocking C call is not cut).
+    ``Interrupt``, the base of such exceptions, is a ``BaseException`` an actor's ``except
+    Exception`` does not swallow."""
+    raise_thread_exception(thread_id, exception)  # type: ignore[no-untyped-call]
 
 
 def stored_exception(message: MessageProxy) -> BaseException | None:
@@ -344,6 +355,15 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
         ),
     ),
     ("dramatiq.compat.StreamablePipe", lambda: inspect.isclass(StreamablePipe)),
+    (
+        "dramatiq.middleware.threading.raise_thread_exception(thread_id, exception); Interrupt is "
+        "a BaseException",
+        lambda: (
+            _parameters(raise_thread_exception) == ["thread_id", "exception"]
+            and issubclass(Interrupt, BaseException)
+            and not issubclass(Interrupt, Exception)
+        ),
+    ),
     ("DecodeError(message, data, error) keeps .data", lambda: DecodeError("m", b"d", None).data == b"d"),  # type: ignore[no-untyped-call]
     (
         f"Actor.__call__ logs {ACTOR_ARGUMENTS_FORMAT!r}",

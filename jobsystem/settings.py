@@ -84,6 +84,8 @@ class Settings(BaseModel):
     rabbitmq_blocked_connection_timeout: int = Field(default=300, ge=1, le=86_400)
     rabbitmq_max_priority: int = Field(default=10, ge=1, le=255)
     rabbitmq_consumer_timeout_ms: int = Field(default=1_800_000, ge=60_000, le=MAX_DURATION_MS)
+    # Delays up to this long are held by a worker; longer ones wait in RabbitMQ's delay cascade.
+    delay_horizon_ms: int = Field(default=30_000, ge=2_000, le=MAX_DURATION_MS)
     queue_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$", max_length=100)
 
     # Shared state (idempotency, rate limits, job status, scheduler lease)
@@ -98,6 +100,10 @@ class Settings(BaseModel):
     idempotency_ttl_ms: int = Field(default=86_400_000, ge=1_000, le=MAX_DURATION_MS)
     idempotency_lease_ms: int = Field(default=30_000, ge=1_000, le=MAX_DURATION_MS)
     idempotency_drop_duplicates: bool = True
+
+    # Results, workflows and cancellation
+    result_ttl_ms: int = Field(default=86_400_000, ge=1_000, le=MAX_DURATION_MS)
+    cancel_ttl_ms: int = Field(default=604_800_000, ge=1_000, le=MAX_DURATION_MS)
 
     # Scheduler (python -m scheduler)
     schedules_file: Path | None = None
@@ -114,7 +120,7 @@ class Settings(BaseModel):
     # Rate limits (JSON object: service -> {"rate": 25 | "N/second|minute|hour", "burst": N})
     rate_limits: dict[str, Limit] = Field(default_factory=lambda: parse_limits(DEFAULT_RATE_LIMITS))
     rate_limit_wait_ms: int = Field(default=1_000, ge=0, le=60_000)
-    rate_limit_max_delay_ms: int = Field(default=600_000, ge=1_000, le=MAX_DURATION_MS)
+    rate_limit_max_delay_ms: int = Field(default=86_400_000, ge=1_000, le=MAX_DURATION_MS)
     rate_limit_lease_jobs: int = Field(default=32, ge=0, le=1_000)
 
     # Logging and errors
@@ -241,13 +247,6 @@ class Settings(BaseModel):
         problems = []
         if self.job_min_backoff_ms > self.job_max_backoff_ms:
             problems.append("JOB_MIN_BACKOFF_MS: must not exceed JOB_MAX_BACKOFF_MS")
-        # Dramatiq holds delayed retries unacked in worker memory: a backoff past RabbitMQ's
-        # consumer_timeout would make the broker close the channel under it.
-        if self.job_max_backoff_ms >= self.rabbitmq_consumer_timeout_ms:
-            problems.append(
-                "JOB_MAX_BACKOFF_MS: must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
-                "(delayed retries are held unacked until they are due)"
-            )
         # A job running past consumer_timeout has its channel closed under it and is redelivered
         # while it still runs: the time limit must stop it first.
         if self.job_time_limit_ms >= self.rabbitmq_consumer_timeout_ms:
@@ -255,12 +254,12 @@ class Settings(BaseModel):
                 "JOB_TIME_LIMIT_MS: must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
                 "(RabbitMQ redelivers a job still running past it)"
             )
-        # Rate-limited messages are re-enqueued for at most RATE_LIMIT_MAX_DELAY_MS, held unacked
-        # meanwhile: keep well clear of the consumer timeout (a busy worker releases them late).
-        if self.rate_limit_max_delay_ms * 2 > self.rabbitmq_consumer_timeout_ms:
+        # A worker holds a delay up to the horizon unacked (longer ones wait in RabbitMQ): keep
+        # well clear of the consumer timeout, since a busy worker releases them late.
+        if self.delay_horizon_ms * 2 > self.rabbitmq_consumer_timeout_ms:
             problems.append(
-                "RATE_LIMIT_MAX_DELAY_MS: must be at most half of RABBITMQ_CONSUMER_TIMEOUT_MS "
-                "(deferred messages are held unacked until they are due)"
+                "DELAY_HORIZON_MS: must be at most half of RABBITMQ_CONSUMER_TIMEOUT_MS "
+                "(a worker holds delays up to the horizon unacked until they are due)"
             )
         if self.rate_limit_wait_ms >= self.rate_limit_max_delay_ms:
             problems.append("RATE_LIMIT_WAIT_MS: must be below RATE_LIMIT_MAX_DELAY_MS")

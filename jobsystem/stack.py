@@ -25,17 +25,21 @@ from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.settings import Settings, SettingsError
 from jobsystem.startup import configuration_checked
 from jobsystem.store import StateStore
+from jobsystem.store.results import StoreResultBackend
+from middleware.cancellation import Cancellation
 from middleware.dead_letters import DeadLetters
 from middleware.heartbeat import Heartbeat
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
 from middleware.metrics import Metrics
 from middleware.ratelimit import RateLimits
+from middleware.results import StoreResults
 from middleware.retries import SafeRetries
 from middleware.status import Status
 from middleware.store_check import StoreCheck
 from middleware.stored_tracebacks import ScrubStoredTracebacks
 from middleware.watchdog import ThreadWatchdog
+from middleware.workflows import Workflows
 
 __all__ = ["build_middleware"]
 
@@ -45,8 +49,9 @@ def build_middleware(
 ) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire:
     StoreCheck, ThreadWatchdog, Heartbeat, JobLifecycle, AgeLimit, TimeLimit, ShutdownNotifications,
-    Callbacks, Pipelines, DeadLetters, SafeRetries, CurrentMessage, RateLimits, Idempotency,
-    Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks."""
+    Callbacks, Pipelines, DeadLetters, SafeRetries, CurrentMessage, Cancellation, RateLimits,
+    Idempotency, StoreResults, Workflows, Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``),
+    ScrubStoredTracebacks."""
     # One background writer: a job's key completion and its final status leave in one batch.
     writes = DeferredWrites(store)
     stack: list[Middleware] = [
@@ -66,6 +71,7 @@ def build_middleware(
             max_backoff=settings.job_max_backoff_ms,
         ),
         CurrentMessage(),
+        Cancellation(store, keep_ms=settings.cancel_ttl_ms),
         RateLimits(
             store,
             settings.rate_limits,
@@ -83,9 +89,19 @@ def build_middleware(
             key_hasher=key_hasher,
             writes=writes,
         ),
+        StoreResults(StoreResultBackend(store, scrub=scrubber.text), result_ttl=settings.result_ttl_ms),
+        Workflows(store, ttl_ms=settings.result_ttl_ms, cancel_ttl_ms=settings.cancel_ttl_ms),
     ]
     if settings.job_status:
-        stack.append(Status(store, ttl_ms=settings.job_status_ttl_ms, scrub=scrubber.text, writes=writes))
+        stack.append(
+            Status(
+                store,
+                ttl_ms=settings.job_status_ttl_ms,
+                scrub=scrubber.text,
+                writes=writes,
+                scheduled_after_ms=settings.delay_horizon_ms,
+            )
+        )
     if settings.prometheus_port:
         stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     stack.append(ScrubStoredTracebacks(scrubber.text))

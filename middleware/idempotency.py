@@ -31,7 +31,7 @@ from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.runtime.leases import HeldLeases
-from jobsystem.runtime.options import option_of
+from jobsystem.runtime.options import key_ttl_ms, option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest, KeyRecord, idempotency_backend
@@ -228,7 +228,7 @@ class Idempotency(FailClosed):
             if key is None:
                 continue
             if option_of(broker, message, "idempotency_drop_duplicates", self.drop_duplicates):
-                to_register.append((message, key, option_of(broker, message, "idempotency_ttl", self.ttl_ms)))
+                to_register.append((message, key, key_ttl_ms(broker, message, self.ttl_ms)))
             else:
                 message.options[REGISTERED] = True
         if not to_register:

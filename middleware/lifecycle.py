@@ -29,6 +29,7 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware
 
 from jobsystem.dramatiq_internals import dead_letter_reason, wants_redelivery
+from jobsystem.runtime.cancellation import JobCancelled
 from jobsystem.runtime.message_shape import int_option
 
 __all__ = ["DEFAULT_LOGGER", "JobLifecycle", "job_fields"]
@@ -132,6 +133,8 @@ class JobLifecycle(Middleware):
         duration_ms = round((self.clock() - job.started) * 1000, 3) if job else None
         if exception is None:
             self.logger.info("job_succeeded", duration_ms=duration_ms)
+        elif isinstance(exception, JobCancelled):
+            self.logger.info("job_interrupted", duration_ms=duration_ms)
         else:
             # Runs after Retries (emit_after is reversed): ``failed`` says whether a retry follows.
             level = logging.ERROR if message.failed else logging.WARNING

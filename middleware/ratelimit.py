@@ -100,8 +100,9 @@ class RateLimits(FailClosed):
       store: the shared state store.
       limits: service name -> :class:`Limit` (see :func:`parse_limits`).
       wait_ms: the longest wait slept in a worker thread; longer waits re-enqueue the message.
-      max_delay_ms: the longest a message is re-enqueued for, and how far ahead slots are reserved;
-        keep it well below RabbitMQ's ``consumer_timeout``.
+      max_delay_ms: the longest a message is re-enqueued for, and how far ahead slots are reserved.
+        A long one costs nothing held: the broker keeps delays past its horizon in RabbitMQ
+        (:mod:`jobsystem.rabbitmq.delays`), not in a worker.
       slot_lead_ms: how long before its slot a deferred message is due back (it then sleeps to
         the slot); it covers the lag with which Dramatiq releases delayed messages.
       store_retry_ms, max_store_retry_ms: the delay while the state store is down, doubling.
@@ -120,7 +121,7 @@ class RateLimits(FailClosed):
         limits: Mapping[str, Limit],
         *,
         wait_ms: int = 1_000,
-        max_delay_ms: int = 600_000,
+        max_delay_ms: int = 86_400_000,
         slot_lead_ms: int = 1_000,
         store_retry_ms: int = 2_000,
         max_store_retry_ms: int = 60_000,

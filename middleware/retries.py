@@ -9,6 +9,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Retries
 
 from jobsystem.dramatiq_internals import request_redelivery
+from jobsystem.runtime.cancellation import JobCancelled
 from jobsystem.runtime.follow_ups import RetryFollowUp
 
 __all__ = ["SafeRetries"]
@@ -40,6 +41,8 @@ class SafeRetries(Retries):
     and the worker then acks the original: the message is gone (Dramatiq PR #545). Here the
     delivery is flagged for redelivery instead, carrying the retry (attempt counted), which the
     consumer publishes again once the delivery comes back rather than running the actor again.
+    A job interrupted because it was cancelled (``JobCancelled``) is neither retried nor failed:
+    it is acked.
     """
 
     def after_process_message(
@@ -50,6 +53,8 @@ class SafeRetries(Retries):
         result: Any | None = None,
         exception: BaseException | None = None,
     ) -> None:
+        if isinstance(exception, JobCancelled):
+            return
         recorder = _RetryRecorder(broker)
         try:
             super().after_process_message(recorder, message, result=result, exception=exception)  # type: ignore[no-untyped-call]

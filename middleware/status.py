@@ -1,8 +1,10 @@
 """Job status and progress: what each message is doing, for applications to show and operators to read.
 
-Each message id gets a record in the state store: its state (``queued`` at send, ``running``,
+Each message id gets a record in the state store: its state (``queued`` at send, or
+``scheduled`` with its due time when sent with a delay past ``scheduled_after_ms`` (it then waits
+in RabbitMQ's delay cascade and is filed in the queue's scheduled index), ``running``,
 ``failed`` after an attempt raised, ``retrying`` once Retries re-enqueued it, then ``succeeded``,
-``dead`` or ``skipped``), actor, queue, attempts, times, the progress the actor reports with
+``dead``, ``skipped`` or ``cancelled``), actor, queue, attempts, times, the progress the actor reports with
 :func:`progress`, the last failure's error and traceback (passed through ``scrub``) and a small
 JSON result. The arguments are recorded (scrubbed, at most ``args_max_chars``) only for an actor
 that opts in with ``dashboard_args=True`` (declared by :class:`middleware.heartbeat.Heartbeat`):
@@ -40,6 +42,7 @@ from dramatiq.middleware import CurrentMessage, Middleware
 
 from jobsystem.dramatiq_internals import wants_redelivery
 from jobsystem.runtime.attempts import AttemptTracker
+from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.runtime.options import option_of
 from jobsystem.store.base import StateStore, StoreUnavailable
@@ -79,6 +82,9 @@ class Status(Middleware):
         (status is best effort: the jobs themselves never wait for it).
       writes: the background writer the updates go through (shared with
         :class:`~middleware.idempotency.Idempotency`: one batch carries a job's completion and outcome).
+      scheduled_after_ms: a message enqueued with a longer delay (a send, a retry's backoff, a
+        deferral) is recorded ``scheduled`` with its due time: the broker's delay horizon, past
+        which it waits in RabbitMQ rather than in a worker.
     """
 
     def __init__(
@@ -93,8 +99,10 @@ class Status(Middleware):
         args_max_chars: int = 2_000,
         max_pending: int = 100_000,
         writes: DeferredWrites | None = None,
+        scheduled_after_ms: int = 30_000,
     ) -> None:
         self.store = store
+        self.scheduled_after_ms = scheduled_after_ms
         self.backend: StatusBackend = status_backend(store)
         self.ttl_ms = ttl_ms
         self.scrub = scrub
@@ -165,7 +173,9 @@ class Status(Middleware):
         fields: dict[str, str] | None = None,
         *,
         delete: tuple[str, ...] = (),
+        rank: str | None = None,
     ) -> None:
+        """Submit a change; ``rank``: the state whose place in the order it takes (default ``state``)."""
         values = {"updated_at": _now_ms(), **(fields or {})}
         once: dict[str, str] = {}
         if state is not None:
@@ -179,7 +189,7 @@ class Status(Middleware):
             StatusUpdate(
                 message_id=message.message_id,
                 queue=q_name(message.queue_name),
-                order=order_of(attempt, state or "running", int(message.options.get(REPLAYS, 0))),
+                order=order_of(attempt, rank or state or "running", int(message.options.get(REPLAYS, 0))),
                 fields=values,
                 once=once,
                 delete=delete,
@@ -200,10 +210,20 @@ class Status(Middleware):
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         kind = self.attempts.enqueued(message, delay)
         retries = int(message.options.get("retries", 0))
-        if kind == "retry":
+        eta = message.options.get("eta")
+        fields = {"retry_at": str(eta)} if kind == "retry" and eta else {}
+        if delay is not None and delay > self.scheduled_after_ms and eta:
+            # Waits in RabbitMQ's delay cascade: scheduled until it runs (a ``queued`` written
+            # when it leaves the cascade, or late by its sender, does not hide it), in the place
+            # of its retrying state for a retry.
+            fields["due_at"] = str(eta)
+            if retries == 0:
+                shown = self._shown_args(broker, message)
+                fields.update({"args": shown} if shown else {})
+            self._update(message, "scheduled", retries, fields, rank="retrying" if retries else None)
+        elif kind == "retry":
             # Retries counted the failed attempt already: ``retries`` attempts have run.
-            eta = message.options.get("eta")
-            self._update(message, "retrying", retries, {"retry_at": str(eta)} if eta else None)
+            self._update(message, "retrying", retries, fields or None)
         elif retries == 0:
             # A send (or a deferral or delayed move of a message that never ran: it is still queued).
             shown = self._shown_args(broker, message)
@@ -217,7 +237,7 @@ class Status(Middleware):
             "running",
             attempt,
             {"attempts": str(attempt), "started_at": _now_ms()},
-            delete=("progress", "note", "retry_at"),
+            delete=("progress", "note", "retry_at", "due_at"),
         )
 
     def after_process_message(
@@ -237,6 +257,9 @@ class Status(Middleware):
                 fields["result"] = encoded
             self._update(message, "succeeded", attempt, fields)
             return
+        if isinstance(exception, JobCancelled):
+            self._update(message, "cancelled", attempt, {"finished_at": _now_ms()})
+            return
         self.attempts.failed(message.message_id)
         error = self.scrub(str(exception))[: self.error_max_chars]
         trace = "".join(traceback.format_exception(exception))[-self.traceback_max_chars :]
@@ -249,7 +272,8 @@ class Status(Middleware):
         if self.attempts.deferred(message.message_id):
             return  # re-enqueued with a delay to be tried again: it stays queued (or retrying)
         attempt = message.options.get("retries", 0) + 1
-        self._update(message, "skipped", attempt, {"finished_at": _now_ms()})
+        state = "cancelled" if message.options.get(CANCELLED) else "skipped"
+        self._update(message, state, attempt, {"finished_at": _now_ms()})
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()

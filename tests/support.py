@@ -35,12 +35,13 @@ TEST_RATE_LIMITS = json.dumps({"smtp": {"rate": 1000, "burst": 1000}})
 
 
 #: Job states after which nothing more happens to a message (``jobsystem/store/status.py``).
-FINISHED_STATES = frozenset({"succeeded", "dead", "skipped"})
+FINISHED_STATES = frozenset({"succeeded", "dead", "skipped", "cancelled"})
 
 #: Worker log events that end one delivery of a message for good: it ran, it was dead-lettered,
-#: or it was a duplicate of a completed idempotency key and dropped. ``job_skipped`` alone is not
-#: one: a message deferred (key held, store down, rate limit) is skipped too, and comes back.
-FINAL_EVENTS = ("job_succeeded", "job_dead_lettered", "duplicate_skipped")
+#: it was cancelled, or it was a duplicate of a completed idempotency key and dropped.
+#: ``job_skipped`` alone is not one: a message deferred (key held, store down, rate limit) is
+#: skipped too, and comes back.
+FINAL_EVENTS = ("job_succeeded", "job_dead_lettered", "job_cancelled", "duplicate_skipped")
 
 
 def worker_env(prefix: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
@@ -386,3 +387,10 @@ class Queues:
         for queue in response.json():
             if queue["name"].startswith(self.prefix):
                 requests.delete(self.api(f"/{quote(queue['name'], safe='')}"), timeout=10)
+        # The delay cascade's exchanges carry the prefix too.
+        exchanges = self.api("").replace("/api/queues/", "/api/exchanges/")
+        response = requests.get(exchanges, params={"columns": "name"}, timeout=10)
+        response.raise_for_status()
+        for exchange in response.json():
+            if exchange["name"].startswith(self.prefix):
+                requests.delete(f"{exchanges}/{quote(exchange['name'], safe='')}", timeout=10)

@@ -261,3 +261,60 @@ def breaks_store_then_429(token: str) -> None:
         redis.Redis.from_url(os.environ["STATE_URL"]).config_set("maxmemory", 1)
         raise RateLimited(retry_after=0.5)
     _note("effect", token)
+
+
+# --- Workflows and cancellation (tests/integration/test_workflows.py) ---
+
+
+@dramatiq.actor(queue_name=QUEUE, store_results=True)
+def add(*numbers: int) -> int:
+    """The sum of the arguments (the previous step's result comes last)."""
+    return sum(numbers)
+
+
+@dramatiq.actor(queue_name=QUEUE, store_results=True)
+def square(i: int, hold: bool = False) -> int:
+    """``i * i``; with ``hold``, the first attempt says it is running (key ``holding:<i>``) and
+    then waits, so that the test can kill its worker mid-run."""
+    attempts = store.rpush(key(f"square:{i}"), f"{time.time():.6f}")
+    if hold and attempts == 1:
+        store.set(key(f"holding:{i}"), "1")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    return i * i
+
+
+@dramatiq.actor(queue_name=QUEUE, throws=(Permanent,))
+def square_fails(i: int) -> int:
+    """Fail for good: a chord member that ends in the dead letters."""
+    raise Permanent(f"no square of {i} today")
+
+
+@dramatiq.actor(queue_name=QUEUE, store_results=True)
+def total(results: list[int]) -> int:
+    """Note every run with the results it got (``total`` list), then sum them."""
+    store.rpush(key("total"), json.dumps(results))
+    return sum(results)
+
+
+def _tick(token: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        store.rpush(key(f"tick:{token}"), f"{time.time():.6f}")
+        time.sleep(0.05)
+
+
+@dramatiq.actor(queue_name=QUEUE, store_results=True, idempotency_key=lambda token, seconds: token)
+def ticking(token: str, seconds: float) -> str:
+    """Work for ``seconds``, writing a progress tick (time) every 50 ms: ticks stop when it stops."""
+    _tick(token, seconds)
+    return token
+
+
+@dramatiq.actor(queue_name=QUEUE, interruptible=False)
+def ticking_uninterruptible(token: str, seconds: float) -> str:
+    """:func:`ticking`, declared not interruptible."""
+    _tick(token, seconds)
+    store.set(key(f"done:{token}"), "1")
+    return token

@@ -31,6 +31,7 @@ from jobsystem.observability.direct_lines import DirectLines, json_renderer
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
+from jobsystem.runtime.cancellation import JobCancelled
 from jobsystem.settings import Settings
 from middleware.lifecycle import DEFAULT_LOGGER as LIFECYCLE_LOGGER
 
@@ -117,6 +118,8 @@ def configure_logging(
     worker_log = logging.getLogger("dramatiq.worker.WorkerThread")
     if not any(isinstance(f, _ResultsAreKept) for f in worker_log.filters):
         worker_log.addFilter(_ResultsAreKept())
+    if not any(isinstance(f, _CancelledIsNoFailure) for f in worker_log.filters):
+        worker_log.addFilter(_CancelledIsNoFailure())
     logging.captureWarnings(True)
     _route_uncaught_exceptions()
 
@@ -127,6 +130,14 @@ class _ResultsAreKept(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return RESULTS_MISSING_WARNING not in str(record.msg)
+
+
+class _CancelledIsNoFailure(logging.Filter):
+    """Drop Dramatiq's ERROR "Failed to process message" (with its traceback) for a job that was
+    interrupted because it was cancelled: the job is logged as ``job_cancelled``, not failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], JobCancelled))
 
 
 def get_logger(name: str, **context: Any) -> structlog.stdlib.BoundLogger:

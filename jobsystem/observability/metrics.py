@@ -18,24 +18,27 @@ from typing import Any
 
 from jobsystem.ops.health import queue_depths
 from jobsystem.settings import load_settings
+from jobsystem.store import open_store
 from middleware.metrics import group_directory
 
 __all__ = ["QueueDepths", "serve", "serve_metrics"]
 
 logger = logging.getLogger(__name__)
 
-#: Queue name -> {"waiting": n, "unacked": n, "delayed": n, "dead": n, "consumers": n}; None = unknown.
+#: Queue name -> {"waiting": n, "unacked": n, "delayed": n, "scheduled": n, "dead": n,
+#: "consumers": n}; None = unknown.
 QueueDepths = Callable[[list[str]], dict[str, dict[str, int | None]]]
 
 
 def serve_metrics() -> int:
     """Serve ``/metrics`` on ``PROMETHEUS_HOST:PROMETHEUS_PORT``: the group's counters, queue depths."""
     settings = load_settings()
+    state = open_store(settings.state_url, namespace=settings.state_namespace, timeout=settings.state_timeout)
     return serve(
         settings.prometheus_dir,
         settings.prometheus_host,
         settings.prometheus_port,
-        lambda queues: queue_depths(settings, queues),
+        lambda queues: queue_depths(settings, queues, state=state),
     )
 
 
@@ -69,12 +72,13 @@ class _QueueCollector:
         yield up
         messages = GaugeMetricFamily(
             "jobs_queue_messages",
-            "Messages of a queue: waiting (ready), unacked (running, prefetched), delayed (.DQ), dead (DLQ).",
+            "Messages of a queue: waiting (ready), unacked (running, prefetched), delayed (.DQ), "
+            "scheduled (in RabbitMQ's delay cascade), dead (DLQ).",
             labels=["queue", "state"],
         )
         consumers = GaugeMetricFamily("jobs_queue_consumers", "Consumers of a queue.", labels=["queue"])
         for queue, counts in depths.items():
-            for state in ("waiting", "unacked", "delayed", "dead"):
+            for state in ("waiting", "unacked", "delayed", "scheduled", "dead"):
                 value = counts.get(state)
                 if value is not None:
                     messages.add_metric([queue, state], value)

@@ -28,6 +28,7 @@ from sentry_sdk.types import Event, Hint
 
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
+from jobsystem.runtime.cancellation import JobCancelled
 from jobsystem.settings import Settings
 from middleware.lifecycle import DEFAULT_LOGGER as LIFECYCLE_LOGGER
 
@@ -146,6 +147,7 @@ def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bo
         integrations=[DramatiqIntegration()],
         before_send=before_send,
         before_breadcrumb=before_breadcrumb,
+        ignore_errors=[JobCancelled],  # a cancelled job was stopped on purpose: no error event
     )
     # Lifecycle lines about a failure repeat what the integration reports: no events from them.
     ignore_logger(LIFECYCLE_LOGGER)

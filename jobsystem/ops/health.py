@@ -5,12 +5,15 @@ Used by ``jobctl health`` (exit 0 healthy, 1 degraded, 2 broker unreachable), by
 letters come from AMQP passive declares (exact, current); unacked, delayed messages held by
 workers and rates from the management API (samples refreshed every 5 s); the oldest waiting
 message's age by peeking at the head message (``requeue_timestamp`` for a retry, else
-``message_timestamp``); succeeded and failed totals from the job-status counters. When the
+``message_timestamp``); succeeded and failed totals from the job-status counters; jobs waiting in
+RabbitMQ's delay cascade (scheduled, and the next one's due time) from the state store's
+scheduled index, since the cascade's queues are shared by every queue. When the
 management API does not answer, the verdict rests on the AMQP counts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,6 +34,7 @@ __all__ = [
     "HealthReport",
     "Problem",
     "QueueHealth",
+    "add_scheduled",
     "check",
     "measure",
     "missing_queues",
@@ -55,6 +59,8 @@ class QueueHealth:
     waiting: int | None = None
     in_progress: int | None = None
     delayed: int | None = None
+    scheduled: int | None = None
+    next_due_at: int | None = None
     dead: int | None = None
     consumers: int | None = None
     publish_rate: float | None = None
@@ -237,16 +243,29 @@ def measure(
     return measured, "management", notes
 
 
+def add_scheduled(measured: list[QueueHealth], state: StateStore) -> None:
+    """Fill in each queue's scheduled count and next due time from the state store's index
+    (written by the job-status writer: nothing when ``JOB_STATUS`` is off)."""
+    found = status_backend(state).scheduled([h.queue for h in measured])
+    for health in measured:
+        health.scheduled, health.next_due_at = found[health.queue].count, found[health.queue].next_due_at
+
+
 def queue_depths(
-    config: Settings, queues: list[str], timeout: float = 5.0
+    config: Settings, queues: list[str], timeout: float = 5.0, state: StateStore | None = None
 ) -> dict[str, dict[str, int | None]]:
-    """Waiting, unacked, delayed, dead and consumers per queue (the metrics server's gauges)."""
+    """Waiting, unacked, delayed, scheduled, dead and consumers per queue (the metrics server's
+    gauges); scheduled only with ``state`` and while it answers."""
     measured, _, _ = measure(config, queues, timeout, peek=False)
+    if state is not None:
+        with contextlib.suppress(StoreUnavailable):
+            add_scheduled(measured, state)
     return {
         h.queue: {
             "waiting": h.waiting,
             "unacked": h.in_progress,
             "delayed": h.delayed,
+            "scheduled": h.scheduled,
             "dead": h.dead,
             "consumers": h.consumers,
         }
@@ -277,6 +296,7 @@ def check(queues: list[str], *, config: Settings, state: StateStore, timeout: fl
         return HealthReport("unreachable", [], error=str(exc))
     report = HealthReport("healthy", measured, source, notes)
     try:
+        add_scheduled(report.queues, state)
         counts = status_backend(state).counts(queues)
         for health in report.queues:
             health.succeeded = counts[health.queue].get("succeeded", 0)

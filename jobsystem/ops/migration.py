@@ -23,6 +23,7 @@ import pika.adapters.blocking_connection
 import requests
 
 from jobsystem.rabbitmq.broker import ProjectBroker
+from jobsystem.rabbitmq.delays import is_cascade_queue
 from jobsystem.settings import Settings
 
 
@@ -51,12 +52,16 @@ def existing_queues(settings: Settings) -> dict[str, QueueState]:
 
 
 def work_queues(settings: Settings, existing: dict[str, QueueState]) -> list[str]:
-    """Canonical queues of this environment (``QUEUE_PREFIX``) found on the broker."""
+    """Canonical queues of this environment (``QUEUE_PREFIX``) found on the broker (not the
+    delay cascade's, whose arguments are the cascade's own)."""
     suffixes = (".DQ", ".XQ", ".DLQ", ".migrating")
     return sorted(
         n
         for n in existing
-        if n.startswith(settings.queue_prefix) and not n.endswith(suffixes) and "amq." not in n
+        if n.startswith(settings.queue_prefix)
+        and not n.endswith(suffixes)
+        and "amq." not in n
+        and not is_cascade_queue(n)
     )
 
 
@@ -117,6 +122,7 @@ def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None =
                     f"{name}: recreated with the project's arguments ({out} moved out, {back} back)"
                 )
             broker.declare_queue(queue, ensure=True)  # the exchange and the .DLQ
+            broker.bind_delays(queue)  # the delay cascade's exits, lost with a recreated .DQ
             old_dead = f"{queue}.XQ"
             if old_dead in existing:
                 moved = _move(channel, old_dead, _publisher(channel, broker.dead_letter_exchange, queue))

@@ -11,13 +11,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pika
 import pika.exceptions
 from dramatiq import Message
-from dramatiq.common import q_name
+from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
 from jobsystem.dramatiq_internals import RabbitmqConsumer, RabbitmqTopology
 from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from jobsystem.rabbitmq.dead_letter_indexer import DeadLetterIndexer
+from jobsystem.rabbitmq.delays import DelayCascade, cascade_seconds, routing_key
 from jobsystem.runtime.follow_ups import RefusedFollowUps
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore
@@ -33,6 +34,12 @@ DEAD_LETTER_EXCHANGE = "jobs.dead-letters"
 #: Publish attempts for a dead letter before the delivery is requeued instead.
 DEAD_LETTER_PUBLISH_ATTEMPTS = 3
 
+
+#: Publish attempts of a delayed message into the cascade (as Dramatiq's own ``enqueue``).
+SCHEDULE_PUBLISH_ATTEMPTS = 6
+
+#: Delays up to this long wait in the delay queue, held by a worker; longer ones in the cascade.
+DEFAULT_DELAY_HORIZON_MS = 30_000
 
 #: Suffix of a dead-letter queue's name (in place of Dramatiq's ``.XQ``, which has a 7-day TTL).
 DEAD_LETTER_SUFFIX = ".DLQ"
@@ -62,6 +69,9 @@ class ProjectBroker(RabbitmqTopology):
     - Each dead letter RabbitMQ confirmed is indexed in the state store (``dead_letter_index``,
       :mod:`jobsystem.rabbitmq.dead_letter_indexer`, written in the background), so the dashboard
       pages through dead letters without reading the queues.
+    - A delay longer than ``delay_horizon_ms`` waits in RabbitMQ's delay cascade
+      (:mod:`jobsystem.rabbitmq.delays`), not in a worker: the message, carrying its ``eta``,
+      reaches ``<queue>.DQ`` about a second before it is due and the worker releases it then.
     """
 
     def __init__(
@@ -71,9 +81,14 @@ class ProjectBroker(RabbitmqTopology):
         dead_letter_ttl_ms: int | None = None,
         dead_letter_max_length: int | None = None,
         state: StateStore | None = None,
+        delay_prefix: str = "",
+        delay_horizon_ms: int = DEFAULT_DELAY_HORIZON_MS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.delays = DelayCascade(delay_prefix)
+        self.delay_horizon_ms = delay_horizon_ms
+        self._cascade_declared = False
         self.dead_letter_exchange = dead_letter_exchange
         self.dead_letter_ttl_ms = dead_letter_ttl_ms
         self.dead_letter_max_length = dead_letter_max_length
@@ -92,9 +107,52 @@ class ProjectBroker(RabbitmqTopology):
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         try:
+            if delay is not None and delay > self.delay_horizon_ms:
+                return self._schedule(message, delay)
             return super().enqueue(message, delay=delay)
         except DuplicateMessage as duplicate:
             return as_duplicate(message, duplicate.original_message_id)
+
+    def _schedule(self, message: Message[Any], delay: int) -> Message[Any]:
+        """Publish ``message`` into the delay cascade, bound for its delay queue at its ``eta``.
+
+        The same steps as Dramatiq's ``enqueue`` (the hooks see the delayed copy and ``delay``),
+        with a confirmed, persistent, mandatory publish into the cascade.
+        """
+        canonical = q_name(message.queue_name)
+        seconds = cascade_seconds(delay)
+        message = message.copy(queue_name=dq_name(canonical), options={"eta": current_millis() + delay})
+        key = routing_key(seconds, dq_name(canonical))
+        for attempt in range(1, SCHEDULE_PUBLISH_ATTEMPTS + 1):
+            try:
+                self.declare_queue(canonical, ensure=True)
+                self.ensure_delays()
+                self.emit_before("enqueue", message, delay)
+                self.channel.basic_publish(
+                    exchange=self.delays.exchange_for(seconds),
+                    routing_key=key,
+                    body=message.encode(),
+                    properties=pika.BasicProperties(
+                        delivery_mode=2, priority=message.options.get("broker_priority")
+                    ),
+                    mandatory=True,
+                )
+                self.emit_after("enqueue", message, delay)
+                return message
+            except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
+                del self.connection
+                # A queue or exchange deleted under us (404, unroutable): declare them all again.
+                self.queues_pending.add(canonical)
+                self._cascade_declared = False
+                if attempt == SCHEDULE_PUBLISH_ATTEMPTS:
+                    raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def ensure_delays(self) -> None:
+        """Declare the delay cascade once per broker (its declarations are idempotent)."""
+        if not self._cascade_declared:
+            self.delays.declare(self.channel)
+            self._cascade_declared = True
 
     # -- topology --------------------------------------------------------------------------------
 
@@ -133,7 +191,16 @@ class ProjectBroker(RabbitmqTopology):
         return self._declare_checked(queue_name, self.queue_arguments(queue_name))
 
     def declare_delay_queue(self, queue_name: str) -> Any:
-        return self._declare_checked(f"{queue_name}.DQ", self.queue_arguments(queue_name))
+        """Declare ``<queue>.DQ`` and route the delay cascade's exits for it into it."""
+        result = self._declare_checked(dq_name(queue_name), self.queue_arguments(queue_name))
+        self.bind_delays(queue_name)
+        return result
+
+    def bind_delays(self, queue_name: str) -> None:
+        """Declare the delay cascade if need be and route its exits for ``queue_name`` into
+        ``<queue>.DQ`` (a binding goes with its queue: again after the queue is recreated)."""
+        self.ensure_delays()
+        self.delays.bind(self.channel, dq_name(queue_name))
 
     def declare_dead_letter_queue(self, queue_name: str) -> Any:
         """Declare the dead-letter exchange and ``<queue>.DLQ`` bound to it (in place of ``.XQ``)."""
@@ -219,4 +286,6 @@ def build_broker(
         max_priority=settings.rabbitmq_max_priority,
         middleware=middleware,
         state=state,
+        delay_prefix=settings.queue_prefix,
+        delay_horizon_ms=settings.delay_horizon_ms,
     )

@@ -10,6 +10,9 @@ RabbitMQ, dead-lettered, or held and requeued later; none can crash a thread or 
   requeues it after a growing delay, counted, with an alert after a few refusals
   (``jobsystem.runtime.follow_ups``); when the delivery comes back, the consumer publishes the decided
   follow-up itself instead of running the actor again.
+- A delay-queue message due further ahead than the broker's delay horizon (sent before the delay
+  cascade existed, or by plain Dramatiq) is moved into the cascade, confirmed, then acked, rather
+  than held unacked past RabbitMQ's ``consumer_timeout``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pika.exceptions
 import pika.spec
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
-from dramatiq.common import q_name
+from dramatiq.common import current_millis, q_name
 from dramatiq.errors import ConnectionClosed
 
 from jobsystem.dramatiq_internals import (
@@ -112,6 +115,9 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             if follow_up is not None:
                 self._publish_decided(method.delivery_tag, decoded.message_id, follow_up)
                 return None
+        if self._due_beyond_horizon(decoded):
+            self._reschedule(method.delivery_tag, decoded)
+            return None
         message = ProjectMessage(method.redelivered, method.delivery_tag, decoded)
         self.known_tags.add(method.delivery_tag)
         for on_receive in self.receive_hooks:
@@ -120,6 +126,24 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             except Exception:  # an optimisation only: the hook's before_process_message decides
                 logger.exception("receive_hook_failed", extra={"message_id": decoded.message_id})
         return message
+
+    def _due_beyond_horizon(self, message: Message[Any]) -> bool:
+        eta = message.options.get("eta")
+        if not isinstance(eta, int | float) or not self.queue_name.endswith(".DQ"):
+            return False
+        return bool(eta - current_millis() > self.broker.delay_horizon_ms)
+
+    def _reschedule(self, tag: int, message: Message[Any]) -> None:
+        """Move a delayed message due beyond the horizon into the delay cascade, then ack it."""
+        eta = int(message.options["eta"])
+        options = {k: v for k, v in message.options.items() if k != "eta"}
+        waiting = dataclasses.replace(message, queue_name=q_name(message.queue_name), options=options)
+        logger.info("delay_moved_to_cascade", extra={"message_id": message.message_id, "eta": eta})
+        publish = partial(self._enqueue_for, waiting, eta)
+        self._publish_then_ack(tag, message.message_id, "schedule", publish, None)
+
+    def _enqueue_for(self, message: Message[Any], eta: int) -> None:
+        self.broker.enqueue(message, delay=max(0, eta - current_millis()))
 
     def _next_delivery(self) -> _Delivery | None:
         """The next delivery, or None when the queue stayed idle for the consumer's timeout."""

@@ -85,6 +85,10 @@ class IdempotencyBackend(ABC):
         them; the keys stay pending."""
 
     @abstractmethod
+    def forget_many(self, keys: list[str]) -> None:
+        """Delete each key unless it is done: its job was cancelled, so a deliberate re-send runs."""
+
+    @abstractmethod
     def lookup(self, key: str) -> KeyRecord | None:
         """The key's state, or None when it is unknown or expired."""
 
@@ -156,6 +160,13 @@ end
 return 0
 """
 
+_FORGET = """
+for _, key in ipairs(KEYS) do
+  if redis.call('HGET', key, 'state') ~= 'done' then redis.call('DEL', key) end
+end
+return 0
+"""
+
 
 #: Prefix of the keys' store names. ``idem2:`` holds hashed keys only; names under ``idem:`` (Redis)
 #: or without a prefix (SQLite) were written in clear by earlier releases (see the README).
@@ -172,6 +183,7 @@ class RedisIdempotency(IdempotencyBackend):
         self._renew = store.script(_NOW + _RENEW)
         self._complete = store.script(_COMPLETE)
         self._release = store.script(_RELEASE)
+        self._forget = store.script(_FORGET)
 
     def _key(self, key: str) -> str:
         return self.store.key(KEY_PREFIX + key)
@@ -212,6 +224,10 @@ class RedisIdempotency(IdempotencyBackend):
         if claims:
             with self.store.errors():
                 self._release(keys=[self._key(k) for k, _ in claims], args=[o for _, o in claims])
+
+    def forget_many(self, keys: list[str]) -> None:
+        if keys:
+            self._forget(keys=[self._key(k) for k in keys], args=[])
 
     def lookup(self, key: str) -> KeyRecord | None:
         with self.store.errors():
@@ -323,6 +339,13 @@ class SqliteIdempotency(IdempotencyBackend):
                 "UPDATE idempotency SET state = 'pending', owner = NULL, lease_until = NULL "
                 "WHERE key = ? AND owner = ? AND state = 'running'",
                 [(self.store.key(KEY_PREFIX + key), owner) for key, owner in claims],
+            )
+
+    def forget_many(self, keys: list[str]) -> None:
+        with self.store.transaction() as conn:
+            conn.executemany(
+                "DELETE FROM idempotency WHERE key = ? AND state != 'done'",
+                [(self.store.key(KEY_PREFIX + key),) for key in keys],
             )
 
     def lookup(self, key: str) -> KeyRecord | None:

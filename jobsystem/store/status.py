@@ -18,9 +18,11 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from jobsystem.store import for_backend, job_index, status_history
+from jobsystem.store import scheduled as scheduled_index
 from jobsystem.store.base import StateStore
 from jobsystem.store.job_index import JobFilter
 from jobsystem.store.redis import RedisStore
+from jobsystem.store.scheduled import Scheduled
 from jobsystem.store.sorted_index import Cursor, Walk
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
 from jobsystem.store.status_records import REPLAY_STRIDE, JobStatus, StatusUpdate
@@ -56,6 +58,10 @@ class StatusBackend(ABC):
         """How many indexed jobs match, and whether that count is exact."""
 
     @abstractmethod
+    def scheduled(self, queues: list[str]) -> dict[str, Scheduled]:
+        """Per queue, how many jobs wait in the delay cascade and when the next is due."""
+
+    @abstractmethod
     def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
         """Per queue, per minute (ms of its start) since ``since_ms``: jobs entering each state."""
 
@@ -75,6 +81,7 @@ local TOUCHED = {}
 """
     + job_index.INDEX_LUA
     + status_history.HISTORY_LUA
+    + scheduled_index.SCHEDULED_LUA
     + """
 for i = 4, #ARGV do
   local u = cjson.decode(ARGV[i])
@@ -93,8 +100,12 @@ for i = 4, #ARGV do
     redis.call('HSET', key, unpack(args))
     for name, value in pairs(u.n) do redis.call('HSETNX', key, name, value) end
     if #u.d > 0 then redis.call('HDEL', key, unpack(u.d)) end
-    redis.call('PEXPIRE', key, TTL)
-    local state = u.f.state
+    local state, due = u.f.state, tonumber(u.f.due_at)
+    -- a scheduled record lives until its due time, and TTL after it
+    redis.call('PEXPIRE', key, (state == 'scheduled' and due) and TTL + math.max(0, due - NOW) or TTL)
+    if state and (state ~= previous or state == 'scheduled') then
+      schedule(u.m, redis.call('HGET', key, 'queue') or '', previous, state, due)
+    end
     if state and state ~= previous then
       redis.call('HINCRBY', counts, state, 1)
       local at = tonumber(u.f.updated_at) or NOW
@@ -168,6 +179,9 @@ class RedisStatus(StatusBackend):
     def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
         return status_history.redis_minutes(self.store, queues, since_ms)
 
+    def scheduled(self, queues: list[str]) -> dict[str, Scheduled]:
+        return scheduled_index.redis_scheduled(self.store, queues)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS job_status (
@@ -194,6 +208,7 @@ class SqliteStatus(StatusBackend):
         store.ensure_schema(_SCHEMA)
         store.ensure_schema(job_index.SQLITE_SCHEMA)
         store.ensure_schema(status_history.SQLITE_SCHEMA)
+        store.ensure_schema(scheduled_index.SQLITE_SCHEMA)
         self._swept_minute = 0
 
     def apply(self, updates: list[StatusUpdate], ttl_ms: int) -> None:
@@ -228,6 +243,13 @@ class SqliteStatus(StatusBackend):
         state = update.fields.get("state")
         changed = bool(state) and state != previous
         at = int(fields.get("updated_at") or now)
+        if state and (changed or state == "scheduled"):
+            ttl_ms = expires_at - now
+            due = fields.get("due_at") if state == "scheduled" else None
+            if due:  # a scheduled record lives until its due time, and its TTL after it
+                expires_at += max(0, int(due) - now)
+            queue_key = self.store.key(fields.get("queue") or update.queue)
+            scheduled_index.sqlite_file(conn, queue_key, update.message_id, previous, state, due, ttl_ms, now)
         if changed:
             status_history.append_timeline(fields, str(state), at, update.order % REPLAY_STRIDE)
         conn.execute(
@@ -301,6 +323,9 @@ class SqliteStatus(StatusBackend):
 
     def total(self, job_filter: JobFilter) -> tuple[int, bool]:
         return job_index.sqlite_total(self.store, job_filter)
+
+    def scheduled(self, queues: list[str]) -> dict[str, Scheduled]:
+        return scheduled_index.sqlite_scheduled(self.store, queues)
 
     def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
         try:

@@ -20,12 +20,16 @@ __all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "order_o
 #: The states a job goes through, and the rank of each within one attempt.
 STATE_RANKS: dict[str, int] = {
     "queued": 0,
+    # After queued: the worker's ``scheduled`` (a deferral) is never hidden by the sender's late
+    # ``queued``; the job stays scheduled until it runs (a retry's takes the place of retrying).
+    "scheduled": 1,
     "running": 1,
     "failed": 2,
     "retrying": 3,
     "skipped": 4,
     "succeeded": 5,
     "dead": 5,
+    "cancelled": 5,
 }
 
 
@@ -90,6 +94,7 @@ class JobStatus:
     finished_at: int | None = None
     updated_at: int | None = None
     retry_at: int | None = None
+    due_at: int | None = None
     progress: float | None = None
     note: str | None = None
     error_type: str | None = None
@@ -101,8 +106,8 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        """Whether the job reached a final state (succeeded, dead or skipped)."""
-        return self.state in ("succeeded", "dead", "skipped")
+        """Whether the job reached a final state (succeeded, dead, skipped or cancelled)."""
+        return self.state in ("succeeded", "dead", "skipped", "cancelled")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +133,7 @@ class JobStatus:
             finished_at=number("finished_at"),
             updated_at=number("updated_at"),
             retry_at=number("retry_at"),
+            due_at=number("due_at"),
             progress=float(progress) if progress else None,
             note=fields.get("note") or None,
             error_type=fields.get("error_type") or None,

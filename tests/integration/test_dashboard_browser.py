@@ -165,3 +165,28 @@ def the_viewer_cannot_act(browser, url, queue):
         queue,
     )
     assert status == 403
+
+
+def test_an_admin_cancels_a_running_job_from_its_page(
+    browser, start_worker, start_dashboard, queues, store, prefix
+):
+    """The job page of a running job has a cancel button: the job stops and says ``cancelled``."""
+    start_worker()
+    dashboard = start_dashboard()
+    running = queues.send(workload.ticking, "ui", 30)
+    wait_for(lambda: store.llen(f"test:{prefix}tick:ui") >= 3, what="the job ticking")
+    wait_for(lambda: queues.status(running.message_id).state == "running", what="the running record")
+    page = session(browser, "admin", DASHBOARD_ADMIN)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(dashboard.url + f"/jobs/{running.message_id}")
+    page.click("#cancel-job")
+    page.wait_for_selector('#toast .msg:text("cancelled 1")')
+    page.wait_for_selector('#timeline .badge:text("cancelled")')
+    assert page.locator("#cancel-job").count() == 0  # a finished job has nothing left to cancel
+    shot(page, "job-cancelled")
+    record = queues.wait_finished([running])[running.message_id]
+    assert record.state == "cancelled"
+    ticks = store.llen(f"test:{prefix}tick:ui")
+    page.goto(dashboard.url + "/audit")
+    assert "job.cancel" in page.locator("#audit tbody tr").first.inner_text()
+    assert store.llen(f"test:{prefix}tick:ui") == ticks

@@ -11,6 +11,7 @@ from collections import Counter
 
 import pika
 import pytest
+import requests
 from dramatiq import Message
 
 from jobsystem.system import get_system
@@ -191,6 +192,12 @@ def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(que
     bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=50))
     assert bodies == sorted(f"m{i}" for i in range(20))
     assert "every queue already has" in jobctl(prefix, "migrate-queues").stdout
+    # The recreated delay queue receives what leaves the delay cascade for it.
+    deliver = queues.api(f"/../exchanges/%2F/{prefix}delay.deliver/bindings/source").replace(
+        "/queues/%2F/..", ""
+    )
+    bound = {b["destination"] for b in requests.get(deliver, timeout=10).json()}
+    assert queue + ".DQ" in bound
 
 
 def test_a_retry_that_cannot_be_published_is_redelivered_not_lost(start_worker, queues, store, prefix):

@@ -116,3 +116,25 @@ def test_a_dead_lettered_report_tells_its_user(start_worker, queues, smtp):
     assert received[0]["Subject"] == "Your sales report could not be made"
     assert message.message_id in received[0].get_payload(decode=True).decode()
     assert queues.depth(queues.name(reports.generate_report) + ".DLQ") == 1
+
+
+def test_campaign_ends_with_one_summary_mail_to_its_owner(start_worker, queues, smtp):
+    port, received = smtp
+    worker = start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", threads=8, JOB_MAX_RETRIES="5")
+    recipients = [f"user{i}@example.com" for i in range(48)] + ["not-an-address", "bounce@example.com"]
+    queues.send(
+        emails.send_campaign, "autumn", recipients, {"headline": "Autumn", "text": "hi"}, "boss@example.com"
+    )
+
+    def summaries():
+        return [m for m in received if m["To"] == "boss@example.com"]
+
+    wait_for(summaries, timeout=90, what="the summary mail")
+    queue = queues.name(emails.send_email)
+    # The campaign, 48 mails and the summary (its job and the mail it sends) succeeded; 2 are dead.
+    queues.wait_totals(queue, succeeded=51, dead=2)
+    assert queues.left_after_stop([worker], queue) == 0
+    (summary,) = summaries()
+    assert summary["Subject"] == "Campaign autumn: 48 sent, 2 failed"
+    assert "48 sent, 2 failed" in summary.get_payload()
+    assert sorted(m["To"] for m in received if m["To"] != "boss@example.com") == sorted(recipients[:48])

@@ -105,14 +105,14 @@ def test_cross_field_problems_are_one_line_each():
         load_settings(
             {
                 "RABBITMQ_CONSUMER_TIMEOUT_MS": "600000",
-                "JOB_MAX_BACKOFF_MS": "600000",
+                "DELAY_HORIZON_MS": "300001",
                 "RATE_LIMIT_MAX_DELAY_MS": "1000",
             }
         )
     lines = caught.value.report("scheduler").splitlines()
     assert [line.split(":")[1].split()[-1] for line in lines] == [
-        "JOB_MAX_BACKOFF_MS",
         "JOB_TIME_LIMIT_MS",
+        "DELAY_HORIZON_MS",
         "RATE_LIMIT_WAIT_MS",
     ]
 

@@ -12,7 +12,8 @@ def test_defaults_are_valid():
     assert settings.rabbitmq_url == "amqp://guest:guest@127.0.0.1:5672/%2F"
     assert settings.rabbitmq_vhost == "/"
     assert settings.management_url == "http://guest:guest@127.0.0.1:15672"
-    assert settings.job_max_backoff_ms < settings.rabbitmq_consumer_timeout_ms
+    assert settings.job_time_limit_ms < settings.rabbitmq_consumer_timeout_ms
+    assert settings.delay_horizon_ms * 2 <= settings.rabbitmq_consumer_timeout_ms
 
 
 def test_management_credentials_come_from_the_amqp_url_unless_given():
@@ -34,7 +35,15 @@ def test_management_credentials_come_from_the_amqp_url_unless_given():
         ({"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
         ({"WORKER_THREADS": "0"}, "WORKER_THREADS"),
         ({"JOB_MAX_RETRIES": "many"}, "JOB_MAX_RETRIES"),
-        ({"JOB_MAX_BACKOFF_MS": "3600000"}, "RABBITMQ_CONSUMER_TIMEOUT_MS"),
+        ({"DELAY_HORIZON_MS": "1000"}, "DELAY_HORIZON_MS"),
+        (
+            {
+                "RABBITMQ_CONSUMER_TIMEOUT_MS": "60000",
+                "JOB_TIME_LIMIT_MS": "59000",
+                "DELAY_HORIZON_MS": "31000",
+            },
+            "DELAY_HORIZON_MS",
+        ),
         ({"JOB_MIN_BACKOFF_MS": "900000", "JOB_MAX_BACKOFF_MS": "1000"}, "JOB_MIN_BACKOFF_MS"),
         ({"SENTRY_DSN": "not a dsn hunter2"}, "SENTRY_DSN"),
         ({"QUEUE_PREFIX": "a b"}, "QUEUE_PREFIX"),
@@ -85,3 +94,27 @@ def test_cluster_urls_each_get_timeouts():
     assert "heartbeat=60" in urls[0] and "blocked_connection_timeout=300" in urls[0]
     assert "heartbeat=5" in urls[1] and "heartbeat=60" not in urls[1]
     assert redact_url(settings.rabbitmq_url) == "amqp://u:***@a:5672/%2F;amqp://u:***@b:5672/%2F?heartbeat=5"
+
+
+def test_waits_longer_than_the_consumer_timeout_are_accepted():
+    """Delays past the horizon wait in RabbitMQ, not in a worker: backoffs and rate-limit
+    reservations may be hours or days, whatever RabbitMQ's consumer_timeout."""
+    settings = load_settings(
+        {
+            "RABBITMQ_CONSUMER_TIMEOUT_MS": "60000",
+            "JOB_TIME_LIMIT_MS": "50000",
+            "JOB_MAX_BACKOFF_MS": str(3 * 86_400_000),
+            "RATE_LIMIT_MAX_DELAY_MS": str(86_400_000),
+        }
+    )
+    assert settings.job_max_backoff_ms == 3 * 86_400_000
+    assert settings.delay_horizon_ms == 30_000
+
+
+def test_the_time_limit_must_still_stay_below_the_consumer_timeout():
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"RABBITMQ_CONSUMER_TIMEOUT_MS": "60000"})  # the default time limit is 10 min
+    assert caught.value.problems == [
+        "JOB_TIME_LIMIT_MS: must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
+        "(RabbitMQ redelivers a job still running past it)"
+    ]

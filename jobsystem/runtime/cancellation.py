@@ -1,0 +1,135 @@
+"""What a worker process knows of cancellations: one thread polls the store, jobs ask it locally.
+
+Asking the store on every message's arrival would cost a round trip per job. Instead one thread
+per worker process asks, every ``interval`` seconds and in one call, for the marks made since its
+last poll (:meth:`CancelWatch.poll_once`), keeps them, and raises :class:`JobCancelled` in the
+threads running a marked job, as Dramatiq's time limit raises ``TimeLimitExceeded``. A message
+arriving is checked against what the poller knows (:meth:`CancelWatch.known`); while the poller
+is not up to date (not started yet, or the store not answering) the answer is None and the caller
+asks the store itself, so nothing runs unchecked. A job cancelled less than one poll before it
+arrives starts, and is interrupted at the next poll.
+
+Every worker thread registers the message it runs (:meth:`CancelWatch.started`) and removes it
+when the actor returns (:meth:`CancelWatch.ended`), under the lock the raise takes, so the
+exception is never aimed at a thread that moved on to another message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from jobsystem.dramatiq_internals import Interrupt, raise_in_thread
+from jobsystem.store.base import StoreUnavailable
+
+__all__ = ["CANCELLED", "CancelWatch", "JobCancelled"]
+
+logger = logging.getLogger(__name__)
+
+#: Message option a middleware sets on a message it skips because it was cancelled.
+CANCELLED = "cancelled"
+
+#: Each poll asks again for the marks of this many milliseconds before the last one's time, so a
+#: mark written just as the last poll read is not missed.
+OVERLAP_MS = 5_000
+
+
+class JobCancelled(Interrupt):
+    """Raised in a job's thread once it was cancelled (``actors.workflows.cancel``). A
+    ``BaseException``, so ``except Exception`` in an actor does not swallow it; an actor may catch
+    it to clean up, and should then re-raise it."""
+
+
+class CancelWatch:
+    """The cancellation marks this process knows, and the interruptible jobs it runs.
+
+    Parameters:
+      cancelled_since: the marks made since a time (store clock, ms) and the store's time now.
+      keep_ms: how long a mark is kept (the marks' TTL).
+      interval: seconds between two polls.
+      stale_after: seconds after the last successful poll when what is known no longer counts.
+    """
+
+    def __init__(
+        self,
+        cancelled_since: Callable[[int], tuple[dict[str, int], int]],
+        *,
+        keep_ms: int,
+        interval: float = 0.5,
+        stale_after: float = 3.0,
+    ) -> None:
+        self.cancelled_since = cancelled_since
+        self.keep_ms = keep_ms
+        self.interval = interval
+        self.stale_after = stale_after
+        self._marks: dict[str, int] = {}
+        self._store_now: int | None = None
+        self._pruned_at = 0
+        self._polled_at = float("-inf")
+        self._running: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the poller (once; a process that never runs a job starts none)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._poll, name="job-cancellation", daemon=True)
+                self._thread.start()
+
+    def known(self, message_id: str) -> bool | None:
+        """Whether ``message_id`` is marked cancelled, as of the last poll; None when that poll is
+        too old to count (ask the store)."""
+        self.start()
+        with self._lock:
+            if time.monotonic() - self._polled_at > self.stale_after:
+                return None
+            return message_id in self._marks
+
+    def started(self, message_id: str) -> None:
+        """The calling thread runs ``message_id`` now: it is interrupted if a mark comes."""
+        with self._lock:
+            self._running[message_id] = threading.get_ident()
+
+    def ended(self, message_id: str) -> None:
+        """The calling thread's job ``message_id`` returned or raised: it can no longer be interrupted."""
+        with self._lock:
+            if self._running.get(message_id) == threading.get_ident():
+                del self._running[message_id]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def poll_once(self) -> list[str]:
+        """Ask the store for new marks once; interrupt the running jobs marked. Returns their ids."""
+        since = 0 if self._store_now is None else self._store_now - OVERLAP_MS
+        try:
+            marks, now = self.cancelled_since(since)
+        except StoreUnavailable as exc:
+            logger.warning("cancellation_poll_failed", extra={"error": str(exc)})
+            return []
+        hit = []
+        with self._lock:
+            self._marks.update(marks)
+            if now - self._pruned_at > 60_000:  # forget expired marks once a minute
+                self._marks = {i: at for i, at in self._marks.items() if at > now - self.keep_ms}
+                self._pruned_at = now
+            self._store_now, self._polled_at = now, time.monotonic()
+            for message_id in [m for m in self._running if m in self._marks]:
+                raise_in_thread(self._running.pop(message_id), JobCancelled)
+                hit.append(message_id)
+        for message_id in hit:
+            logger.info("job_interrupted", extra={"message_id": message_id})
+        return hit
+
+    def _poll(self) -> None:
+        while True:
+            try:
+                self.poll_once()
+            except Exception:  # keep polling whatever happens
+                logger.exception("cancellation_poll_failed")
+            if self._stop.wait(self.interval):
+                return

@@ -1,0 +1,76 @@
+"""How a workflow travels with its messages: the ``workflow`` option and the step after a member.
+
+Each member message of a workflow carries the option :data:`WORKFLOW`: the workflow's id, its
+step number, what the step hands on (``pipe``: ``value`` for one message, ``list`` for a group,
+``counts`` for a group whose callback runs once every member finished) and, unless it is the
+last step, ``next``: the next step's messages as Dramatiq encodes them (which carry their own
+option in turn). Nothing of a workflow but ids, states and results is kept in the state store;
+the messages' arguments travel in RabbitMQ only, as Dramatiq's pipelines do.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dramatiq import Message
+
+__all__ = ["WORKFLOW", "Step", "annotate", "next_messages"]
+
+#: The message option carrying a member's place in its workflow.
+WORKFLOW = "workflow"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: its messages, whether all must succeed (``success``) or only finish
+    (``finished``), and what it hands to the next step (``value``, ``list`` or ``counts``)."""
+
+    messages: Sequence[Message[Any]]
+    mode: str = "success"
+    pipe: str = "value"
+
+
+def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message[Any]]]:
+    """A new workflow of ``steps``: its record for the store and the first step's messages, each
+    carrying the option :data:`WORKFLOW` (and through it every later step)."""
+    workflow_id = uuid.uuid4().hex
+    following: list[dict[str, Any]] | None = None
+    first: list[Message[Any]] = []
+    for number in reversed(range(len(steps))):
+        step = steps[number]
+        option: dict[str, Any] = {"id": workflow_id, "step": number, "pipe": step.pipe}
+        if following is not None:
+            option["next"] = following
+        first = [m.copy(options={WORKFLOW: option}) for m in step.messages]
+        following = [m.asdict() for m in first]
+    record = {
+        "id": workflow_id,
+        "kind": kind,
+        "created_at": int(time.time() * 1000),
+        "steps": [
+            {
+                "mode": step.mode,
+                "members": [
+                    {"id": m.message_id, "actor": m.actor_name, "queue": m.queue_name} for m in step.messages
+                ],
+            }
+            for step in steps
+        ],
+    }
+    return record, first
+
+
+def next_messages(option: dict[str, Any], piped: Any, *, ignores_pipe: Any) -> list[Message[Any]]:
+    """The next step's messages, ``piped`` appended to the arguments of each one that does not
+    ignore it (``ignores_pipe(message)``: Dramatiq's ``pipe_ignore``, message or actor option)."""
+    messages = []
+    for data in option.get("next") or []:
+        message: Message[Any] = Message(**data)
+        if not ignores_pipe(message):
+            message = message.copy(args=(*message.args, piped))
+        messages.append(message)
+    return messages

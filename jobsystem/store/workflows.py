@@ -1,0 +1,332 @@
+"""Workflows in the state store.
+
+A workflow (a pipeline, a group, a chord) is a record of its steps, each a list of member message
+ids, with the final state of each member and its JSON result. A member's end is counted with
+:meth:`WorkflowBackend.finish`: one atomic operation (a Lua script on Redis, a ``BEGIN IMMEDIATE``
+transaction on SQLite) that adds the member to its step's SET of finished ids, so a member that
+is retried or delivered twice is counted once, and answers whether the step is now complete.
+
+Redis: the hash ``wf:<id>`` (``record``, ``state``, ``failed``, ``steps``, per step ``size:<i>``,
+``mode:<i>`` and counters ``c:<i>:<state>``, per member ``s:<id>`` and ``r:<id>``) and the set
+``wf:<id>:done:<i>``. SQLite: the tables ``workflow_fields`` and ``workflow_done``. Ids are
+UUIDs: no personal data in a key name. Cancellation marks are in :mod:`jobsystem.store.cancel_marks`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobsystem.store import for_backend
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.redis import RedisStore
+from jobsystem.store.sqlite import SqliteStore, sqlite_error
+
+__all__ = ["StepProgress", "WorkflowBackend", "WorkflowRecord", "workflow_backend"]
+
+#: A step's mode: its members must all succeed (a chord), or only finish (a "finished" callback).
+MODES = ("success", "finished")
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """What :meth:`WorkflowBackend.finish` answers."""
+
+    #: The workflow's state after the call: running, succeeded, failed, cancelled (or unknown).
+    state: str
+    #: Whether this call counted the member (False: it was counted before).
+    added: bool
+    finished: int
+    size: int
+    #: How many of the step's members ended in each state (succeeded, dead, cancelled).
+    counts: dict[str, int] = field(default_factory=dict)
+    #: Whether the step after this one was sent already (:meth:`WorkflowBackend.mark_sent`).
+    sent: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return self.size > 0 and self.finished >= self.size
+
+    @property
+    def send_next(self) -> bool:
+        """Whether the caller is to send the next step: the step is complete, the workflow still
+        runs, and this call completed it (exactly one caller), or the one that did has not sent
+        it (it died or its publish failed; a duplicate send is dropped by its idempotency key)."""
+        return self.complete and self.state == "running" and (self.added or not self.sent)
+
+
+@dataclass(frozen=True)
+class WorkflowRecord:
+    """A workflow as read: its record (id, kind, steps and members), state, the failed member,
+    and the final states and results of its members by message id."""
+
+    record: dict[str, Any]
+    state: str
+    failed: str | None
+    states: dict[str, str]
+    results: dict[str, Any]
+
+    def step_results(self, step: int) -> list[Any]:
+        """The results of step ``step``'s members, in the step's order."""
+        return [self.results.get(m["id"]) for m in self.record["steps"][step]["members"]]
+
+
+def _loads(raw: str | None) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _parse(fields: Mapping[str, str]) -> WorkflowRecord | None:
+    if "record" not in fields:
+        return None
+    states = {k[2:]: v for k, v in fields.items() if k.startswith("s:")}
+    results = {k[2:]: _loads(v) for k, v in fields.items() if k.startswith("r:")}
+    return WorkflowRecord(
+        json.loads(fields["record"]),
+        fields.get("state", "running"),
+        fields.get("failed") or None,
+        states,
+        results,
+    )
+
+
+def _initial_fields(record: dict[str, Any]) -> dict[str, str]:
+    steps = record["steps"]
+    fields = {"record": json.dumps(record), "state": "running", "steps": str(len(steps))}
+    for i, step in enumerate(steps):
+        fields[f"size:{i}"] = str(len(step["members"]))
+        fields[f"mode:{i}"] = step.get("mode", "success")
+    return fields
+
+
+class WorkflowBackend(ABC):
+    """The workflow operations, one implementation per store backend."""
+
+    @abstractmethod
+    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
+        """Store a new workflow ``record`` (``id``, ``kind``, ``steps``: each ``members`` and ``mode``)."""
+
+    @abstractmethod
+    def finish(
+        self, workflow_id: str, step: int, member: str, state: str, result: str, ttl_ms: int
+    ) -> StepProgress:
+        """Count ``member`` of ``step`` as ended in ``state`` (succeeded, dead, cancelled) with its
+        JSON ``result``, once however often it is called. A member that did not succeed fails the
+        workflow unless its step's mode is ``finished``; the last step complete succeeds it."""
+
+    @abstractmethod
+    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        """Note that the step after ``step`` was sent."""
+
+    @abstractmethod
+    def get(self, workflow_id: str) -> WorkflowRecord | None:
+        """The workflow, or None when unknown or expired."""
+
+    @abstractmethod
+    def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
+        """Move the workflow to ``state`` if it is in ``only_from``; returns whether it moved."""
+
+
+_FINISH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0} end
+local step, member, state = ARGV[1], ARGV[2], ARGV[3]
+local added = redis.call('SADD', KEYS[2], member)
+if added == 1 then
+  redis.call('HSET', KEYS[1], 's:' .. member, state, 'r:' .. member, ARGV[4])
+  redis.call('HINCRBY', KEYS[1], 'c:' .. step .. ':' .. state, 1)
+  if state ~= 'succeeded' and redis.call('HGET', KEYS[1], 'mode:' .. step) ~= 'finished'
+      and redis.call('HGET', KEYS[1], 'state') == 'running' then
+    redis.call('HSET', KEYS[1], 'state', 'failed', 'failed', member)
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+local n = redis.call('SCARD', KEYS[2])
+local size = tonumber(redis.call('HGET', KEYS[1], 'size:' .. step))
+local last = tonumber(redis.call('HGET', KEYS[1], 'steps')) - 1
+if n >= size and tonumber(step) == last and redis.call('HGET', KEYS[1], 'state') == 'running' then
+  redis.call('HSET', KEYS[1], 'state', 'succeeded')
+end
+local counts = {}
+for _, s in ipairs({'succeeded', 'dead', 'cancelled'}) do
+  counts[s] = tonumber(redis.call('HGET', KEYS[1], 'c:' .. step .. ':' .. s) or '0')
+end
+local sent = redis.call('HGET', KEYS[1], 'sent:' .. step) and 1 or 0
+return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent}
+"""
+
+_SET_STATE = """
+if redis.call('HGET', KEYS[1], 'state') == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'state', ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class RedisWorkflows(WorkflowBackend):
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+        self._finish = store.script(_FINISH)
+        self._set_state = store.script(_SET_STATE)
+
+    def _key(self, workflow_id: str) -> str:
+        return self.store.key(f"wf:{workflow_id}")
+
+    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
+        key = self._key(record["id"])
+        with self.store.errors():
+            pipe = self.store.client.pipeline(transaction=True)
+            pipe.hset(key, mapping=dict(_initial_fields(record)))  # type: ignore[arg-type]
+            pipe.pexpire(key, ttl_ms)
+            pipe.execute()
+
+    def finish(
+        self, workflow_id: str, step: int, member: str, state: str, result: str, ttl_ms: int
+    ) -> StepProgress:
+        key = self._key(workflow_id)
+        reply = self._finish(keys=[key, f"{key}:done:{step}"], args=[step, member, state, result, ttl_ms])
+        try:
+            wf_state, added, finished, size, counts, sent = reply
+            return StepProgress(
+                _text(wf_state), bool(added), int(finished), int(size), json.loads(_text(counts)), bool(sent)
+            )
+        except (TypeError, ValueError) as exc:  # a reply of the wrong shape
+            raise StoreUnavailable(f"unexpected reply to finish: {exc}") from exc
+
+    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        with self.store.errors():
+            self.store.client.hset(self._key(workflow_id), f"sent:{step}", "1")
+
+    def get(self, workflow_id: str) -> WorkflowRecord | None:
+        with self.store.errors():
+            raw = self.store.client.hgetall(self._key(workflow_id))
+        return _parse({_text(k): _text(v) for k, v in raw.items()})
+
+    def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
+        return bool(self._set_state(keys=[self._key(workflow_id)], args=[state, only_from]))
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS workflow_fields (
+    wid TEXT NOT NULL,
+    field TEXT NOT NULL,
+    value TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (wid, field)
+);
+CREATE TABLE IF NOT EXISTS workflow_done (
+    wid TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    member TEXT NOT NULL,
+    PRIMARY KEY (wid, step, member)
+)
+"""
+
+
+class SqliteWorkflows(WorkflowBackend):
+    """The same operations as rows; each read-then-write in one ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        store.ensure_schema(_SCHEMA)
+
+    def _wid(self, workflow_id: str) -> str:
+        return self.store.key(workflow_id)
+
+    def _fields(self, conn: sqlite3.Connection, workflow_id: str) -> dict[str, str]:
+        rows = conn.execute(
+            "SELECT field, value FROM workflow_fields WHERE wid = ? AND expires_at > ?",
+            (self._wid(workflow_id), self.store.now_ms()),
+        ).fetchall()
+        return {f: v for f, v in rows}
+
+    def _put(
+        self, conn: sqlite3.Connection, workflow_id: str, values: Mapping[str, str], ttl_ms: int
+    ) -> None:
+        expires = self.store.now_ms() + ttl_ms
+        conn.executemany(
+            "INSERT INTO workflow_fields (wid, field, value, expires_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(wid, field) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+            [(self._wid(workflow_id), k, v, expires) for k, v in values.items()],
+        )
+        conn.execute(
+            "UPDATE workflow_fields SET expires_at = ? WHERE wid = ?", (expires, self._wid(workflow_id))
+        )
+
+    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
+        with self.store.transaction() as conn:
+            self._put(conn, record["id"], _initial_fields(record), ttl_ms)
+
+    def finish(
+        self, workflow_id: str, step: int, member: str, state: str, result: str, ttl_ms: int
+    ) -> StepProgress:
+        with self.store.transaction() as conn:
+            fields = self._fields(conn, workflow_id)
+            if "record" not in fields:
+                return StepProgress("unknown", False, 0, 0)
+            try:
+                added = (
+                    conn.execute(
+                        "INSERT OR IGNORE INTO workflow_done (wid, step, member) VALUES (?, ?, ?)",
+                        (self._wid(workflow_id), step, member),
+                    ).rowcount
+                    > 0
+                )
+                updates: dict[str, str] = {}
+                if added:
+                    counter = f"c:{step}:{state}"
+                    updates.update({f"s:{member}": state, f"r:{member}": result})
+                    updates[counter] = str(int(fields.get(counter, "0")) + 1)
+                    if (
+                        state != "succeeded"
+                        and fields.get(f"mode:{step}") != "finished"
+                        and fields["state"] == "running"
+                    ):
+                        updates.update({"state": "failed", "failed": member})
+                fields.update(updates)
+                finished = conn.execute(
+                    "SELECT COUNT(*) FROM workflow_done WHERE wid = ? AND step = ?",
+                    (self._wid(workflow_id), step),
+                ).fetchone()[0]
+                size = int(fields[f"size:{step}"])
+                if finished >= size and step == int(fields["steps"]) - 1 and fields["state"] == "running":
+                    updates["state"] = fields["state"] = "succeeded"
+                self._put(conn, workflow_id, updates, ttl_ms)
+            except sqlite3.Error as exc:
+                raise sqlite_error(exc) from exc
+        counts = {s: int(fields.get(f"c:{step}:{s}", "0")) for s in ("succeeded", "dead", "cancelled")}
+        return StepProgress(fields["state"], added, int(finished), size, counts, f"sent:{step}" in fields)
+
+    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        with self.store.transaction() as conn:
+            self._put(conn, workflow_id, {f"sent:{step}": "1"}, ttl_ms)
+
+    def get(self, workflow_id: str) -> WorkflowRecord | None:
+        with self.store.transaction() as conn:
+            return _parse(self._fields(conn, workflow_id))
+
+    def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
+        with self.store.transaction() as conn:
+            cursor = conn.execute(
+                "UPDATE workflow_fields SET value = ? WHERE wid = ? AND field = 'state' AND value = ?",
+                (state, self._wid(workflow_id), only_from),
+            )
+            return cursor.rowcount > 0
+
+
+def workflow_backend(store: StateStore) -> WorkflowBackend:
+    """The workflow operations for ``store``'s backend."""
+    return for_backend(store, redis=RedisWorkflows, sqlite=SqliteWorkflows)

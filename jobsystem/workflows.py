@@ -1,0 +1,242 @@
+"""Pipelines, groups and chords on the state store, their status, and cancellation.
+
+``pipeline`` and ``group`` behave like Dramatiq's (``run()``, ``get_result``/``get_results``,
+``add_completion_callback``) and add what Dramatiq lacks: a group as a step of a pipeline (a
+chord: the next step gets the members' results in the group's order once every member
+succeeded) and a group callback run once every member *finished* (``on_finish``: it gets the
+counts). Every run is a workflow with an id (``workflow_id``), recorded in the state store, whose
+steps and members ``workflow_status`` (``jobctl status``) shows. The counting is done by the
+:class:`~middleware.workflows.Workflows` middleware in the workers. ``actors.workflows`` is the
+public face of this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import dramatiq
+from dramatiq import Message
+
+from jobsystem.rabbitmq.bulk import send_bulk
+from jobsystem.runtime.workflow_steps import Step, annotate
+from jobsystem.store.workflows import WorkflowRecord
+from middleware.results import StoreResults
+from middleware.status import find_status
+from middleware.workflows import Workflows, find_workflows
+
+__all__ = ["cancel", "group", "pipeline", "workflow_status"]
+
+
+def _results_backend(broker: dramatiq.Broker) -> Any:
+    for middleware in broker.middleware:
+        if isinstance(middleware, StoreResults):
+            return middleware.backend
+    raise RuntimeError("this broker has no Results middleware")
+
+
+def _launch(broker: dramatiq.Broker, kind: str, steps: list[Step], delay: int | None, bulk: bool) -> str:
+    """Record a new workflow of ``steps`` and send its first step; returns its id.
+
+    A member dropped at send as the duplicate of an earlier message with its idempotency key (a
+    campaign sent again) will never run in this workflow: it counts as succeeded at once, so the
+    workflow does not wait for it forever.
+    """
+    workflows = find_workflows(broker)
+    record, first = annotate(kind, steps)
+    workflows.backend.create(record, workflows.ttl_ms)
+    if bulk and delay is None:
+        sent = send_bulk(first, broker=broker)  # type: ignore[arg-type]
+    else:
+        sent = [broker.enqueue(message, delay=delay) for message in first]
+    for member, outcome in zip(first, sent, strict=True):
+        if outcome.options.get("duplicate"):
+            workflows.member_finished(broker, member, "succeeded", None)
+    return str(record["id"])
+
+
+class group:
+    """Run messages in parallel, like Dramatiq's ``group``; also a step of a :class:`pipeline`.
+
+    Parameters:
+      children: the messages (a group of groups or of pipelines is not supported).
+      broker: the broker to send on (default: the global broker).
+    """
+
+    def __init__(self, children: Iterable[Message[Any]], *, broker: dramatiq.Broker | None = None) -> None:
+        self.children = list(children)
+        for child in self.children:
+            if not isinstance(child, Message):
+                raise NotImplementedError("a group's members must be messages")
+        self.broker = broker or dramatiq.get_broker()
+        self.completion_callbacks: list[Message[Any]] = []
+        self.finish_callbacks: list[Message[Any]] = []
+        self.workflow_id: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.children)
+
+    def add_completion_callback(self, message: Message[Any]) -> None:
+        """Run ``message`` once every member succeeded (not if one ends in the dead letters)."""
+        self.completion_callbacks.append(message.copy(options={"pipe_ignore": True}))
+
+    def on_finish(self, message: Message[Any]) -> None:
+        """Run ``message`` once every member finished, succeeded or not; it gets as its last
+        argument the counts ``{"succeeded": n, "dead": n, "cancelled": n}``."""
+        self.finish_callbacks.append(message)
+
+    def steps(self) -> list[Step]:
+        if self.completion_callbacks and self.finish_callbacks:
+            raise NotImplementedError("a group has completion callbacks or finish callbacks, not both")
+        if self.finish_callbacks:
+            return [Step(self.children, "finished", "counts"), Step(self.finish_callbacks)]
+        steps = [Step(self.children, "success", "list")]
+        return steps + ([Step(self.completion_callbacks)] if self.completion_callbacks else [])
+
+    def run(self, *, delay: int | None = None, bulk: bool = False) -> group:
+        """Send the members (``bulk``: in one pipelined, confirmed publish); returns the group."""
+        self.workflow_id = _launch(self.broker, "group", self.steps(), delay, bulk)
+        return self
+
+    def get_results(self, *, block: bool = False, timeout: int | None = None) -> Iterator[Any]:
+        """The members' results in order (their actors must store results), as Dramatiq's."""
+        backend = _results_backend(self.broker)
+        deadline = time.monotonic() + (timeout or 10_000) / 1000
+        for child in self.children:
+            left = max(0, int((deadline - time.monotonic()) * 1000))
+            yield child.get_result(backend=backend, block=block, timeout=left)
+
+    def wait(self, *, timeout: int | None = None) -> None:
+        for _ in self.get_results(block=True, timeout=timeout):
+            pass
+
+
+class pipeline:
+    """Run steps one after another, each result the next step's last positional argument, like
+    Dramatiq's ``pipeline``; a :class:`group` as a step runs its members in parallel and hands on
+    the list of their results (a chord).
+
+    Parameters:
+      children: messages, groups and pipelines (flattened).
+      broker: the broker to send on (default: the global broker).
+    """
+
+    def __init__(
+        self, children: Iterable[Message[Any] | group | pipeline], *, broker: dramatiq.Broker | None = None
+    ) -> None:
+        self.children: list[Message[Any] | group] = []
+        for child in children:
+            if isinstance(child, pipeline):
+                self.children.extend(child.children)
+            elif isinstance(child, group):
+                if child.completion_callbacks or child.finish_callbacks:
+                    raise NotImplementedError("a group in a pipeline hands its results to the next step")
+                self.children.append(child)
+            else:
+                self.children.append(child)
+        self.broker = broker or dramatiq.get_broker()
+        self.workflow_id: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.children)
+
+    @property
+    def messages(self) -> list[Message[Any]]:
+        """Every message of the pipeline, step by step."""
+        return [m for c in self.children for m in (c.children if isinstance(c, group) else [c])]
+
+    def run(self, *, delay: int | None = None) -> pipeline:
+        steps = [
+            Step(c.children, "success", "list") if isinstance(c, group) else Step([c], "success", "value")
+            for c in self.children
+        ]
+        self.workflow_id = _launch(
+            self.broker,
+            "chord" if any(isinstance(c, group) for c in self.children) else "pipeline",
+            steps,
+            delay,
+            False,
+        )
+        return self
+
+    def get_result(self, *, block: bool = False, timeout: int | None = None) -> Any:
+        """The last step's result (its actor must store results); a group's: the list of results."""
+        last = self.children[-1]
+        if isinstance(last, group):
+            return list(last.get_results(block=block, timeout=timeout))
+        return last.get_result(backend=_results_backend(self.broker), block=block, timeout=timeout)
+
+
+def _member_state(final: str | None, status: Any) -> str:
+    if final is not None:
+        return final
+    return status.state if status is not None else "waiting"
+
+
+def workflow_status(workflow_id: str, *, broker: dramatiq.Broker | None = None) -> dict[str, Any] | None:
+    """The workflow's state and each step's members with their states (a member not sent yet is
+    ``waiting``), or None when unknown or expired. Raises ``StoreUnavailable``."""
+    broker = broker or dramatiq.get_broker()
+    found = find_workflows(broker).backend.get(workflow_id)
+    if found is None:
+        return None
+    status = find_status(broker)
+    steps = []
+    for number, step in enumerate(found.record["steps"]):
+        members = []
+        for member in step["members"]:
+            record = status.get(member["id"]) if status is not None else None
+            members.append({**member, "state": _member_state(found.states.get(member["id"]), record)})
+        steps.append({"step": number, "mode": step["mode"], "members": members})
+    return {
+        "workflow_id": workflow_id,
+        "kind": found.record["kind"],
+        "state": found.state,
+        "failed_member": _failed(found),
+        "created_at": found.record.get("created_at"),
+        "steps": steps,
+    }
+
+
+def _failed(found: WorkflowRecord) -> dict[str, Any] | None:
+    if found.failed is None:
+        return None
+    for step in found.record["steps"]:
+        for member in step["members"]:
+            if member["id"] == found.failed:
+                return {**member, "state": found.states.get(found.failed)}
+    return {"id": found.failed}
+
+
+def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
+    """Cancel jobs by message id, or workflows by id (every member not yet finished).
+
+    A queued or delayed job is skipped when it arrives; a running one has ``JobCancelled``
+    raised in its thread (unless its actor is ``interruptible=False``). Returns the message ids
+    marked. Raises ``StoreUnavailable`` when the state store does not answer.
+    """
+    broker = broker or dramatiq.get_broker()
+    workflows: Workflows = find_workflows(broker)
+    marked: list[str] = []
+    for given in ids:
+        found = workflows.backend.get(given)
+        if found is None:
+            marked.append(given)
+            continue
+        members = [m["id"] for step in found.record["steps"] for m in step["members"]]
+        marked.extend(m for m in members if m not in found.states)
+        workflows.backend.set_state(given, "cancelled")
+    workflows.marks.mark_cancelled(marked, mark_ttl_ms(broker, marked, workflows.cancel_ttl_ms))
+    return marked
+
+
+def mark_ttl_ms(broker: dramatiq.Broker, message_ids: list[str], ttl_ms: int) -> int:
+    """How long marks on ``message_ids`` must live: ``ttl_ms``, or past the due time of one
+    scheduled further ahead (a job delayed 30 days arrives after a 7-day mark would be gone)."""
+    status = find_status(broker)
+    if status is None or not message_ids:
+        return ttl_ms
+    now = int(time.time() * 1000)
+    dues = [record.due_at for record in status.backend.get_many(message_ids).values() if record.due_at]
+    return max([ttl_ms, *(due - now + ttl_ms for due in dues)])

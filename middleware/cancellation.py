@@ -1,0 +1,117 @@
+"""Cancellation: a job marked cancelled in the state store is skipped on arrival or interrupted.
+
+``actors.workflows.cancel(id)`` marks message ids in the store (with a TTL: the marks survive
+worker restarts and reach every host). A message that arrives marked is not run: it is acked,
+not retried and not dead-lettered, with the option :data:`CANCELLED` set for the hooks after it
+(status ``cancelled``, its idempotency key forgotten, its result a ``JobCancelled`` failure). A
+job already running is interrupted by :class:`~jobsystem.runtime.cancellation.CancelWatch`,
+which raises ``JobCancelled`` in its thread within about one poll interval, unless its actor is
+declared ``interruptible=False``.
+
+Arrivals are checked against the marks the process's poller knows, without a round trip; the
+store is asked directly only while the poller is not up to date, and for an actor that is not
+interruptible (a mark made since the last poll could not stop it later).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.middleware import SkipMessage
+
+from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
+from jobsystem.runtime.coalesce import Coalescer
+from jobsystem.runtime.options import option_of
+from jobsystem.store.base import StateStore
+from jobsystem.store.cancel_marks import cancel_marks
+from middleware.guard import FailClosed
+from middleware.idempotency import Idempotency
+
+__all__ = ["Cancellation", "is_cancelled"]
+
+logger = logging.getLogger(__name__)
+
+
+def is_cancelled(message: MessageProxy, exception: BaseException | None = None) -> bool:
+    """Whether ``message`` was skipped because it was cancelled, or interrupted (``exception``)."""
+    return isinstance(exception, JobCancelled) or bool(message.options.get(CANCELLED))
+
+
+class Cancellation(FailClosed):
+    """Skip cancelled messages on arrival and interrupt cancelled running jobs.
+
+    Parameters:
+      store: the shared state store holding the cancellation marks.
+      keep_ms: how long a mark is kept (``CANCEL_TTL_MS``).
+      poll_interval: seconds between two polls for new marks (one store call each).
+
+    Place it before RateLimits and Idempotency: a cancelled message spends no token and takes no
+    claim, and its ``after_*`` hooks run after theirs, so that it forgets the job's idempotency key
+    (deletes it unless done) once Idempotency gave back its claim: a deliberate re-send then runs.
+    A store that cannot be asked on arrival defers the message (fail closed).
+    """
+
+    defer_option = "cancellation_store_waits"
+
+    def __init__(self, store: StateStore, *, keep_ms: int, poll_interval: float = 0.5) -> None:
+        self.backend = cancel_marks(store)
+        self.checks: Coalescer[str, bool] = Coalescer(self._check_many)
+        self.watch = CancelWatch(self.backend.cancelled_since, keep_ms=keep_ms, interval=poll_interval)
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"interruptible"}
+
+    def _check_many(self, message_ids: list[str]) -> list[bool]:
+        marked = self.backend.cancelled_among(list(dict.fromkeys(message_ids)))
+        return [m in marked for m in message_ids]
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        interruptible = option_of(broker, message, "interruptible", True)
+        cancelled = self.watch.known(message.message_id)
+        if cancelled is None or (not cancelled and (not interruptible or self._outlived_watch(message))):
+            cancelled = self.checks.call(message.message_id)  # the store's own answer
+        if cancelled:
+            message.options[CANCELLED] = True
+            logger.info("job_cancelled", extra={"message_id": message.message_id, "running": False})
+            raise SkipMessage("cancelled")
+        if interruptible:
+            self.watch.started(message.message_id)
+
+    def _outlived_watch(self, message: MessageProxy) -> bool:
+        """Whether ``message`` was sent longer ago than the poller remembers marks: a job that
+        waited weeks in the delay cascade may carry a mark the poller has already forgotten."""
+        return time.time() * 1000 - message.message_timestamp > self.watch.keep_ms // 2
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self.watch.ended(message.message_id)
+        if isinstance(exception, JobCancelled):
+            message.options[CANCELLED] = True
+            logger.info("job_cancelled", extra={"message_id": message.message_id, "running": True})
+            self._forget_key(broker, message)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        self.watch.ended(message.message_id)
+        if message.options.get(CANCELLED):
+            self._forget_key(broker, message)
+
+    def _forget_key(self, broker: Broker, message: MessageProxy) -> None:
+        for middleware in broker.middleware:
+            if isinstance(middleware, Idempotency):
+                key = middleware.key_of(broker, message)
+                if key is not None:
+                    middleware.backend.forget_many([key])
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self.watch.stop()

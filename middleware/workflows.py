@@ -1,0 +1,185 @@
+"""Workflows: count each member's end in the state store and start the next step once.
+
+A member of a workflow (option ``workflow``, see :mod:`jobsystem.runtime.workflow_steps`) that
+ends for good (succeeded, dead-lettered or cancelled) is counted with one atomic store operation
+(:meth:`~jobsystem.store.workflows.WorkflowBackend.finish`); no task polls for a group's end. When
+its step is complete and the workflow still runs, the member's worker sends the next step with
+what the step hands on (its result, the group's results in order, or the counts). A member that
+did not succeed fails a chord: the next step is never sent and the workflow names the member.
+
+The call that completes a step answers so exactly once; a later one answers so again only while
+the next step is not noted as sent (the worker that completed it died, or its publish failed and
+its delivery was put back). Each next message carries an idempotency key made from its own id,
+so even two such sends publish and run it once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from dramatiq.broker import Broker, MessageProxy
+
+from jobsystem.dramatiq_internals import request_redelivery, wants_redelivery
+from jobsystem.runtime.options import option_of
+from jobsystem.runtime.workflow_steps import WORKFLOW, next_messages
+from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.cancel_marks import CancelMarks, cancel_marks
+from jobsystem.store.workflows import StepProgress, WorkflowBackend, workflow_backend
+from middleware.cancellation import is_cancelled
+from middleware.guard import FailClosed
+
+__all__ = ["Workflows", "find_workflows"]
+
+logger = logging.getLogger(__name__)
+
+
+class Workflows(FailClosed):
+    """Count workflow members' ends and send each next step once.
+
+    Parameters:
+      store: the shared state store.
+      ttl_ms: how long a workflow's record is kept after its last change.
+      cancel_ttl_ms: how long a cancellation mark is kept (``actors.workflows.cancel``).
+      result_max_bytes: a member's result larger than this once JSON-encoded is kept as null.
+      dead_retry_s: first wait before counting a dead-lettered member again when the store did not
+        answer (it doubles, up to a minute).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        ttl_ms: int,
+        cancel_ttl_ms: int,
+        result_max_bytes: int = 65_536,
+        dead_retry_s: float = 1.0,
+    ) -> None:
+        self.backend: WorkflowBackend = workflow_backend(store)
+        self.marks: CancelMarks = cancel_marks(store)
+        self.ttl_ms = ttl_ms
+        self.cancel_ttl_ms = cancel_ttl_ms
+        self.result_max_bytes = result_max_bytes
+        self.dead_retry_s = dead_retry_s
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        if exception is None:
+            self._finish(broker, message, "succeeded", result)
+        elif is_cancelled(message, exception):
+            self._finish(broker, message, "cancelled", None)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        if is_cancelled(message):
+            self._finish(broker, message, "cancelled", None)
+
+    def after_nack(self, broker: Broker, message: MessageProxy) -> None:
+        if wants_redelivery(message) or not isinstance(message.options.get(WORKFLOW), dict):
+            return
+        self._record_dead(broker, message, time.monotonic() + self.ttl_ms / 1000, self.dead_retry_s)
+
+    def _record_dead(self, broker: Broker, message: MessageProxy, deadline: float, wait_s: float) -> None:
+        """Count a dead-lettered member. Its delivery is gone, so nothing redelivers it: while
+        the store does not answer, try again (doubling waits up to a minute) until the workflow's
+        record would have expired anyway."""
+        try:
+            self._finish(broker, message, "dead", None)
+            return
+        except Exception as exc:
+            retry = time.monotonic() + wait_s < deadline
+            logger.error(
+                "workflow_member_unrecorded",
+                extra={
+                    "message_id": message.message_id,
+                    "error": str(exc),
+                    "retry_in_s": wait_s if retry else None,
+                },
+            )
+        if retry:
+            again = threading.Timer(
+                wait_s, self._record_dead, (broker, message, deadline, min(wait_s * 2, 60.0))
+            )
+            again.daemon = True
+            again.start()
+
+    def after_hook_failed(self, broker: Broker, message: MessageProxy, hook: str) -> None:
+        # The member's end was not counted (store down) or its next step not sent: run it again
+        # rather than leave the workflow waiting forever.
+        request_redelivery(message)
+
+    def _finish(self, broker: Broker, message: MessageProxy, state: str, result: Any) -> None:
+        self.member_finished(broker, message, state, result)
+
+    def member_finished(self, broker: Broker, message: Any, state: str, result: Any) -> None:
+        """Count ``message``'s end (``state``, ``result``) in its workflow, if it is a member, and
+        send the next step if this completed it (a sender calls it too: see ``jobsystem.workflows``)."""
+        option = message.options.get(WORKFLOW)
+        if not isinstance(option, dict):
+            return
+        progress = self.backend.finish(
+            str(option["id"]),
+            int(option["step"]),
+            message.message_id,
+            state,
+            self._encode(result),
+            self.ttl_ms,
+        )
+        logger.info(
+            "workflow_member_finished",
+            extra={
+                "workflow_id": option["id"],
+                "step": option["step"],
+                "member_state": state,
+                "finished": progress.finished,
+                "size": progress.size,
+                "workflow_state": progress.state,
+            },
+        )
+        if progress.send_next and option.get("next"):
+            self._send_next(broker, option, result, progress)
+            self.backend.mark_sent(str(option["id"]), int(option["step"]), self.ttl_ms)
+
+    def _send_next(self, broker: Broker, option: dict[str, Any], result: Any, progress: StepProgress) -> None:
+        piped: Any = result
+        if option.get("pipe") == "list":
+            record = self.backend.get(str(option["id"]))
+            if record is None:
+                raise StoreUnavailable("the workflow's record is gone")
+            piped = record.step_results(int(option["step"]))
+        elif option.get("pipe") == "counts":
+            piped = dict(progress.counts)
+        for message in next_messages(
+            option, piped, ignores_pipe=lambda m: option_of(broker, m, "pipe_ignore")
+        ):
+            if message.options.get("idempotency_key") is None and not option_of(
+                broker, message, "idempotency_key"
+            ):
+                message.options["idempotency_key"] = f"workflow-step:{message.message_id}"
+            broker.enqueue(message, delay=message.options.get("delay"))
+        logger.info(
+            "workflow_step_sent", extra={"workflow_id": option["id"], "step": int(option["step"]) + 1}
+        )
+
+    def _encode(self, result: Any) -> str:
+        try:
+            encoded = json.dumps(result)
+        except (TypeError, ValueError):
+            return "null"
+        return encoded if len(encoded) <= self.result_max_bytes else "null"
+
+
+def find_workflows(broker: Broker) -> Workflows:
+    """The :class:`Workflows` middleware of ``broker``; RuntimeError when it has none."""
+    for middleware in broker.middleware:
+        if isinstance(middleware, Workflows):
+            return middleware
+    raise RuntimeError("this broker has no Workflows middleware (build it with jobsystem.system)")

@@ -1,0 +1,205 @@
+"""Delays of any length, held by RabbitMQ: a delay past the horizon waits in the delay cascade,
+reaches the delay queue about a second before it is due and runs on time, with no worker holding
+it meanwhile; retry backoffs and rate-limit reservations of hours are scheduled the same way.
+
+The RabbitMQ restart is in ``test_delays_restart.py`` (it disturbs every other test running)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pika
+import pytest
+import requests
+from dramatiq.errors import ConnectionClosed
+
+from jobsystem.rabbitmq.bulk import send_bulk
+from jobsystem.system import get_system
+from tests import workload
+from tests.delay_support import (
+    cascade_contents,
+    consumer_timeout,
+    in_cascade,
+    refusing_cascade,
+    send_delayed,
+    short_horizon,
+    unacked,
+)
+from tests.support import wait_for
+
+
+def get_one(queue: str, timeout: float) -> tuple[float, pika.spec.BasicProperties, dict]:
+    """Wait for a message in ``queue`` (no consumer): when it came, its properties and body."""
+    connection = pika.BlockingConnection(pika.URLParameters(get_system().settings.rabbitmq_url))
+    try:
+        channel = connection.channel()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            method, properties, body = channel.basic_get(queue, auto_ack=False)
+            if method is not None:
+                arrived = time.time()
+                channel.basic_nack(method.delivery_tag, requeue=True)
+                return arrived, properties, json.loads(body)
+            time.sleep(0.005)
+    finally:
+        connection.close()
+    raise AssertionError(f"nothing reached {queue} within {timeout} s")
+
+
+def test_a_delay_waits_in_rabbitmq_and_reaches_its_delay_queue_with_its_options(queues, prefix):
+    sender = short_horizon(queues, prefix)
+    message = send_delayed(sender, workload.effect, 4_600, "opts", broker_priority=7)
+    eta = message.options["eta"]
+    (waiting,) = wait_for(lambda: cascade_contents(queues), timeout=5, what="the message in the cascade")
+    # 4.6 s: 3 s in the cascade (levels 1 and 0), the last 1.6 s in the delay queue.
+    assert (waiting["queue"], waiting["seconds"], waiting["properties"]["priority"]) == (
+        f"{prefix}delay.L1",
+        3,
+        7,
+    )
+    record = sender.status(message.message_id) or wait_for(lambda: sender.status(message.message_id))
+    assert (record.state, record.due_at) == ("scheduled", eta)
+    arrived, properties, body = get_one(queues.name(workload.effect) + ".DQ", timeout=10)
+    # It leaves the cascade one to two seconds before it is due (a few ms per hop added).
+    assert 1.0 - 0.3 <= eta / 1000 - arrived <= 2.0
+    assert properties.priority == 7 and properties.delivery_mode == 2
+    assert body["message_id"] == message.message_id and body["options"]["eta"] == eta
+    assert body["options"]["idempotency_registered"] is True  # its key went through the wait
+    deaths = {d["queue"]: d["reason"] for d in properties.headers["x-death"]}
+    assert deaths == {f"{prefix}delay.L1": "expired", f"{prefix}delay.L0": "expired"}
+    # A duplicate sent meanwhile is dropped: the key stays pending while the job waits.
+    again = send_delayed(sender, workload.effect, 4_600, "opts")
+    assert again.options.get("duplicate") is True and again.message_id == message.message_id
+
+
+def test_a_cascade_deleted_under_a_sender_is_declared_again_and_strays_are_kept(queues, prefix):
+    sender = short_horizon(queues, prefix)
+    send_delayed(sender, workload.record, 60_000, "first")
+    cascade = sender.broker.delays
+    sender.broker.channel.exchange_delete(cascade.exchange_for(59))  # where 60 s go
+    second = send_delayed(sender, workload.record, 60_000, "second")  # 404, declared again, published
+    assert sum(in_cascade(prefix).values()) == 2 and second.options["eta"]
+    # A message leaving the cascade for a queue nobody binds is kept, not dropped.
+    sender.broker.channel.basic_publish(
+        cascade.entry,
+        "0." * 28 + "1.nowhere.DQ",
+        b"{}",
+        pika.BasicProperties(delivery_mode=2),
+        mandatory=True,
+    )
+    wait_for(lambda: queues.depth(cascade.unroutable) == 1, timeout=10, what="the stray kept")
+
+
+def test_delays_past_the_consumer_timeout_run_on_time_once_across_a_worker_restart(
+    start_worker, queues, store, prefix
+):
+    queue = queues.name(workload.slow)
+    worker_env = {"RABBITMQ_CONSUMER_TIMEOUT_MS": "60000", "JOB_TIME_LIMIT_MS": "50000"}
+    with consumer_timeout(60_000):
+        worker = start_worker(**worker_env)
+        short = send_delayed(queues, workload.slow, 75_000, "d75", 0)
+        long = send_delayed(queues, workload.effect, 100_000, "d100")
+        due = {"d75": short.options["eta"] / 1000, "d100": long.options["eta"] / 1000}
+        wait_for(lambda: all(queues.status(m.message_id) for m in (short, long)), what="records")
+        assert {queues.status(m.message_id).state for m in (short, long)} == {"scheduled"}
+        assert sum(in_cascade(prefix).values()) == 2
+        samples: list[tuple[float, int]] = []
+        restarted = False
+        while time.time() < due["d100"] - 3:
+            if not restarted and time.time() > due["d75"] - 45:  # a new worker mid-wait
+                assert worker.stop() == 0
+                worker = start_worker(**worker_env)
+                restarted = True
+            samples.append((time.time(), unacked(queues, queue)))
+            time.sleep(1)
+        records = queues.wait_finished([short, long], timeout=30)
+    assert {r.state for r in records.values()} == {"succeeded"}
+    for token in ("d75", "d100"):
+        (started,) = [float(t) for t in store.lrange(f"test:{prefix}started:{token}", 0, -1)]
+        assert abs(started - due[token]) <= 3, f"{token} ran {started - due[token]:+.2f} s from due"
+    assert store.llen(f"test:{prefix}effect:d100") == 1
+    # Nothing held unacked while waiting: only the last stretch of d75 (the management API's
+    # samples lag up to 5 s) falls between its due time and the next wait.
+    waiting = [n for t, n in samples if t < due["d75"] - 3 or t > due["d75"] + 8]
+    assert len(waiting) > 60 and max(waiting) == 0, samples
+    assert "consumer_timeout" not in worker.output() and "PRECONDITION_FAILED" not in worker.output()
+
+
+def test_a_two_hour_backoff_and_three_hours_of_reservations_are_scheduled_not_held(
+    start_worker, queues, store, prefix
+):
+    start_worker(
+        JOB_MIN_BACKOFF_MS="7200000",  # the first backoff: 2 h x U[1, 2)
+        JOB_MAX_BACKOFF_MS="14400000",
+        RATE_LIMITS=json.dumps(
+            {"smtp": {"rate": 1000, "burst": 1000}, "slowpoke": {"rate": "1/minute", "burst": 1}}
+        ),
+    )
+    queue = queues.name(workload.flaky)
+    failing = queues.send(workload.flaky, "r", 1)
+    sent = send_bulk(
+        [queues.message(workload.limited, f"l{i}", "slowpoke") for i in range(181)], broker=queues.broker
+    )
+    started = time.time()
+
+    def scheduled() -> bool:
+        return queues._status().backend.scheduled([queue])[queue].count == 181
+
+    wait_for(scheduled, timeout=90, what="the retry and 180 reservations scheduled")
+    retry = queues.status(failing.message_id)
+    assert retry.state == "scheduled" and retry.attempts == 1
+    assert 7_200 - 5 <= retry.due_at / 1000 - started <= 14_400 + 5
+    records = [queues.status(m.message_id) for m in sent]
+    dues = sorted(r.due_at / 1000 - started for r in records if r and r.state == "scheduled")
+    # One job ran on the burst; the others own a slot a minute apart, up to three hours ahead.
+    assert len(store.lrange(f"test:{prefix}starts", 0, -1)) == 1
+    assert len(dues) == 180 and dues[0] >= 60 - 5 and 180 * 60 - 65 <= dues[-1] <= 180 * 60 + 5
+    assert sum(in_cascade(prefix).values()) == 181
+    samples = []
+    for _ in range(7):  # the management API refreshes its samples every 5 s
+        samples.append(unacked(queues, queue))
+        time.sleep(1)
+    assert samples == [0] * 7
+    health = requests.get(queues.api(f"/{queue}.DQ"), timeout=10).json()
+    assert health["messages"] == 0
+
+
+def test_a_long_delay_left_in_a_delay_queue_by_plain_dramatiq_moves_into_the_cascade(
+    start_worker, queues, prefix
+):
+    queue = queues.name(workload.record)
+    queues.broker.declare_queue(queue, ensure=True)
+    eta = int(time.time() * 1000) + 3_600_000
+    # What a worker before the cascade finds: a message due in an hour in <queue>.DQ.
+    message = queues.message(workload.record, "old").copy(queue_name=queue + ".DQ", options={"eta": eta})
+    queues.publish_raw(message)
+    start_worker()
+    wait_for(lambda: in_cascade(prefix), timeout=30, what="the old delay in the cascade")
+    (waiting,) = cascade_contents(queues)
+    body = json.loads(waiting["payload"])
+    assert (body["message_id"], body["options"]["eta"]) == (message.message_id, eta)
+    assert queues.depth(queue + ".DQ") == 0 and unacked(queues, queue) == 0
+    record = wait_for(lambda: queues.status(message.message_id), what="its status")
+    assert (record.state, record.due_at) == ("scheduled", eta)
+
+
+def test_a_publish_the_cascade_refuses_raises_at_send_and_holds_a_retry_until_taken(
+    start_worker, queues, store, prefix
+):
+    queue = queues.name(workload.flaky)
+    queues.broker.declare_queue(queue, ensure=True)  # the cascade with it
+    worker = start_worker(JOB_MIN_BACKOFF_MS="100000", JOB_MAX_BACKOFF_MS="100000")  # 50-100 s
+    with refusing_cascade(queues):
+        with pytest.raises(ConnectionClosed):
+            send_delayed(queues, workload.record, 60_000, "refused")
+        failing = queues.send(workload.flaky, "n1", 1)
+        wait_for(lambda: "retry_publish_failed" in worker.output(), timeout=60, what="a refused retry")
+        assert in_cascade(prefix) == {}
+    # The held delivery comes back and its decided retry goes into the cascade: nothing lost.
+    wait_for(lambda: in_cascade(prefix), timeout=90, what="the retry in the cascade")
+    record = wait_for(
+        lambda: (r := queues.status(failing.message_id)) and r.state == "scheduled" and r, what="scheduled"
+    )
+    assert 50 - 5 <= record.due_at / 1000 - time.time() <= 100
+    assert store.llen(f"test:{prefix}attempt:n1") == 1  # not run again while held

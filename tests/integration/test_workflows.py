@@ -1,0 +1,201 @@
+"""Workflows and cancellation end to end: results, pipelines, chords (a member killed mid-run, a
+member dead-lettered), cancelling running and delayed jobs, and ``jobctl status``/``cancel``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from dramatiq.results import ResultFailure
+
+from actors.workflows import cancel, group, pipeline, workflow_status
+from tests import workload
+from tests.support import BIN, ROOT, TEST_REDIS_URL, sender_broker, wait_for
+
+
+@pytest.fixture
+def sender(queues, prefix, state_url):
+    """Each state store backend in turn (the worker must be given ``STATE_URL=state_url``)."""
+    return queues.using(sender_broker(prefix, state_url))
+
+
+@pytest.fixture
+def key(prefix):
+    """The name of a key the test actors write (``tests.workload.key`` in the worker)."""
+    return lambda name: f"test:{prefix}{name}"
+
+
+def flow_state(sender, workflow_id):
+    flow = workflow_status(workflow_id, broker=sender.broker)
+    return flow["state"] if flow else None
+
+
+def test_pipeline_pipes_each_result_into_the_next_step(start_worker, sender, state_url):
+    start_worker(STATE_URL=state_url)
+    steps = [
+        sender.message(workload.add, 1, 2),
+        sender.message(workload.add, 10),
+        sender.message(workload.add, 100),
+    ]
+    run = pipeline(steps, broker=sender.broker).run()
+    assert run.get_result(block=True, timeout=30_000) == 113
+    assert steps[0].get_result(backend=run_backend(sender), block=True) == 3
+    flow = wait_for(
+        lambda: (
+            flow_state(sender, run.workflow_id) == "succeeded"
+            and workflow_status(run.workflow_id, broker=sender.broker)
+        )
+    )
+    assert flow["kind"] == "pipeline"
+    assert [m["state"] for s in flow["steps"] for m in s["members"]] == ["succeeded"] * 3
+
+
+def run_backend(sender):
+    return sender.broker.get_results_backend()
+
+
+def test_a_failed_job_result_raises_its_error(start_worker, sender, state_url):
+    start_worker(STATE_URL=state_url)
+    message = sender.send_with_options(workload.permanent, args=("ana@example.com",), store_results=True)
+    with pytest.raises(ResultFailure) as failure:
+        message.get_result(backend=run_backend(sender), block=True, timeout=30_000)
+    assert failure.value.orig_exc_type == "Permanent"
+
+
+def test_group_results_and_completion_callback(start_worker, sender, store, state_url, key):
+    start_worker(STATE_URL=state_url)
+    members = group([sender.message(workload.square, i) for i in range(4)], broker=sender.broker)
+    members.add_completion_callback(sender.message(workload.total, [-1]))
+    members.run()
+    assert list(members.get_results(block=True, timeout=30_000)) == [0, 1, 4, 9]
+    wait_for(lambda: store.llen(key("total")) == 1, what="the completion callback")
+    assert json.loads(store.lindex(key("total"), 0)) == [-1]  # a callback gets no results
+
+
+def test_chord_runs_the_next_step_once_with_results_in_order_despite_a_sigkill(
+    start_worker, queues, store, key
+):
+    first = start_worker(threads=4)
+    members = [queues.message(workload.square, i, hold=(i == 3)) for i in range(5)]
+    chord = pipeline([group(members), queues.message(workload.total)], broker=queues.broker).run()
+    wait_for(lambda: store.exists(key("holding:3")), what="member 3 running")
+    first.kill()  # SIGKILL while member 3 runs: RabbitMQ redelivers it
+    first.proc.wait(10)
+    second = start_worker(threads=4)
+    assert chord.get_result(block=True, timeout=60_000) == 30
+    assert wait_for(lambda: flow_state(queues, chord.workflow_id) == "succeeded")
+    assert queues.left_after_stop([second], queues.name(workload.square)) == 0
+    assert [json.loads(r) for r in store.lrange(key("total"), 0, -1)] == [[0, 1, 4, 9, 16]]
+    assert store.llen(key("square:3")) == 2  # killed mid-run, then run again
+
+
+def test_chord_with_a_dead_lettered_member_never_runs_its_next_step(start_worker, queues, store, key):
+    worker = start_worker()
+    members = [
+        queues.message(workload.square, 1),
+        queues.message(workload.square_fails, 2),
+        queues.message(workload.square, 3),
+    ]
+    chord = pipeline([group(members), queues.message(workload.total)], broker=queues.broker).run()
+
+    def ended():
+        flow = workflow_status(chord.workflow_id, broker=queues.broker)
+        states = [m["state"] for m in flow["steps"][0]["members"]]
+        # The member states may come from the job status records a moment before the workflow's
+        # own count: wait for both.
+        return flow if states == ["succeeded", "dead", "succeeded"] and flow["state"] != "running" else None
+
+    flow = wait_for(ended, what="every member's end")
+    assert flow["state"] == "failed"
+    assert flow["failed_member"]["id"] == members[1].message_id
+    assert flow["failed_member"]["actor"] == "square_fails" and flow["failed_member"]["state"] == "dead"
+    assert flow["steps"][1]["members"][0]["state"] == "waiting"
+    assert queues.left_after_stop([worker], queues.name(workload.total)) == 0
+    assert store.llen(key("total")) == 0
+    assert queues.depth(queues.name(workload.square_fails) + ".DLQ") == 1
+
+
+def ticks(store, key, token):
+    return [float(t) for t in store.lrange(key(f"tick:{token}"), 0, -1)]
+
+
+def test_cancelling_a_running_job_stops_it_within_a_second(start_worker, sender, store, state_url, key):
+    worker = start_worker(STATE_URL=state_url)
+    message = sender.send(workload.ticking, "long", 30)
+    wait_for(lambda: len(ticks(store, key, "long")) >= 3, what="the job ticking")
+    cancelled_at = time.time()
+    assert cancel(message.message_id, broker=sender.broker) == [message.message_id]
+    record = wait_for(
+        lambda: (r := sender.status(message.message_id)) is not None and r.state == "cancelled" and r,
+        what="the cancelled status",
+    )
+    assert max(ticks(store, key, "long")) - cancelled_at < 1.0
+    with pytest.raises(ResultFailure) as failure:
+        message.get_result(backend=run_backend(sender), block=True, timeout=10_000)
+    assert failure.value.orig_exc_type == "JobCancelled"
+    # Its idempotency key was given up: a deliberate re-send with the same key runs.
+    again = sender.send(workload.ticking, "long", 0.1)
+    assert not again.options.get("duplicate")
+    assert sender.wait_finished([again])[again.message_id].state == "succeeded"
+    count = len(ticks(store, key, "long"))
+    queue = sender.name(workload.ticking)
+    assert sender.left_after_stop([worker], queue) == 0
+    assert len(ticks(store, key, "long")) == count  # nothing ran after the re-send ended
+    assert sender.depth(queue + ".DLQ") == 0 and record.attempts == 1
+    # Stopped on purpose: logged as cancelled, not as a failure with a traceback.
+    assert worker.events("job_cancelled", message_id=message.message_id)
+    assert "Failed to process message" not in worker.output()
+
+
+def test_cancelling_a_delayed_job_before_it_is_due_means_it_never_starts(
+    start_worker, sender, store, state_url, key
+):
+    start_worker(STATE_URL=state_url)
+    message = sender.broker.enqueue(sender.message(workload.ticking, "later", 1), delay=1_500)
+    cancel(message.message_id, broker=sender.broker)
+    queued = wait_for(lambda: sender.status(message.message_id), what="the queued record")
+    assert queued.state == "queued"  # cancelled before it was due
+    record = sender.wait_finished([message])[message.message_id]
+    assert record.state == "cancelled" and record.started_at is None
+    assert ticks(store, key, "later") == []
+    assert sender.depth(sender.name(workload.ticking) + ".DLQ") == 0
+
+
+def test_a_job_that_is_not_interruptible_runs_to_its_end(start_worker, queues, store, key):
+    start_worker()
+    message = queues.send(workload.ticking_uninterruptible, "steady", 1.0)
+    wait_for(lambda: ticks(store, key, "steady"), what="the job ticking")
+    cancel(message.message_id, broker=queues.broker)
+    assert queues.wait_finished([message])[message.message_id].state == "succeeded"
+    assert store.exists(key("done:steady"))
+
+
+def jobctl(prefix, *args):
+    env = {**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL, "LOG_LEVEL": "WARNING"}
+    return subprocess.run(
+        [str(BIN / "jobctl"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_jobctl_cancels_a_workflow_and_shows_its_steps(start_worker, queues, store, prefix, key):
+    start_worker()
+    members = [queues.message(workload.ticking, f"w{i}", 30) for i in range(2)]
+    chord = pipeline([group(members), queues.message(workload.total)], broker=queues.broker).run()
+    wait_for(lambda: all(ticks(store, key, f"w{i}") for i in range(2)), what="both members ticking")
+    result = jobctl(prefix, "cancel", chord.workflow_id)
+    assert result.returncode == 0, result.stderr
+    assert "cancelled 3 job(s)" in result.stdout
+    queues.wait_finished(members)
+
+    shown = jobctl(prefix, "status", chord.workflow_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    flow = json.loads(shown.stdout)
+    assert flow["state"] == "cancelled" and flow["kind"] == "chord"
+    assert [m["state"] for m in flow["steps"][0]["members"]] == ["cancelled", "cancelled"]
+    assert flow["steps"][1]["members"][0]["actor"] == "total"
+    text = jobctl(prefix, "status", chord.workflow_id)
+    assert text.returncode == 0 and "state      cancelled" in text.stdout and "step 1" in text.stdout
+    assert store.llen(key("total")) == 0

@@ -1,0 +1,381 @@
+"""Workflows and cancellation in process, on both store backends: member ends counted once, the
+next step sent once with the results in order, cancellation marks, the results backend, and the
+faults (a store that errs on arrival defers the message)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import dramatiq
+import pytest
+from dramatiq.middleware import SkipMessage
+from dramatiq.results import ResultFailure
+
+from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
+from jobsystem.runtime.workflow_steps import WORKFLOW, Step, annotate
+from jobsystem.store import StateStore, StoreUnavailable
+from jobsystem.store.cancel_marks import cancel_marks
+from jobsystem.store.idempotency import idempotency_backend
+from jobsystem.store.results import StoreResultBackend
+from jobsystem.store.workflows import workflow_backend
+from jobsystem.workflows import mark_ttl_ms
+from middleware.cancellation import Cancellation
+from middleware.status import Status
+from middleware.workflows import Workflows
+from tests.unit.stub import RecordingBroker, delivery
+
+TTL = 60_000
+
+
+def chord(store: StateStore, size: int = 3, mode: str = "success") -> tuple[dict[str, Any], list[str]]:
+    record = {
+        "id": f"wf{size}{mode}",
+        "kind": "chord",
+        "steps": [
+            {"mode": mode, "members": [{"id": f"m{i}", "actor": "a", "queue": "q"} for i in range(size)]},
+            {"mode": "success", "members": [{"id": "next", "actor": "b", "queue": "q"}]},
+        ],
+    }
+    workflow_backend(store).create(record, TTL)
+    return record, [f"m{i}" for i in range(size)]
+
+
+def test_a_member_is_counted_once_and_the_step_completes_once(store):
+    backend = workflow_backend(store)
+    record, members = chord(store)
+    answers = [
+        backend.finish(record["id"], 0, m, "succeeded", str(i * i), TTL) for i, m in enumerate(members)
+    ]
+    again = backend.finish(record["id"], 0, "m1", "succeeded", "1", TTL)  # a duplicate delivery
+    assert [(a.added, a.complete) for a in answers] == [(True, False), (True, False), (True, True)]
+    assert (again.added, again.finished, again.state) == (False, 3, "running")
+    found = backend.get(record["id"])
+    assert found is not None and found.step_results(0) == [0, 1, 4]
+    last = backend.finish(record["id"], 1, "next", "succeeded", "5", TTL)
+    assert last.complete and last.state == "succeeded"
+
+
+def test_a_member_that_did_not_succeed_fails_the_chord_and_is_named(store):
+    backend = workflow_backend(store)
+    record, _ = chord(store)
+    backend.finish(record["id"], 0, "m0", "succeeded", "0", TTL)
+    failed = backend.finish(record["id"], 0, "m1", "dead", "null", TTL)
+    done = backend.finish(record["id"], 0, "m2", "succeeded", "4", TTL)
+    assert failed.state == "failed" and done.complete and done.state == "failed"
+    found = backend.get(record["id"])
+    assert found is not None and found.failed == "m1" and found.states["m1"] == "dead"
+
+
+def test_a_finish_step_counts_what_ended_how(store):
+    backend = workflow_backend(store)
+    record, _ = chord(store, 3, "finished")
+    backend.finish(record["id"], 0, "m0", "succeeded", "0", TTL)
+    backend.finish(record["id"], 0, "m1", "dead", "null", TTL)
+    done = backend.finish(record["id"], 0, "m2", "succeeded", "4", TTL)
+    assert done.complete and done.state == "running"
+    assert done.counts == {"succeeded": 2, "dead": 1, "cancelled": 0}
+
+
+def test_an_unknown_workflow_is_answered_not_created(store):
+    backend = workflow_backend(store)
+    progress = backend.finish("nope", 0, "m0", "succeeded", "0", TTL)
+    assert progress.state == "unknown" and not progress.complete
+    assert backend.get("nope") is None
+
+
+def test_cancellation_marks_are_read_in_one_call_and_expire(store):
+    backend = cancel_marks(store)
+    backend.mark_cancelled(["a", "b"], TTL)
+    backend.mark_cancelled(["short"], 50)
+    assert backend.cancelled_among(["a", "x", "b", "short"]) == {"a", "b", "short"}
+    time.sleep(0.1)
+    assert backend.cancelled_among(["a", "short"]) == {"a"}
+    assert backend.cancelled_among([]) == set()
+
+
+def test_a_poller_reads_the_marks_made_since_a_time(store):
+    backend = cancel_marks(store)
+    backend.mark_cancelled(["a"], TTL)
+    marks, now = backend.cancelled_since(0)
+    assert set(marks) == {"a"} and marks["a"] <= now
+    backend.mark_cancelled(["b"], TTL)
+    later, _ = backend.cancelled_since(now + 1)
+    assert set(later) <= {"b"}  # "a" is older (b may share a's millisecond on a fast store)
+    assert set(backend.cancelled_since(now - 1_000)[0]) == {"a", "b"}
+
+
+def test_a_workflow_moves_to_cancelled_only_while_it_runs(store):
+    backend = workflow_backend(store)
+    record, _ = chord(store)
+    assert backend.set_state(record["id"], "cancelled")
+    assert not backend.set_state(record["id"], "cancelled")
+    progress = backend.finish(record["id"], 0, "m0", "succeeded", "0", TTL)
+    assert progress.state == "cancelled"
+
+
+def test_forgetting_a_key_keeps_a_completed_one(store):
+    keys = idempotency_backend(store)
+    keys.register_many([("pending", "m1", TTL), ("done", "m2", TTL)])
+    keys.complete_many([("done", '"ok"', TTL)])
+    keys.forget_many(["pending", "done"])
+    assert keys.lookup("pending") is None
+    record = keys.lookup("done")
+    assert record is not None and record.state == "done"
+
+
+def test_results_are_kept_and_errors_stored_scrubbed(store):
+    broker = RecordingBroker()
+    actor = dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
+    backend = StoreResultBackend(store, scrub=lambda text: text.replace("ana@example.com", "[email]"))
+    ok, failed = actor.message(), actor.message()
+    backend.store_result(ok, {"n": 1}, TTL)
+    backend.store_exception(failed, ValueError("no mail for ana@example.com"), TTL)
+    assert backend.get_result(ok) == {"n": 1}
+    with pytest.raises(ResultFailure, match=r"ValueError: no mail for \[email\]"):
+        backend.get_result(failed)
+    assert not backend.has_result(actor.message())
+
+
+def workflow_broker(store: StateStore) -> tuple[RecordingBroker, Workflows, Any, Any]:
+    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
+    broker = RecordingBroker(middleware=[workflows])
+    square = dramatiq.actor(broker=broker, actor_name="square", queue_name="q")(lambda i: i * i)
+    total = dramatiq.actor(broker=broker, actor_name="total", queue_name="q")(lambda results: sum(results))
+    return broker, workflows, square, total
+
+
+def test_the_last_member_sends_the_next_step_once_with_the_results_in_order(store):
+    broker, workflows, square, total = workflow_broker(store)
+    record, first = annotate(
+        "chord", [Step([square.message(i) for i in range(3)], pipe="list"), Step([total.message()])]
+    )
+    workflows.backend.create(record, TTL)
+    for i in (2, 0, 1, 1):  # out of order, and member 1 delivered twice
+        workflows.after_process_message(broker, delivery(first[i]), result=i * i)
+    (sent, delay), *more = broker.enqueued
+    assert more == [] and delay is None
+    assert sent.actor_name == "total" and sent.args == ([0, 1, 4],)
+    assert sent.options["idempotency_key"] == f"workflow-step:{sent.message_id}"
+    assert sent.options[WORKFLOW]["step"] == 1
+
+
+def test_a_dead_member_never_sends_the_next_step(store):
+    broker, workflows, square, total = workflow_broker(store)
+    record, first = annotate(
+        "chord", [Step([square.message(i) for i in range(2)], pipe="list"), Step([total.message()])]
+    )
+    workflows.backend.create(record, TTL)
+    workflows.after_process_message(broker, delivery(first[0]), result=0)
+    dead = delivery(first[1])
+    dead.fail()
+    workflows.after_nack(broker, dead)
+    assert broker.enqueued == []
+    found = workflows.backend.get(record["id"])
+    assert found is not None and (found.state, found.failed) == ("failed", first[1].message_id)
+
+
+def test_a_dead_member_the_store_could_not_count_is_counted_once_it_answers(store):
+    broker, workflows, square, total = workflow_broker(store)
+    workflows.dead_retry_s = 0.05
+    record, first = annotate(
+        "chord", [Step([square.message(i) for i in range(2)], pipe="list"), Step([total.message()])]
+    )
+    workflows.backend.create(record, TTL)
+    answer = workflows.backend.finish
+    refusals = iter([StoreUnavailable("redis: ResponseError: OOM"), StoreUnavailable("redis: timeout")])
+
+    def flaky(*args: Any) -> Any:
+        refusal = next(refusals, None)
+        if refusal is not None:
+            raise refusal
+        return answer(*args)
+
+    workflows.backend.finish = flaky  # type: ignore[method-assign]
+    dead = delivery(first[1])
+    dead.fail()
+    workflows.after_nack(broker, dead)  # refused twice, then counted in the background
+    wait_until(lambda: (found := workflows.backend.get(record["id"])) is not None and found.state == "failed")
+    found = workflows.backend.get(record["id"])
+    assert found is not None and found.failed == first[1].message_id and broker.enqueued == []
+
+
+def test_a_store_down_when_counting_puts_the_delivery_back(store):
+    from jobsystem.dramatiq_internals import wants_redelivery
+
+    broker, workflows, square, _ = workflow_broker(store)
+    _, first = annotate("group", [Step([square.message(1)], pipe="list")])
+
+    def down(*args: Any) -> Any:
+        raise StoreUnavailable("down")
+
+    workflows.backend.finish = down  # type: ignore[method-assign]
+    message = delivery(first[0])
+    workflows.after_process_message(broker, message, result=1)
+    assert wants_redelivery(message)
+
+
+def cancellation_broker(store: StateStore) -> tuple[RecordingBroker, Cancellation, Any]:
+    cancellation = Cancellation(store, keep_ms=TTL, poll_interval=0.05)
+    broker = RecordingBroker(middleware=[cancellation])
+    job = dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
+    return broker, cancellation, job
+
+
+def test_a_cancelled_message_is_skipped_on_arrival_asking_the_store_until_the_poller_is_up(store):
+    broker, cancellation, job = cancellation_broker(store)
+    message = job.message()
+    cancellation.backend.mark_cancelled([message.message_id], TTL)
+    asked: list[str] = []
+    exact = cancellation.backend.cancelled_among
+    cancellation.backend.cancelled_among = lambda ids: asked.extend(ids) or exact(ids)  # type: ignore[method-assign]
+    arrived = delivery(message)
+    with pytest.raises(SkipMessage, match="cancelled"):
+        cancellation.before_process_message(broker, arrived)
+    assert arrived.options[CANCELLED] is True and broker.enqueued == []
+    wait_until(lambda: cancellation.watch.known("x") is not None)
+    asked.clear()
+    with pytest.raises(SkipMessage, match="cancelled"):  # the poller knows: no store call
+        cancellation.before_process_message(broker, delivery(message))
+    cancellation.before_process_message(broker, delivery(job.message()))  # not marked: runs
+    assert asked == []
+    cancellation.watch.stop()
+
+
+def wait_until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_message_older_than_the_pollers_memory_is_checked_against_the_store(store):
+    broker, cancellation, job = cancellation_broker(store)
+    wait_until(lambda: cancellation.watch.known("x") is not None)
+    # Sent a month ago, cancelled then with a mark that lives until it is due: the poller has
+    # forgotten the mark (it keeps marks for TTL), the store has not.
+    month_old = job.message().copy(message_timestamp=int(time.time() * 1000) - 30 * 86_400_000)
+    cancellation.backend.mark_cancelled([month_old.message_id], 31 * 86_400_000)
+    cancellation.watch._marks.pop(month_old.message_id, None)
+    assert cancellation.watch.known(month_old.message_id) is False
+    with pytest.raises(SkipMessage, match="cancelled"):
+        cancellation.before_process_message(broker, delivery(month_old))
+    cancellation.watch.stop()
+
+
+def test_a_store_that_errs_on_arrival_defers_the_message(store):
+    broker, cancellation, job = cancellation_broker(store)
+
+    def down(*args: Any) -> Any:
+        raise StoreUnavailable("redis: ResponseError: OOM command not allowed")
+
+    # The poller cannot read the marks, so the arrival asks the store, which errs: deferred.
+    cancellation.backend.cancelled_among = down  # type: ignore[method-assign]
+    cancellation.watch.cancelled_since = down
+    with pytest.raises(SkipMessage, match="deferred"):
+        cancellation.before_process_message(broker, delivery(job.message()))
+    (copy, delay), *_ = broker.enqueued
+    assert delay is not None and delay > 0 and copy.options["cancellation_store_waits"] == 1
+    cancellation.watch.stop()
+
+
+def test_a_running_job_is_interrupted_and_one_that_ended_is_not(store):
+    backend = cancel_marks(store)
+    running = CancelWatch(backend.cancelled_since, keep_ms=TTL, interval=0.05)
+    running.start()
+    outcome: dict[str, Any] = {}
+    started = threading.Event()
+
+    def job() -> None:
+        running.started("long")
+        started.set()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            outcome["ran_out"] = True
+        except JobCancelled:
+            outcome["cancelled_at"] = time.monotonic()
+        finally:
+            running.ended("long")
+
+    worker = threading.Thread(target=job)
+    worker.start()
+    started.wait(5)
+    running.started("other")
+    running.ended("other")  # ended before its mark: never interrupted
+    marked_at = time.monotonic()
+    backend.mark_cancelled(["long", "other"], TTL)
+    worker.join(10)
+    running.stop()
+    assert "ran_out" not in outcome and outcome["cancelled_at"] - marked_at < 1.0
+    assert running.poll_once() == []
+
+
+def test_a_next_step_whose_publish_failed_is_sent_by_the_redelivered_member(store):
+    from jobsystem.dramatiq_internals import wants_redelivery
+
+    broker, workflows, square, total = workflow_broker(store)
+    record, first = annotate("chord", [Step([square.message(2)], pipe="list"), Step([total.message()])])
+    workflows.backend.create(record, TTL)
+    publish = broker.enqueue
+
+    def refused(message: Any, *, delay: Any = None) -> Any:
+        raise ConnectionError("RabbitMQ refused the publish")
+
+    broker.enqueue = refused  # type: ignore[method-assign]
+    failed = delivery(first[0])
+    workflows.after_process_message(broker, failed, result=4)
+    assert wants_redelivery(failed)
+    broker.enqueue = publish  # type: ignore[method-assign]
+    workflows.after_process_message(broker, delivery(first[0], redelivered=True), result=4)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", ([4],))]
+
+
+def test_a_member_dropped_as_a_duplicate_at_send_counts_as_finished(store):
+    from jobsystem.workflows import group as workflow_group
+    from middleware.idempotency import DuplicateMessage, Idempotency, as_duplicate
+
+    class DedupingBroker(RecordingBroker):
+        """Answers a duplicate send as the project's broker does."""
+
+        def enqueue(self, message: Any, *, delay: Any = None) -> Any:
+            try:
+                return super().enqueue(message, delay=delay)
+            except DuplicateMessage as duplicate:
+                return as_duplicate(message, duplicate.original_message_id)
+
+    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
+    broker = DedupingBroker(middleware=[Idempotency(store), workflows])
+    mail = dramatiq.actor(broker=broker, actor_name="mail", queue_name="q", idempotency_key=lambda to: to)(
+        lambda to: None
+    )
+    summary = dramatiq.actor(broker=broker, actor_name="summary", queue_name="q")(lambda counts: None)
+    broker.enqueue(mail.message("ana"))  # sent before: the group's first member is a duplicate
+    fan_out = workflow_group([mail.message("ana"), mail.message("bob")], broker=broker)
+    fan_out.on_finish(summary.message())
+    fan_out.run()
+    assert [m.actor_name for m, _ in broker.enqueued] == ["mail", "mail"]  # "ana" once, "bob"
+    workflows.after_process_message(broker, delivery(broker.enqueued[-1][0]), result=None)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued[2:]] == [
+        ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},))
+    ]
+
+
+def test_a_mark_on_a_job_scheduled_past_its_ttl_lives_until_the_job_is_due(store):
+    status = Status(store, scheduled_after_ms=30_000)
+    broker = RecordingBroker(middleware=[status])
+    actor = dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
+    month, now = actor.message(), actor.message()
+    eta = int(time.time() * 1000) + 30 * 86_400_000
+    status.after_enqueue(broker, month.copy(queue_name="q.DQ", options={"eta": eta}), 30 * 86_400_000)
+    assert status.flush(10)
+    try:
+        before = int(time.time() * 1000)
+        ttl = mark_ttl_ms(broker, [month.message_id, now.message_id], TTL)
+        assert abs(before + ttl - (eta + TTL)) < 1_000  # the mark outlives the due time by TTL
+        assert mark_ttl_ms(broker, [now.message_id], TTL) == TTL
+        assert mark_ttl_ms(RecordingBroker(middleware=[]), [month.message_id], TTL) == TTL
+    finally:
+        status.writes.stop()
