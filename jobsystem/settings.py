@@ -121,6 +121,7 @@ class Settings(BaseModel):
     rate_limits: dict[str, Limit] = Field(default_factory=lambda: parse_limits(DEFAULT_RATE_LIMITS))
     rate_limit_wait_ms: int = Field(default=1_000, ge=0, le=60_000)
     rate_limit_max_delay_ms: int = Field(default=86_400_000, ge=1_000, le=MAX_DURATION_MS)
+    rate_limit_lease_jobs: int = Field(default=32, ge=0, le=1_000)
 
     # Logging and errors
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"

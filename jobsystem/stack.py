@@ -77,6 +77,7 @@ def build_middleware(
             settings.rate_limits,
             wait_ms=settings.rate_limit_wait_ms,
             max_delay_ms=settings.rate_limit_max_delay_ms,
+            lease_jobs=settings.rate_limit_lease_jobs,
             config_name="RATE_LIMITS",
             key_hasher=key_hasher,
         ),

@@ -6,6 +6,13 @@ reserved in the bucket (same message id, retries and idempotency key). An actor 
 says "slow down" raises :class:`RateLimited`. The state store unreachable: the message is deferred
 (fail closed), it never runs unmetered. Why slots are reserved, and how far ahead: see
 ``docs/architecture.md`` ("Rate limits").
+
+Hot buckets are leased: a take that finds its bucket far from empty also takes a few tokens for
+this process's threads to spend without a round trip. Bucket plus leases never hold more than
+``burst``, so **no window of t seconds starts more than burst + rate * t jobs**, across all
+processes, leases or not (``jobsystem.store.buckets``). A lease is at most 1/16 of the burst and
+``lease_horizon_ms`` of the rate: a paced bucket (near empty) is never leased and keeps its
+accuracy. Unspent tokens are dropped when their lease ends (``jobsystem.runtime.token_leases``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from jobsystem.limits import Limit, RateLimitConfigError
 from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.requeue import postpone
+from jobsystem.runtime.token_leases import TokenLeases
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.buckets import Take, TakeRequest, bucket_backend
 from middleware.guard import FailClosed
@@ -69,6 +77,10 @@ class RateLimited(SkipMessage):
         self.retry_after = float(retry_after)
 
 
+#: The answer when a token came from this process's leases (no slot involved: ``at_ms`` is unused).
+_FROM_LEASE = Take("run", 0, 0)
+
+
 class _Unmetered(Exception):
     """The message names a bucket that cannot be used; it is dead-lettered."""
 
@@ -97,6 +109,10 @@ class RateLimits(FailClosed):
       config_name: how error messages call the configuration (e.g. the setting that holds it).
       key_hasher: hashes the ``key`` of a ``service:key`` bucket (job data, such as a tenant or a
         recipient) before it becomes a store key, a log field or a message option.
+      lease_jobs: the most jobs' tokens a take may lease for this process (0: no leases).
+      lease_horizon_ms: a lease holds at most this long's worth of the bucket's rate.
+      lease_ms: how long a lease period lasts; unspent leased tokens are dropped at its end.
+      lease_buckets: the most buckets this process holds leases for (least recently used dropped).
     """
 
     def __init__(
@@ -111,6 +127,10 @@ class RateLimits(FailClosed):
         max_store_retry_ms: int = 60_000,
         config_name: str = "the rate limits",
         key_hasher: KeyHasher | None = None,
+        lease_jobs: int = 32,
+        lease_horizon_ms: int = 50,
+        lease_ms: int = 1_000,
+        lease_buckets: int = 1_024,
     ) -> None:
         if not 0 <= wait_ms < max_delay_ms or not 0 <= slot_lead_ms < max_delay_ms:
             raise ValueError("wait_ms and slot_lead_ms must be at least 0 and below max_delay_ms")
@@ -126,6 +146,12 @@ class RateLimits(FailClosed):
         # Takes of concurrent worker threads share round trips (see jobsystem.runtime.coalesce).
         self.takes: Coalescer[TakeRequest, Take] = Coalescer(self.backend.take_many)
         self._local = threading.local()
+        if lease_jobs < 0 or lease_horizon_ms < 0 or lease_ms <= 0:
+            raise ValueError("lease_jobs and lease_horizon_ms must be at least 0, lease_ms above 0")
+        self.lease_jobs = lease_jobs
+        self.lease_horizon_ms = lease_horizon_ms
+        self.lease_ms = lease_ms
+        self.leases = TokenLeases(lease_buckets)
 
     defer_option = STORE_WAITS
 
@@ -238,14 +264,39 @@ class RateLimits(FailClosed):
         raise SkipMessage("rate limited: deferred")
 
     def _take(self, broker: Broker, message: MessageProxy, target: _Target, slot_ms: int | None) -> Take:
+        """A token from this process's leases, else from the store (asking for a lease with it)."""
+        if slot_ms is None and self.leases.spend(target.bucket, target.cost):
+            return _FROM_LEASE
         request = TakeRequest(
-            target.bucket, target.limit.rate, target.limit.burst, target.cost, self.max_delay_ms, slot_ms
+            target.bucket,
+            target.limit.rate,
+            target.limit.burst,
+            target.cost,
+            self.max_delay_ms,
+            slot_ms,
+            self._lease_size(target) if slot_ms is None else 0.0,
+            self.lease_ms,
         )
+        sent = time.monotonic()  # before the store starts the lease: it ends here no later
         try:
-            return self.takes.call(request)
+            take = self.takes.call(request)
         except StoreUnavailable as exc:
             logger.warning("rate_limit_store_unavailable", extra={"bucket": target.bucket, "error": str(exc)})
             self.defer(broker, message, reason="store_unavailable")
+        if take.leased > 0:
+            self.leases.add(target.bucket, take.leased, sent + take.lease_left_ms / 1000)
+        return take
+
+    def _lease_size(self, target: _Target) -> float:
+        """The tokens to ask on lease: whole jobs' worth, at most a sixteenth of the burst and
+        ``lease_horizon_ms`` of the rate (0 when that is less than one job)."""
+        limit = target.limit
+        jobs = min(
+            self.lease_jobs,
+            limit.burst / 16 / target.cost,
+            limit.rate * self.lease_horizon_ms / 1000 / target.cost,
+        )
+        return math.floor(jobs) * target.cost if jobs >= 1 else 0.0
 
     def _postpone(
         self, broker: Broker, message: MessageProxy, target: _Target, take: Take, action: str
@@ -288,6 +339,7 @@ class RateLimits(FailClosed):
         self._local.upstream = message  # until re-enqueued; see after_hook_failed
         pause_ms = math.ceil(raised.retry_after * 1000)
         if target is not None:
+            self.leases.drop(target.bucket)  # the upstream wants less: no more jobs from leases
             try:
                 # One round trip: drain for the pause, then take the slot after it.
                 take = self.backend.drain_and_take(
@@ -328,6 +380,16 @@ class RateLimits(FailClosed):
         if getattr(self._local, "upstream", None) is message:
             self._local.upstream = None
             self._requeue_upstream(broker, message, self.defer_base_ms, None)
+
+    def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        """Drop the leased tokens left and say how leases went in this process."""
+        self.leases.drop()
+        tally = self.leases.tally
+        if tally.leased:
+            logger.info(
+                "rate_limit_leases",
+                extra={"leased": tally.leased, "spent": tally.spent, "dropped": tally.dropped},
+            )
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         logger.info(

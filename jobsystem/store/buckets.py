@@ -20,6 +20,16 @@ without taking again, as long as the slot has not passed and the bucket was not 
 was handed out. A slot that has passed is void: the caller takes afresh (that token is lost,
 which errs on the side of the upstream's quota).
 
+A take may also ask for a **lease** (``lease`` extra tokens, for a worker process to hand to its
+threads without a round trip). It is granted only with a ``run`` answer to a take without a slot,
+when the bucket is not drained, still holds at least twice the lease after the take, and the
+tokens out on lease in the current lease period stay within a quarter of ``burst``. Leased tokens
+leave the bucket at once, and until the lease period ends (``lease_ms`` after the first lease of
+the period; every lease of the period ends with it) the bucket refills only up to
+``burst - tokens out on lease``. Leaseholders drop what they have not used when it ends. So the
+tokens in the bucket plus those held on lease never exceed ``burst``, and no window of ``t``
+seconds starts more than ``burst + rate * t`` jobs, leases or not.
+
 :meth:`BucketBackend.drain` empties a bucket for a while (an upstream answered "slow down"): new
 takes get slots after it, and slots handed out before it are void.
 
@@ -30,8 +40,6 @@ SQLite: the same arithmetic in Python inside one ``BEGIN IMMEDIATE`` transaction
 from __future__ import annotations
 
 import math
-import sqlite3
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
@@ -39,7 +47,6 @@ from typing import Literal
 from jobsystem.store import for_backend
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
 
 Status = Literal["run", "wait", "refused"]
 
@@ -59,6 +66,9 @@ class TakeRequest:
     horizon_ms: int
     #: A slot this caller was given before (store clock, ms), or None.
     slot_ms: int | None = None
+    #: Extra tokens wanted on lease (0: none), and the length of a lease period.
+    lease: float = 0.0
+    lease_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,9 @@ class Take:
     #: The slot on the store's clock (``run``: now; ``wait``: the reserved slot; ``refused``: when
     #: to ask again).
     at_ms: int
+    #: Extra tokens granted on lease (0: none), and the milliseconds left until the lease ends.
+    leased: float = 0.0
+    lease_left_ms: int = 0
 
 
 @dataclass
@@ -78,15 +91,43 @@ class _Bucket:
     tokens: float
     ts: float
     blocked_until: float
+    #: Tokens out on lease in the lease period ending at ``lease_end``.
+    leased: float = 0.0
+    lease_end: float = 0.0
 
 
 def _refill(bucket: _Bucket | None, request: TakeRequest, now: float) -> _Bucket:
     if bucket is None:
         return _Bucket(request.burst, now, 0.0)
+    rate = request.rate / 1000
+    if bucket.leased and bucket.lease_end <= now:  # the lease period is over: refill up to its end
+        if bucket.lease_end > bucket.ts:
+            bucket.tokens = min(
+                request.burst - bucket.leased, bucket.tokens + (bucket.lease_end - bucket.ts) * rate
+            )
+            bucket.ts = bucket.lease_end
+        bucket.leased = 0.0
     if now > bucket.ts:
-        bucket.tokens = min(request.burst, bucket.tokens + (now - bucket.ts) * request.rate / 1000)
+        bucket.tokens = min(request.burst - bucket.leased, bucket.tokens + (now - bucket.ts) * rate)
         bucket.ts = now
     return bucket
+
+
+def _lease(bucket: _Bucket, request: TakeRequest, now: float) -> tuple[float, int]:
+    """Lease ``request.lease`` tokens after a ``run`` take, if the bucket can spare them."""
+    want = request.lease
+    if (
+        want <= 0
+        or now < bucket.blocked_until
+        or bucket.tokens < 2 * want
+        or bucket.leased + want > request.burst / 4
+    ):
+        return 0.0, 0
+    if bucket.lease_end <= now:
+        bucket.lease_end = now + request.lease_ms
+    bucket.tokens -= want
+    bucket.leased += want
+    return want, math.floor(bucket.lease_end - now)
 
 
 def _take(bucket: _Bucket, request: TakeRequest, now: float) -> tuple[Take, bool]:
@@ -101,12 +142,15 @@ def _take(bucket: _Bucket, request: TakeRequest, now: float) -> tuple[Take, bool
         return Take("refused", math.ceil(again), math.ceil(now + again)), False
     bucket.tokens -= request.cost
     wait = math.ceil(wait_f)
+    if wait == 0 and slot is None:
+        leased, left = _lease(bucket, request, now)
+        return Take("run", 0, math.ceil(now), leased, left), True
     return Take("run" if wait == 0 else "wait", wait, math.ceil(now + wait_f)), True
 
 
 def _ttl_ms(bucket: _Bucket, burst: float, rate: float, now: float) -> int:
     full_in = (burst - bucket.tokens) * 1000 / rate
-    return math.ceil(max(full_in, bucket.blocked_until - now, 0.0)) + _LINGER_MS
+    return math.ceil(max(full_in, bucket.blocked_until - now, bucket.lease_end - now, 0.0)) + _LINGER_MS
 
 
 @dataclass(frozen=True)
@@ -151,34 +195,60 @@ class BucketBackend(ABC):
 _NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+
+-- A bucket refilled to now (rate per ms); see _refill, its Python twin.
+local function load(key, rate, burst)
+  local h = redis.call('HMGET', key, 'tokens', 'ts', 'until', 'lout', 'lend')
+  local b = {tokens = tonumber(h[1]), ts = tonumber(h[2]), blocked = tonumber(h[3]) or 0,
+             lout = tonumber(h[4]) or 0, lend = tonumber(h[5]) or 0}
+  if b.tokens == nil then b.tokens, b.ts = burst, now end
+  if b.lout > 0 and b.lend <= now then
+    if b.lend > b.ts then
+      b.tokens, b.ts = math.min(burst - b.lout, b.tokens + (b.lend - b.ts) * rate), b.lend
+    end
+    b.lout = 0
+  end
+  if now > b.ts then b.tokens, b.ts = math.min(burst - b.lout, b.tokens + (now - b.ts) * rate), now end
+  return b
+end
+
+local function save(key, b, rate, burst, linger)
+  redis.call('HSET', key, 'tokens', string.format('%.17g', b.tokens), 'ts', string.format('%.3f', b.ts),
+             'until', string.format('%.3f', b.blocked), 'lout', string.format('%.17g', b.lout),
+             'lend', string.format('%.3f', b.lend))
+  local ttl = math.max((burst - b.tokens) / rate, b.blocked - now, b.lend - now, 0)
+  redis.call('PEXPIRE', key, math.ceil(ttl) + linger)
+end
 """
 
-#: Takes for every key of KEYS; the arguments of key i start at ARGV[base + 6 * (i - 1) + 1].
+#: Takes for every key of KEYS; the arguments of key i start at ARGV[base + 8 * (i - 1) + 1].
 _TAKE_LOOP = """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local a = base + 6 * (i - 1)
+  local a = base + 8 * (i - 1)
   local rate, burst, cost = tonumber(ARGV[a + 1]) / 1000, tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local horizon, slot = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-  local h = redis.call('HMGET', key, 'tokens', 'ts', 'until')
-  local tokens, ts, blocked = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or 0
-  if tokens == nil then tokens, ts = burst, now end
-  if now > ts then tokens, ts = math.min(burst, tokens + (now - ts) * rate), now end
-  if slot >= 0 and slot >= now and slot >= blocked then
+  local horizon, slot, linger = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  local want, period = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
+  local b = load(key, rate, burst)
+  if slot >= 0 and slot >= now and slot >= b.blocked then
     local wait = math.ceil(slot - now)
-    out[i] = {wait == 0 and 'run' or 'wait', wait, slot}
+    out[i] = {wait == 0 and 'run' or 'wait', wait, slot, '0', 0}
   else
     local wait = 0
-    if tokens < cost then wait = (cost - tokens) / rate end
+    if b.tokens < cost then wait = (cost - b.tokens) / rate end
     if wait > horizon then
-      out[i] = {'refused', math.ceil(wait - horizon), math.ceil(now + wait - horizon)}
+      out[i] = {'refused', math.ceil(wait - horizon), math.ceil(now + wait - horizon), '0', 0}
     else
-      tokens = tokens - cost
-      redis.call('HSET', key, 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.3f', now),
-                 'until', string.format('%.3f', blocked))
-      local ttl = math.max((burst - tokens) / rate, blocked - now, 0)
-      redis.call('PEXPIRE', key, math.ceil(ttl) + tonumber(ARGV[a + 6]))
-      out[i] = {wait == 0 and 'run' or 'wait', math.ceil(wait), math.ceil(now + wait)}
+      b.tokens = b.tokens - cost
+      local leased, left = 0, 0
+      if wait == 0 and slot < 0 and want > 0 and now >= b.blocked and b.tokens >= 2 * want
+         and b.lout + want <= burst / 4 then
+        if b.lend <= now then b.lend = now + period end
+        b.tokens, b.lout, leased, left = b.tokens - want, b.lout + want, want, math.floor(b.lend - now)
+      end
+      save(key, b, rate, burst, linger)
+      out[i] = {wait == 0 and 'run' or 'wait', math.ceil(wait), math.ceil(now + wait),
+                string.format('%.17g', leased), left}
     end
   end
 end
@@ -188,21 +258,15 @@ return out
 #: Drains KEYS[1] (ARGV[1..4]: rate, burst, for_ms, linger).
 _DRAIN_BODY = """
 local rate, burst, span = tonumber(ARGV[1]) / 1000, tonumber(ARGV[2]), tonumber(ARGV[3])
-local h = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'until')
-local tokens, ts, blocked = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]) or 0
-if tokens == nil then tokens, ts = burst, now end
-if now > ts then tokens = math.min(burst, tokens + (now - ts) * rate) end
-tokens = math.min(tokens, -rate * span)
-blocked = math.max(blocked, now + span)
-redis.call('HSET', KEYS[1], 'tokens', string.format('%.17g', tokens), 'ts', string.format('%.3f', now),
-           'until', string.format('%.3f', blocked))
-local ttl = math.max((burst - tokens) / rate, blocked - now, 0)
-redis.call('PEXPIRE', KEYS[1], math.ceil(ttl) + tonumber(ARGV[4]))
+local b = load(KEYS[1], rate, burst)
+b.tokens = math.min(b.tokens, -rate * span)
+b.blocked = math.max(b.blocked, now + span)
+save(KEYS[1], b, rate, burst, tonumber(ARGV[4]))
 """
 
 _TAKE = _NOW + "local base = 0\n" + _TAKE_LOOP
 _DRAIN = _NOW + "do\n" + _DRAIN_BODY + "end\nreturn 0\n"
-#: A drain, then a take from the drained bucket (ARGV[5..10]), in one call.
+#: A drain, then a take from the drained bucket (ARGV[5..12]), in one call.
 _DRAIN_TAKE = _NOW + "do\n" + _DRAIN_BODY + "end\nlocal base = 4\n" + _TAKE_LOOP
 
 
@@ -222,28 +286,28 @@ class RedisBuckets(BucketBackend):
         """One script call for every request: one round trip, whatever their number."""
         args: list[float | int] = []
         for r in requests:
-            slot = -1 if r.slot_ms is None else r.slot_ms
-            args += [r.rate, r.burst, r.cost, r.horizon_ms, slot, _LINGER_MS]
+            args += _take_args(r)
         with self.store.errors():
             replies = self._take(keys=[self._key(r.key) for r in requests], args=args)
-        return [Take(_status(status), int(wait), int(at)) for status, wait, at in replies]
+        return [_reply(reply) for reply in replies]
 
     def drain_and_take(self, for_ms: int, request: TakeRequest) -> Take:
         r = request
-        slot = -1 if r.slot_ms is None else r.slot_ms
-        args = [r.rate, r.burst, for_ms, _LINGER_MS, r.rate, r.burst, r.cost, r.horizon_ms, slot, _LINGER_MS]
+        args = [r.rate, r.burst, for_ms, _LINGER_MS, *_take_args(r)]
         with self.store.errors():
-            ((status, wait, at),) = self._drain_take(keys=[self._key(r.key)], args=args)
-        return Take(_status(status), int(wait), int(at))
+            (reply,) = self._drain_take(keys=[self._key(r.key)], args=args)
+        return _reply(reply)
 
     def peek(self, key: str, rate: float, burst: float) -> Level:
         with self.store.errors():
             seconds, micros = self.store.client.time()
-            raw = self.store.client.hmget(self._key(key), ["tokens", "ts", "until"])
+            raw = self.store.client.hmget(self._key(key), ["tokens", "ts", "until", "lout", "lend"])
         now = int(seconds) * 1000 + int(micros) / 1000
-        tokens, ts, until = raw
+        tokens, ts, *rest = raw
         stored = (
-            None if tokens is None or ts is None else _Bucket(float(tokens), float(ts), float(until or 0))
+            None
+            if tokens is None or ts is None
+            else _Bucket(float(tokens), float(ts), *(float(value or 0) for value in rest))
         )
         return _level(_refill(stored, TakeRequest(key, rate, burst, 0, 0), now))
 
@@ -256,97 +320,22 @@ class RedisBuckets(BucketBackend):
             self.store.client.delete(self._key(key))
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS rate_buckets (
-    key TEXT PRIMARY KEY,
-    tokens REAL NOT NULL,
-    ts REAL NOT NULL,
-    blocked_until REAL NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS rate_buckets_expires ON rate_buckets (expires_at)
-"""
-
-
-class SqliteBuckets(BucketBackend):
-    """Buckets as rows of one table; every take runs in a ``BEGIN IMMEDIATE`` transaction."""
-
-    def __init__(self, store: SqliteStore) -> None:
-        self.store = store
-        store.ensure_schema(_SCHEMA)
-
-    @staticmethod
-    def _now() -> float:
-        # The store's clock for SQLite is the host's (one host); sub-millisecond, like Redis TIME.
-        return time.time() * 1000
-
-    def _load(self, conn: sqlite3.Connection, key: str, now: float) -> _Bucket | None:
-        row = conn.execute(
-            "SELECT tokens, ts, blocked_until FROM rate_buckets WHERE key = ? AND expires_at > ?",
-            (self.store.key(key), now),
-        ).fetchone()
-        return _Bucket(float(row[0]), float(row[1]), float(row[2])) if row else None
-
-    def _save(self, conn: sqlite3.Connection, key: str, bucket: _Bucket, burst: float, rate: float) -> None:
-        expires = bucket.ts + _ttl_ms(bucket, burst, rate, bucket.ts)
-        conn.execute(
-            "INSERT INTO rate_buckets (key, tokens, ts, blocked_until, expires_at) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET tokens = excluded.tokens, ts = excluded.ts, "
-            "blocked_until = excluded.blocked_until, expires_at = excluded.expires_at",
-            (self.store.key(key), bucket.tokens, bucket.ts, bucket.blocked_until, expires),
-        )
-
-    def take_many(self, requests: list[TakeRequest]) -> list[Take]:
-        """All the requests in one transaction; expired rows are swept on the way."""
-        answers: list[Take] = []
-        with self.store.transaction() as conn:
-            now = self._now()
-            conn.execute("DELETE FROM rate_buckets WHERE expires_at <= ?", (now,))
-            for request in requests:
-                bucket = _refill(self._load(conn, request.key, now), request, now)
-                answer, changed = _take(bucket, request, now)
-                if changed:
-                    self._save(conn, request.key, bucket, request.burst, request.rate)
-                answers.append(answer)
-        return answers
-
-    def peek(self, key: str, rate: float, burst: float) -> Level:
-        now = self._now()
-        try:
-            stored = self._load(self.store.connection(), key, now)
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
-        return _level(_refill(stored, TakeRequest(key, rate, burst, 0, 0), now))
-
-    def drain(self, key: str, rate: float, burst: float, for_ms: int) -> None:
-        with self.store.transaction() as conn:
-            self._drain_in(conn, self._now(), key, rate, burst, for_ms)
-
-    def drain_and_take(self, for_ms: int, request: TakeRequest) -> Take:
-        with self.store.transaction() as conn:
-            now = self._now()
-            bucket = self._drain_in(conn, now, request.key, request.rate, request.burst, for_ms)
-            answer, changed = _take(bucket, request, now)
-            if changed:
-                self._save(conn, request.key, bucket, request.burst, request.rate)
-        return answer
-
-    def _drain_in(
-        self, conn: sqlite3.Connection, now: float, key: str, rate: float, burst: float, for_ms: int
-    ) -> _Bucket:
-        bucket = _refill(self._load(conn, key, now), TakeRequest(key, rate, burst, 0, 0), now)
-        bucket.tokens = min(bucket.tokens, -rate * for_ms / 1000)
-        bucket.blocked_until = max(bucket.blocked_until, now + for_ms)
-        self._save(conn, key, bucket, burst, rate)
-        return bucket
-
-    def reset(self, key: str) -> None:
-        with self.store.transaction() as conn:
-            conn.execute("DELETE FROM rate_buckets WHERE key = ?", (self.store.key(key),))
-
-
 def _level(bucket: _Bucket) -> Level:
     return Level(bucket.tokens, max(0.0, -bucket.tokens), bucket.blocked_until)
+
+
+def _take_args(r: TakeRequest) -> list[float | int]:
+    slot = -1 if r.slot_ms is None else r.slot_ms
+    return [r.rate, r.burst, r.cost, r.horizon_ms, slot, _LINGER_MS, r.lease, r.lease_ms]
+
+
+def _reply(reply: list[bytes | str | int]) -> Take:
+    """A take answered by the Lua script: ``[status, wait_ms, at_ms, leased, lease_left_ms]``."""
+    try:
+        status, wait, at, leased, left = reply
+        return Take(_status(status), int(wait), int(at), float(leased), int(left))  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise StoreUnavailable(f"unexpected reply {reply!r}") from exc
 
 
 def _status(value: bytes | str) -> Status:
@@ -358,4 +347,7 @@ def _status(value: bytes | str) -> Status:
 
 def bucket_backend(store: StateStore) -> BucketBackend:
     """The bucket operations for ``store``'s backend."""
+    # Imported here: the SQLite backend builds on this module's arithmetic and interface.
+    from jobsystem.store.buckets_sqlite import SqliteBuckets
+
     return for_backend(store, redis=RedisBuckets, sqlite=SqliteBuckets)

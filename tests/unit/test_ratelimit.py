@@ -98,9 +98,9 @@ class Setup:
     """A bucket ``api`` of ``burst`` tokens refilled at ``rate`` a second, and an actor spending
     from it (or from the bucket its ``bucket`` argument names)."""
 
-    def __init__(self, store: StateStore, rate: float = 20, burst: float = 1) -> None:
+    def __init__(self, store: StateStore, rate: float = 20, burst: float = 1, **options: Any) -> None:
         self.middleware = RateLimits(
-            store, {"api": Limit(rate=rate, burst=burst)}, wait_ms=0, max_delay_ms=60_000
+            store, {"api": Limit(rate=rate, burst=burst)}, wait_ms=0, max_delay_ms=60_000, **options
         )
         self.broker = RecordingBroker(middleware=[self.middleware])
         self.actor = dramatiq.actor(

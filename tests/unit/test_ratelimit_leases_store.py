@@ -1,0 +1,89 @@
+"""Token leases in the state store (see ``jobsystem.store.buckets``), run unchanged against both
+backends (real Redis, a real SQLite file): when a lease is granted, and that the tokens left in the
+bucket plus those out on lease never exceed the burst."""
+
+from __future__ import annotations
+
+import time
+
+from jobsystem.store.base import StateStore
+from jobsystem.store.buckets import TakeRequest, bucket_backend
+
+
+def leasing(lease=10.0, *, rate=1_000.0, burst=100.0, cost=1.0, lease_ms=1_000, slot_ms=None, key="h"):
+    return TakeRequest(key, rate, burst, cost, 60_000, slot_ms, lease, lease_ms)
+
+
+def test_a_bucket_far_from_empty_grants_the_lease_with_the_take(store: StateStore):
+    buckets = bucket_backend(store)
+    answer = buckets.take(leasing(10, rate=1))  # rate 1/s: the refill is negligible during the test
+    assert answer.status == "run" and answer.leased == 10
+    assert 900 <= answer.lease_left_ms <= 1_000
+    level = buckets.peek("h", 1, 100)
+    assert 89 <= level.tokens < 89.1  # the take's token and the lease left the bucket at once
+    # A later lease in the same period ends with it: every lease of a period ends together.
+    second = buckets.take(leasing(10, rate=1))
+    assert second.leased == 10 and second.lease_left_ms <= answer.lease_left_ms
+
+
+def test_no_lease_unless_the_bucket_holds_twice_the_lease_after_the_take(store: StateStore):
+    buckets = bucket_backend(store)
+    for key in ("at", "below"):
+        buckets.take_many([leasing(0, rate=1, key=key) for _ in range(79 if key == "at" else 80)])
+    at = buckets.take(leasing(10, rate=1, key="at"))  # 20 left after the take: 2 x 10
+    assert at.status == "run" and at.leased == 10
+    below = buckets.take(leasing(10, rate=1, key="below"))  # 19 left after the take
+    assert below.status == "run" and below.leased == 0
+    assert 19 <= buckets.peek("below", 1, 100).tokens < 19.1  # the take itself went through
+
+
+def test_the_tokens_out_on_lease_in_a_period_stay_within_a_quarter_of_the_burst(store: StateStore):
+    buckets = bucket_backend(store)
+    answers = buckets.take_many([leasing(6, rate=1, burst=40) for _ in range(2)])
+    assert [a.leased for a in answers] == [6, 0]  # 12 would pass 40 / 4
+    assert buckets.take(leasing(4, rate=1, burst=40)).leased == 4  # 10: just within
+
+
+def test_a_waiting_take_a_slot_or_a_drained_bucket_gets_no_lease(store: StateStore):
+    buckets = bucket_backend(store)
+    assert buckets.take(leasing(1, rate=1, burst=100, cost=100)).leased == 0  # nothing left
+    waiting = buckets.take(leasing(1, rate=1, burst=100))
+    assert waiting.status == "wait" and waiting.leased == 0
+    full = leasing(1, rate=1_000, burst=100, key="s")
+    slot = buckets.take(leasing(1, rate=1_000, burst=100, key="s", slot_ms=int(time.time() * 1000) + 5_000))
+    assert slot.leased == 0  # a slot a deferred message brings back is honoured, never leased on
+    buckets.drain("d", 1_000, 100, 300)
+    assert buckets.take(leasing(1, rate=1_000, burst=100, key="d")).leased == 0
+    assert buckets.take(full).leased == 1
+
+
+def test_the_tokens_out_on_lease_are_kept_out_of_the_refill_until_the_period_ends(store: StateStore):
+    buckets = bucket_backend(store)
+    rate, burst = 200.0, 100.0
+    answers = buckets.take_many([leasing(12, rate=rate, burst=burst, lease_ms=600) for _ in range(3)])
+    assert [a.leased for a in answers] == [12, 12, 0]  # 36 would pass burst / 4
+    time.sleep(0.3)  # enough to refill 60 tokens: the bucket would be full without leases
+    level = buckets.peek("h", rate, burst)
+    assert level.tokens <= burst - 24  # bucket + leases <= burst, while the leases may be spent
+    assert level.tokens >= burst - 24 - 0.01
+    time.sleep(0.5)  # the period is over (and 0.12 s more): its leases are void, the bucket is full
+    assert buckets.peek("h", rate, burst).tokens == burst
+    assert buckets.take(leasing(12, rate=rate, burst=burst, lease_ms=600)).leased == 12  # a new period
+
+
+def test_a_bucket_that_is_always_hot_keeps_bucket_plus_leases_within_the_burst(store: StateStore):
+    buckets = bucket_backend(store)
+    rate, burst, lease_ms = 2_000.0, 40.0, 200
+    held: list[tuple[float, float]] = []  # (tokens, local end) of the leases granted
+    deadline = time.monotonic() + 0.8
+    while time.monotonic() < deadline:
+        sent = time.monotonic()
+        answers = buckets.take_many([leasing(2, rate=rate, burst=burst, lease_ms=lease_ms) for _ in range(3)])
+        held += [(a.leased, sent + a.lease_left_ms / 1000) for a in answers if a.leased]
+        now = time.monotonic()
+        out = sum(tokens for tokens, end in held if end > now)
+        assert out <= burst / 4
+        level = buckets.peek("h", rate, burst)
+        assert level.tokens + out <= burst + 1e-6
+        time.sleep(0.01)
+    assert len(held) >= 6  # several lease periods went by
