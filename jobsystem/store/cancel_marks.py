@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import sqlite3
 from abc import ABC, abstractmethod
-from typing import Any
 
 from jobsystem.store import for_backend
 from jobsystem.store.base import StateStore, StoreUnavailable
-from jobsystem.store.redis import RedisStore
+from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
 
 __all__ = ["CancelMarks", "cancel_marks"]
@@ -59,10 +58,6 @@ return {now, redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf', 'WITHSCORES')
 """
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class RedisCancelMarks(CancelMarks):
     def __init__(self, store: RedisStore) -> None:
         self.store = store
@@ -78,7 +73,7 @@ class RedisCancelMarks(CancelMarks):
         reply = self._since(keys=[self.store.key("cancels")], args=[since_ms])
         try:
             now, flat = reply
-            marks = {_text(flat[i]): int(float(_text(flat[i + 1]))) for i in range(0, len(flat), 2)}
+            marks = {reply_text(flat[i]): int(float(reply_text(flat[i + 1]))) for i in range(0, len(flat), 2)}
             return marks, int(now)
         except (TypeError, ValueError) as exc:  # a reply of the wrong shape
             raise StoreUnavailable(f"unexpected reply to cancelled_since: {exc}") from exc

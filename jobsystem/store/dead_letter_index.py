@@ -32,7 +32,7 @@ from typing import Any
 
 from jobsystem.store import for_backend
 from jobsystem.store.base import StateStore
-from jobsystem.store.redis import RedisStore
+from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.sorted_index import Cursor, redis_walk
 
 __all__ = [
@@ -43,10 +43,6 @@ __all__ = [
     "RedisIndex",
     "dead_letter_index",
 ]
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -256,13 +252,16 @@ class RedisIndex(IndexBackend):
     def counts(self) -> dict[str, int]:
         with self.store.errors():
             raw = self.store.client.hgetall(self.store.key("dl:count"))
-        return {_text(k): int(v) for k, v in raw.items() if int(v) > 0}
+        return {reply_text(k): int(v) for k, v in raw.items() if int(v) > 0}
 
     def facets(self) -> dict[str, list[str]]:
         with self.store.errors():
             actors = self.store.client.hkeys(self.store.key("dl:facet:a"))
             exceptions = self.store.client.hkeys(self.store.key("dl:facet:e"))
-        return {"actor": sorted(_text(a) for a in actors), "exception": sorted(_text(e) for e in exceptions)}
+        return {
+            "actor": sorted(reply_text(a) for a in actors),
+            "exception": sorted(reply_text(e) for e in exceptions),
+        }
 
 
 def dead_letter_index(store: StateStore) -> IndexBackend:

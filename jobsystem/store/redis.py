@@ -18,11 +18,16 @@ import redis
 
 from jobsystem.store.base import StateStore, StoreMisconfigured, StoreUnavailable
 
-__all__ = ["RedisScript", "RedisStore", "redis_error"]
+__all__ = ["RedisScript", "RedisStore", "redis_error", "reply_text"]
 
 #: Redis error replies (first word) that no amount of waiting fixes.
 _REDIS_MISCONFIGURED = ("NOAUTH", "WRONGPASS", "NOPERM")
 _REDIS_MISCONFIGURED_TEXT = ("DB index is out of range", "unknown command", "invalid DB index")
+
+
+def reply_text(value: Any) -> str:
+    """A Redis reply (bytes from a script or a client without decoding) as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def redis_error(exc: redis.RedisError) -> StoreUnavailable:

@@ -19,9 +19,8 @@ after it, so entries added meanwhile at the head never shift a page.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from jobsystem.store.redis import RedisStore
+from jobsystem.store.redis import RedisStore, reply_text
 
 __all__ = ["Cursor", "Walk", "redis_walk"]
 
@@ -88,10 +87,6 @@ return {found, 2, last_m, last_s}
 """
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def redis_walk(
     store: RedisStore,
     primary: str,
@@ -109,9 +104,9 @@ def redis_walk(
     with store.errors():
         reply = store.script(_WALK)(keys=[primary, *verify], args=args)
     flat, more = reply[0], int(reply[1])
-    entries = [(_text(flat[i]), int(float(_text(flat[i + 1])))) for i in range(0, len(flat), 2)]
+    entries = [(reply_text(flat[i]), int(float(reply_text(flat[i + 1])))) for i in range(0, len(flat), 2)]
     if more == 1 and entries:
         return Walk(entries, Cursor(entries[-1][1], entries[-1][0]))
     if more == 2:  # the budget ran out: go on from the last entry looked at
-        return Walk(entries, Cursor(int(float(_text(reply[3]))), _text(reply[2])))
+        return Walk(entries, Cursor(int(float(reply_text(reply[3]))), reply_text(reply[2])))
     return Walk(entries, None)

@@ -21,7 +21,7 @@ from jobsystem.store import for_backend, job_index, status_history
 from jobsystem.store import scheduled as scheduled_index
 from jobsystem.store.base import StateStore
 from jobsystem.store.job_index import JobFilter
-from jobsystem.store.redis import RedisStore
+from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.scheduled import Scheduled
 from jobsystem.store.sorted_index import Cursor, Walk
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
@@ -148,7 +148,7 @@ class RedisStatus(StatusBackend):
             raw = self.store.client.hgetall(self._key(message_id))
         if not raw:
             return None
-        return JobStatus.from_fields(message_id, {_text(k): _text(v) for k, v in raw.items()})
+        return JobStatus.from_fields(message_id, {reply_text(k): reply_text(v) for k, v in raw.items()})
 
     def counts(self, queues: list[str]) -> dict[str, dict[str, int]]:
         with self.store.errors():
@@ -156,7 +156,10 @@ class RedisStatus(StatusBackend):
             for queue in queues:
                 pipe.hgetall(self._counts_key(queue))
             replies = pipe.execute()
-        return {q: {_text(k): int(v) for k, v in r.items()} for q, r in zip(queues, replies, strict=True)}
+        return {
+            queue: {reply_text(k): int(v) for k, v in reply.items()}
+            for queue, reply in zip(queues, replies, strict=True)
+        }
 
     def get_many(self, message_ids: list[str]) -> dict[str, JobStatus]:
         with self.store.errors():
@@ -165,7 +168,7 @@ class RedisStatus(StatusBackend):
                 pipe.hgetall(self._key(message_id))
             replies = pipe.execute()
         return {
-            m: JobStatus.from_fields(m, {_text(k): _text(v) for k, v in raw.items()})
+            m: JobStatus.from_fields(m, {reply_text(k): reply_text(v) for k, v in raw.items()})
             for m, raw in zip(message_ids, replies, strict=True)
             if raw
         }
@@ -333,10 +336,6 @@ class SqliteStatus(StatusBackend):
             return status_history.sqlite_minutes(conn, {q: self.store.key(q) for q in queues}, since_ms)
         except sqlite3.Error as exc:
             raise sqlite_error(exc) from exc
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def status_backend(store: StateStore) -> StatusBackend:

@@ -22,7 +22,7 @@ import time
 from string import Template
 from typing import Any
 
-from jobsystem.store.redis import RedisStore
+from jobsystem.store.redis import RedisStore, reply_text
 
 __all__ = ["HISTORY_LUA", "MINUTES_TTL_MS", "SQLITE_SCHEMA", "TIMELINE_MAX", "redis_minutes"]
 
@@ -117,10 +117,6 @@ def sqlite_minutes(
     return found
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def redis_minutes(
     store: RedisStore, queues: list[str], since_ms: int
 ) -> dict[str, dict[int, dict[str, int]]]:
@@ -137,7 +133,7 @@ def redis_minutes(
         per_minute = found.setdefault(queue, {})
         for _ in hours:
             for name, count in next(replies).items():
-                minute, _, state = _text(name).partition(":")
+                minute, _, state = reply_text(name).partition(":")
                 if int(minute) * 60_000 >= since_ms:
                     per_minute.setdefault(int(minute) * 60_000, {})[state] = int(count)
     return found

@@ -23,7 +23,7 @@ from typing import Any
 
 from jobsystem.store import for_backend
 from jobsystem.store.base import StateStore, StoreUnavailable
-from jobsystem.store.redis import RedisStore
+from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
 
 __all__ = ["StepProgress", "WorkflowBackend", "WorkflowRecord", "workflow_backend"]
@@ -172,10 +172,6 @@ return 0
 """
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class RedisWorkflows(WorkflowBackend):
     def __init__(self, store: RedisStore) -> None:
         self.store = store
@@ -201,7 +197,12 @@ class RedisWorkflows(WorkflowBackend):
         try:
             wf_state, added, finished, size, counts, sent = reply
             return StepProgress(
-                _text(wf_state), bool(added), int(finished), int(size), json.loads(_text(counts)), bool(sent)
+                reply_text(wf_state),
+                bool(added),
+                int(finished),
+                int(size),
+                json.loads(reply_text(counts)),
+                bool(sent),
             )
         except (TypeError, ValueError) as exc:  # a reply of the wrong shape
             raise StoreUnavailable(f"unexpected reply to finish: {exc}") from exc
@@ -213,7 +214,7 @@ class RedisWorkflows(WorkflowBackend):
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         with self.store.errors():
             raw = self.store.client.hgetall(self._key(workflow_id))
-        return _parse({_text(k): _text(v) for k, v in raw.items()})
+        return _parse({reply_text(k): reply_text(v) for k, v in raw.items()})
 
     def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
         return bool(self._set_state(keys=[self._key(workflow_id)], args=[state, only_from]))
