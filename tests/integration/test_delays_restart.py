@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import subprocess
 
+import dramatiq
+
 from jobsystem.rabbitmq.delays import LEVELS, cascade_seconds
+from jobsystem.system import get_system
 from tests import workload
 from tests.delay_support import cascade_contents, in_cascade, send_delayed, short_horizon
 from tests.support import BIN, ROOT, wait_for, worker_env
@@ -19,9 +22,13 @@ from tests.support import BIN, ROOT, wait_for, worker_env
 HOUR_MS, MONTH_MS = 3_600_000, 30 * 86_400_000
 
 
-def restart_rabbitmq() -> None:
+def restart_rabbitmq(*brokers: dramatiq.Broker) -> None:
+    """Restart RabbitMQ, then drop ``brokers``' connections of this thread: the restart closed
+    them, and the tests after this one (sharing the process's brokers) would find them closed."""
     for command in (["stop_app"], ["start_app"], ["await_startup"]):
         subprocess.run(["rabbitmqctl", *command], check=True, capture_output=True, timeout=180)
+    for broker in brokers:
+        del broker.connection  # type: ignore[attr-defined]  # the next use connects afresh
 
 
 def jobctl(prefix, tmp_path, *args):
@@ -52,7 +59,7 @@ def test_an_hour_and_a_month_are_scheduled_survive_a_restart_and_do_not_run_earl
     expected_levels = {prefix + first_level(cascade_seconds(ms)): 1 for _, ms in sent.values()}
     assert in_cascade(prefix) == expected_levels
 
-    restart_rabbitmq()
+    restart_rabbitmq(get_system().broker, queues.broker)
 
     # Still waiting where they were, carrying their seconds and their due times.
     assert wait_for(lambda: in_cascade(prefix), timeout=60, what="the cascade back") == expected_levels
