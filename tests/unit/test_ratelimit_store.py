@@ -125,7 +125,7 @@ def test_a_bucket_back_to_full_leaves_no_state_behind(store: StateStore):
     if isinstance(store, RedisStore):
         key = store.key("rate:b")
         assert 0 < store.client.pttl(key) <= 10 + linger  # full again in 10 ms, then a linger
-        wait_for(lambda: store.client.exists(key) == 0, timeout=5, what="the bucket's expiry")
+        wait_for(lambda: store.client.exists(key) == 0, timeout=2, what="the bucket's expiry")
     else:
         assert isinstance(store, SqliteStore)
         (ttl,) = store.connection().execute("SELECT expires_at - ts FROM rate_buckets").fetchone()
