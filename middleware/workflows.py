@@ -7,10 +7,12 @@ its step is complete and the workflow still runs, the member's worker sends the 
 what the step hands on (its result, the group's results in order, or the counts). A member that
 did not succeed fails a chord: the next step is never sent and the workflow names the member.
 
-The call that completes a step answers so exactly once; a later one answers so again only while
-the next step is not noted as sent (the worker that completed it died, or its publish failed and
-its delivery was put back). Each next message carries an idempotency key made from its own id,
-so even two such sends publish and run it once.
+The call that completes a step answers so exactly once; a later call for the same member (the
+completer's delivery again) answers so again only while the next step is not noted as sent (the
+worker that completed it died, or its publish failed and its delivery was put back). Another
+member delivered again is not told to send: its run may end while the completer is still
+sending. Each next message carries an idempotency key made from its own id, so a step sent twice
+(its worker died between the publish and the note) still runs once: the copy is skipped at run.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ APScheduler 3's cron trigger differs from standard cron in three ways, corrected
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -134,6 +135,20 @@ def _weekdays(field: str) -> str:
     return ",".join(_DAYS[d] for d in sorted(days, key=lambda d: (d + 6) % 7))
 
 
+#: Every month and day of the month that exist together come round within eight years (29 February:
+#: 2096, then 2104), so a cron trigger with no fire time within this span never fires.
+_RECURRENCE = timedelta(days=9 * 366)
+
+
+def _fires_before(trigger: CronTrigger, now: datetime, end: datetime) -> bool:
+    """Whether ``trigger`` fires between ``now`` and ``end``. Asked without an end, APScheduler
+    searches up to the year 9999 for a date that never occurs: about a second of CPU per
+    expression (the scheduler's start, ``jobctl`` checks); a copy with an end date stops early."""
+    probe = copy.copy(trigger)
+    probe.end_date = end
+    return probe.get_next_fire_time(None, now) is not None
+
+
 class CronSchedule(BaseTrigger):  # type: ignore[misc]
     """A standard five-field crontab expression (or ``@daily``-style macro) in a time zone."""
 
@@ -168,7 +183,7 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
         # APScheduler takes dates that never occur (``0 0 30 2 *``) and finds no fire time, each
         # time after a search through the years: refuse them, and drop a half that never fires.
         now = datetime.now(UTC)
-        self._triggers = [t for t in triggers if t.get_next_fire_time(None, now) is not None]
+        self._triggers = [t for t in triggers if _fires_before(t, now, now + _RECURRENCE)]
         if not self._triggers:
             raise ValueError("never fires: no date matches its day-of-month and month")
         # crontab's "fixed-time" jobs run once per wall-clock time; "wildcard" ones by elapsed time.

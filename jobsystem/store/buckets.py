@@ -51,7 +51,7 @@ from jobsystem.store.redis import RedisStore
 Status = Literal["run", "wait", "refused"]
 
 #: A bucket's state is kept this long after it would be full again (then it is the same as none).
-_LINGER_MS = 1_000
+LINGER_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -148,9 +148,9 @@ def _take(bucket: _Bucket, request: TakeRequest, now: float) -> tuple[Take, bool
     return Take("run" if wait == 0 else "wait", wait, math.ceil(now + wait_f)), True
 
 
-def _ttl_ms(bucket: _Bucket, burst: float, rate: float, now: float) -> int:
+def _ttl_ms(bucket: _Bucket, burst: float, rate: float, now: float, linger_ms: int) -> int:
     full_in = (burst - bucket.tokens) * 1000 / rate
-    return math.ceil(max(full_in, bucket.blocked_until - now, bucket.lease_end - now, 0.0)) + _LINGER_MS
+    return math.ceil(max(full_in, bucket.blocked_until - now, bucket.lease_end - now, 0.0)) + linger_ms
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,9 @@ class Level:
 
 class BucketBackend(ABC):
     """The bucket operations, one implementation per store backend."""
+
+    #: How long a bucket's state is kept after it is full again (ms).
+    linger_ms: int
 
     @abstractmethod
     def peek(self, key: str, rate: float, burst: float) -> Level:
@@ -271,10 +274,12 @@ _DRAIN_TAKE = _NOW + "do\n" + _DRAIN_BODY + "end\nlocal base = 4\n" + _TAKE_LOOP
 
 
 class RedisBuckets(BucketBackend):
-    """Buckets as Redis hashes (``tokens``, ``ts``, ``until``) expiring once full again."""
+    """Buckets as Redis hashes (``tokens``, ``ts``, ``until``) expiring ``linger_ms`` after they
+    are full again."""
 
-    def __init__(self, store: RedisStore) -> None:
+    def __init__(self, store: RedisStore, *, linger_ms: int = LINGER_MS) -> None:
         self.store = store
+        self.linger_ms = linger_ms
         self._take = store.script(_TAKE)
         self._drain = store.script(_DRAIN)
         self._drain_take = store.script(_DRAIN_TAKE)
@@ -286,14 +291,14 @@ class RedisBuckets(BucketBackend):
         """One script call for every request: one round trip, whatever their number."""
         args: list[float | int] = []
         for r in requests:
-            args += _take_args(r)
+            args += _take_args(r, self.linger_ms)
         with self.store.errors():
             replies = self._take(keys=[self._key(r.key) for r in requests], args=args)
         return [_reply(reply) for reply in replies]
 
     def drain_and_take(self, for_ms: int, request: TakeRequest) -> Take:
         r = request
-        args = [r.rate, r.burst, for_ms, _LINGER_MS, *_take_args(r)]
+        args = [r.rate, r.burst, for_ms, self.linger_ms, *_take_args(r, self.linger_ms)]
         with self.store.errors():
             (reply,) = self._drain_take(keys=[self._key(r.key)], args=args)
         return _reply(reply)
@@ -313,7 +318,7 @@ class RedisBuckets(BucketBackend):
 
     def drain(self, key: str, rate: float, burst: float, for_ms: int) -> None:
         with self.store.errors():
-            self._drain(keys=[self._key(key)], args=[rate, burst, for_ms, _LINGER_MS])
+            self._drain(keys=[self._key(key)], args=[rate, burst, for_ms, self.linger_ms])
 
     def reset(self, key: str) -> None:
         with self.store.errors():
@@ -324,9 +329,9 @@ def _level(bucket: _Bucket) -> Level:
     return Level(bucket.tokens, max(0.0, -bucket.tokens), bucket.blocked_until)
 
 
-def _take_args(r: TakeRequest) -> list[float | int]:
+def _take_args(r: TakeRequest, linger_ms: int) -> list[float | int]:
     slot = -1 if r.slot_ms is None else r.slot_ms
-    return [r.rate, r.burst, r.cost, r.horizon_ms, slot, _LINGER_MS, r.lease, r.lease_ms]
+    return [r.rate, r.burst, r.cost, r.horizon_ms, slot, linger_ms, r.lease, r.lease_ms]
 
 
 def _reply(reply: list[bytes | str | int]) -> Take:
@@ -345,9 +350,14 @@ def _status(value: bytes | str) -> Status:
     return status  # type: ignore[return-value]
 
 
-def bucket_backend(store: StateStore) -> BucketBackend:
-    """The bucket operations for ``store``'s backend."""
+def bucket_backend(store: StateStore, *, linger_ms: int = LINGER_MS) -> BucketBackend:
+    """The bucket operations for ``store``'s backend; a bucket's state is deleted ``linger_ms``
+    after it is full again (the tests shorten it so as not to wait a second)."""
     # Imported here: the SQLite backend builds on this module's arithmetic and interface.
     from jobsystem.store.buckets_sqlite import SqliteBuckets
 
-    return for_backend(store, redis=RedisBuckets, sqlite=SqliteBuckets)
+    return for_backend(
+        store,
+        redis=lambda redis: RedisBuckets(redis, linger_ms=linger_ms),
+        sqlite=lambda sqlite: SqliteBuckets(sqlite, linger_ms=linger_ms),
+    )

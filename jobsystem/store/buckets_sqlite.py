@@ -7,6 +7,7 @@ import sqlite3
 import time
 
 from jobsystem.store.buckets import (
+    LINGER_MS,
     BucketBackend,
     Level,
     Take,
@@ -43,8 +44,9 @@ class SqliteBuckets(BucketBackend):
     """Buckets as rows of one table (their lease periods in a second one, which workers of the
     previous release ignore); every take runs in a ``BEGIN IMMEDIATE`` transaction."""
 
-    def __init__(self, store: SqliteStore) -> None:
+    def __init__(self, store: SqliteStore, *, linger_ms: int = LINGER_MS) -> None:
         self.store = store
+        self.linger_ms = linger_ms
         store.ensure_schema(_SCHEMA)
 
     @staticmethod
@@ -62,7 +64,7 @@ class SqliteBuckets(BucketBackend):
         return _Bucket(*(float(value) for value in row)) if row else None
 
     def _save(self, conn: sqlite3.Connection, key: str, bucket: _Bucket, burst: float, rate: float) -> None:
-        expires = bucket.ts + _ttl_ms(bucket, burst, rate, bucket.ts)
+        expires = bucket.ts + _ttl_ms(bucket, burst, rate, bucket.ts, self.linger_ms)
         conn.execute(
             "INSERT INTO rate_buckets (key, tokens, ts, blocked_until, expires_at) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT(key) DO UPDATE SET tokens = excluded.tokens, ts = excluded.ts, "

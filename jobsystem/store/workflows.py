@@ -7,9 +7,10 @@ transaction on SQLite) that adds the member to its step's SET of finished ids, s
 is retried or delivered twice is counted once, and answers whether the step is now complete.
 
 Redis: the hash ``wf:<id>`` (``record``, ``state``, ``failed``, ``steps``, per step ``size:<i>``,
-``mode:<i>`` and counters ``c:<i>:<state>``, per member ``s:<id>`` and ``r:<id>``) and the set
-``wf:<id>:done:<i>``. SQLite: the tables ``workflow_fields`` and ``workflow_done``. Ids are
-UUIDs: no personal data in a key name. Cancellation marks are in :mod:`jobsystem.store.cancel_marks`.
+``mode:<i>``, counters ``c:<i>:<state>``, ``by:<i>`` (the member that completed it) and
+``sent:<i>``, per member ``s:<id>`` and ``r:<id>``) and the set ``wf:<id>:done:<i>``. SQLite: the
+tables ``workflow_fields`` and ``workflow_done``. Ids are UUIDs: no personal data in a key name.
+Cancellation marks are in :mod:`jobsystem.store.cancel_marks`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class StepProgress:
     counts: dict[str, int] = field(default_factory=dict)
     #: Whether the step after this one was sent already (:meth:`WorkflowBackend.mark_sent`).
     sent: bool = False
+    #: Whether the step is complete and this member is the one whose end completed it (true of
+    #: every member of a step completed by a release that did not record it).
+    completer: bool = False
 
     @property
     def complete(self) -> bool:
@@ -54,9 +58,12 @@ class StepProgress:
     @property
     def send_next(self) -> bool:
         """Whether the caller is to send the next step: the step is complete, the workflow still
-        runs, and this call completed it (exactly one caller), or the one that did has not sent
-        it (it died or its publish failed; a duplicate send is dropped by its idempotency key)."""
-        return self.complete and self.state == "running" and (self.added or not self.sent)
+        runs, and this call completed it (exactly one caller), or this is the completing member
+        again while the step is not noted as sent (its worker died or its publish failed, and its
+        delivery came back). Another member delivered again (its worker died before acking it)
+        must not send: its run can end while the completer is still sending, and a second publish
+        would be a duplicate message of the next step."""
+        return self.complete and self.state == "running" and self.completer and (self.added or not self.sent)
 
 
 @dataclass(frozen=True)
@@ -136,7 +143,7 @@ class WorkflowBackend(ABC):
 
 
 _FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0} end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0, 0} end
 local step, member, state = ARGV[1], ARGV[2], ARGV[3]
 local added = redis.call('SADD', KEYS[2], member)
 if added == 1 then
@@ -151,6 +158,9 @@ redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 local n = redis.call('SCARD', KEYS[2])
 local size = tonumber(redis.call('HGET', KEYS[1], 'size:' .. step))
+if added == 1 and n >= size then redis.call('HSETNX', KEYS[1], 'by:' .. step, member) end
+local by = redis.call('HGET', KEYS[1], 'by:' .. step)
+local completer = (n >= size and (not by or by == member)) and 1 or 0
 local last = tonumber(redis.call('HGET', KEYS[1], 'steps')) - 1
 if n >= size and tonumber(step) == last and redis.call('HGET', KEYS[1], 'state') == 'running' then
   redis.call('HSET', KEYS[1], 'state', 'succeeded')
@@ -160,7 +170,7 @@ for _, s in ipairs({'succeeded', 'dead', 'cancelled'}) do
   counts[s] = tonumber(redis.call('HGET', KEYS[1], 'c:' .. step .. ':' .. s) or '0')
 end
 local sent = redis.call('HGET', KEYS[1], 'sent:' .. step) and 1 or 0
-return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent}
+return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent, completer}
 """
 
 _SET_STATE = """
@@ -195,7 +205,7 @@ class RedisWorkflows(WorkflowBackend):
         key = self._key(workflow_id)
         reply = self._finish(keys=[key, f"{key}:done:{step}"], args=[step, member, state, result, ttl_ms])
         try:
-            wf_state, added, finished, size, counts, sent = reply
+            wf_state, added, finished, size, counts, sent, completer = reply
             return StepProgress(
                 reply_text(wf_state),
                 bool(added),
@@ -203,6 +213,7 @@ class RedisWorkflows(WorkflowBackend):
                 int(size),
                 json.loads(reply_text(counts)),
                 bool(sent),
+                bool(completer),
             )
         except (TypeError, ValueError) as exc:  # a reply of the wrong shape
             raise StoreUnavailable(f"unexpected reply to finish: {exc}") from exc
@@ -303,13 +314,18 @@ class SqliteWorkflows(WorkflowBackend):
                     (self._wid(workflow_id), step),
                 ).fetchone()[0]
                 size = int(fields[f"size:{step}"])
+                if added and finished >= size and f"by:{step}" not in fields:
+                    updates[f"by:{step}"] = fields[f"by:{step}"] = member
                 if finished >= size and step == int(fields["steps"]) - 1 and fields["state"] == "running":
                     updates["state"] = fields["state"] = "succeeded"
                 self._put(conn, workflow_id, updates, ttl_ms)
             except sqlite3.Error as exc:
                 raise sqlite_error(exc) from exc
         counts = {s: int(fields.get(f"c:{step}:{s}", "0")) for s in ("succeeded", "dead", "cancelled")}
-        return StepProgress(fields["state"], added, int(finished), size, counts, f"sent:{step}" in fields)
+        completer = finished >= size and fields.get(f"by:{step}", member) == member
+        return StepProgress(
+            fields["state"], added, int(finished), size, counts, f"sent:{step}" in fields, completer
+        )
 
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         with self.store.transaction() as conn:

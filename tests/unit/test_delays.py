@@ -28,6 +28,7 @@ from jobsystem.rabbitmq.delays import (
 )
 from jobsystem.settings import MAX_DURATION_MS
 from middleware.status import Status
+from tests.support import wait_for
 from tests.unit.stub import RecordingBroker, delivery
 
 QUEUE_NAMES = st.from_regex(r"[a-z][a-z0-9_.-]{0,40}\.DQ", fullmatch=True)
@@ -188,7 +189,7 @@ def test_a_long_backoff_is_scheduled_in_the_place_of_retrying_and_leaves_the_ind
 
 
 def test_a_scheduled_record_outlives_the_status_ttl_until_it_is_due(store):
-    status = Status(store, ttl_ms=1_000, scheduled_after_ms=30_000)
+    status = Status(store, ttl_ms=200, scheduled_after_ms=30_000)
     broker = RecordingBroker(middleware=[status])
     actor = dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
     try:
@@ -196,8 +197,9 @@ def test_a_scheduled_record_outlives_the_status_ttl_until_it_is_due(store):
         status.after_enqueue(broker, delayed(later, 60_000), 60_000)
         status.after_enqueue(broker, now, None)
         assert status.flush(10)
-        time.sleep(1.5)  # the TTL of a record not scheduled
-        assert status.get(now.message_id) is None
+        # ``later`` was written first: with the TTL of a record not scheduled it would be gone
+        # no later than ``now``, so once ``now`` has expired, ``later`` must still be there.
+        wait_for(lambda: status.get(now.message_id) is None, timeout=2, what="the record's TTL")
         assert status.get(later.message_id).state == "scheduled"
     finally:
         status.writes.stop()

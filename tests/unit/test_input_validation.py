@@ -18,7 +18,7 @@ from jobsystem.settings import SettingsError, load_settings
 from jobsystem.startup import configuration_checked
 from jobsystem.system import get_system
 from scheduler.schedules import ScheduleError, load_schedules
-from scheduler.triggers import CronSchedule, next_fires
+from scheduler.triggers import _RECURRENCE, CronSchedule, _fires_before, next_fires
 
 SECRET = "hunter2"
 
@@ -176,6 +176,19 @@ def test_a_cron_with_an_impossible_date_and_a_weekday_fires_on_the_weekday():
     # crontab: either day field matching is enough; the impossible date alone is dropped.
     fires = list(next_fires(CronSchedule("0 0 30 2 1"), datetime(2026, 1, 1, tzinfo=UTC), 3))
     assert len(fires) == 3 and {(f.month, f.weekday()) for f in fires} == {(2, 0)}
+
+
+def test_a_date_that_comes_round_only_every_eight_years_is_not_taken_for_one_that_never_does():
+    # The "never fires" check stops its search after _RECURRENCE (a dozen years of search took a
+    # second per expression); 29 February skips 2100, the longest wait there is.
+    from apscheduler.triggers.cron import CronTrigger
+
+    leap_day = CronTrigger(minute="0", hour="0", day="29", month="2", timezone=UTC)
+    after_2096 = datetime(2096, 3, 1, tzinfo=UTC)
+    assert _fires_before(leap_day, after_2096, after_2096 + _RECURRENCE)
+    assert not _fires_before(leap_day, after_2096, datetime(2104, 2, 28, tzinfo=UTC))
+    assert leap_day.end_date is None  # the schedule's own trigger is left unbounded
+    assert next(next_fires(CronSchedule("0 0 29 2 *"), after_2096, 1)) == datetime(2104, 2, 29, tzinfo=UTC)
 
 
 def test_a_schedules_file_that_is_not_utf8_is_refused(tmp_path):

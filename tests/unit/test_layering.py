@@ -14,6 +14,7 @@ Layers, from the bottom (a module imports only from its own layer or those below
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def layer(module: str) -> int:
     return 0 if rest.split(".")[0] in (*PRIMITIVES, "") else 2
 
 
+@functools.cache  # the checkout does not change during a run; several tests read it
 def modules() -> dict[str, Path]:
     found = {}
     for package in PROJECT:
@@ -48,10 +50,20 @@ def modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache  # parsing every module is the slow part, and three tests need the same parse
+def import_nodes(path: Path) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``path``, wherever in the file (functions included)."""
+    return [
+        node
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    ]
+
+
 def imports(path: Path, module: str) -> set[str]:
     """The project modules ``path`` imports, wherever in the file (functions included)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in import_nodes(path):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -91,7 +103,7 @@ def test_no_module_reads_the_broker_store_or_settings_from_a_package():
     # They are handed the System (or call jobsystem.system.get_system), not package globals.
     wrong = []
     for module, path in [*modules().items(), *((p.stem, p) for p in (ROOT / "tests").rglob("*.py"))]:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in import_nodes(path):
             if isinstance(node, ast.ImportFrom) and node.module in ("actors", "jobsystem"):
                 names = {alias.name for alias in node.names} & {"broker", "store", "settings", "system"}
                 if names - {"settings"} or (names and node.module == "actors"):

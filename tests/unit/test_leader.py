@@ -10,7 +10,9 @@ from jobsystem.store.leader import LeaderLease
 from jobsystem.store.sqlite import SqliteStore
 from tests.support import wait_for
 
-TTL_MS = 1_000
+#: Short enough to keep the unit tier fast, long enough that a loaded machine (a renewal due every
+#: third of it, so a renewal late by two thirds of it) does not lose the lease to the standby.
+TTL_MS = 500
 
 
 def lease(store, events: list[str], name: str) -> LeaderLease:
@@ -81,7 +83,7 @@ def test_a_leader_that_cannot_renew_steps_down_before_its_lease_lapses(tmp_path)
     leader = LeaderLease(
         store,
         "leader",
-        ttl_ms=3_000,  # a 300 ms margin between the step-down and the lapse
+        ttl_ms=1_500,  # a 150 ms margin between the step-down and the lapse
         owner="a",
         on_elected=lambda: events.append(("elected", None)),
         # Who holds the lease in the store at the moment this process steps down.

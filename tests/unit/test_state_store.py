@@ -12,6 +12,7 @@ from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import idempotency_backend
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
+from tests.support import wait_for
 
 
 def test_open_store_picks_the_backend(tmp_path):
@@ -25,8 +26,8 @@ def test_values_expire(store: StateStore):
     store.set("a", "1")
     store.set("b", b"2", ttl_ms=150)
     assert store.get("a") == b"1" and store.get("b") == b"2"
-    time.sleep(0.3)
-    assert store.get("b") is None and store.get("a") == b"1"
+    wait_for(lambda: store.get("b") is None, timeout=2, what="b's TTL")
+    assert store.get("a") == b"1"
     store.delete("a", "missing")
     assert store.get("a") is None
 
@@ -38,11 +39,12 @@ def test_clock_is_milliseconds_near_now(store: StateStore):
 def test_lease_is_exclusive_renewable_and_expires(store: StateStore):
     assert store.acquire_lease("leader", "a", 300)
     assert not store.acquire_lease("leader", "b", 300)
+    renewed = time.monotonic()
     assert store.acquire_lease("leader", "a", 300)  # renewal by the holder
     assert store.lease_holder("leader") == "a"
     assert not store.release_lease("leader", "b")
-    time.sleep(0.45)
-    assert store.lease_holder("leader") is None
+    wait_for(lambda: store.lease_holder("leader") is None, timeout=2, what="the lease's TTL")
+    assert time.monotonic() - renewed >= 0.3  # the renewal's TTL ran in full
     assert store.acquire_lease("leader", "b", 300)
     assert store.release_lease("leader", "b")
     assert store.acquire_lease("leader", "a", 300)
@@ -97,8 +99,8 @@ def test_completed_keys_expire_after_their_ttl(store: StateStore):
     keys.claim("a:ttl", "m", "o", 1_000, 60_000)
     keys.complete_many([("a:ttl", None, 200), ("a:other", "1", 60_000)])
     assert keys.claim("a:ttl", "m", "p", 1_000, 60_000).status == "completed"
-    time.sleep(0.35)
-    assert keys.claim("a:ttl", "m2", "p", 1_000, 60_000).status == "claimed"
+    # Until its TTL is over, a claim is answered "completed" (and changes nothing); then granted.
+    wait_for(lambda: keys.claim("a:ttl", "m2", "p", 1_000, 60_000).status == "claimed", timeout=2)
 
 
 def test_one_claim_wins_among_racing_threads(store: StateStore):

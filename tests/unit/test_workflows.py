@@ -18,6 +18,7 @@ from jobsystem.runtime.workflow_steps import WORKFLOW, Step, annotate
 from jobsystem.store import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.store.idempotency import idempotency_backend
+from jobsystem.store.redis import RedisStore
 from jobsystem.store.results import StoreResultBackend
 from jobsystem.store.workflows import workflow_backend
 from jobsystem.workflows import mark_ttl_ms
@@ -55,6 +56,33 @@ def test_a_member_is_counted_once_and_the_step_completes_once(store):
     assert found is not None and found.step_results(0) == [0, 1, 4]
     last = backend.finish(record["id"], 1, "next", "succeeded", "5", TTL)
     assert last.complete and last.state == "succeeded"
+
+
+def test_only_the_member_that_completed_the_step_may_send_it_again(store):
+    backend = workflow_backend(store)
+    record, members = chord(store)
+    answers = [backend.finish(record["id"], 0, m, "succeeded", "0", TTL) for m in members]
+    assert [(a.send_next, a.completer) for a in answers] == [(False, False), (False, False), (True, True)]
+    other = backend.finish(record["id"], 0, "m0", "succeeded", "0", TTL)  # redelivered
+    again = backend.finish(record["id"], 0, "m2", "succeeded", "0", TTL)  # the completer's delivery again
+    assert (other.complete, other.completer, other.send_next) == (True, False, False)
+    assert (again.completer, again.send_next) == (True, True)
+    backend.mark_sent(record["id"], 0, TTL)
+    assert not backend.finish(record["id"], 0, "m2", "succeeded", "0", TTL).send_next
+
+
+def test_a_step_completed_before_the_completer_was_recorded_may_be_sent_by_any_member(store):
+    # A workflow in flight across the upgrade: its step completed without ``by:<step>``.
+    backend = workflow_backend(store)
+    record, members = chord(store)
+    for m in members:
+        backend.finish(record["id"], 0, m, "succeeded", "0", TTL)
+    if isinstance(store, RedisStore):
+        store.client.hdel(store.key(f"wf:{record['id']}"), "by:0")
+    else:
+        with store.transaction() as conn:
+            conn.execute("DELETE FROM workflow_fields WHERE field = 'by:0'")
+    assert backend.finish(record["id"], 0, "m0", "succeeded", "0", TTL).send_next
 
 
 def test_a_member_that_did_not_succeed_fails_the_chord_and_is_named(store):
@@ -331,6 +359,57 @@ def test_a_next_step_whose_publish_failed_is_sent_by_the_redelivered_member(stor
     broker.enqueue = publish  # type: ignore[method-assign]
     workflows.after_process_message(broker, delivery(first[0], redelivered=True), result=4)
     assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", ([4],))]
+
+
+def test_another_member_redelivered_while_the_step_is_being_sent_does_not_send_it_again(store):
+    # A worker SIGKILLed after counting a member but before acking it: RabbitMQ redelivers the
+    # member, and its run ends while the worker of the last member is sending the next step
+    # (between the publish and the note that it was sent). Only the member that completed the
+    # step may send it (again, if its own worker died): a second publish would leave a duplicate
+    # of the next step in the queue, deferred while the first runs (the integration test's
+    # chord-with-a-SIGKILL found one left over).
+    broker, workflows, square, total = workflow_broker(store)
+    record, first = annotate(
+        "chord", [Step([square.message(i) for i in range(3)], pipe="list"), Step([total.message()])]
+    )
+    workflows.backend.create(record, TTL)
+    for i in (0, 1):
+        workflows.after_process_message(broker, delivery(first[i]), result=i * i)
+    publish = broker.enqueue
+
+    def publish_during_which_member_0_ends_again(message: Any, *, delay: Any = None) -> Any:
+        broker.enqueue = publish  # type: ignore[method-assign]
+        workflows.after_process_message(broker, delivery(first[0], redelivered=True), result=0)
+        return publish(message, delay=delay)
+
+    broker.enqueue = publish_during_which_member_0_ends_again  # type: ignore[method-assign]
+    workflows.after_process_message(broker, delivery(first[2]), result=4)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", ([0, 1, 4],))]
+
+
+def test_the_member_that_completed_the_step_sends_it_again_if_its_worker_died_before_noting_it(store):
+    broker, workflows, square, total = workflow_broker(store)
+    record, first = annotate(
+        "chord", [Step([square.message(i) for i in range(2)], pipe="list"), Step([total.message()])]
+    )
+    workflows.backend.create(record, TTL)
+    workflows.after_process_message(broker, delivery(first[0]), result=0)
+    died = workflows.backend.mark_sent
+
+    def killed(*args: Any) -> None:
+        raise SystemExit("SIGKILL between the publish and the note")
+
+    workflows.backend.mark_sent = killed  # type: ignore[method-assign]
+    with pytest.raises(SystemExit):
+        workflows.member_finished(broker, delivery(first[1]), "succeeded", 1)
+    workflows.backend.mark_sent = died  # type: ignore[method-assign]
+    # The other member's redelivery does not send it; the completing member's does.
+    workflows.after_process_message(broker, delivery(first[0], redelivered=True), result=0)
+    assert len(broker.enqueued) == 1
+    workflows.after_process_message(broker, delivery(first[1], redelivered=True), result=1)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", ([0, 1],))] * 2
+    workflows.after_process_message(broker, delivery(first[1], redelivered=True), result=1)
+    assert len(broker.enqueued) == 2  # noted as sent now
 
 
 def test_a_member_dropped_as_a_duplicate_at_send_counts_as_finished(store):
