@@ -5,17 +5,17 @@ Dramatiq's consumer acks a message by handing ``channel.basic_ack(tag)`` to the 
 thread (``add_callback_threadsafe``): a write to the connection's wake-up pipe, a timer event, a
 poll and a socket write for every single message, which made the ack path the costliest part of
 a worker at a few thousand jobs a second. Here the first ack of a batch schedules one callback;
-acks arriving before it runs join the batch; the callback queues every frame of the batch, then
-flushes the socket once.
+acks arriving before it runs join the batch; the callback queues every frame of the batch, and
+pika's poll loop, where the consumer's thread waits for deliveries, writes them.
 
 Nothing changes what is acknowledged: each delivery is still acked on its own (never with
 ``multiple``, since a lower tag may still be running), on the connection's own thread, in the
 order the worker threads finished. A batch lost with its connection is like Dramatiq's lost
 callbacks: the deliveries were not acked, so RabbitMQ redelivers them.
 
-It uses two private names of pika's ``BlockingChannel``: ``_impl`` (the asynchronous channel,
-whose ``basic_ack`` queues a frame) and ``_flush_output`` (what ``BlockingChannel.basic_ack``
-calls after it). ``check_pika_contract`` checks both are still there.
+It uses a private name of pika's ``BlockingChannel``: ``_impl``, the asynchronous channel whose
+``basic_ack`` queues a frame (``BlockingChannel.basic_ack`` calls it, then waits until the frame
+is written). ``check_pika_contract`` checks it is still there.
 """
 
 from __future__ import annotations
@@ -63,13 +63,16 @@ class AckBatch:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _send(self) -> None:
-        """On the connection's thread: queue an ack frame per tag, then write them in one flush."""
+        """On the connection's thread: queue an ack frame per tag for the connection to write.
+
+        No flush of its own: the consumer's thread is always in, or on its way back to, pika's
+        poll loop (``consume`` waits there for the next delivery), which writes queued frames as
+        soon as the socket takes them, in order, before any later frame such as a channel close."""
         with self._lock:
             tags, self._tags = self._tags, []
         channel = self.channel._impl
         for tag in tags:
             channel.basic_ack(delivery_tag=tag, multiple=False)
-        self.channel._flush_output()
 
 
 def check_pika_contract() -> list[str]:
@@ -77,6 +80,4 @@ def check_pika_contract() -> list[str]:
     problems = []
     if "self._impl.basic_ack(" not in inspect.getsource(BlockingChannel.basic_ack):
         problems.append("BlockingChannel.basic_ack calls self._impl.basic_ack")
-    if "self._flush_output()" not in inspect.getsource(BlockingChannel.basic_ack):
-        problems.append("BlockingChannel.basic_ack then calls self._flush_output()")
     return problems

@@ -107,9 +107,6 @@ class FakeChannel:
         self.sent: list[Any] = []
         self._impl = FakeImpl(self.sent)
 
-    def _flush_output(self) -> None:
-        self.sent.append("flush")
-
 
 class FakeConnection:
     """Holds callbacks until ``run()``, as the connection's thread would until its next poll."""
@@ -136,11 +133,11 @@ def test_acks_finished_before_the_connections_thread_runs_leave_together_in_orde
         acks.add(tag)
     assert len(connection.callbacks) == 1  # one hand-off for the batch
     connection.run()
-    assert channel.sent == [("ack", 3, False), ("ack", 1, False), ("ack", 2, False), "flush"]
+    assert channel.sent == [("ack", 3, False), ("ack", 1, False), ("ack", 2, False)]
     acks.add(4)  # a new batch after the first went
     assert len(connection.callbacks) == 1
     connection.run()
-    assert channel.sent[-2:] == [("ack", 4, False), "flush"]
+    assert channel.sent[-1:] == [("ack", 4, False)]
 
 
 def test_acks_from_many_threads_are_each_sent_once():
@@ -161,7 +158,7 @@ def test_acks_from_many_threads_are_each_sent_once():
     for thread in threads:
         thread.join()
     connection.run()
-    tags = [item[1] for item in channel.sent if item != "flush"]
+    tags = [item[1] for item in channel.sent]
     assert sorted(tags) == sorted(n * 1000 + i for n in range(8) for i in range(500))
 
 
@@ -174,7 +171,7 @@ def test_a_closed_connection_raises_connection_closed_and_the_next_batch_still_g
     connection.closed = False
     acks.add(2)  # not stuck behind the lost batch: it schedules its own hand-off
     connection.run()
-    assert channel.sent == [("ack", 2, False), "flush"]
+    assert channel.sent == [("ack", 2, False)]
 
 
 def test_pika_still_has_what_the_ack_batch_relies_on():
