@@ -57,9 +57,10 @@ class Heartbeat(Middleware):
         self.store = store
         self.interval = interval
         self.backend: HeartbeatBackend = heartbeat_backend(store)
-        self._lock = threading.Lock()
+        # No lock on the job path: each worker thread writes only its own entries (a set's add
+        # and discard, and a dict item, are atomic under the GIL); the beat reads a copy.
         self._running: set[int] = set()
-        self._done = 0
+        self._done: dict[int, int] = {}
         self._stop = threading.Event()
         self._worker: dramatiq.Worker | None = None
         self._record: dict[str, Any] = {}
@@ -93,8 +94,7 @@ class Heartbeat(Middleware):
         self._beat(stopped_at=int(time.time() * 1000))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        with self._lock:
-            self._running.add(threading.get_ident())
+        self._running.add(threading.get_ident())
 
     def after_process_message(
         self,
@@ -104,21 +104,19 @@ class Heartbeat(Middleware):
         result: Any | None = None,
         exception: BaseException | None = None,
     ) -> None:
-        with self._lock:
-            self._running.discard(threading.get_ident())
-            self._done += 1
+        ident = threading.get_ident()
+        self._running.discard(ident)
+        self._done[ident] = self._done.get(ident, 0) + 1
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        with self._lock:
-            self._running.discard(threading.get_ident())
+        self._running.discard(threading.get_ident())
 
     # -- beating ---------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """The record as it stands: the fixed fields, the queues consumed now, the counters."""
         consumers = list(self._worker.consumers) if self._worker is not None else []
-        with self._lock:
-            busy, done = len(self._running), self._done
+        busy, done = len(self._running), sum(list(self._done.values()))
         queues = sorted({q_name(q) for q in consumers})
         return {**self._record, "queues": queues, "busy": busy, "jobs_done": done}
 

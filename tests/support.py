@@ -287,6 +287,16 @@ class Queues:
         channel = get_system().broker.channel
         return int(channel.queue_declare(queue, passive=True).method.message_count)
 
+    def wait_consumers(self, queue: str, count: int, timeout: float = 30.0) -> None:
+        """Wait until ``count`` consumers are attached to ``queue``: a worker logs that it is ready
+        once its consumer threads started, before they have subscribed."""
+        channel = get_system().broker.channel
+
+        def attached() -> bool:
+            return int(channel.queue_declare(queue, passive=True).method.consumer_count) >= count
+
+        wait_for(attached, timeout, what=f"{count} consumers on the queue")
+
     # -- terminal signals ---------------------------------------------------------------------------
 
     def _status(self) -> Any:

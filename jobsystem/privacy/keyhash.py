@@ -13,13 +13,15 @@ them. :attr:`KeyHasher.keyed` tells which; the worker warns at start when it is 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 
 __all__ = ["KeyHasher"]
 
 #: The key used when no secret is configured (public: it hides names, it does not protect them).
 UNKEYED = b"jobsystem: store keys without a secret"
+
+#: How many recent texts keep their hash in memory (each is in a message this process holds).
+RECENT_KEYS = 4096
 
 
 class KeyHasher:
@@ -33,6 +35,15 @@ class KeyHasher:
         self.keyed = bool(secret)
         key = secret.encode() if isinstance(secret, str) else secret
         self._key = key or UNKEYED
+        self._recent: dict[str, str] = {}
 
     def __call__(self, text: str) -> str:
-        return hmac.new(self._key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:32]
+        # A message's key is hashed at receipt and again when it starts: the second time is a
+        # dict lookup. The cache is emptied when full rather than kept in order (cheaper).
+        hashed = self._recent.get(text)
+        if hashed is None:
+            hashed = hmac.digest(self._key, text.encode("utf-8", "surrogatepass"), "sha256").hex()[:32]
+            if len(self._recent) >= RECENT_KEYS:
+                self._recent.clear()
+            self._recent[text] = hashed
+        return hashed

@@ -19,6 +19,7 @@ from jobsystem.dramatiq_internals import RabbitmqConsumer, RabbitmqTopology
 from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from jobsystem.rabbitmq.dead_letter_indexer import DeadLetterIndexer
 from jobsystem.rabbitmq.delays import DelayCascade, cascade_seconds, routing_key
+from jobsystem.rabbitmq.dispatch import HookDispatch
 from jobsystem.runtime.follow_ups import RefusedFollowUps
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore
@@ -54,7 +55,7 @@ class QueueArgumentsMismatch(RuntimeError):
     """A queue exists with other arguments than this project declares (RabbitMQ answers 406)."""
 
 
-class ProjectBroker(RabbitmqTopology):
+class ProjectBroker(HookDispatch, RabbitmqTopology):
     """Dramatiq's RabbitMQ broker with the project's dead-letter topology and duplicate answers.
 
     - Work and delay queues dead-letter into the direct exchange ``dead_letter_exchange``, routed
@@ -69,6 +70,8 @@ class ProjectBroker(RabbitmqTopology):
     - Each dead letter RabbitMQ confirmed is indexed in the state store (``dead_letter_index``,
       :mod:`jobsystem.rabbitmq.dead_letter_indexer`, written in the background), so the dashboard
       pages through dead letters without reading the queues.
+    - Hooks are called only on the middleware that define them (:mod:`jobsystem.rabbitmq.dispatch`),
+      and the consumer sends acks in batches (:mod:`jobsystem.rabbitmq.acks`).
     - A delay longer than ``delay_horizon_ms`` waits in RabbitMQ's delay cascade
       (:mod:`jobsystem.rabbitmq.delays`), not in a worker: the message, carrying its ``eta``,
       reaches ``<queue>.DQ`` about a second before it is due and the worker releases it then.

@@ -10,6 +10,8 @@ RabbitMQ, dead-lettered, or held and requeued later; none can crash a thread or 
   requeues it after a growing delay, counted, with an alert after a few refusals
   (``jobsystem.runtime.follow_ups``); when the delivery comes back, the consumer publishes the decided
   follow-up itself instead of running the actor again.
+- Acks leave in batches, one hand-off to the connection's thread for all the acks finished
+  meanwhile (:mod:`jobsystem.rabbitmq.acks`).
 - A delay-queue message due further ahead than the broker's delay horizon (sent before the delay
   cascade existed, or by plain Dramatiq) is moved into the cascade, confirmed, then acked, rather
   than held unacked past RabbitMQ's ``consumer_timeout``.
@@ -42,6 +44,7 @@ from jobsystem.dramatiq_internals import (
     stored_exception,
     wants_redelivery,
 )
+from jobsystem.rabbitmq.acks import AckBatch
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -98,6 +101,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         # The middleware that want each delivery as it arrives (claim ahead), looked up once per
         # consumer rather than on every message.
         self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
+        self.acks = AckBatch(self.connection, self.channel)
 
     # -- receiving -------------------------------------------------------------------------------
 
@@ -238,7 +242,16 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         if isinstance(message, ProjectMessage) and wants_redelivery(message):
             self._hold(message, pending_follow_up(message), "retry", None)
         else:
-            super().ack(message)  # type: ignore[no-untyped-call]
+            self._ack(message)
+
+    def _ack(self, message: MessageProxy) -> None:
+        """Ack a delivery with the others finished meanwhile (:mod:`jobsystem.rabbitmq.acks`)."""
+        try:
+            self.known_tags.remove(message._tag)
+        except KeyError:  # the consumer reconnected since: RabbitMQ redelivers it anyway
+            logger.warning("ack_unknown_delivery", extra={"message_id": message.message_id})
+            return
+        self.acks.add(message._tag)
 
     def nack(self, proxy: MessageProxy) -> None:
         broker, message = self.broker, project_message(proxy)
@@ -254,7 +267,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             self._hold(message, follow_up, "dead_letter", exc)
             return
         mark_dead_lettered(message, headers[HEADER_REASON])
-        super().ack(message)  # type: ignore[no-untyped-call]
+        self._ack(message)
         self._notify(message, headers)
 
     def _notify(self, message: Message[Any] | MessageProxy, headers: dict[str, Any]) -> None:

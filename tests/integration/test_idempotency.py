@@ -65,6 +65,7 @@ def test_two_workers_racing_on_duplicates_run_once(start_worker, keyed, store, p
     lease = {"STATE_URL": state_url, "IDEMPOTENCY_LEASE_MS": "3000"}
     workers = [start_worker(processes=1, threads=4, **lease) for _ in range(2)]
     message = keyed.message(workload.effect, "k3", seconds=1.0)
+    keyed.wait_consumers(message.queue_name, 2)
     keyed.publish_raw(message, copies=12)
     outcome = wait_for_final_events(workers, {message.message_id: 12})[message.message_id]
     assert outcome == {"job_succeeded": 1, "duplicate_skipped": 11}
