@@ -22,6 +22,15 @@ load averages 2.6-4.8 and 0.4-4.0): "defaults + key + rate-limited bucket" 799 -
 614 us/job; the rate limit's increment over the key +129 -> -16 and +197 -> -55 (within noise:
 the bucket that never runs dry now costs one store call per 32 jobs); ratio to bare 0.16 -> 0.33
 and 0.21 -> 0.25. Paced bucket 100/s burst 10 (never leased): 1.0000-1.0020 of the rate on both.
+
+Lifecycle lines in batches (issue 15, third part; 2 cores shared with two other sessions' tests
+and a bench on main, load averages 4.3-17.7, so single figures swing by +-150 us/job): the rows
+bare / everything off / + lifecycle logs, A/B alternating main, branch, main, branch, 3 repetitions
+each (6 per side), "+ lifecycle logs" over "everything off", median of the per-repetition
+increments: main +331 (172-456) -> branch +122 (-50-216) us/job; medians of the rows 660 -> 973
+(main) and 640 -> 723 (branch). One full --costs-only --repeat 3 each, main then branch: +454
+(off 756, logs 1210) -> +162 (off 679, logs 841) us/job; per repetition +537, +454, +389 ->
++121, +137, +183.
 """
 
 from __future__ import annotations

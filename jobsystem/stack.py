@@ -18,6 +18,7 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 
+from jobsystem.observability.batched_stream import flush_batched_streams
 from jobsystem.observability.metrics import serve_metrics
 from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.privacy.scrub import Scrubber
@@ -58,7 +59,7 @@ def build_middleware(
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
         Heartbeat(store),
-        JobLifecycle(scrub=scrubber),
+        JobLifecycle(scrub=scrubber, flush_logs=flush_batched_streams),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),
         ShutdownNotifications(),

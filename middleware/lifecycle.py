@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from dramatiq import Message
+from dramatiq import Message, Worker
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.errors import ActorNotFound
@@ -73,6 +73,8 @@ class JobLifecycle(Middleware):
       logger_name: the structlog logger the events go to.
       enqueued_level: level of ``job_enqueued`` (DEBUG by default).
       clock: monotonic seconds, for durations.
+      flush_logs: called when the worker has stopped, before Dramatiq closes the log pipe: sends
+        lifecycle lines still held in a batch (see ``jobsystem.observability.batched_stream``).
     """
 
     def __init__(
@@ -82,8 +84,10 @@ class JobLifecycle(Middleware):
         logger_name: str = DEFAULT_LOGGER,
         enqueued_level: int = logging.DEBUG,
         clock: Callable[[], float] = time.perf_counter,
+        flush_logs: Callable[[], None] | None = None,
     ) -> None:
         self.scrub = scrub
+        self.flush_logs = flush_logs
         self.logger: structlog.stdlib.BoundLogger = structlog.get_logger(logger_name)
         self.enqueued_level = enqueued_level
         self.clock = clock
@@ -111,6 +115,10 @@ class JobLifecycle(Middleware):
         self._held.add(message.message_id)
 
     # --- worker side ---
+
+    def after_worker_shutdown(self, broker: Broker, worker: Worker) -> None:
+        if self.flush_logs is not None:
+            self.flush_logs()
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         fields = job_fields(message)

@@ -25,6 +25,16 @@ from middleware.ratelimit import RateLimited
 from middleware.status import progress
 
 settings = get_system().settings
+if os.environ.get("TEST_LOG_BATCH_INTERVAL"):
+    # A test of the log batches: lifecycle lines then leave only by size, by an ordinary line or
+    # at shutdown (the flusher thread starts with the first line, after this import); Dramatiq's
+    # worker keeps its INFO lines ("Shutting down...", "Worker has been shut down.") to itself,
+    # so that they flush nothing.
+    from jobsystem.observability import batched_stream
+
+    for _stream in list(batched_stream._streams):
+        _stream.interval = float(os.environ["TEST_LOG_BATCH_INTERVAL"])
+    logging.getLogger("dramatiq.worker").setLevel(logging.WARNING)
 store = redis.Redis.from_url(os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"))
 QUEUE = settings.queue("workload")
 

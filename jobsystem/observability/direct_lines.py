@@ -8,7 +8,9 @@ and writes the line to the root logger's stream handlers under their locks, so t
 same line in the same place. It takes only events below WARNING of the loggers it is given (the
 lifecycle logger, which Sentry ignores), and only while every root handler is a plain
 ``logging.StreamHandler`` (what ``dramatiq`` and the command line set up); anything else, such as a
-capture handler in a test, gets the ordinary path.
+capture handler in a test, gets the ordinary path. Where the handler's stream is a
+:class:`~jobsystem.observability.batched_stream.BatchedStream` (a worker process's pipe to
+Dramatiq's parent), the line is queued there and sent with others, without the handler's lock.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 import orjson
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
+
+from jobsystem.observability.batched_stream import BatchedStream
 
 __all__ = ["DirectLines", "dumps", "json_renderer"]
 
@@ -78,9 +82,13 @@ class DirectLines:
         for processor in self.tail:
             line = processor(logger, method_name, line)
         for handler in handlers:
+            stream = handler.stream
+            if type(stream) is BatchedStream:  # its own lock keeps the order with the handler's writes
+                stream.write_later(f"{line}{handler.terminator}")
+                continue
             handler.acquire()
             try:
-                handler.stream.write(f"{line}{handler.terminator}")
+                stream.write(f"{line}{handler.terminator}")
                 handler.flush()
             except Exception:  # as logging does: a broken stream does not break the job
                 pass

@@ -13,6 +13,8 @@ over the whole event after the traceback is formatted, just before rendering.
 
 The lifecycle events of every job (``job_started``, ``job_succeeded``) take a short path to the
 same handlers' streams (:mod:`jobsystem.observability.direct_lines`); JSON is rendered by orjson.
+In a worker process they are sent to the parent in batches
+(:mod:`jobsystem.observability.batched_stream`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from types import TracebackType
 from typing import Any
 
 import structlog
+from dramatiq.compat import StreamablePipe
 from structlog.typing import Processor
 
 from jobsystem.dramatiq_internals import RESULTS_MISSING_WARNING
+from jobsystem.observability.batched_stream import BatchedStream
 from jobsystem.observability.direct_lines import DirectLines, json_renderer
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
@@ -107,6 +111,7 @@ def configure_logging(
     if not root.handlers:
         root.addHandler(logging.StreamHandler(sys.stderr))
     for handler in root.handlers:
+        _batch_pipe(handler)
         handler.setFormatter(formatter)
         for old in [f for f in handler.filters if isinstance(f, (HideMessageArguments, Scrubber))]:
             handler.removeFilter(old)
@@ -122,6 +127,22 @@ def configure_logging(
         worker_log.addFilter(_CancelledIsNoFailure())
     logging.captureWarnings(True)
     _route_uncaught_exceptions()
+
+
+def _batch_pipe(handler: logging.Handler) -> None:
+    """Under ``dramatiq``, wrap the handler's pipe to the parent process in a :class:`BatchedStream`
+    (lifecycle lines go in batches; everything else at once, after what is pending). The worker
+    process's ``sys.stdout`` and ``sys.stderr`` are the same pipe: they get the same wrapper, so a
+    ``print`` cannot overtake pending lines. Other streams (a terminal, a file, a test's) are kept."""
+    if type(handler) is not logging.StreamHandler or type(handler.stream) is not StreamablePipe:
+        return
+    pipe = handler.stream
+    batched = BatchedStream(pipe)
+    handler.setStream(batched)
+    if sys.stdout is pipe:
+        sys.stdout = batched
+    if sys.stderr is pipe:
+        sys.stderr = batched
 
 
 class _ResultsAreKept(logging.Filter):

@@ -1,0 +1,179 @@
+"""Lifecycle lines go to Dramatiq's log pipe in batches (jobsystem.observability.batched_stream):
+in order with every other write, sent when full, after a short interval, at worker shutdown and at
+exit, and never twice across a fork."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+from dramatiq.compat import StreamablePipe
+
+from jobsystem.observability.batched_stream import BatchedStream, flush_batched_streams
+from jobsystem.observability.logs import configure_logging
+from jobsystem.settings import load_settings
+from middleware.lifecycle import DEFAULT_LOGGER, JobLifecycle
+from tests.support import BIN, ROOT, wait_for
+
+FIELDS = {"message_id": "6a1f0c3e-2b4d-4f5a-9c8e-7d6b5a4c3b2a", "attempt": 1}
+
+
+class Recorder:
+    """A stream that keeps each ``write`` apart, as a pipe keeps each message."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    hooks, stdout, stderr = sys.excepthook, sys.stdout, sys.stderr
+    yield
+    root.handlers, root.level, sys.excepthook = handlers, level, hooks
+    sys.stdout, sys.stderr = stdout, stderr
+    structlog.reset_defaults()
+
+
+def test_lines_wait_and_an_ordinary_write_sends_them_first_in_one_write():
+    recorder = Recorder()
+    stream = BatchedStream(recorder, interval=600)
+    stream.write_later("started\n")
+    stream.write_later("succeeded\n")
+    assert recorder.writes == []
+    stream.write("warning\n")
+    assert recorder.writes == ["started\nsucceeded\nwarning\n"]
+    stream.write("error\n")  # nothing pending: written as it is
+    assert recorder.writes[-1] == "error\n"
+
+
+def test_lines_are_sent_when_they_pass_the_size():
+    recorder = Recorder()
+    stream = BatchedStream(recorder, max_chars=30, interval=600)
+    for i in range(5):
+        stream.write_later(f"line {i:04d}\n")  # 10 characters each
+    assert recorder.writes == ["line 0000\nline 0001\nline 0002\n"]
+    stream.flush()
+    assert recorder.writes == ["line 0000\nline 0001\nline 0002\n", "line 0003\nline 0004\n"]
+
+
+def test_lines_are_sent_after_the_interval_together():
+    recorder = Recorder()
+    stream = BatchedStream(recorder, interval=0.05)
+    stream.write_later("one\n")
+    stream.write_later("two\n")
+    wait_for(lambda: recorder.writes, timeout=5, what="the flusher thread")
+    assert recorder.writes == ["one\ntwo\n"]
+    stream.write_later("three\n")  # the thread keeps serving
+    wait_for(lambda: len(recorder.writes) == 2, timeout=5, what="the second batch")
+    assert recorder.writes[1] == "three\n"
+
+
+def test_worker_shutdown_sends_what_is_pending():
+    recorder = Recorder()
+    stream = BatchedStream(recorder, interval=600)
+    stream.write_later("last job\n")
+    calls: list[str] = []
+    lifecycle = JobLifecycle(scrub=lambda value: value, flush_logs=lambda: calls.append("flush"))
+    lifecycle.after_worker_shutdown(None, None)  # type: ignore[arg-type]
+    assert calls == ["flush"]
+    flush_batched_streams()  # what the stack hands JobLifecycle
+    assert recorder.writes == ["last job\n"]
+
+
+def test_pending_lines_are_sent_at_interpreter_exit():
+    script = (
+        "import sys\n"
+        "from jobsystem.observability.batched_stream import BatchedStream\n"
+        "stream = BatchedStream(sys.stdout, interval=600)\n"
+        "stream.write_later('first\\n'); stream.write_later('second\\n')\n"
+    )
+    result = subprocess.run(
+        [str(BIN / "python"), "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "first\nsecond\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_sends_only_its_own_lines_and_can_write_while_the_parent_held_the_lock():
+    read_fd, write_fd = os.pipe()
+
+    class FdStream:
+        def write(self, text: str) -> int:
+            return os.write(write_fd, text.encode())
+
+    stream = BatchedStream(FdStream(), interval=0.05)
+    stream.write_later("parent pending\n")
+    stream._lock.acquire()  # as if a thread of the parent were sending at the moment of the fork
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh lock, nothing pending, a flusher of its own
+        signal.alarm(10)  # a deadlock ends the child, and the test fails on its exit status
+        stream.write_later("child line\n")
+        deadline = 200
+        while stream._pending and deadline:
+            threading.Event().wait(0.05)
+            deadline -= 1
+        os._exit(0 if not stream._pending else 3)
+    stream._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    stream.flush()
+    os.close(write_fd)
+    with os.fdopen(read_fd) as reader:
+        assert sorted(reader.read().splitlines()) == ["child line", "parent pending"]
+
+
+def test_under_dramatiq_lifecycle_lines_and_a_warning_reach_the_parent_in_order_in_one_message():
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    pipe = StreamablePipe(writer)
+    sys.stderr = pipe  # type: ignore[assignment]  # as Dramatiq's worker process has it
+    root = logging.getLogger()
+    root.handlers = [logging.StreamHandler(pipe)]
+    configure_logging(load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"}))
+    handler = root.handlers[0]
+    assert isinstance(handler, logging.StreamHandler) and type(handler.stream) is BatchedStream
+    assert sys.stderr is handler.stream  # print() to stderr keeps its place too
+    handler.stream.interval = 600  # type: ignore[attr-defined]
+    log = structlog.get_logger(DEFAULT_LOGGER)
+    log.info("job_started", **FIELDS)
+    log.info("job_succeeded", duration_ms=1.5, **FIELDS)
+    assert not reader.poll(0.2)  # held, not sent
+    logging.getLogger("dramatiq.worker").warning("something odd")
+    message = reader.recv_bytes().decode()
+    lines: list[dict[str, Any]] = [json.loads(line) for line in message.splitlines()]
+    assert [line["event"] for line in lines] == ["job_started", "job_succeeded", "something odd"]
+    assert message.endswith("\n") and not reader.poll(0.1)
+    writer.close()
+    reader.close()
+
+
+def test_configuring_twice_wraps_the_pipe_once():
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    root = logging.getLogger()
+    root.handlers = [logging.StreamHandler(StreamablePipe(writer))]
+    settings = load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"})
+    configure_logging(settings)
+    first = root.handlers[0].stream  # type: ignore[attr-defined]
+    configure_logging(settings)
+    assert root.handlers[0].stream is first and type(first.stream) is StreamablePipe  # type: ignore[attr-defined]
+    writer.close()
+    reader.close()
