@@ -33,8 +33,11 @@ EXIT_CONFIG = 2
 
 
 def _in_dramatiq_worker() -> bool:
-    """Whether the ``dramatiq`` command started this process: it pipes the output to its parent."""
-    return isinstance(sys.stderr, StreamablePipe)
+    """Whether the ``dramatiq`` command started this process: it pipes the output to its parent
+    (once logging is configured, through a ``BatchedStream`` whose ``stream`` is that pipe)."""
+    return isinstance(sys.stderr, StreamablePipe) or isinstance(
+        getattr(sys.stderr, "stream", None), StreamablePipe
+    )
 
 
 def _reports_for_the_group() -> bool:

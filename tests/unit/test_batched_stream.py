@@ -22,6 +22,7 @@ from dramatiq.compat import StreamablePipe
 from jobsystem.observability.batched_stream import BatchedStream, flush_batched_streams
 from jobsystem.observability.logs import configure_logging
 from jobsystem.settings import load_settings
+from jobsystem.startup import _in_dramatiq_worker
 from middleware.lifecycle import DEFAULT_LOGGER, JobLifecycle
 from tests.support import BIN, ROOT, wait_for
 
@@ -152,6 +153,7 @@ def test_under_dramatiq_lifecycle_lines_and_a_warning_reach_the_parent_in_order_
     handler = root.handlers[0]
     assert isinstance(handler, logging.StreamHandler) and type(handler.stream) is BatchedStream
     assert sys.stderr is handler.stream  # print() to stderr keeps its place too
+    assert _in_dramatiq_worker()  # a bad setting found later still exits quietly with code 2
     handler.stream.interval = 600  # type: ignore[attr-defined]
     log = structlog.get_logger(DEFAULT_LOGGER)
     log.info("job_started", **FIELDS)
