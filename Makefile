@@ -26,7 +26,7 @@ dashboard:  ## Serve the operators' dashboard on http://127.0.0.1:8181 (needs DA
 	$(BIN)/jobctl dashboard
 
 test:  ## Run both test tiers: unit, then integration (real RabbitMQ, Redis, worker subprocesses; CI runs this)
-	$(BIN)/pytest tests/unit tests/integration
+	$(BIN)/pytest --durations=20 tests/unit tests/integration
 
 test-fast:  ## Run the unit tier only: in-process, Redis and SQLite, no RabbitMQ (under 30 s)
 	$(BIN)/pytest tests/unit
