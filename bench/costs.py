@@ -31,6 +31,16 @@ increments: main +331 (172-456) -> branch +122 (-50-216) us/job; medians of the 
 (main) and 640 -> 723 (branch). One full --costs-only --repeat 3 each, main then branch: +454
 (off 756, logs 1210) -> +162 (off 679, logs 841) us/job; per repetition +537, +454, +389 ->
 +121, +137, +183.
+
+Session of 2026-12-01, all of the above merged plus acks in batches, hooks only where defined and
+Heartbeat without a lock: three --costs-only runs of the commit before (0ec5690) and of the merged
+main, alternating, helpers stopped (load averages 2.4-5.4, the bench itself making most of it);
+medians, before -> after, worker CPU us/job: everything off 633 -> 492; + lifecycle logs 924 ->
+490; + job status 1300 -> 742; defaults 1264 -> 915; defaults + key 1482 -> 1178; defaults + key +
+rate-limited bucket 1501 -> 1149 (-23%); all off + key + limit 937 -> 812. Ratio to bare: full
+stack 0.25 -> 0.27 (per run 0.22, 0.33, 0.27); defaults 0.30 -> 0.41; all off 0.62 -> 0.62 (0.62,
+0.85, 0.56). Send -> start latency, full / bare: 4.27 / 0.96 ms (4.25x) -> 3.06 / 0.92 ms (3.54x);
+p99 9.84 -> 6.93 ms. The issue's goals (0.6, 0.8, 1.5x) are still missed.
 """
 
 from __future__ import annotations
