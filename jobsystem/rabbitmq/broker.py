@@ -116,15 +116,28 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
         except DuplicateMessage as duplicate:
             return as_duplicate(message, duplicate.original_message_id)
 
-    def _schedule(self, message: Message[Any], delay: int) -> Message[Any]:
-        """Publish ``message`` into the delay cascade, bound for its delay queue at its ``eta``.
+    def schedule_at(self, message: Message[Any], eta: int) -> Message[Any]:
+        """Enqueue ``message`` due at ``eta`` (ms since 1970) exactly: a delay moved out of a delay
+        queue keeps its due time (``enqueue`` takes a delay, and would read the clock again)."""
+        delay = max(0, eta - current_millis())
+        if delay <= self.delay_horizon_ms:
+            return self.enqueue(message, delay=delay)
+        try:
+            return self._schedule(message, delay, eta=eta)
+        except DuplicateMessage as duplicate:
+            return as_duplicate(message, duplicate.original_message_id)
+
+    def _schedule(self, message: Message[Any], delay: int, *, eta: int | None = None) -> Message[Any]:
+        """Publish ``message`` into the delay cascade, bound for its delay queue at ``eta`` (default:
+        now + ``delay``).
 
         The same steps as Dramatiq's ``enqueue`` (the hooks see the delayed copy and ``delay``),
         with a confirmed, persistent, mandatory publish into the cascade.
         """
         canonical = q_name(message.queue_name)
         seconds = cascade_seconds(delay)
-        message = message.copy(queue_name=dq_name(canonical), options={"eta": current_millis() + delay})
+        due = current_millis() + delay if eta is None else eta
+        message = message.copy(queue_name=dq_name(canonical), options={"eta": due})
         key = routing_key(seconds, dq_name(canonical))
         for attempt in range(1, SCHEDULE_PUBLISH_ATTEMPTS + 1):
             try:

@@ -143,11 +143,8 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         options = {k: v for k, v in message.options.items() if k != "eta"}
         waiting = dataclasses.replace(message, queue_name=q_name(message.queue_name), options=options)
         logger.info("delay_moved_to_cascade", extra={"message_id": message.message_id, "eta": eta})
-        publish = partial(self._enqueue_for, waiting, eta)
+        publish = partial(self.broker.schedule_at, waiting, eta)
         self._publish_then_ack(tag, message.message_id, "schedule", publish, None)
-
-    def _enqueue_for(self, message: Message[Any], eta: int) -> None:
-        self.broker.enqueue(message, delay=max(0, eta - current_millis()))
 
     def _next_delivery(self) -> _Delivery | None:
         """The next delivery, or None when the queue stayed idle for the consumer's timeout."""

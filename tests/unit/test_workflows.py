@@ -174,12 +174,21 @@ def workflow_broker(store: StateStore) -> tuple[RecordingBroker, Workflows, Any,
     return broker, workflows, square, total
 
 
-def test_the_last_member_sends_the_next_step_once_with_the_results_in_order(store):
+def square_chord(
+    store: StateStore, members: int = 2
+) -> tuple[RecordingBroker, Workflows, dict[str, Any], list[Any]]:
+    """A chord of ``members`` squares piped as a list into ``total``, created in the store: the
+    broker, the middleware, the record and the first step's messages."""
     broker, workflows, square, total = workflow_broker(store)
     record, first = annotate(
-        "chord", [Step([square.message(i) for i in range(3)], pipe="list"), Step([total.message()])]
+        "chord", [Step([square.message(i) for i in range(members)], pipe="list"), Step([total.message()])]
     )
     workflows.backend.create(record, TTL)
+    return broker, workflows, record, first
+
+
+def test_the_last_member_sends_the_next_step_once_with_the_results_in_order(store):
+    broker, workflows, _, first = square_chord(store, members=3)
     for i in (2, 0, 1, 1):  # out of order, and member 1 delivered twice
         workflows.after_process_message(broker, delivery(first[i]), result=i * i)
     (sent, delay), *more = broker.enqueued
@@ -190,11 +199,7 @@ def test_the_last_member_sends_the_next_step_once_with_the_results_in_order(stor
 
 
 def test_a_dead_member_never_sends_the_next_step(store):
-    broker, workflows, square, total = workflow_broker(store)
-    record, first = annotate(
-        "chord", [Step([square.message(i) for i in range(2)], pipe="list"), Step([total.message()])]
-    )
-    workflows.backend.create(record, TTL)
+    broker, workflows, record, first = square_chord(store)
     workflows.after_process_message(broker, delivery(first[0]), result=0)
     dead = delivery(first[1])
     dead.fail()
@@ -205,12 +210,8 @@ def test_a_dead_member_never_sends_the_next_step(store):
 
 
 def test_a_dead_member_the_store_could_not_count_is_counted_once_it_answers(store):
-    broker, workflows, square, total = workflow_broker(store)
+    broker, workflows, record, first = square_chord(store)
     workflows.dead_retry_s = 0.05
-    record, first = annotate(
-        "chord", [Step([square.message(i) for i in range(2)], pipe="list"), Step([total.message()])]
-    )
-    workflows.backend.create(record, TTL)
     answer = workflows.backend.finish
     refusals = iter([StoreUnavailable("redis: ResponseError: OOM"), StoreUnavailable("redis: timeout")])
 
@@ -368,11 +369,7 @@ def test_another_member_redelivered_while_the_step_is_being_sent_does_not_send_i
     # step may send it (again, if its own worker died): a second publish would leave a duplicate
     # of the next step in the queue, deferred while the first runs (the integration test's
     # chord-with-a-SIGKILL found one left over).
-    broker, workflows, square, total = workflow_broker(store)
-    record, first = annotate(
-        "chord", [Step([square.message(i) for i in range(3)], pipe="list"), Step([total.message()])]
-    )
-    workflows.backend.create(record, TTL)
+    broker, workflows, _, first = square_chord(store, members=3)
     for i in (0, 1):
         workflows.after_process_message(broker, delivery(first[i]), result=i * i)
     publish = broker.enqueue
@@ -388,11 +385,7 @@ def test_another_member_redelivered_while_the_step_is_being_sent_does_not_send_i
 
 
 def test_the_member_that_completed_the_step_sends_it_again_if_its_worker_died_before_noting_it(store):
-    broker, workflows, square, total = workflow_broker(store)
-    record, first = annotate(
-        "chord", [Step([square.message(i) for i in range(2)], pipe="list"), Step([total.message()])]
-    )
-    workflows.backend.create(record, TTL)
+    broker, workflows, _, first = square_chord(store)
     workflows.after_process_message(broker, delivery(first[0]), result=0)
     died = workflows.backend.mark_sent
 
