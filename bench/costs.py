@@ -1,9 +1,10 @@
 """The cost table: bare Dramatiq, then the project's worker with each feature added one at a time.
 
 Every row runs the same queue shape and processes x threads as bare Dramatiq, in the same
-invocation, on the Redis state store; it reports jobs/s, the ratio to bare of the same repetition
-and the worker group's CPU per job (see ``bench.throughput``). ``--repeat N`` prints the median of
-N repetitions of each figure (ratios are taken within a repetition, then their median).
+invocation, on the Redis state store; it reports jobs/s, the ratio to bare of the same repetition,
+the worker group's CPU per job and the CPU per job of the RabbitMQ and Redis servers, which share
+the cores (see ``bench.throughput``). ``--repeat N`` prints the median of N repetitions of each
+figure (ratios are taken within a repetition, then their median).
 
 Measured for issue 15 (2 cores shared with two other sessions' test runs, so bare Dramatiq itself
 ranged 4.7k-7.8k jobs/s; medians of 3, worker CPU us/job, before -> after; load averages 0.3-6.6
@@ -118,7 +119,10 @@ class CostTable:
         return statistics.median(self.ratios[label])
 
     def lines(self) -> list[str]:
-        out = [f"  {'configuration':<44} {'jobs/s':>8} {'/ bare':>7} {'CPU us/job':>11} {'+ us':>7}"]
+        out = [
+            f"  {'configuration':<44} {'jobs/s':>8} {'/ bare':>7} {'CPU us/job':>11} {'+ us':>7}"
+            f" {'RabbitMQ us':>12} {'Redis us':>9}"
+        ]
         cpus: dict[str, float] = {}
         previous: str | None = None
         for label, rates in self.rates.items():
@@ -126,7 +130,12 @@ class CostTable:
             jobs = statistics.median(r.per_second for r in rates)
             base = ADDS_TO.get(label, previous)
             step = "" if base is None else f"{cpu - cpus[base]:>+7.0f}"
-            out.append(f"  {label:<44} {jobs:>8,.0f} {self.median_ratio(label):>7.2f} {cpu:>11.0f} {step}")
+            rabbitmq = statistics.median(r.rabbitmq_micros_per_job for r in rates)
+            redis = statistics.median(r.redis_micros_per_job for r in rates)
+            out.append(
+                f"  {label:<44} {jobs:>8,.0f} {self.median_ratio(label):>7.2f} {cpu:>11.0f} {step:>7}"
+                f" {rabbitmq:>12.0f} {redis:>9.0f}"
+            )
             previous = label
         out.append(f"  {'issue 15 table (jobs/s / bare, medians)':<44}")
         out += [f"    {name:<42} {self.median_ratio(row):>9.2f}" for name, row in ISSUE_ROWS]
@@ -161,7 +170,8 @@ def cost_table(run: Run, bare_broker: RabbitmqBroker, repeat: int) -> CostTable:
             table.add(rate, bare)
             print(
                 f"  [{i + 1}/{repeat}] {label:<42} {rate.per_second:>8,.0f} /s"
-                f" {rate.per_second / bare.per_second:>6.2f} {rate.cpu_micros_per_job:>7.0f} us",
+                f" {rate.per_second / bare.per_second:>6.2f} {rate.cpu_micros_per_job:>7.0f} us"
+                f" (RabbitMQ {rate.rabbitmq_micros_per_job:.0f}, Redis {rate.redis_micros_per_job:.0f})",
                 flush=True,
             )
     return table

@@ -5,7 +5,9 @@ processes x threads for bare Dramatiq and the project), and times the queue from
 taken to empty. The few messages still prefetched when the queue reads empty (at most processes x
 threads x 2) are within a fraction of a percent at the default N. Worker CPU is the sum of
 utime + stime of the worker group (the ``dramatiq`` process and its descendants, from
-``/proc/PID/stat``) over the same window, divided by the jobs taken in it.
+``/proc/PID/stat``) over the same window, divided by the jobs taken in it; so are the CPU of
+RabbitMQ's and Redis's server processes (found by name in ``/proc``; 0 when not on this host), which
+share the machine's cores with the workers.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class Rate:
     count: int
     seconds: float
     cpu_seconds: float = 0.0
+    #: CPU seconds of the RabbitMQ and Redis servers over the same window.
+    rabbitmq_cpu_seconds: float = 0.0
+    redis_cpu_seconds: float = 0.0
 
     @property
     def per_second(self) -> float:
@@ -57,6 +62,14 @@ class Rate:
     @property
     def cpu_micros_per_job(self) -> float:
         return self.cpu_seconds / self.count * 1e6
+
+    @property
+    def rabbitmq_micros_per_job(self) -> float:
+        return self.rabbitmq_cpu_seconds / self.count * 1e6
+
+    @property
+    def redis_micros_per_job(self) -> float:
+        return self.redis_cpu_seconds / self.count * 1e6
 
     def line(self) -> str:
         return f"  {self.label:<44} {self.per_second:>9,.0f} /s   ({self.count:,} in {self.seconds:.2f} s)"
@@ -122,6 +135,26 @@ def group_cpu_seconds(pid: int) -> float:
     return total / _TICKS
 
 
+def server_pids(name: str) -> list[int]:
+    """The pids of processes whose command name is ``name`` (e.g. ``beam.smp``, ``redis-server``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == name:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def servers_cpu_seconds() -> tuple[float, float]:
+    """CPU seconds so far of the RabbitMQ (``beam.smp``) and Redis server processes on this host."""
+    rabbitmq = sum(group_cpu_seconds(pid) for pid in server_pids("beam.smp"))
+    redis = sum(group_cpu_seconds(pid) for pid in server_pids("redis-server"))
+    return rabbitmq, redis
+
+
 def depth(broker: RabbitmqBroker, queue: str) -> int:
     return int(broker.channel.queue_declare(queue, passive=True).method.message_count)
 
@@ -160,14 +193,16 @@ def throughput(
         while (left := depth(broker, queue)) >= count:
             time.sleep(0.01)
         started, at_start, cpu_start = time.perf_counter(), left, group_cpu_seconds(worker.pid)
+        servers_start = servers_cpu_seconds()
         while depth(broker, queue) > 0:
             time.sleep(0.02)
         elapsed, cpu = time.perf_counter() - started, group_cpu_seconds(worker.pid) - cpu_start
+        servers = [end - begin for begin, end in zip(servers_start, servers_cpu_seconds(), strict=True)]
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
         delete_queues(broker, queue)
-    return Rate(label, at_start, elapsed, cpu)
+    return Rate(label, at_start, elapsed, cpu, *servers)
 
 
 @dataclass(frozen=True)
