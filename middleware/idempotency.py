@@ -105,6 +105,8 @@ _new_owner = _Owners()
 class _Held:
     key: str
     owner: str
+    #: How long the key is remembered once completed (the actor's ``idempotency_ttl``).
+    ttl_ms: int
     #: Under which the lease is renewed while the job runs (None: not renewed).
     token: int | None = None
 
@@ -269,26 +271,23 @@ class Idempotency(FailClosed):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None
         message.options[REGISTERED] = True
-        try:
-            key = self.key_of(broker, message)
-        except IdempotencyKeyError as exc:
-            # The key cannot be known, so neither can the guard: dead-letter it with the error.
-            logger.error(
-                "idempotency_key_invalid", extra={"message_id": message.message_id, "error": str(exc)}
-            )
-            reject(message, "rejected", error=exc)
-            raise SkipMessage("idempotency key invalid") from None
+        ahead = self.ahead.take(message)
+        if ahead is not None:  # its key was found at receipt, from the same options and arguments
+            key: str | None = ahead.request.key
+            ttl = ahead.request.ttl_ms
+        else:
+            key = self._run_key(broker, message)
+            ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
         if key is None:
             return
-        ahead_owner, claim = self.ahead.answer(message)
+        ahead_owner, claim = self.ahead.answer(ahead)
         owner = ahead_owner or _new_owner()
         if claim is None:
-            ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
             try:
                 claim = self.claims.call(ClaimRequest(key, message.message_id, owner, self.lease_ms, ttl))
             except StoreUnavailable as exc:
                 logger.warning("idempotency_store_unavailable", extra={"key": key, "error": str(exc)})
-                self._local.held = _Held(key, owner)  # a claim granted ahead: given back on skip
+                self._local.held = _Held(key, owner, ttl)  # a claim granted ahead: given back on skip
                 self.defer(broker, message, reason="store_unavailable")
         if claim.status == "completed":
             logger.info("duplicate_skipped", extra={"key": key, "original_message_id": claim.message_id})
@@ -301,7 +300,19 @@ class Idempotency(FailClosed):
             logger.info("duplicate_deferred", extra={"key": key, "delay_ms": delay})
             postpone(broker, message, delay, reason="idempotency_key_held", options={HELD_WAITS: waits + 1})
             raise SkipMessage("key held by another worker: deferred")
-        self._local.held = _Held(key, owner, self.leases.hold(key, owner))
+        self._local.held = _Held(key, owner, ttl, self.leases.hold(key, owner))
+
+    def _run_key(self, broker: Broker, message: MessageProxy) -> str | None:
+        """The message's key at start; an invalid one dead-letters the message (SkipMessage)."""
+        try:
+            return self.key_of(broker, message)
+        except IdempotencyKeyError as exc:
+            # The key cannot be known, so neither can the guard: dead-letter it with the error.
+            logger.error(
+                "idempotency_key_invalid", extra={"message_id": message.message_id, "error": str(exc)}
+            )
+            reject(message, "rejected", error=exc)
+            raise SkipMessage("idempotency key invalid") from None
 
     def _claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         try:
@@ -333,8 +344,7 @@ class Idempotency(FailClosed):
         if exception is not None:
             self.writes.submit(_release_many, (held.key, held.owner))
             return
-        ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
-        self.writes.submit(_complete_many, (held.key, self._encode_result(result), ttl))
+        self.writes.submit(_complete_many, (held.key, self._encode_result(result), held.ttl_ms))
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         # The message was skipped after the claim (e.g. the actor raised RateLimited) and is
@@ -344,7 +354,7 @@ class Idempotency(FailClosed):
         ahead = self.ahead.take(message)
         if held is None and ahead is not None and self.ahead.granted(ahead):
             # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead.
-            held = _Held(ahead.request.key, ahead.request.owner)
+            held = _Held(ahead.request.key, ahead.request.owner, ahead.request.ttl_ms)
         if held is not None:
             try:
                 self.backend.release_many([(held.key, held.owner)])
@@ -352,6 +362,8 @@ class Idempotency(FailClosed):
                 self.writes.submit(_release_many, (held.key, held.owner))
 
     def _encode_result(self, result: Any) -> str | None:
+        if result is None:  # most jobs
+            return "null"
         try:
             encoded = json.dumps(result)
         except (TypeError, ValueError):

@@ -76,10 +76,9 @@ class ClaimsAhead:
             self._unstarted.pop((ahead.request.message_id, ahead.request.owner), None)
         return ahead
 
-    def answer(self, message: MessageProxy) -> tuple[str | None, Claim | None]:
-        """The owner of the claim sent ahead for ``message``, and its answer if it can still be
-        trusted (see the class's docstring; else None: claim again, as the same owner)."""
-        ahead = self.take(message)
+    def answer(self, ahead: Ahead | None) -> tuple[str | None, Claim | None]:
+        """The owner of the claim sent ahead (as :meth:`take` gave it), and its answer if it can
+        still be trusted (see the class's docstring; else None: claim again, as the same owner)."""
         if ahead is None:
             return None, None
         try:
