@@ -171,10 +171,11 @@ def _names(keys: list[Any]) -> str:
 
 
 def _check_options(options: dict[str, Any], path: str) -> Malformed | None:
-    for name, (check, what) in OPTION_SHAPES.items():
-        value = options.get(name)
-        if value is not None and not check(value):
-            return _expected(f"{path}.{name}", what, value)
+    # A message carries a few of the known options: look those up, not every known one.
+    for name, value in options.items():
+        shape = OPTION_SHAPES.get(name)
+        if shape is not None and value is not None and not shape[0](value):
+            return _expected(f"{path}.{name}", shape[1], value)
     pipe_target = options.get("pipe_target")
     if pipe_target is not None:
         return problem_of(pipe_target, None, path=f"{path}.pipe_target")
