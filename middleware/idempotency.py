@@ -178,10 +178,12 @@ class Idempotency(FailClosed):
         Raises :class:`IdempotencyKeyError` when the callable raises or the key is not a string or
         number: such a message can be neither checked nor safely run.
         """
-        key = message.options.get("idempotency_key")
+        # Each attribute of a MessageProxy is a __getattr__ call: read those needed once.
+        options, actor_name = message.options, message.actor_name
+        key = options.get("idempotency_key")
         if key is None:
             try:
-                actor = broker.get_actor(message.actor_name)
+                actor = broker.get_actor(actor_name)
             except dramatiq.errors.ActorNotFound:
                 return None
             make_key: Callable[..., Any] | None = actor.options.get("idempotency_key")
@@ -191,16 +193,16 @@ class Idempotency(FailClosed):
                 key = make_key(*message.args, **message.kwargs)
             except Exception as exc:
                 raise IdempotencyKeyError(
-                    f"actor {message.actor_name!r}: idempotency_key raised {type(exc).__name__}: {exc}"
+                    f"actor {actor_name!r}: idempotency_key raised {type(exc).__name__}: {exc}"
                 ) from exc
             if key is None:
                 return None
         if isinstance(key, bool) or not isinstance(key, str | int | float) or key == "":
             raise IdempotencyKeyError(
-                f"actor {message.actor_name!r}: idempotency_key gave {type(key).__name__}, not a key"
+                f"actor {actor_name!r}: idempotency_key gave {type(key).__name__}, not a key"
             )
-        message.options["idempotency_key"] = str(key)
-        return self.scoped(message.actor_name, str(key))
+        options["idempotency_key"] = text = str(key)
+        return self.scoped(actor_name, text)
 
     def lookup(self, actor_name: str, key: str) -> KeyRecord | None:
         """What the store knows of ``key`` for ``actor_name`` (state, first message id, result)."""
@@ -256,8 +258,9 @@ class Idempotency(FailClosed):
         ``before_process_message`` usually finds the answer there already."""
         # A received message is past its send: re-enqueues of it (retries, deferrals, delayed
         # moves) are never duplicate sends, and must not need the store to be published.
-        message.options[REGISTERED] = True
-        if "eta" in message.options:  # a delayed message: it is re-enqueued, not run, when due
+        options = message.options
+        options[REGISTERED] = True
+        if "eta" in options:  # a delayed message: it is re-enqueued, not run, when due
             return
         try:
             key = self.key_of(broker, message)

@@ -3,6 +3,8 @@ store backend: dedup at send, claim, complete, release, skip, defer, claims sent
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 from dramatiq.middleware import SkipMessage
 
 from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
+from jobsystem.privacy.keyhash import UNKEYED, KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.store.base import StateStore
 from jobsystem.store.redis import RedisStore
@@ -267,3 +270,15 @@ def test_claim_owners_are_unique_and_a_forked_child_draws_its_own_token():
     os.waitpid(pid, 0)
     child = os.read(read, 200).decode()
     assert child and child[:20] not in {owner[:20] for owner in owners}
+
+
+@pytest.mark.parametrize("secret", [None, "a shared secret", b"\x00raw bytes\xff"])
+def test_key_hashes_are_hmac_sha256_of_the_text_so_stored_names_never_change(secret):
+    """Every process, release and operator tool must land on the same store names: the hash is
+    HMAC-SHA256 (RFC 2104) under the secret (or the public key), 32 hex digits, however computed."""
+    raw = secret.encode() if isinstance(secret, str) else secret
+    hasher = KeyHasher(secret)
+    for text in ("a", "send_email:ana@example.com|welcome||", "lone \ud800 surrogate", "x" * 500):
+        expected = hmac.new(raw or UNKEYED, text.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        assert hasher(text) == expected.hexdigest()[:32]
+        assert hasher(text) == expected.hexdigest()[:32]  # the remembered one too
