@@ -89,6 +89,12 @@ class RedisScript:
         except redis.RedisError as exc:
             conn.disconnect()
             raise redis_error(exc) from exc
+        except BaseException:
+            # Interrupted between the request and the read of its reply (an exception raised in
+            # this thread: a time limit, a cancellation; redis-py covers only its own read): the
+            # next call would read this call's reply as its own.
+            conn.disconnect()
+            raise
 
     def _evalsha(self, conn: Any, keys: list[str], args: list[Any]) -> Any:
         conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)

@@ -12,7 +12,7 @@ from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import idempotency_backend
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
-from tests.support import wait_for
+from tests.support import fresh_store, wait_for
 
 
 def test_open_store_picks_the_backend(tmp_path):
@@ -126,3 +126,27 @@ def test_an_unreachable_redis_is_store_unavailable():
         store.ping()
     with pytest.raises(StoreUnavailable):
         idempotency_backend(store).claim("a:k", "m", "o", 1_000, 1_000)
+
+
+def test_a_script_call_interrupted_before_its_reply_leaves_no_reply_for_the_next_call(tmp_path):
+    """A worker thread can be interrupted mid-call (a time limit, a cancellation raised in it):
+    the reply then still waits on the thread's connection, and the next call would read it as its
+    own (a lease answered "acquired" for someone else's question)."""
+
+    class Interrupted(BaseException):
+        pass
+
+    with fresh_store("redis", tmp_path) as store:
+        assert isinstance(store, RedisStore)
+        conn = store.raw_connection()
+        read_response = conn.read_response
+
+        def interrupted(*args: object, **kwargs: object) -> object:
+            conn.read_response = read_response
+            raise Interrupted
+
+        assert store.acquire_lease("held", "someone", 60_000)
+        conn.read_response = interrupted
+        with pytest.raises(Interrupted):
+            store.acquire_lease("free", "me", 60_000)  # its reply (1: acquired) is left unread
+        assert store.acquire_lease("held", "me", 60_000) is False
