@@ -8,14 +8,11 @@ receipt included, is in ``docs/architecture.md`` ("Idempotency keys").
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +27,7 @@ from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
-from jobsystem.runtime.leases import HeldLeases
+from jobsystem.runtime.leases import HeldLeases, new_owner
 from jobsystem.runtime.options import key_ttl_ms, option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
 from jobsystem.store.base import StateStore, StoreUnavailable
@@ -79,26 +76,6 @@ class IdempotencyStoreError(MiddlewareError):
 
 class IdempotencyKeyError(MiddlewareError):
     """The actor's ``idempotency_key`` function raised or gave something that is not a key."""
-
-
-@dataclass
-class _Owners:
-    """Claim owners unique across processes and hosts without a random draw per claim: a random
-    token per process (drawn again in a forked child) and a counter."""
-
-    def __init__(self) -> None:
-        self._reset()
-        os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
-        self._token = uuid.uuid4().hex[:20]
-        self._counter = itertools.count()
-
-    def __call__(self) -> str:
-        return f"{self._token}{next(self._counter):x}"
-
-
-_new_owner = _Owners()
 
 
 @dataclass
@@ -269,7 +246,7 @@ class Idempotency(FailClosed):
         if key is None:
             return
         ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
-        self.ahead.send(message, ClaimRequest(key, message.message_id, _new_owner(), self.lease_ms, ttl))
+        self.ahead.send(message, ClaimRequest(key, message.message_id, new_owner(), self.lease_ms, ttl))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None
@@ -284,7 +261,7 @@ class Idempotency(FailClosed):
         if key is None:
             return
         ahead_owner, claim = self.ahead.answer(ahead)
-        owner = ahead_owner or _new_owner()
+        owner = ahead_owner or new_owner()
         if claim is None:
             try:
                 claim = self.claims.call(ClaimRequest(key, message.message_id, owner, self.lease_ms, ttl))

@@ -1,17 +1,40 @@
-"""The run leases a process holds, renewed together from one background thread while they are held."""
+"""The run leases a process holds, renewed together from one background thread while they are held,
+and the names of their owners."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
+import uuid
 from collections.abc import Callable
 
 from jobsystem.store.base import StoreUnavailable
 
-__all__ = ["HeldLeases"]
+__all__ = ["HeldLeases", "new_owner"]
 
 logger = logging.getLogger(__name__)
+
+
+class _Owners:
+    """Lease owners unique across processes and hosts without a random draw per lease: a random
+    token per process (drawn again in a forked child) and a counter."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._token = uuid.uuid4().hex[:20]
+        self._counter = itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._token}{next(self._counter):x}"
+
+
+#: A new owner name for a lease (an idempotency claim), unique across processes and hosts.
+new_owner = _Owners()
 
 
 class HeldLeases:

@@ -258,14 +258,14 @@ def test_a_granted_claim_sent_ahead_is_trusted_for_a_third_of_its_lease(idem):
 def test_claim_owners_are_unique_and_a_forked_child_draws_its_own_token():
     import os
 
-    from middleware.idempotency import _new_owner
+    from jobsystem.runtime.leases import new_owner
 
-    owners = {_new_owner() for _ in range(1000)}
+    owners = {new_owner() for _ in range(1000)}
     assert len(owners) == 1000
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report one owner and leave at once
-        os.write(write, _new_owner().encode())
+        os.write(write, new_owner().encode())
         os._exit(0)
     os.waitpid(pid, 0)
     child = os.read(read, 200).decode()
