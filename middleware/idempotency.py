@@ -253,13 +253,12 @@ class Idempotency(FailClosed):
         message.options[REGISTERED] = True
         ahead = self.ahead.take(message)
         if ahead is not None:  # its key was found at receipt, from the same options and arguments
-            key: str | None = ahead.request.key
-            ttl = ahead.request.ttl_ms
+            key, ttl = ahead.request.key, ahead.request.ttl_ms
         else:
-            key = self._run_key(broker, message)
-            ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
-        if key is None:
-            return
+            run_key = self._run_key(broker, message)
+            if run_key is None:
+                return
+            key, ttl = run_key, option_of(broker, message, "idempotency_ttl", self.ttl_ms)
         ahead_owner, claim = self.ahead.answer(ahead)
         owner = ahead_owner or new_owner()
         if claim is None:
