@@ -327,10 +327,13 @@ class SqliteIdempotency(IdempotencyBackend):
     def complete_many(self, items: list[tuple[str, str | None, int]]) -> None:
         now = self.store.now_ms()
         with self.store.transaction() as conn:
+            # Upserted, as on Redis: a key whose record expired or went while its job ran is
+            # still remembered as done (a later duplicate is skipped, not run again).
             conn.executemany(
-                "UPDATE idempotency SET state = 'done', result = ?, owner = NULL, lease_until = NULL, "
-                "expires_at = ? WHERE key = ?",
-                [(result, now + ttl, self.store.key(KEY_PREFIX + key)) for key, result, ttl in items],
+                "INSERT INTO idempotency (key, state, result, expires_at) VALUES (?, 'done', ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET state = 'done', result = excluded.result, owner = NULL, "
+                "lease_until = NULL, expires_at = excluded.expires_at",
+                [(self.store.key(KEY_PREFIX + key), result, now + ttl) for key, result, ttl in items],
             )
 
     def release_many(self, claims: list[tuple[str, str]]) -> None:

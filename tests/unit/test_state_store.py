@@ -103,6 +103,16 @@ def test_completed_keys_expire_after_their_ttl(store: StateStore):
     wait_for(lambda: keys.claim("a:ttl", "m2", "p", 1_000, 60_000).status == "claimed", timeout=2)
 
 
+def test_a_key_whose_record_went_while_its_job_ran_is_remembered_done(store: StateStore):
+    """The record can expire (a job longer than the key's TTL) or be deleted while the job runs:
+    its completion still records it, so a later duplicate is skipped, not run a second time."""
+    keys = idempotency_backend(store)
+    keys.complete_many([("a:gone", '"ok"', 60_000)])
+    record = keys.lookup("a:gone")
+    assert record is not None and (record.state, record.result) == ("done", '"ok"')
+    assert keys.claim("a:gone", "m2", "p", 1_000, 60_000).status == "completed"
+
+
 def test_one_claim_wins_among_racing_threads(store: StateStore):
     keys = idempotency_backend(store)
     results: list[str] = []
