@@ -159,6 +159,8 @@ class ProjectMessage(_RabbitmqMessage):
 
     def __init__(self, redelivered: bool, tag: int, message: Message[Any]) -> None:
         super().__init__(redelivered, tag, message)  # type: ignore[no-untyped-call]
+        # Fields read past MessageProxy.__getattr__ (~40 reads a delivery); a Message is frozen.
+        self.__dict__.update(vars(message))
         self.redelivery: FollowUp | bool = False
         self.dead_letter_reason: str | None = None
         self.dead_letter_error: BaseException | None = None

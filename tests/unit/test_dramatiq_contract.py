@@ -3,6 +3,7 @@ behave as relied on: a Dramatiq upgrade that changes one fails here, not in a jo
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -178,3 +179,15 @@ def test_the_topology_hooks_route_dramatiqs_private_steps_to_public_ones():
     broker.declare_queue("jobs", ensure=True)
     assert calls == ["work jobs", "delay jobs", "dead jobs"]
     assert broker._build_queue_arguments("jobs") == {"x-custom": 1}
+
+
+def test_a_delivery_holds_its_messages_fields_as_they_are():
+    """ProjectMessage copies the message's fields onto itself once (read past
+    ``MessageProxy.__getattr__``): right only while a Message is a frozen dataclass without slots."""
+    message = Message(queue_name="q", actor_name="a", args=(1,), kwargs={"k": 2}, options={"o": 3})
+    delivery = ProjectMessage(False, 7, message)
+    assert dataclasses.is_dataclass(Message) and Message.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    for field in dataclasses.fields(Message):
+        assert getattr(delivery, field.name) is getattr(message, field.name)
+    delivery.options["later"] = True  # the same options: a middleware's note is the message's
+    assert message.options["later"] is True and delivery.message is message
