@@ -25,7 +25,8 @@ from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.scheduled import Scheduled
 from jobsystem.store.sorted_index import Cursor, Walk
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
-from jobsystem.store.status_records import REPLAY_STRIDE, JobStatus, StatusUpdate
+from jobsystem.store.status_fold import APPLY_LUA
+from jobsystem.store.status_records import REPLAY_STRIDE, JobStatus, StatusUpdate, encode_updates
 
 __all__ = ["RedisStatus", "SqliteStatus", "StatusBackend", "status_backend"]
 
@@ -74,59 +75,12 @@ class StatusBackend(ABC):
         return [found[m] for m, _ in walk.entries if m in found], walk.next
 
 
-_APPLY = (
-    """
-local TTL, NOW, NS = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local TOUCHED = {}
-"""
-    + job_index.INDEX_LUA
-    + status_history.HISTORY_LUA
-    + scheduled_index.SCHEDULED_LUA
-    + """
-for i = 4, #ARGV do
-  local u = cjson.decode(ARGV[i])
-  local key, counts = KEYS[2 * i - 7], KEYS[2 * i - 6]
-  local current = tonumber(redis.call('HGET', key, 'ord') or '-1')
-  if u.o < current and u.f.state then
-    timeline(key, u.f.state, tonumber(u.f.updated_at) or NOW, u.o % REPLAY_STRIDE, true)
-  end
-  if u.o >= current then
-    local previous = redis.call('HGET', key, 'state')
-    local args = {'ord', u.o}
-    for name, value in pairs(u.f) do
-      args[#args + 1] = name
-      args[#args + 1] = value
-    end
-    redis.call('HSET', key, unpack(args))
-    for name, value in pairs(u.n) do redis.call('HSETNX', key, name, value) end
-    if #u.d > 0 then redis.call('HDEL', key, unpack(u.d)) end
-    local state, due = u.f.state, tonumber(u.f.due_at)
-    -- a scheduled record lives until its due time, and TTL after it
-    redis.call('PEXPIRE', key, (state == 'scheduled' and due) and TTL + math.max(0, due - NOW) or TTL)
-    if state and (state ~= previous or state == 'scheduled') then
-      schedule(u.m, redis.call('HGET', key, 'queue') or '', previous, state, due)
-    end
-    if state and state ~= previous then
-      redis.call('HINCRBY', counts, state, 1)
-      local at = tonumber(u.f.updated_at) or NOW
-      timeline(key, state, at, u.o % REPLAY_STRIDE, false)
-      count_minute(redis.call('HGET', key, 'queue') or '', state, at)
-      index(key, u.m, state)
-    end
-  end
-end
-trim_index(TTL)
-return 0
-""".replace("REPLAY_STRIDE", str(REPLAY_STRIDE))
-)
-
-
 class RedisStatus(StatusBackend):
     """Records as Redis hashes ``status:<message id>``; counters as hashes ``status-counts:<queue>``."""
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
-        self._apply = store.script(_APPLY)
+        self._apply = store.script(APPLY_LUA)
 
     def _key(self, message_id: str) -> str:
         return self.store.key("status:" + message_id)
@@ -138,10 +92,9 @@ class RedisStatus(StatusBackend):
         """One script call for all the updates: one round trip, whatever their number."""
         if not updates:
             return
-        keys = [k for u in updates for k in (self._key(u.message_id), self._counts_key(u.queue))]
-        args = [ttl_ms, int(time.time() * 1000), self.store.namespace, *(u.encode() for u in updates)]
+        args = [ttl_ms, int(time.time() * 1000), self.store.namespace, encode_updates(updates)]
         with self.store.errors():
-            self._apply(keys=keys, args=args)
+            self._apply(keys=[], args=args)
 
     def get(self, message_id: str) -> JobStatus | None:
         with self.store.errors():

@@ -31,16 +31,17 @@ TIMELINE_MAX = 50
 #: How long per-minute counts are kept.
 MINUTES_TTL_MS = 3 * 3_600_000
 
-#: ``timeline(key, state, at, order, late)`` and ``count_minute(queue, state, at)`` inside the status
-#: script; ``NS`` (the store's namespace) is a local the script declares before it.
+#: Inside the status script: ``timeline(line, state, at, order, late)`` adds one change to a decoded
+#: timeline (returns whether it changed; the caller encodes and writes it once per record);
+#: ``count_minute(queue, state, at)`` counts one change, and ``write_minutes()`` at the end sends the
+#: sums (one HINCRBY per minute and state, one PEXPIRE per hash). ``NS`` (the store's namespace) is
+#: a local the script declares before it.
 HISTORY_LUA = Template("""
-local function timeline(key, state, at, order, late)
-  local raw = redis.call('HGET', key, 'timeline')
-  local line = raw and cjson.decode(raw) or {}
+local function timeline(line, state, at, order, late)
   local place = #line + 1
   if late then  -- an earlier state written after a later one (another process): put it in its place
     for i, e in ipairs(line) do
-      if e[1] == state and e[4] == order then return end
+      if e[1] == state and e[4] == order then return false end
       if (e[4] or 0) > order and place > i then place = i end
     end
   end
@@ -49,14 +50,24 @@ local function timeline(key, state, at, order, late)
     place = math.max(2, place - 1)
   end
   table.insert(line, place, {state, at, math.floor(order / 10), order})
-  redis.call('HSET', key, 'timeline', cjson.encode(line))
+  return true
 end
 
+local MINUTES = {}
 local function count_minute(queue, state, at)
   local minute = math.floor(at / 60000)
   local per_hour = NS .. 'status-minutes:' .. queue .. ':' .. math.floor(minute / 60)
-  redis.call('HINCRBY', per_hour, minute .. ':' .. state, 1)
-  redis.call('PEXPIRE', per_hour, $minutes_ttl)
+  local counts = MINUTES[per_hour] or {}
+  MINUTES[per_hour] = counts
+  local name = minute .. ':' .. state
+  counts[name] = (counts[name] or 0) + 1
+end
+
+local function write_minutes()
+  for per_hour, counts in pairs(MINUTES) do
+    for name, n in pairs(counts) do redis.call('HINCRBY', per_hour, name, n) end
+    redis.call('PEXPIRE', per_hour, $minutes_ttl)
+  end
 end
 """).substitute(timeline_max=TIMELINE_MAX, minutes_ttl=MINUTES_TTL_MS)
 

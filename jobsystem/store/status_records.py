@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "order_of"]
+import orjson
+
+__all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "encode_updates", "order_of"]
 
 #: The states a job goes through, and the rank of each within one attempt.
 STATE_RANKS: dict[str, int] = {
@@ -63,16 +65,26 @@ class StatusUpdate:
         """True for a progress report: a newer one for the same message replaces it before it is written."""
         return "state" not in self.fields and not self.once and not self.delete
 
-    def encode(self) -> str:
-        return json.dumps(
-            {
-                "m": self.message_id,
-                "o": self.order,
-                "f": dict(self.fields),
-                "n": dict(self.once),
-                "d": self.delete,
-            }
-        )
+    def payload(self) -> dict[str, Any]:
+        """The update as the Redis script reads it (:mod:`jobsystem.store.status_fold`)."""
+        return {
+            "m": self.message_id,
+            "q": self.queue,
+            "o": self.order,
+            "f": self.fields,
+            "n": self.once,
+            "d": self.delete,
+        }
+
+
+def encode_updates(updates: list[StatusUpdate]) -> bytes:
+    """``updates`` as one JSON array: orjson, ~10x faster than one ``json.dumps`` per update; the
+    standard encoder for what orjson refuses (a lone surrogate in an error message)."""
+    payloads = [u.payload() for u in updates]
+    try:
+        return orjson.dumps(payloads, option=orjson.OPT_PASSTHROUGH_SUBCLASS, default=dict)
+    except orjson.JSONEncodeError:
+        return json.dumps(payloads, default=dict).encode()
 
 
 @dataclass(frozen=True)
