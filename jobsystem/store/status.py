@@ -25,8 +25,8 @@ from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.scheduled import Scheduled
 from jobsystem.store.sorted_index import Cursor, Walk
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
-from jobsystem.store.status_fold import APPLY_LUA
-from jobsystem.store.status_records import REPLAY_STRIDE, JobStatus, StatusUpdate, encode_updates
+from jobsystem.store.status_fold import APPLY_LUA, sqlite_apply
+from jobsystem.store.status_records import JobStatus, StatusUpdate, encode_updates
 
 __all__ = ["RedisStatus", "SqliteStatus", "StatusBackend", "status_backend"]
 
@@ -172,71 +172,13 @@ class SqliteStatus(StatusBackend):
             return
         now = self.store.now_ms()
         with self.store.transaction() as conn:
-            for update in updates:
-                self._apply_one(conn, update, now + ttl_ms, now)
+            sqlite_apply(self.store, conn, updates, ttl_ms, now)
             # Reads skip expired rows already; this reclaims their space, using the index.
             conn.execute("DELETE FROM job_status WHERE expires_at <= ?", (now,))
             conn.execute("DELETE FROM job_index WHERE expires_at <= ?", (now,))
             if now // 60_000 != self._swept_minute:  # once a minute is plenty
                 self._swept_minute = now // 60_000
                 status_history.sqlite_sweep_minutes(conn, now)
-
-    def _apply_one(self, conn: sqlite3.Connection, update: StatusUpdate, expires_at: int, now: int) -> None:
-        key = self.store.key(update.message_id)
-        row = conn.execute(
-            "SELECT ord, fields FROM job_status WHERE key = ? AND expires_at > ?", (key, now)
-        ).fetchone()
-        order, fields = (row[0], json.loads(row[1])) if row else (-1, {})
-        if update.order < order:
-            self._late(conn, key, update, fields)
-            return
-        previous = fields.get("state")
-        fields.update(update.fields)
-        for name, value in update.once.items():
-            fields.setdefault(name, value)
-        for name in update.delete:
-            fields.pop(name, None)
-        state = update.fields.get("state")
-        changed = bool(state) and state != previous
-        at = int(fields.get("updated_at") or now)
-        if state and (changed or state == "scheduled"):
-            ttl_ms = expires_at - now
-            due = fields.get("due_at") if state == "scheduled" else None
-            if due:  # a scheduled record lives until its due time, and its TTL after it
-                expires_at += max(0, int(due) - now)
-            queue_key = self.store.key(fields.get("queue") or update.queue)
-            scheduled_index.sqlite_file(conn, queue_key, update.message_id, previous, state, due, ttl_ms, now)
-        if changed:
-            status_history.append_timeline(fields, str(state), at, update.order % REPLAY_STRIDE)
-        conn.execute(
-            "INSERT INTO job_status (key, ord, fields, expires_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET ord = excluded.ord, fields = excluded.fields, "
-            "expires_at = excluded.expires_at",
-            (key, update.order, json.dumps(fields), expires_at),
-        )
-        if changed:
-            self._count_change(conn, update, fields, at)
-            job_index.sqlite_file(conn, self.store, update.message_id, fields, expires_at)
-
-    def _late(self, conn: sqlite3.Connection, key: str, update: StatusUpdate, fields: dict[str, Any]) -> None:
-        """An earlier state written after a later one: only its timeline entry is kept."""
-        state, at = update.fields.get("state"), int(update.fields.get("updated_at") or 0)
-        order = update.order % REPLAY_STRIDE
-        if state and status_history.append_timeline(fields, state, at, order, late=True):
-            conn.execute("UPDATE job_status SET fields = ? WHERE key = ?", (json.dumps(fields), key))
-
-    def _count_change(
-        self, conn: sqlite3.Connection, update: StatusUpdate, fields: dict[str, Any], at: int
-    ) -> None:
-        state = fields["state"]
-        conn.execute(
-            "INSERT INTO job_status_counts (queue, state, count) VALUES (?, ?, 1) "
-            "ON CONFLICT(queue, state) DO UPDATE SET count = count + 1",
-            (self.store.key(update.queue), state),
-        )
-        status_history.sqlite_count_minute(
-            conn, self.store.key(fields.get("queue") or update.queue), state, at
-        )
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """A read outside any transaction (WAL readers do not wait for writers)."""

@@ -18,11 +18,18 @@ the state the batch leaves it in; an update refused by its order changes only th
 
 from __future__ import annotations
 
+import json
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
 from jobsystem.store import job_index, status_history
 from jobsystem.store import scheduled as scheduled_index
-from jobsystem.store.status_records import REPLAY_STRIDE
+from jobsystem.store.sqlite import SqliteStore
+from jobsystem.store.status_records import REPLAY_STRIDE, StatusUpdate
 
-__all__ = ["APPLY_LUA"]
+__all__ = ["APPLY_LUA", "sqlite_apply"]
 
 #: ``KEYS``: none (keys are the namespace's, ``ARGV[3]``). ``ARGV``: the records' TTL (ms), now
 #: (ms), the namespace, and the updates as one JSON array of ``{m, q, o, f, n, d}`` (message id,
@@ -137,3 +144,124 @@ write_index(TTL)
 return 0
 """.replace("REPLAY_STRIDE", str(REPLAY_STRIDE))
 )
+
+
+@dataclass
+class _Row:
+    """A record of ``job_status`` as the batch's updates so far left it."""
+
+    key: str
+    order: int
+    fields: dict[str, Any]
+    expires_at: int = 0
+    accepted: bool = False  # an update was applied: the row is written whole
+    line: list[Any] | None = None  # the decoded timeline, once a change touched it
+    retimed: bool = False  # the timeline changed
+    filed: dict[str, Any] | None = None  # what the job index gets, as of the batch's first change
+    filed_until: int = 0  # the index entry's expiry, as of the batch's last change
+
+    def timeline(self) -> list[Any]:
+        if self.line is None:
+            raw = self.fields.get("timeline")
+            self.line = json.loads(raw) if raw else []
+        return self.line
+
+
+@dataclass
+class _Batch:
+    """The rows a batch read, and the counts it adds."""
+
+    store: SqliteStore
+    conn: sqlite3.Connection
+    now: int
+    ttl_ms: int
+    rows: dict[str, _Row] = field(default_factory=dict)
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    minutes: Counter[tuple[str, str, int]] = field(default_factory=Counter)
+
+    def row(self, message_id: str) -> _Row:
+        found = self.rows.get(message_id)
+        if found is None:
+            key = self.store.key(message_id)
+            read = self.conn.execute(
+                "SELECT ord, fields FROM job_status WHERE key = ? AND expires_at > ?", (key, self.now)
+            ).fetchone()
+            found = _Row(key, read[0], json.loads(read[1])) if read else _Row(key, -1, {})
+            self.rows[message_id] = found
+        return found
+
+
+def sqlite_apply(
+    store: SqliteStore, conn: sqlite3.Connection, updates: list[StatusUpdate], ttl_ms: int, now: int
+) -> None:
+    """Apply ``updates`` in the open transaction ``conn``: each row read and written once."""
+    batch = _Batch(store, conn, now, ttl_ms)
+    for update in updates:
+        _apply(batch, batch.row(update.message_id), update)
+    for message_id, row in batch.rows.items():
+        _write(batch, message_id, row)
+    conn.executemany(
+        "INSERT INTO job_status_counts (queue, state, count) VALUES (?, ?, ?) "
+        "ON CONFLICT(queue, state) DO UPDATE SET count = count + excluded.count",
+        [(queue, state, n) for (queue, state), n in batch.counts.items()],
+    )
+    status_history.sqlite_count_minutes(conn, batch.minutes)
+
+
+def _apply(batch: _Batch, row: _Row, update: StatusUpdate) -> None:
+    """One update, on the row as the updates before it left it (as one transaction each would)."""
+    fields, state = row.fields, update.fields.get("state")
+    if update.order < row.order:  # an earlier state written after a later one: timeline only
+        at = int(update.fields.get("updated_at") or 0)
+        if state and status_history.add_to_timeline(
+            row.timeline(), state, at, update.order % REPLAY_STRIDE, late=True
+        ):
+            row.retimed = True
+        return
+    previous = fields.get("state")
+    fields.update(update.fields)
+    for name, value in update.once.items():
+        fields.setdefault(name, value)
+    for name in update.delete:
+        fields.pop(name, None)
+    row.order, row.accepted, row.expires_at = update.order, True, batch.now + batch.ttl_ms
+    changed = bool(state) and state != previous
+    if state and (changed or state == "scheduled"):
+        due = fields.get("due_at") if state == "scheduled" else None
+        if due:  # a scheduled record lives until its due time, and its TTL after it
+            row.expires_at += max(0, int(due) - batch.now)
+        queue_key = batch.store.key(fields.get("queue") or update.queue)
+        scheduled_index.sqlite_file(
+            batch.conn, queue_key, update.message_id, previous, str(state), due, batch.ttl_ms, batch.now
+        )
+    if changed:
+        at = int(fields.get("updated_at") or batch.now)
+        row.retimed = status_history.add_to_timeline(
+            row.timeline(), str(state), at, update.order % REPLAY_STRIDE
+        )
+        batch.counts[(batch.store.key(update.queue), str(state))] += 1
+        minute = at // 60_000 * 60_000
+        batch.minutes[(batch.store.key(fields.get("queue") or update.queue), str(state), minute)] += 1
+        if row.filed is None:
+            row.filed = {k: fields.get(k) for k in ("queue", "actor", "enqueued_at", "updated_at")}
+        row.filed_until = row.expires_at
+
+
+def _write(batch: _Batch, message_id: str, row: _Row) -> None:
+    """The row as the batch leaves it, and its job index entry if its state changed."""
+    if row.retimed:
+        row.fields["timeline"] = json.dumps(row.line)
+    if row.accepted:
+        batch.conn.execute(
+            "INSERT INTO job_status (key, ord, fields, expires_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET ord = excluded.ord, fields = excluded.fields, "
+            "expires_at = excluded.expires_at",
+            (row.key, row.order, json.dumps(row.fields), row.expires_at),
+        )
+    elif row.retimed:
+        batch.conn.execute(
+            "UPDATE job_status SET fields = ? WHERE key = ?", (json.dumps(row.fields), row.key)
+        )
+    if row.filed is not None:
+        filed = {**row.filed, "state": row.fields.get("state")}
+        job_index.sqlite_file(batch.conn, batch.store, message_id, filed, row.filed_until)

@@ -16,9 +16,9 @@ Both are written in the same script call or transaction as the record (:mod:`job
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
+from collections.abc import Mapping
 from string import Template
 from typing import Any
 
@@ -82,12 +82,10 @@ CREATE TABLE IF NOT EXISTS job_status_minutes (
 """
 
 
-def append_timeline(fields: dict[str, Any], state: str, at: int, order: int, *, late: bool = False) -> bool:
-    """Add one change to ``fields["timeline"]`` (SQLite's twin of the Lua ``timeline``). A
-    ``late`` one (an earlier state that another process wrote after a later one) goes before the
-    later states, once. Returns whether the timeline changed."""
-    raw = fields.get("timeline")
-    entries = json.loads(raw) if raw else []
+def add_to_timeline(entries: list[Any], state: str, at: int, order: int, *, late: bool = False) -> bool:
+    """Add one change to a decoded timeline (SQLite's twin of the Lua ``timeline``). A ``late``
+    one (an earlier state that another process wrote after a later one) goes before the later
+    states, once. Returns whether the timeline changed."""
     place = len(entries)
     if late:
         if any(e[0] == state and e[3:] == [order] for e in entries):
@@ -97,15 +95,15 @@ def append_timeline(fields: dict[str, Any], state: str, at: int, order: int, *, 
         del entries[1]
         place = max(1, place - 1)
     entries.insert(place, [state, at, order // 10, order])
-    fields["timeline"] = json.dumps(entries)
     return True
 
 
-def sqlite_count_minute(conn: sqlite3.Connection, queue_key: str, state: str, at: int) -> None:
-    conn.execute(
-        "INSERT INTO job_status_minutes (queue, minute, state, count) VALUES (?, ?, ?, 1) "
-        "ON CONFLICT(queue, minute, state) DO UPDATE SET count = count + 1",
-        (queue_key, at // 60_000 * 60_000, state),
+def sqlite_count_minutes(conn: sqlite3.Connection, counts: Mapping[tuple[str, str, int], int]) -> None:
+    """Add ``counts`` (per namespaced queue, state and time in ms: how many changes) to the minutes."""
+    conn.executemany(
+        "INSERT INTO job_status_minutes (queue, minute, state, count) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(queue, minute, state) DO UPDATE SET count = count + excluded.count",
+        [(queue, minute, state, n) for (queue, state, minute), n in counts.items()],
     )
 
 
