@@ -48,6 +48,7 @@ __all__ = [
     "dead_letter_reason",
     "mark_dead_lettered",
     "pending_follow_up",
+    "plain_message",
     "project_message",
     "raise_in_thread",
     "reject",
@@ -184,6 +185,15 @@ def project_message(message: object) -> ProjectMessage:
             f"a {type(message).__name__} cannot carry the project's flags: only the project's "
             "consumer (jobsystem.rabbitmq.consumer) acts on them"
         )
+    return message
+
+
+def plain_message(message: Message[Any] | MessageProxy) -> Message[Any]:
+    """The :class:`Message` itself (``_message`` of a delivery): its fields read without
+    ``MessageProxy.__getattr__``, for hooks that read several per job."""
+    if isinstance(message, MessageProxy):
+        plain: Message[Any] = message._message
+        return plain
     return message
 
 
@@ -327,7 +337,10 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
         "_RabbitmqMessage(redelivered, tag, message) keeps _tag, redelivered and _message",
         _rabbitmq_message_keeps_its_delivery,
     ),
-    ("MessageProxy._exception holds what stuff_exception stored", _proxy_keeps_its_exception),
+    (
+        "MessageProxy._exception holds what stuff_exception stored, _message the message",
+        _proxy_keeps_its_exception,
+    ),
     (
         "RabbitmqBroker.consumer_class, a property",
         lambda: isinstance(inspect.getattr_static(RabbitmqBroker, "consumer_class"), property),
