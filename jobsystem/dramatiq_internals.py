@@ -189,12 +189,9 @@ def project_message(message: object) -> ProjectMessage:
 
 
 def plain_message(message: Message[Any] | MessageProxy) -> Message[Any]:
-    """The :class:`Message` itself (``_message`` of a delivery): its fields read without
-    ``MessageProxy.__getattr__``, for hooks that read several per job."""
-    if isinstance(message, MessageProxy):
-        plain: Message[Any] = message._message
-        return plain
-    return message
+    """The :class:`Message` itself (a delivery's ``_message``): read past ``MessageProxy.__getattr__``."""
+    plain: Message[Any] = message._message if isinstance(message, MessageProxy) else message
+    return plain
 
 
 def request_redelivery(message: MessageProxy, follow_up: FollowUp | None = None) -> None:
@@ -337,10 +334,7 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
         "_RabbitmqMessage(redelivered, tag, message) keeps _tag, redelivered and _message",
         _rabbitmq_message_keeps_its_delivery,
     ),
-    (
-        "MessageProxy._exception holds what stuff_exception stored, _message the message",
-        _proxy_keeps_its_exception,
-    ),
+    ("MessageProxy keeps _exception (what stuff_exception stored) and _message", _proxy_keeps_its_exception),
     (
         "RabbitmqBroker.consumer_class, a property",
         lambda: isinstance(inspect.getattr_static(RabbitmqBroker, "consumer_class"), property),
