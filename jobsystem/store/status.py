@@ -6,7 +6,9 @@ state, in the same call, also counts one in the queue's counters (``succeeded``,
 which outlive the records' TTL and give the totals that ``jobctl health`` prints; counts one in
 the queue's per-minute counts and appends to the record's timeline
 (:mod:`jobsystem.store.status_history`); and files the record in the job index
-(:mod:`jobsystem.store.job_index`), which the dashboard pages through.
+(:mod:`jobsystem.store.job_index`), which the dashboard pages through. Several updates of one
+message in a batch are folded: each record is written, and filed in the index, once per batch
+(:mod:`jobsystem.store.status_fold`).
 """
 
 from __future__ import annotations

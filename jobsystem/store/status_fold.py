@@ -11,9 +11,13 @@ the state the batch leaves it in; an update refused by its order changes only th
 
 - Redis: :data:`APPLY_LUA`, one script call per batch: each record read once (``HMGET``),
   changed in a Lua table, written with one ``HSET``/``HDEL``/``PEXPIRE``; counters and
-  per-minute counts summed and written once per field.
-- SQLite: :func:`fold` does the same in Python over the rows it read, so a batch writes each row
-  and each counter once.
+  per-minute counts summed and written once per field; index moves sent as one ``ZREM``/``ZADD``
+  per sorted set. Measured on 1000 running+succeeded pairs: ~57 -> ~30 us of Redis CPU per job.
+- SQLite: :func:`sqlite_apply` does the same in Python over the rows it read: each row, index
+  entry, counter and minute written once per batch (~40 -> ~25 us per pair).
+
+The scheduled index still moves per change: a job may enter and leave it within one batch, and
+its ``ZADD``/``ZREM`` must come in that order (it costs nothing for a job that is never scheduled).
 """
 
 from __future__ import annotations
