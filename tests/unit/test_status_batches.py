@@ -49,10 +49,15 @@ def change(
 ) -> StatusUpdate:
     """An update as :class:`middleware.status.Status` makes it (``state`` None: a progress report)."""
     values = {"updated_at": str(at), **fields}
+    # sent at the start of the minute of ``at`` plus the message's number: one time per message
     once = {}
     if state is not None:
         values["state"] = state
-        once = {"actor": "a" + message_id[-1], "queue": queue, "enqueued_at": str(at - at % 1000)}
+        once = {
+            "actor": "a" + message_id[-1],
+            "queue": queue,
+            "enqueued_at": str(at - at % 60_000 + int(message_id[1:])),
+        }
     delete = ("progress", "note", "retry_at", "due_at") if state == "running" else ()
     order = order_of(attempt, rank or state or "running", replays)
     return StatusUpdate(message_id, queue, order, values, once, delete)
@@ -64,6 +69,7 @@ def mixed(now: int) -> tuple[list[StatusUpdate], list[StatusUpdate]]:
         change("m1", "queued", 0, now),
         change("m5", "dead", 1, now + 5, finished_at=str(now + 5)),
         change("m7", "scheduled", 0, now + 7, due_at=str(now + 60_000)),
+        change("m8", "running", 1, now + 8, attempts="1", started_at=str(now + 8)),
     ]
     batch = [
         # queued, run, succeeded: all in one batch (a no-op job under load)
@@ -93,6 +99,10 @@ def mixed(now: int) -> tuple[list[StatusUpdate], list[StatusUpdate]]:
         change("m7", "running", 1, now + 70, attempts="1", started_at=str(now + 70)),
         change("m7", "dead", 1, now + 71, finished_at=str(now + 71)),
         change("m7", "queued", 0, now + 72),
+        # failed and retried at once: the batch leaves it running, filed where it was
+        change("m8", "failed", 1, now + 80, error_type="E", error="boom", traceback="tb"),
+        change("m8", "retrying", 1, now + 81, retry_at=str(now + 82)),
+        change("m8", "running", 2, now + 82, attempts="2", started_at=str(now + 82)),
     ]
     return before, batch
 
@@ -169,10 +179,11 @@ def test_a_batch_ends_as_its_updates_applied_one_by_one(store, twin):
         "m5": "succeeded",
         "m6": "running",
         "m7": "dead",
+        "m8": "running",
     }
     assert [e[0] for e in records["m3"]["timeline"]] == ["queued", "running"]
     assert [e[0] for e in records["m5"]["timeline"]] == ["skipped", "dead", "queued", "running", "succeeded"]
     assert records["m2"]["progress"] is None and records["m2"]["due_at"] is None
     pages = readable(store, ids, now)["pages"]
-    assert pages["running"] == ["m6", "m3"] and pages["scheduled"] == ["m4"]
-    assert status_backend(store).counts(["q1"])["q1"]["running"] == 7
+    assert pages["running"] == ["m8", "m6", "m3"] and pages["scheduled"] == ["m4"]
+    assert status_backend(store).counts(["q1"])["q1"]["running"] == 9
