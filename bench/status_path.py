@@ -10,9 +10,10 @@
   (``time.process_time``, so the writer thread counts) per job, flush included.
 
 Medians of ``--runs``; keys in a namespace of their own, deleted after. Measured when a batch's
-updates were folded per record (issue 15; 2 cores, load ~2, medians of 5, µs per job, Redis,
-before -> after): pairs call 59.4 -> 29.4, queued call 32.0 -> 20.8, hooks 24.4 -> 15.9 (see the
-commit messages for the steps).
+updates were folded per record (issue 15; 2 cores, load ~2.5, medians of 5, µs per job, Redis,
+base -> folded, two alternating rounds): pairs call 60.8/58.1 -> 27.8/31.5 (Redis CPU 51.5/49.7 ->
+24.4/28.8), sent pairs 60.5/59.4 -> 27.6/36.8, queued 31.0/29.2 -> 20.6/22.8, hooks 24.5/25.1 ->
+14.9/13.2 (see the commit messages for the steps).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dramatiq.brokers.stub import StubBroker
 
 from jobsystem.store import StateStore, open_store
 from jobsystem.store.redis import RedisStore
+from jobsystem.store.status import StatusBackend
 from jobsystem.store.status_records import StatusUpdate
 from middleware.status import Status
 
@@ -59,17 +61,32 @@ def _redis_cpu(store: StateStore) -> float:
 
 
 def store_call(store: StateStore, kind: str) -> tuple[float, float]:
-    """µs per job of one apply of ``JOBS`` jobs' updates: wall time, and Redis's CPU (0 on SQLite)."""
-    status, broker = _Collecting(store), StubBroker()
-    for message in _messages(JOBS):
+    """µs per job of one apply of ``JOBS`` jobs' updates: wall time, and Redis's CPU (0 on SQLite).
+
+    ``kind``: ``queued`` (senders), ``pairs`` (running+succeeded of jobs the store has no record
+    of yet), ``sent pairs`` (the same after their ``queued`` was written: a move in the index).
+    """
+    messages, broker = _messages(JOBS), StubBroker()
+    if kind != "pairs":
+        senders = _Collecting(store)
+        for message in messages:
+            senders.after_enqueue(broker, message, None)
         if kind == "queued":
-            status.after_enqueue(broker, message, None)
-        else:
-            delivery = MessageProxy(message)
-            status.before_process_message(broker, delivery)
-            status.after_process_message(broker, delivery, result=None)
+            return _timed_apply(store, senders.backend, senders.made)
+        senders.backend.apply(senders.made, TTL_MS)
+    worker = _Collecting(store)
+    for message in messages:
+        delivery = MessageProxy(message)
+        worker.before_process_message(broker, delivery)
+        worker.after_process_message(broker, delivery, result=None)
+    return _timed_apply(store, worker.backend, worker.made)
+
+
+def _timed_apply(
+    store: StateStore, backend: StatusBackend, updates: list[StatusUpdate]
+) -> tuple[float, float]:
     cpu, started = _redis_cpu(store), time.perf_counter()
-    status.backend.apply(status.made, TTL_MS)
+    backend.apply(updates, TTL_MS)
     wall = time.perf_counter() - started
     return wall / JOBS * 1e6, (_redis_cpu(store) - cpu) / JOBS * 1e6
 
@@ -99,12 +116,12 @@ def main() -> None:
     options = parser.parse_args()
     store = open_store(options.url, namespace=f"bench-status-{uuid.uuid4().hex[:8]}:")
     try:
-        for kind in ("pairs", "queued"):
+        for kind in ("pairs", "sent pairs", "queued"):
             calls = [store_call(store, kind) for _ in range(options.runs)]
             wall = statistics.median(c[0] for c in calls)
             cpu = statistics.median(c[1] for c in calls)
-            print(f"{kind:7s} store call {wall:6.1f} us/job   redis cpu {cpu:6.1f} us/job")
-        print(f"hooks   process cpu {_median(options.runs, lambda: hooks(store)):6.1f} us/job")
+            print(f"{kind:10s} store call {wall:6.1f} us/job   redis cpu {cpu:6.1f} us/job")
+        print(f"hooks      process cpu {_median(options.runs, lambda: hooks(store)):6.1f} us/job")
     finally:
         if isinstance(store, RedisStore):
             keys = list(store.client.scan_iter(f"{store.namespace}*", count=10_000))
