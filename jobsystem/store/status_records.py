@@ -79,13 +79,15 @@ class StatusUpdate:
 
 
 def encode_updates(updates: list[StatusUpdate]) -> bytes:
-    """``updates`` as one JSON array: orjson, ~10x faster than one ``json.dumps`` per update; the
-    standard encoder for what orjson refuses (a lone surrogate in an error message)."""
+    """``updates`` as one JSON array of UTF-8: orjson, ~10x faster than one ``json.dumps`` per
+    update. A lone surrogate (``str(exception)`` of undecodable bytes) is not UTF-8, and Redis's
+    cjson refuses its ``\\ud800`` escape: it becomes ``?`` instead of failing the whole batch
+    (which the writer would retry forever)."""
     payloads = [u.payload() for u in updates]
     try:
         return orjson.dumps(payloads, option=orjson.OPT_PASSTHROUGH_SUBCLASS, default=dict)
     except orjson.JSONEncodeError:
-        return json.dumps(payloads, default=dict).encode()
+        return json.dumps(payloads, ensure_ascii=False, default=dict).encode(errors="replace")
 
 
 @dataclass(frozen=True)

@@ -187,3 +187,15 @@ def test_a_batch_ends_as_its_updates_applied_one_by_one(store, twin):
     pages = readable(store, ids, now)["pages"]
     assert pages["running"] == ["m8", "m6", "m3"] and pages["scheduled"] == ["m4"]
     assert status_backend(store).counts(["q1"])["q1"]["running"] == 9
+
+
+def test_text_that_is_not_utf_8_does_not_hold_up_the_batch(store):
+    """A lone surrogate (``str()`` of an exception about undecodable bytes) in an error message:
+    the update is written (Redis stores ``?`` for it) along with the rest of its batch."""
+    backend = status_backend(store)
+    now = int(time.time() * 1000)
+    failed = change("m1", "failed", 1, now, error_type="E", error="no file b'\udcff.txt'")
+    backend.apply([failed, change("m2", "queued", 0, now)], TTL_MS)
+    record = backend.get("m1")
+    assert record is not None and record.error in ("no file b'\udcff.txt'", "no file b'?.txt'")
+    assert backend.get("m2") is not None
