@@ -24,7 +24,15 @@ from typing import Any
 
 from jobsystem.store.redis import RedisStore, reply_text
 
-__all__ = ["HISTORY_LUA", "MINUTES_TTL_MS", "SQLITE_SCHEMA", "TIMELINE_MAX", "redis_minutes"]
+__all__ = [
+    "HISTORY_LUA",
+    "MINUTES_TTL_MS",
+    "SQLITE_SCHEMA",
+    "TIMELINE_MAX",
+    "add_to_timeline",
+    "redis_minutes",
+    "sqlite_count_minutes",
+]
 
 #: Entries of a record's timeline: the first one and the latest ones.
 TIMELINE_MAX = 50
