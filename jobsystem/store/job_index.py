@@ -40,9 +40,9 @@ __all__ = [
 #: record under ``state`` (taking it out of the sets of ``ix``, the state it was filed under, if
 #: any; the caller then stores ``ix = state``), once per record and script call, with the record's
 #: final state. ``write_index(ttl)`` at the end sends the moves, one ZREM and one ZADD per set and
-#: up to ``INDEX_CHUNK`` members (a call from Lua costs more than a member added), removals first,
-#: then trims the sets written. ``NS`` (the store's namespace) and ``NOW`` (ms) are locals the
-#: script declares before it.
+#: up to ``INDEX_CHUNK`` arguments (even: ZADD takes score-member pairs; a call from Lua costs more
+#: than a member added), removals first, then trims the sets written. ``NS`` (the store's
+#: namespace) and ``NOW`` (ms) are locals the script declares before it.
 INDEX_LUA = """
 local ADDS, REMOVES = {}, {}
 

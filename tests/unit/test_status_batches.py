@@ -199,3 +199,15 @@ def test_text_that_is_not_utf_8_does_not_hold_up_the_batch(store):
     record = backend.get("m1")
     assert record is not None and record.error in ("no file b'\udcff.txt'", "no file b'?.txt'")
     assert backend.get("m2") is not None
+
+
+def test_a_batch_larger_than_one_index_call_files_every_job(store):
+    """The index moves go out a few hundred members per call: none is lost at a boundary."""
+    backend = status_backend(store)
+    now = int(time.time() * 1000) // 60_000 * 60_000
+    ids = [f"m{i}" for i in range(1, 1202)]
+    backend.apply([change(m, "queued", 0, now) for m in ids], TTL_MS)
+    backend.apply([change(m, "running", 1, now + 1) for m in ids[::2]], TTL_MS)
+    assert backend.total(JobFilter()) == (1201, True)
+    assert backend.total(JobFilter(state="queued")) == (600, True)
+    assert backend.total(JobFilter(state="running")) == (601, True)
