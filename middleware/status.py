@@ -40,7 +40,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.middleware import CurrentMessage, Middleware
 
-from jobsystem.dramatiq_internals import wants_redelivery
+from jobsystem.dramatiq_internals import plain_message, wants_redelivery
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from jobsystem.runtime.deferred import DeferredWrites
@@ -57,6 +57,10 @@ logger = logging.getLogger(__name__)
 #: The Status middleware of the message running in this thread (the worker's broker may not be
 #: the global one, e.g. in tests): set before the actor runs, read by :func:`progress`.
 _ACTIVE: contextvars.ContextVar[Status | None] = contextvars.ContextVar("job_status_active", default=None)
+
+
+#: The once-fields of a progress report: none (shared, never changed).
+_NO_FIELDS: dict[str, str] = {}
 
 
 def _identity(text: str) -> str:
@@ -174,27 +178,23 @@ class Status(Middleware):
         *,
         delete: tuple[str, ...] = (),
         rank: str | None = None,
+        now: str | None = None,
     ) -> None:
-        """Submit a change; ``rank``: the state whose place in the order it takes (default ``state``)."""
-        values = {"updated_at": _now_ms(), **(fields or {})}
-        once: dict[str, str] = {}
+        """Submit a change; ``rank``: the state whose place in the order it takes (default ``state``);
+        ``now``: the time of the change, when the caller read it already (ms, as text)."""
+        # Twice per job: read the message's fields once, past MessageProxy's ``__getattr__``.
+        plain = plain_message(message)
+        queue = q_name(plain.queue_name)
+        values = {"updated_at": now or _now_ms()}
+        if fields:
+            values.update(fields)
+        once = _NO_FIELDS
         if state is not None:
             values["state"] = state
-            once = {
-                "actor": message.actor_name,
-                "queue": q_name(message.queue_name),
-                "enqueued_at": str(message.message_timestamp),
-            }
-        self._submit(
-            StatusUpdate(
-                message_id=message.message_id,
-                queue=q_name(message.queue_name),
-                order=order_of(attempt, rank or state or "running", int(message.options.get(REPLAYS, 0))),
-                fields=values,
-                once=once,
-                delete=delete,
-            )
-        )
+            once = {"actor": plain.actor_name, "queue": queue, "enqueued_at": str(plain.message_timestamp)}
+        replays = plain.options.get(REPLAYS)
+        order = order_of(attempt, rank or state or "running", int(replays) if replays else 0)
+        self._submit(StatusUpdate(plain.message_id, queue, order, values, once, delete))
 
     def report_progress(self, message: Message[Any] | MessageProxy, value: float, note: str | None) -> None:
         """Record ``value`` (clamped to 0..1) and ``note`` as the progress of the message's attempt."""
@@ -232,12 +232,14 @@ class Status(Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         _ACTIVE.set(self)
         attempt = message.options.get("retries", 0) + 1
+        now = _now_ms()
         self._update(
             message,
             "running",
             attempt,
-            {"attempts": str(attempt), "started_at": _now_ms()},
+            {"attempts": str(attempt), "started_at": now},
             delete=("progress", "note", "retry_at", "due_at"),
+            now=now,
         )
 
     def after_process_message(
@@ -251,11 +253,12 @@ class Status(Middleware):
         _ACTIVE.set(None)
         attempt = message.options.get("retries", 0) + 1
         if exception is None:
-            fields = {"finished_at": _now_ms(), "progress": "1"}
+            now = _now_ms()
+            fields = {"finished_at": now, "progress": "1"}
             encoded = self._encode_result(result)
             if encoded is not None:
                 fields["result"] = encoded
-            self._update(message, "succeeded", attempt, fields)
+            self._update(message, "succeeded", attempt, fields, now=now)
             return
         if isinstance(exception, JobCancelled):
             self._update(message, "cancelled", attempt, {"finished_at": _now_ms()})

@@ -36,40 +36,57 @@ __all__ = [
     "sqlite_total",
 ]
 
-#: Index maintenance inside the status script: ``index(key, id, state)`` after a record's state
-#: changed, ``trim_index(ttl)`` at the end. ``NS`` (the store's namespace), ``NOW`` (ms) and
-#: ``TOUCHED`` (the sets written) are locals the script declares before it.
+#: Index maintenance inside the status script: ``index(id, state, queue, actor, score, ix)`` files a
+#: record under ``state`` (taking it out of the sets of ``ix``, the state it was filed under, if
+#: any; the caller then stores ``ix = state``), once per record and script call, with the record's
+#: final state. ``write_index(ttl)`` at the end sends the moves, one ZREM and one ZADD per set and
+#: up to ``INDEX_CHUNK`` arguments (even: ZADD takes score-member pairs; a call from Lua costs more
+#: than a member added), removals first, then trims the sets written. ``NS`` (the store's
+#: namespace) and ``NOW`` (ms) are locals the script declares before it.
 INDEX_LUA = """
-local function index(key, id, state)
-  local rec = redis.call('HMGET', key, 'queue', 'actor', 'enqueued_at', 'ix')
-  local q, a, ix = rec[1] or '', rec[2] or '', rec[4]
-  local score = tonumber(rec[3]) or NOW
+local ADDS, REMOVES = {}, {}
+
+local function index(id, state, q, a, score, ix)
   local function put(set)
-    redis.call('ZADD', set, score, id)
-    TOUCHED[set] = true
+    local members = ADDS[set] or {}
+    ADDS[set] = members
+    members[#members + 1] = score
+    members[#members + 1] = id
+  end
+  local function take(set)
+    local members = REMOVES[set] or {}
+    REMOVES[set] = members
+    members[#members + 1] = id
   end
   if not ix then
     put(NS .. 'jobs:all')
     put(NS .. 'jobs:q:' .. q)
     put(NS .. 'jobs:a:' .. a)
   else
-    redis.call('ZREM', NS .. 'jobs:s:' .. ix, id)
-    redis.call('ZREM', NS .. 'jobs:qs:' .. q .. '|' .. ix, id)
-    redis.call('ZREM', NS .. 'jobs:as:' .. a .. '|' .. ix, id)
+    take(NS .. 'jobs:s:' .. ix)
+    take(NS .. 'jobs:qs:' .. q .. '|' .. ix)
+    take(NS .. 'jobs:as:' .. a .. '|' .. ix)
   end
   put(NS .. 'jobs:s:' .. state)
   put(NS .. 'jobs:qs:' .. q .. '|' .. state)
   put(NS .. 'jobs:as:' .. a .. '|' .. state)
-  redis.call('HSET', key, 'ix', state)
 end
 
-local function trim_index(ttl)
-  for set in pairs(TOUCHED) do
+local function in_chunks(command, set, members)
+  for i = 1, #members, INDEX_CHUNK do
+    redis.call(command, set, unpack(members, i, math.min(#members, i + INDEX_CHUNK - 1)))
+  end
+end
+
+local function write_index(ttl)
+  for set, members in pairs(REMOVES) do in_chunks('ZREM', set, members) end
+  for set, members in pairs(ADDS) do
+    in_chunks('ZADD', set, members)
     redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. (NOW - ttl))
     redis.call('PEXPIRE', set, ttl)
   end
 end
-"""
+""".replace("INDEX_CHUNK", "1000")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ state, in the same call, also counts one in the queue's counters (``succeeded``,
 which outlive the records' TTL and give the totals that ``jobctl health`` prints; counts one in
 the queue's per-minute counts and appends to the record's timeline
 (:mod:`jobsystem.store.status_history`); and files the record in the job index
-(:mod:`jobsystem.store.job_index`), which the dashboard pages through.
+(:mod:`jobsystem.store.job_index`), which the dashboard pages through. Several updates of one
+message in a batch are folded: each record is written, and filed in the index, once per batch
+(:mod:`jobsystem.store.status_fold`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.scheduled import Scheduled
 from jobsystem.store.sorted_index import Cursor, Walk
 from jobsystem.store.sqlite import SqliteStore, sqlite_error
-from jobsystem.store.status_records import REPLAY_STRIDE, JobStatus, StatusUpdate
+from jobsystem.store.status_fold import APPLY_LUA, sqlite_apply
+from jobsystem.store.status_records import JobStatus, StatusUpdate, encode_updates
 
 __all__ = ["RedisStatus", "SqliteStatus", "StatusBackend", "status_backend"]
 
@@ -74,59 +77,12 @@ class StatusBackend(ABC):
         return [found[m] for m, _ in walk.entries if m in found], walk.next
 
 
-_APPLY = (
-    """
-local TTL, NOW, NS = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local TOUCHED = {}
-"""
-    + job_index.INDEX_LUA
-    + status_history.HISTORY_LUA
-    + scheduled_index.SCHEDULED_LUA
-    + """
-for i = 4, #ARGV do
-  local u = cjson.decode(ARGV[i])
-  local key, counts = KEYS[2 * i - 7], KEYS[2 * i - 6]
-  local current = tonumber(redis.call('HGET', key, 'ord') or '-1')
-  if u.o < current and u.f.state then
-    timeline(key, u.f.state, tonumber(u.f.updated_at) or NOW, u.o % REPLAY_STRIDE, true)
-  end
-  if u.o >= current then
-    local previous = redis.call('HGET', key, 'state')
-    local args = {'ord', u.o}
-    for name, value in pairs(u.f) do
-      args[#args + 1] = name
-      args[#args + 1] = value
-    end
-    redis.call('HSET', key, unpack(args))
-    for name, value in pairs(u.n) do redis.call('HSETNX', key, name, value) end
-    if #u.d > 0 then redis.call('HDEL', key, unpack(u.d)) end
-    local state, due = u.f.state, tonumber(u.f.due_at)
-    -- a scheduled record lives until its due time, and TTL after it
-    redis.call('PEXPIRE', key, (state == 'scheduled' and due) and TTL + math.max(0, due - NOW) or TTL)
-    if state and (state ~= previous or state == 'scheduled') then
-      schedule(u.m, redis.call('HGET', key, 'queue') or '', previous, state, due)
-    end
-    if state and state ~= previous then
-      redis.call('HINCRBY', counts, state, 1)
-      local at = tonumber(u.f.updated_at) or NOW
-      timeline(key, state, at, u.o % REPLAY_STRIDE, false)
-      count_minute(redis.call('HGET', key, 'queue') or '', state, at)
-      index(key, u.m, state)
-    end
-  end
-end
-trim_index(TTL)
-return 0
-""".replace("REPLAY_STRIDE", str(REPLAY_STRIDE))
-)
-
-
 class RedisStatus(StatusBackend):
     """Records as Redis hashes ``status:<message id>``; counters as hashes ``status-counts:<queue>``."""
 
     def __init__(self, store: RedisStore) -> None:
         self.store = store
-        self._apply = store.script(_APPLY)
+        self._apply = store.script(APPLY_LUA)
 
     def _key(self, message_id: str) -> str:
         return self.store.key("status:" + message_id)
@@ -138,10 +94,9 @@ class RedisStatus(StatusBackend):
         """One script call for all the updates: one round trip, whatever their number."""
         if not updates:
             return
-        keys = [k for u in updates for k in (self._key(u.message_id), self._counts_key(u.queue))]
-        args = [ttl_ms, int(time.time() * 1000), self.store.namespace, *(u.encode() for u in updates)]
+        args = [ttl_ms, int(time.time() * 1000), self.store.namespace, encode_updates(updates)]
         with self.store.errors():
-            self._apply(keys=keys, args=args)
+            self._apply(keys=[], args=args)
 
     def get(self, message_id: str) -> JobStatus | None:
         with self.store.errors():
@@ -219,71 +174,13 @@ class SqliteStatus(StatusBackend):
             return
         now = self.store.now_ms()
         with self.store.transaction() as conn:
-            for update in updates:
-                self._apply_one(conn, update, now + ttl_ms, now)
+            sqlite_apply(self.store, conn, updates, ttl_ms, now)
             # Reads skip expired rows already; this reclaims their space, using the index.
             conn.execute("DELETE FROM job_status WHERE expires_at <= ?", (now,))
             conn.execute("DELETE FROM job_index WHERE expires_at <= ?", (now,))
             if now // 60_000 != self._swept_minute:  # once a minute is plenty
                 self._swept_minute = now // 60_000
                 status_history.sqlite_sweep_minutes(conn, now)
-
-    def _apply_one(self, conn: sqlite3.Connection, update: StatusUpdate, expires_at: int, now: int) -> None:
-        key = self.store.key(update.message_id)
-        row = conn.execute(
-            "SELECT ord, fields FROM job_status WHERE key = ? AND expires_at > ?", (key, now)
-        ).fetchone()
-        order, fields = (row[0], json.loads(row[1])) if row else (-1, {})
-        if update.order < order:
-            self._late(conn, key, update, fields)
-            return
-        previous = fields.get("state")
-        fields.update(update.fields)
-        for name, value in update.once.items():
-            fields.setdefault(name, value)
-        for name in update.delete:
-            fields.pop(name, None)
-        state = update.fields.get("state")
-        changed = bool(state) and state != previous
-        at = int(fields.get("updated_at") or now)
-        if state and (changed or state == "scheduled"):
-            ttl_ms = expires_at - now
-            due = fields.get("due_at") if state == "scheduled" else None
-            if due:  # a scheduled record lives until its due time, and its TTL after it
-                expires_at += max(0, int(due) - now)
-            queue_key = self.store.key(fields.get("queue") or update.queue)
-            scheduled_index.sqlite_file(conn, queue_key, update.message_id, previous, state, due, ttl_ms, now)
-        if changed:
-            status_history.append_timeline(fields, str(state), at, update.order % REPLAY_STRIDE)
-        conn.execute(
-            "INSERT INTO job_status (key, ord, fields, expires_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET ord = excluded.ord, fields = excluded.fields, "
-            "expires_at = excluded.expires_at",
-            (key, update.order, json.dumps(fields), expires_at),
-        )
-        if changed:
-            self._count_change(conn, update, fields, at)
-            job_index.sqlite_file(conn, self.store, update.message_id, fields, expires_at)
-
-    def _late(self, conn: sqlite3.Connection, key: str, update: StatusUpdate, fields: dict[str, Any]) -> None:
-        """An earlier state written after a later one: only its timeline entry is kept."""
-        state, at = update.fields.get("state"), int(update.fields.get("updated_at") or 0)
-        order = update.order % REPLAY_STRIDE
-        if state and status_history.append_timeline(fields, state, at, order, late=True):
-            conn.execute("UPDATE job_status SET fields = ? WHERE key = ?", (json.dumps(fields), key))
-
-    def _count_change(
-        self, conn: sqlite3.Connection, update: StatusUpdate, fields: dict[str, Any], at: int
-    ) -> None:
-        state = fields["state"]
-        conn.execute(
-            "INSERT INTO job_status_counts (queue, state, count) VALUES (?, ?, 1) "
-            "ON CONFLICT(queue, state) DO UPDATE SET count = count + 1",
-            (self.store.key(update.queue), state),
-        )
-        status_history.sqlite_count_minute(
-            conn, self.store.key(fields.get("queue") or update.queue), state, at
-        )
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
         """A read outside any transaction (WAL readers do not wait for writers)."""

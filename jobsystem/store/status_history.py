@@ -16,31 +16,40 @@ Both are written in the same script call or transaction as the record (:mod:`job
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
+from collections.abc import Mapping
 from string import Template
 from typing import Any
 
 from jobsystem.store.redis import RedisStore, reply_text
 
-__all__ = ["HISTORY_LUA", "MINUTES_TTL_MS", "SQLITE_SCHEMA", "TIMELINE_MAX", "redis_minutes"]
+__all__ = [
+    "HISTORY_LUA",
+    "MINUTES_TTL_MS",
+    "SQLITE_SCHEMA",
+    "TIMELINE_MAX",
+    "add_to_timeline",
+    "redis_minutes",
+    "sqlite_count_minutes",
+]
 
 #: Entries of a record's timeline: the first one and the latest ones.
 TIMELINE_MAX = 50
 #: How long per-minute counts are kept.
 MINUTES_TTL_MS = 3 * 3_600_000
 
-#: ``timeline(key, state, at, order, late)`` and ``count_minute(queue, state, at)`` inside the status
-#: script; ``NS`` (the store's namespace) is a local the script declares before it.
+#: Inside the status script: ``timeline(line, state, at, order, late)`` adds one change to a decoded
+#: timeline (returns whether it changed; the caller encodes and writes it once per record);
+#: ``count_minute(queue, state, at)`` counts one change, and ``write_minutes()`` at the end sends the
+#: sums (one HINCRBY per minute and state, one PEXPIRE per hash). ``NS`` (the store's namespace) is
+#: a local the script declares before it.
 HISTORY_LUA = Template("""
-local function timeline(key, state, at, order, late)
-  local raw = redis.call('HGET', key, 'timeline')
-  local line = raw and cjson.decode(raw) or {}
+local function timeline(line, state, at, order, late)
   local place = #line + 1
   if late then  -- an earlier state written after a later one (another process): put it in its place
     for i, e in ipairs(line) do
-      if e[1] == state and e[4] == order then return end
+      if e[1] == state and e[4] == order then return false end
       if (e[4] or 0) > order and place > i then place = i end
     end
   end
@@ -49,14 +58,24 @@ local function timeline(key, state, at, order, late)
     place = math.max(2, place - 1)
   end
   table.insert(line, place, {state, at, math.floor(order / 10), order})
-  redis.call('HSET', key, 'timeline', cjson.encode(line))
+  return true
 end
 
+local MINUTES = {}
 local function count_minute(queue, state, at)
   local minute = math.floor(at / 60000)
   local per_hour = NS .. 'status-minutes:' .. queue .. ':' .. math.floor(minute / 60)
-  redis.call('HINCRBY', per_hour, minute .. ':' .. state, 1)
-  redis.call('PEXPIRE', per_hour, $minutes_ttl)
+  local counts = MINUTES[per_hour] or {}
+  MINUTES[per_hour] = counts
+  local name = minute .. ':' .. state
+  counts[name] = (counts[name] or 0) + 1
+end
+
+local function write_minutes()
+  for per_hour, counts in pairs(MINUTES) do
+    for name, n in pairs(counts) do redis.call('HINCRBY', per_hour, name, n) end
+    redis.call('PEXPIRE', per_hour, $minutes_ttl)
+  end
 end
 """).substitute(timeline_max=TIMELINE_MAX, minutes_ttl=MINUTES_TTL_MS)
 
@@ -71,12 +90,10 @@ CREATE TABLE IF NOT EXISTS job_status_minutes (
 """
 
 
-def append_timeline(fields: dict[str, Any], state: str, at: int, order: int, *, late: bool = False) -> bool:
-    """Add one change to ``fields["timeline"]`` (SQLite's twin of the Lua ``timeline``). A
-    ``late`` one (an earlier state that another process wrote after a later one) goes before the
-    later states, once. Returns whether the timeline changed."""
-    raw = fields.get("timeline")
-    entries = json.loads(raw) if raw else []
+def add_to_timeline(entries: list[Any], state: str, at: int, order: int, *, late: bool = False) -> bool:
+    """Add one change to a decoded timeline (SQLite's twin of the Lua ``timeline``). A ``late``
+    one (an earlier state that another process wrote after a later one) goes before the later
+    states, once. Returns whether the timeline changed."""
     place = len(entries)
     if late:
         if any(e[0] == state and e[3:] == [order] for e in entries):
@@ -86,15 +103,15 @@ def append_timeline(fields: dict[str, Any], state: str, at: int, order: int, *, 
         del entries[1]
         place = max(1, place - 1)
     entries.insert(place, [state, at, order // 10, order])
-    fields["timeline"] = json.dumps(entries)
     return True
 
 
-def sqlite_count_minute(conn: sqlite3.Connection, queue_key: str, state: str, at: int) -> None:
-    conn.execute(
-        "INSERT INTO job_status_minutes (queue, minute, state, count) VALUES (?, ?, ?, 1) "
-        "ON CONFLICT(queue, minute, state) DO UPDATE SET count = count + 1",
-        (queue_key, at // 60_000 * 60_000, state),
+def sqlite_count_minutes(conn: sqlite3.Connection, counts: Mapping[tuple[str, str, int], int]) -> None:
+    """Add ``counts`` (per namespaced queue, state and time in ms: how many changes) to the minutes."""
+    conn.executemany(
+        "INSERT INTO job_status_minutes (queue, minute, state, count) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT(queue, minute, state) DO UPDATE SET count = count + excluded.count",
+        [(queue, minute, state, n) for (queue, state, minute), n in counts.items()],
     )
 
 

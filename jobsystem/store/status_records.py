@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "order_of"]
+import orjson
+
+__all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "encode_updates", "order_of"]
 
 #: The states a job goes through, and the rank of each within one attempt.
 STATE_RANKS: dict[str, int] = {
@@ -43,12 +45,13 @@ def order_of(attempt: int, state: str, replays: int = 0) -> int:
     return replays * REPLAY_STRIDE + attempt * 10 + STATE_RANKS[state]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StatusUpdate:
     """A change to one message's record.
 
     ``fields`` are set, ``once`` fields only when the record has none yet (actor, queue),
-    ``delete`` fields removed (a new attempt clears the last one's progress).
+    ``delete`` fields removed (a new attempt clears the last one's progress). Treat it as
+    immutable; it is not frozen because a frozen dataclass takes ~4x longer to build (two per job).
     """
 
     message_id: str
@@ -63,16 +66,28 @@ class StatusUpdate:
         """True for a progress report: a newer one for the same message replaces it before it is written."""
         return "state" not in self.fields and not self.once and not self.delete
 
-    def encode(self) -> str:
-        return json.dumps(
-            {
-                "m": self.message_id,
-                "o": self.order,
-                "f": dict(self.fields),
-                "n": dict(self.once),
-                "d": self.delete,
-            }
-        )
+    def payload(self) -> dict[str, Any]:
+        """The update as the Redis script reads it (:mod:`jobsystem.store.status_fold`)."""
+        return {
+            "m": self.message_id,
+            "q": self.queue,
+            "o": self.order,
+            "f": self.fields,
+            "n": self.once,
+            "d": self.delete,
+        }
+
+
+def encode_updates(updates: list[StatusUpdate]) -> bytes:
+    """``updates`` as one JSON array of UTF-8: orjson, ~10x faster than one ``json.dumps`` per
+    update. A lone surrogate (``str(exception)`` of undecodable bytes) is not UTF-8, and Redis's
+    cjson refuses its ``\\ud800`` escape: it becomes ``?`` instead of failing the whole batch
+    (which the writer would retry forever)."""
+    payloads = [u.payload() for u in updates]
+    try:
+        return orjson.dumps(payloads, option=orjson.OPT_PASSTHROUGH_SUBCLASS, default=dict)
+    except orjson.JSONEncodeError:
+        return json.dumps(payloads, ensure_ascii=False, default=dict).encode(errors="replace")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,213 @@
+"""A batch of status updates ends exactly as the same updates applied one at a time.
+
+The status writers fold several changes of one message into one write (its final fields, its
+final place in the job index); this checks everything readable afterwards, on both backends:
+records with their timelines, counters, per-minute counts, the scheduled index and the job index.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobsystem.store import StateStore
+from jobsystem.store.job_index import JobFilter
+from jobsystem.store.redis import RedisStore, reply_text
+from jobsystem.store.sqlite import SqliteStore
+from jobsystem.store.status import status_backend
+from jobsystem.store.status_records import StatusUpdate, order_of
+from tests.support import fresh_store
+
+# ``store``: each backend in turn (tests/unit/conftest.py); ``twin``: another of the same kind.
+
+TTL_MS = 3_600_000
+RUN = ("attempts", "started_at")
+
+
+@pytest.fixture
+def twin(store: StateStore, tmp_path: Path) -> Iterator[StateStore]:
+    with fresh_store(store.kind, tmp_path / "twin") as other:
+        yield other
+
+
+def change(
+    message_id: str,
+    state: str | None,
+    attempt: int,
+    at: int,
+    *,
+    replays: int = 0,
+    rank: str | None = None,
+    queue: str = "q1",
+    **fields: str,
+) -> StatusUpdate:
+    """An update as :class:`middleware.status.Status` makes it (``state`` None: a progress report)."""
+    values = {"updated_at": str(at), **fields}
+    # sent at the start of the minute of ``at`` plus the message's number: one time per message
+    once = {}
+    if state is not None:
+        values["state"] = state
+        once = {
+            "actor": "a" + message_id[-1],
+            "queue": queue,
+            "enqueued_at": str(at - at % 60_000 + int(message_id[1:])),
+        }
+    delete = ("progress", "note", "retry_at", "due_at") if state == "running" else ()
+    order = order_of(attempt, rank or state or "running", replays)
+    return StatusUpdate(message_id, queue, order, values, once, delete)
+
+
+def mixed(now: int) -> tuple[list[StatusUpdate], list[StatusUpdate]]:
+    """What the store held before, and a batch with every kind of change."""
+    before = [
+        change("m1", "queued", 0, now),
+        change("m5", "dead", 1, now + 5, finished_at=str(now + 5)),
+        change("m7", "scheduled", 0, now + 7, due_at=str(now + 60_000)),
+        change("m8", "running", 1, now + 8, attempts="1", started_at=str(now + 8)),
+    ]
+    batch = [
+        # queued, run, succeeded: all in one batch (a no-op job under load)
+        change("m1", "running", 1, now + 10, attempts="1", started_at=str(now + 10)),
+        change("m1", "succeeded", 1, now + 11, finished_at=str(now + 11), progress="1"),
+        # a failed attempt, retried with a delay (scheduled in retrying's place), run again
+        change("m2", "queued", 0, now + 20),
+        change("m2", "running", 1, now + 21, attempts="1", started_at=str(now + 21)),
+        change("m2", None, 1, now + 22, progress="0.5", note="half"),
+        change("m2", "failed", 1, now + 23, error_type="E", error="boom", traceback="tb"),
+        change("m2", "scheduled", 1, now + 24, rank="retrying", retry_at="9", due_at=str(now + 90_000)),
+        change("m2", "running", 2, now + 25, attempts="2", started_at=str(now + 25)),
+        change("m2", "retrying", 2, now + 26, retry_at=str(now + 999)),
+        # the worker's running before the sender's queued (late: timeline only)
+        change("m3", "running", 1, now + 30, attempts="1", started_at=str(now + 30)),
+        change("m3", "queued", 0, now + 31),
+        # stays scheduled, in another queue
+        change("m4", "scheduled", 0, now + 40, queue="q2", due_at=str(now + 120_000)),
+        # a dead job replayed from the dead letters, then a duplicate skipped after it succeeded
+        change("m5", "queued", 0, now + 50, replays=1),
+        change("m5", "running", 1, now + 51, replays=1, attempts="1", started_at=str(now + 51)),
+        change("m5", "succeeded", 1, now + 52, replays=1, finished_at=str(now + 52)),
+        change("m5", "skipped", 1, now + 53, finished_at=str(now + 53)),
+        # a job that only runs: the index ends under running
+        change("m6", "running", 1, now + 60, attempts="1", started_at=str(now + 60)),
+        # leaves the cascade, runs and fails for good; its late queued comes after the dead
+        change("m7", "running", 1, now + 70, attempts="1", started_at=str(now + 70)),
+        change("m7", "dead", 1, now + 71, finished_at=str(now + 71)),
+        change("m7", "queued", 0, now + 72),
+        # failed and retried at once: the batch leaves it running, filed where it was
+        change("m8", "failed", 1, now + 80, error_type="E", error="boom", traceback="tb"),
+        change("m8", "retrying", 1, now + 81, retry_at=str(now + 82)),
+        change("m8", "running", 2, now + 82, attempts="2", started_at=str(now + 82)),
+    ]
+    return before, batch
+
+
+def snapshot(store: StateStore) -> dict[str, Any]:
+    """Everything the status writer keeps, by name within the store's namespace."""
+    if isinstance(store, RedisStore):
+        return _redis_snapshot(store)
+    assert isinstance(store, SqliteStore)
+    return _sqlite_snapshot(store.connection())
+
+
+def _redis_snapshot(store: RedisStore) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    client = store.client
+    for raw in client.scan_iter(f"{store.namespace}*", count=10_000):
+        name = reply_text(raw)[len(store.namespace) :]
+        kind = reply_text(client.type(raw))
+        if kind == "hash":
+            found[name] = {reply_text(k): reply_text(v) for k, v in client.hgetall(raw).items()}
+        elif kind == "zset":
+            found[name] = [(reply_text(m), s) for m, s in client.zrange(raw, 0, -1, withscores=True)]
+    return found
+
+
+def _sqlite_snapshot(conn: sqlite3.Connection) -> dict[str, Any]:
+    queries = {
+        "records": "SELECT key, ord, fields FROM job_status",
+        "counts": "SELECT queue, state, count FROM job_status_counts",
+        "minutes": "SELECT queue, minute, state, count FROM job_status_minutes",
+        "scheduled": "SELECT queue, message_id, due_at FROM scheduled_jobs",
+        "index": "SELECT key, ns, queue, actor, state, enqueued_at FROM job_index",
+    }
+    found = {name: sorted(conn.execute(sql).fetchall()) for name, sql in queries.items()}
+    # A record's fields as a dict: the order its JSON lists them in is not part of it.
+    found["records"] = [(k, o, json.loads(f)) for k, o, f in found["records"]]
+    return found
+
+
+def readable(store: StateStore, message_ids: list[str], since: int) -> dict[str, Any]:
+    """What the backend's readers return: records, counters, minutes, scheduled, index pages."""
+    backend = status_backend(store)
+    return {
+        "records": {m: r.to_dict() for m, r in backend.get_many(message_ids).items()},
+        "counts": backend.counts(["q1", "q2"]),
+        "minutes": backend.minutes(["q1", "q2"], since),
+        "scheduled": backend.scheduled(["q1", "q2"]),
+        "pages": {
+            state: [r.message_id for r in backend.page(JobFilter(state=state))[0]]
+            for state in (None, "queued", "running", "succeeded", "retrying", "scheduled", "dead")
+        },
+    }
+
+
+def test_a_batch_ends_as_its_updates_applied_one_by_one(store, twin):
+    now = int(time.time() * 1000) // 60_000 * 60_000 - 60_000  # two per-minute buckets, both recent
+    before, batch = mixed(now)
+    merged, single = status_backend(store), status_backend(twin)
+    merged.apply(before, TTL_MS)
+    merged.apply(batch, TTL_MS)
+    for update in before + batch:
+        single.apply([update], TTL_MS)
+
+    ids = sorted({u.message_id for u in before + batch})
+    assert readable(store, ids, now) == readable(twin, ids, now)
+    assert snapshot(store) == snapshot(twin)
+    # and what they agree on is right
+    records = readable(store, ids, now)["records"]
+    assert {m: r["state"] for m, r in records.items()} == {
+        "m1": "succeeded",
+        "m2": "retrying",
+        "m3": "running",
+        "m4": "scheduled",
+        "m5": "succeeded",
+        "m6": "running",
+        "m7": "dead",
+        "m8": "running",
+    }
+    assert [e[0] for e in records["m3"]["timeline"]] == ["queued", "running"]
+    assert [e[0] for e in records["m5"]["timeline"]] == ["skipped", "dead", "queued", "running", "succeeded"]
+    assert records["m2"]["progress"] is None and records["m2"]["due_at"] is None
+    pages = readable(store, ids, now)["pages"]
+    assert pages["running"] == ["m8", "m6", "m3"] and pages["scheduled"] == ["m4"]
+    assert status_backend(store).counts(["q1"])["q1"]["running"] == 9
+
+
+def test_text_that_is_not_utf_8_does_not_hold_up_the_batch(store):
+    """A lone surrogate (``str()`` of an exception about undecodable bytes) in an error message:
+    the update is written (Redis stores ``?`` for it) along with the rest of its batch."""
+    backend = status_backend(store)
+    now = int(time.time() * 1000)
+    failed = change("m1", "failed", 1, now, error_type="E", error="no file b'\udcff.txt'")
+    backend.apply([failed, change("m2", "queued", 0, now)], TTL_MS)
+    record = backend.get("m1")
+    assert record is not None and record.error in ("no file b'\udcff.txt'", "no file b'?.txt'")
+    assert backend.get("m2") is not None
+
+
+def test_a_batch_larger_than_one_index_call_files_every_job(store):
+    """The index moves go out a few hundred members per call: none is lost at a boundary."""
+    backend = status_backend(store)
+    now = int(time.time() * 1000) // 60_000 * 60_000
+    ids = [f"m{i}" for i in range(1, 1202)]
+    backend.apply([change(m, "queued", 0, now) for m in ids], TTL_MS)
+    backend.apply([change(m, "running", 1, now + 1) for m in ids[::2]], TTL_MS)
+    assert backend.total(JobFilter()) == (1201, True)
+    assert backend.total(JobFilter(state="queued")) == (600, True)
+    assert backend.total(JobFilter(state="running")) == (601, True)
