@@ -79,11 +79,14 @@ def _per_job_us(lifecycle: JobLifecycle, broker: StubBroker, count: int) -> floa
 
 
 def lifecycle_cost(
-    stream: str = "memory", short: bool = True, count: int = 20_000, runs: int = 5
+    stream: str = "memory", path: str = "job_lines", count: int = 20_000, runs: int = 5
 ) -> tuple[float, list[float]]:
-    """Median µs per job (two events) and every run's figure; ``short``: as the stack builds
-    ``JobLifecycle`` (lines by ``job_lines``), else through structlog's chain."""
-    lifecycle, broker = _configure(stream, short)
+    """Median µs per job and every run's figure. ``path``: ``job_lines`` (as the stack builds
+    ``JobLifecycle``), ``chain`` (each event through structlog's chain), ``none`` (the hooks with
+    events that write nothing: what the hooks cost besides their two lines)."""
+    lifecycle, broker = _configure(stream, path != "chain")
+    if path == "none":
+        lifecycle.write_line = lambda logger_name, event, fields: True
     _per_job_us(lifecycle, broker, 1000)  # warm the caches, as a running worker has them
     figures = [_per_job_us(lifecycle, broker, count) for _ in range(runs)]
     structlog.reset_defaults()
@@ -96,11 +99,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     for stream in ("memory", "batched"):
-        for short in (False, True):
-            median, figures = lifecycle_cost(stream, short, args.count, args.runs)
+        hooks, _ = lifecycle_cost(stream, "none", args.count, args.runs)
+        print(f"{stream:8s} hooks without their lines {hooks:6.1f} µs/job")
+        for path in ("chain", "job_lines"):
+            median, figures = lifecycle_cost(stream, path, args.count, args.runs)
             shown = ", ".join(f"{f:.1f}" for f in figures)
-            path = "job_lines" if short else "chain"
-            print(f"{stream:8s} {path:9s} {median:6.1f} µs/job  runs: {shown}")
+            per_event = (median - hooks) / 2
+            print(f"{stream:8s} {path:9s} {median:6.1f} µs/job, {per_event:5.1f} µs/event  runs: {shown}")
 
 
 if __name__ == "__main__":
