@@ -2,18 +2,24 @@
 
 Each job logs ``job_started`` and ``job_succeeded``. Through ``BoundLogger.info``, the chain that
 :func:`~jobsystem.observability.logs.configure_logging` sets up and its short end
-(:class:`~jobsystem.observability.direct_lines.DirectLines`), each still cost about 13 µs of a
-worker's CPU: ten processor calls, a ``datetime`` for the timestamp, the scrubber over every entry.
-:class:`JobLines` makes the same line in a few µs:
+(:class:`~jobsystem.observability.direct_lines.DirectLines`), each cost about 10 µs of CPU in-process
+(25 µs in a profile of a loaded worker): nine processor calls, a ``datetime`` for the timestamp,
+the scrubber over every entry of every event. :class:`JobLines` makes the same line in about 7 µs
+(``python -m bench.lifecycle_logs``), half of it writing and rendering:
 
 - the event dict by the chain's own steps, in its order: the keyword fields, ``event``, structlog's
   ``filter_by_level``, ``merge_contextvars`` (whatever else is bound comes along, as it would),
   ``add_log_level`` and ``add_logger_name``; then the timestamp, by :class:`IsoStamps`;
 - scrubbed by a :class:`~jobsystem.privacy.scrub_memo.ScrubMemo`: the scrubber's result, entry for
-  entry, but a string already scrubbed under the same key on this thread (the job's context, on its
-  second line) is not scanned again. Only the timestamp, which :class:`IsoStamps` formats from the
-  clock, is not given to the scrubber: it holds digits and separators only;
+  entry, but a string already scrubbed under the same key on this thread is not scanned again;
 - rendered by the chain's renderer and written by ``DirectLines`` (the same streams, in order).
+
+What the scrubber sees: everything but the timestamp. The message id comes with the message (any
+producer may put any text there): scanned once per job, on its first line. Actor and queue names
+are chosen by developers (a name could hold anything): scanned, once per thread for as long as
+they repeat. The attempt and ``duration_ms`` are numbers, which the scrubber passes as they are
+(unless an operator named their key). The timestamp is made here from the clock, digits and
+separators only: not given to the scrubber, unless an operator named its key.
 
 It takes an event only where the chain would have handed it to ``DirectLines`` as it is: structlog
 runs exactly the chain :class:`JobLines` was made with (not ``capture_logs``, not reset or
