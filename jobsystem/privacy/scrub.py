@@ -267,6 +267,10 @@ class Scrubber:
         """``key`` and ``value`` as :meth:`mapping` scrubs them as one entry of a mapping, for a caller
         that scrubs an event entry by entry (and may keep results). Raises where :meth:`mapping`
         would replace the whole event: that caller must then scrub the event whole."""
+        if type(value) is str and type(key) is str:  # the common case, taken as _container takes it
+            label, shown = self.key(key)
+            if label is None:
+                return shown, self._text(value)
         ((shown, scrubbed),) = self._container({key: value}, 1, set()).items()
         return shown, scrubbed
 
