@@ -6,6 +6,12 @@ over a pipe-like sink (a worker process's set-up). ``JobLifecycle``'s ``before_p
 ``after_process_message`` run on a Dramatiq ``MessageProxy`` of a no-op message, each time with a
 new message id, as a worker's jobs have: ``job_started`` and ``job_succeeded`` per job, and nothing
 else. ``time.process_time()`` over ``count`` jobs, divided by ``count``; the median of ``runs``.
+µs per event: the job's cost less that of the hooks with events that write nothing, halved.
+
+Measured when ``JobLifecycle`` began to write these lines itself (``job_lines``; 2 cores, load
+1-3, 20,000 jobs, median of 5, main's code against the branch's in the same minute): StringIO
+handler 26.0 -> 20.2 µs per job, 10.1 -> 7.2 µs per event; batched pipe 25.2 -> 19.5 µs per job,
+9.8 -> 6.9 µs per event (the hooks without their lines: 5.7 µs per job).
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ Why: a job's lifecycle lines carry the same context (message id, actor, queue, a
 whatever else is bound), and a worker thread's jobs follow each other with mostly the same actor
 and queue. :class:`ScrubMemo` hands the :class:`~jobsystem.privacy.scrub.Scrubber` only what it has
 not scrubbed before on this thread: a job's fields are scanned for its first line, not for the
-second. The result is the scrubber's, entry for entry, in the same order.
+second. The result is the scrubber's, entry for entry, in the same order. The scrubber memoises
+strings of up to 256 characters itself, so for the job's own fields the gain is small; a longer
+string bound for a job (a query, a long URL) is scanned once instead of on every line (measured
+with one of 600 characters: 116 -> 74 µs per lifecycle line).
 
 Why nothing escapes the scrubber:
 
