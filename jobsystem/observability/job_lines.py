@@ -50,8 +50,8 @@ from jobsystem.privacy.scrub_memo import ScrubMemo
 
 __all__ = ["IsoStamps", "JobLines", "install_job_lines", "write_job_line"]
 
-#: Entries that processors of the chain not called here act on: ExtraAdder and add_logger_name
-#: (``_record``), StackInfoRenderer (``stack_info``), DirectLines' format_exc_info (``exc_info``).
+#: Entries that processors of the chain not called here act on: ExtraAdder (``_record``),
+#: StackInfoRenderer (``stack_info``), DirectLines' format_exc_info (``exc_info``).
 _CHAIN_KEYS = frozenset({"exc_info", "stack_info", "_record"})
 #: Entries :class:`JobLines` makes from no input.
 _MADE_HERE = frozenset({"timestamp"})
