@@ -19,6 +19,7 @@ from dramatiq.middleware import (
 )
 
 from jobsystem.observability.batched_stream import flush_batched_streams
+from jobsystem.observability.job_lines import write_job_line
 from jobsystem.observability.metrics import serve_metrics
 from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.privacy.scrub import Scrubber
@@ -59,7 +60,7 @@ def build_middleware(
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
         Heartbeat(store),
-        JobLifecycle(scrub=scrubber, flush_logs=flush_batched_streams),
+        JobLifecycle(scrub=scrubber, flush_logs=flush_batched_streams, write_line=write_job_line),
         AgeLimit(max_age=settings.job_max_age_ms),
         TimeLimit(time_limit=settings.job_time_limit_ms),
         ShutdownNotifications(),

@@ -75,6 +75,9 @@ class JobLifecycle(Middleware):
       clock: monotonic seconds, for durations.
       flush_logs: called when the worker has stopped, before Dramatiq closes the log pipe: sends
         lifecycle lines still held in a batch (see ``jobsystem.observability.batched_stream``).
+      write_line: writes an INFO event (logger name, event, fields) the way the logging chain
+        would, without the chain, and returns ``False`` where the event must be logged the
+        ordinary way (see ``jobsystem.observability.job_lines``). Without it, every event is.
     """
 
     def __init__(
@@ -85,9 +88,12 @@ class JobLifecycle(Middleware):
         enqueued_level: int = logging.DEBUG,
         clock: Callable[[], float] = time.perf_counter,
         flush_logs: Callable[[], None] | None = None,
+        write_line: Callable[[str, str, dict[str, Any]], bool] | None = None,
     ) -> None:
         self.scrub = scrub
         self.flush_logs = flush_logs
+        self.write_line = write_line
+        self.logger_name = logger_name
         self.logger: structlog.stdlib.BoundLogger = structlog.get_logger(logger_name)
         self.enqueued_level = enqueued_level
         self.clock = clock
@@ -125,9 +131,9 @@ class JobLifecycle(Middleware):
         tokens = structlog.contextvars.bind_contextvars(**fields)
         _current.set(_Job(fields, self.clock(), tokens))
         if self._logs_args(broker, message):
-            self.logger.info("job_started", args=self.scrub(self._arguments(broker, message)))
+            self._info("job_started", args=self.scrub(self._arguments(broker, message)))
         else:
-            self.logger.info("job_started")
+            self._info("job_started")
 
     def after_process_message(
         self,
@@ -140,9 +146,9 @@ class JobLifecycle(Middleware):
         job = _current.get()
         duration_ms = round((self.clock() - job.started) * 1000, 3) if job else None
         if exception is None:
-            self.logger.info("job_succeeded", duration_ms=duration_ms)
+            self._info("job_succeeded", duration_ms=duration_ms)
         elif isinstance(exception, JobCancelled):
-            self.logger.info("job_interrupted", duration_ms=duration_ms)
+            self._info("job_interrupted", duration_ms=duration_ms)
         else:
             # Runs after Retries (emit_after is reversed): ``failed`` says whether a retry follows.
             level = logging.ERROR if message.failed else logging.WARNING
@@ -154,7 +160,7 @@ class JobLifecycle(Middleware):
                 duration_ms=duration_ms,
             )
             if not message.failed and job is not None and job.retry_delay is not None:
-                self.logger.info("job_retry_scheduled", delay_ms=job.retry_delay)
+                self._info("job_retry_scheduled", delay_ms=job.retry_delay)
         self._end(job)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -174,6 +180,11 @@ class JobLifecycle(Middleware):
         self.logger.error("job_dead_lettered", reason=reason, **(fields or job_fields(message)))
 
     # --- helpers ---
+
+    def _info(self, event: str, **fields: Any) -> None:
+        """An INFO event: written by ``write_line`` where it can, else through structlog."""
+        if self.write_line is None or not self.write_line(self.logger_name, event, fields):
+            self.logger.info(event, **fields)
 
     def _end(self, job: _Job | None) -> None:
         """Unbind the job's context; the job stays known to this thread for ``after_nack``."""

@@ -62,25 +62,20 @@ class DirectLines:
         self.tail = tuple(tail)
         self.allowed_filters = allowed_filters
 
-    def _streams(self, level: int) -> list[logging.StreamHandler[Any]] | None:
-        handlers = logging.getLogger().handlers
+    def streams(self, level: int) -> list[logging.StreamHandler[Any]] | None:
+        """The root handlers when the short path may write an event of ``level`` to them, else ``None``."""
+        handlers = logging.root.handlers
+        allowed = self.allowed_filters
         for handler in handlers:
             if type(handler) is not logging.StreamHandler or handler.level > level:
                 return None
-            if not all(isinstance(f, self.allowed_filters) for f in handler.filters):
-                return None
+            for f in handler.filters:
+                if not isinstance(f, allowed):
+                    return None
         return handlers or None  # type: ignore[return-value]
 
-    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
-        level = _LEVELS.get(method_name)
-        if level is None or event_dict.get("logger") not in self.loggers:
-            return event_dict
-        handlers = self._streams(level)
-        if handlers is None:
-            return event_dict
-        line: Any = event_dict
-        for processor in self.tail:
-            line = processor(logger, method_name, line)
+    def write(self, line: str, handlers: list[logging.StreamHandler[Any]]) -> None:
+        """Write a finished ``line`` to ``handlers``' streams (from :meth:`streams`)."""
         for handler in handlers:
             stream = handler.stream
             if type(stream) is BatchedStream:  # its own lock keeps the order with the handler's writes
@@ -94,4 +89,16 @@ class DirectLines:
                 pass
             finally:
                 handler.release()
+
+    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+        level = _LEVELS.get(method_name)
+        if level is None or event_dict.get("logger") not in self.loggers:
+            return event_dict
+        handlers = self.streams(level)
+        if handlers is None:
+            return event_dict
+        line: Any = event_dict
+        for processor in self.tail:
+            line = processor(logger, method_name, line)
+        self.write(line, handlers)
         raise structlog.DropEvent

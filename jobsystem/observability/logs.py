@@ -12,7 +12,9 @@ logging integration reads the record after these handlers); in the formatter, th
 over the whole event after the traceback is formatted, just before rendering.
 
 The lifecycle events of every job (``job_started``, ``job_succeeded``) take a short path to the
-same handlers' streams (:mod:`jobsystem.observability.direct_lines`); JSON is rendered by orjson.
+same handlers' streams (:mod:`jobsystem.observability.direct_lines`), and ``JobLifecycle`` makes
+their lines without a pass through the chain (:mod:`jobsystem.observability.job_lines`, installed
+here); JSON is rendered by orjson.
 In a worker process they are sent to the parent in batches
 (:mod:`jobsystem.observability.batched_stream`).
 """
@@ -32,6 +34,7 @@ from structlog.typing import Processor
 from jobsystem.dramatiq_internals import RESULTS_MISSING_WARNING
 from jobsystem.observability.batched_stream import BatchedStream
 from jobsystem.observability.direct_lines import DirectLines, json_renderer
+from jobsystem.observability.job_lines import JobLines, install_job_lines
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
@@ -85,20 +88,20 @@ def configure_logging(
         *(extra_processors or []),
     ]
     # What turns an event into a line: after the traceback is text, scrubbed, before rendering.
-    finish: list[Processor] = [
-        structlog.processors.format_exc_info,
-        scrubber.processor,
-        _renderer(settings.log_format),
-    ]
+    renderer = _renderer(settings.log_format)
+    finish: list[Processor] = [structlog.processors.format_exc_info, scrubber.processor, renderer]
     direct = DirectLines([LIFECYCLE_LOGGER], finish, allowed_filters=(HideMessageArguments, Scrubber))
+    chain: list[Processor] = [
+        structlog.stdlib.filter_by_level,
+        *shared,
+        structlog.processors.StackInfoRenderer(),
+        direct,
+        structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+    ]
+    # JobLines mirrors this chain as it is here: extra processors would be skipped, so none then.
+    install_job_lines(None if extra_processors else JobLines(chain, direct, scrubber, renderer))
     structlog.configure(
-        processors=[
-            structlog.stdlib.filter_by_level,
-            *shared,
-            structlog.processors.StackInfoRenderer(),
-            direct,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
+        processors=chain,
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,

@@ -45,12 +45,13 @@ from jobsystem.privacy.scrub_keys import (
 )
 from jobsystem.privacy.scrub_numbers import DEFAULT_PHONE_REGIONS, NumberFinder
 
-__all__ = ["Scrubber", "exception_text"]
+__all__ = ["PLAIN_TYPES", "Scrubber", "exception_text"]
 
 _SCALARS = (int, float, bool, type(None), dt.date, dt.time, dt.timedelta, uuid.UUID, decimal.Decimal)
 _UNCHANGED = (*_SCALARS, enum.Enum)
-#: Types of values (not subclasses: their repr could say anything) passed through as they are.
-_PLAIN = frozenset({int, float, bool, type(None)})
+#: Types of values (not subclasses: their repr could say anything) passed through as they are
+#: under a key that names nothing (see :meth:`Scrubber.key`).
+PLAIN_TYPES = frozenset({int, float, bool, type(None)})
 #: Five digits close together: the least any number worth a look has.
 _DIGITS = re.compile(r"\d(?:\D{0,3}\d){4}")
 # Whole strings that cannot hold personal data: ISO dates and timestamps, UUIDs, short numbers.
@@ -239,12 +240,12 @@ class Scrubber:
         if isinstance(value, dict):
             out: dict[Any, Any] = {}
             for key, item in value.items():
-                label, shown = self._key(key) if isinstance(key, str) else (None, key)
+                label, shown = self.key(key) if isinstance(key, str) else (None, key)
                 if label is not None:
                     out[key] = self._replace_keyed(label, item)
                 elif type(item) is str:  # the common cases, without _value's type tests
                     out[shown] = self._text(item)
-                elif type(item) in _PLAIN:
+                elif type(item) in PLAIN_TYPES:
                     out[shown] = item
                 else:
                     out[shown] = self._value(item, depth, seen)
@@ -252,14 +253,26 @@ class Scrubber:
         items = [self._value(item, depth, seen) for item in value]
         return tuple(items) if isinstance(value, tuple) else items
 
-    def _key(self, key: str) -> tuple[str | None, str]:
-        """The label of a key name and the name as scrubbed (memoised: key names come from code)."""
+    def key(self, key: str) -> tuple[str | None, str]:
+        """The label of a key name (``None``: its values are judged by their content only) and the
+        name as scrubbed. Memoised: key names come from code."""
         known = self._keys_seen.get(key)
         if known is None:
             known = (self.label_for_key(key), self._text(key))
             if len(self._keys_seen) < 8192:
                 self._keys_seen[key] = known
         return known
+
+    def item(self, key: Any, value: Any) -> tuple[Any, Any]:
+        """``key`` and ``value`` as :meth:`mapping` scrubs them as one entry of a mapping, for a caller
+        that scrubs an event entry by entry (and may keep results). Raises where :meth:`mapping`
+        would replace the whole event: that caller must then scrub the event whole."""
+        if type(value) is str and type(key) is str:  # the common case, taken as _container takes it
+            label, shown = self.key(key)
+            if label is None:
+                return shown, self._text(value)
+        ((shown, scrubbed),) = self._container({key: value}, 1, set()).items()
+        return shown, scrubbed
 
     def mapping(self, event: Mapping[str, Any]) -> dict[str, Any]:
         """A scrubbed copy of a mapping (a log event, a Sentry event or breadcrumb)."""

@@ -3,11 +3,15 @@ no worker subprocess."""
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
+from jobsystem.observability.job_lines import install_job_lines
 from jobsystem.store import StateStore
 from tests.support import fresh_store
 
@@ -17,3 +21,32 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateStore
     """Each state store backend in turn, in a namespace of the test's own (deleted after)."""
     with fresh_store(request.param, tmp_path) as state:
         yield state
+
+
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    """For tests that call ``configure_logging``: afterwards the root logger, the hooks, stdout and
+    stderr, structlog's configuration and context, and the installed job lines, as before."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    hooks, stdout, stderr = sys.excepthook, sys.stdout, sys.stderr
+    yield
+    root.handlers, root.level, sys.excepthook = handlers, level, hooks
+    sys.stdout, sys.stderr = stdout, stderr
+    structlog.contextvars.clear_contextvars()
+    structlog.reset_defaults()
+    install_job_lines(None)
+
+
+@pytest.fixture
+def emitted(monkeypatch: pytest.MonkeyPatch) -> list[logging.LogRecord]:
+    """The records that went the ordinary way (through a stream handler's ``emit``)."""
+    records: list[logging.LogRecord] = []
+    original = logging.StreamHandler.emit
+
+    def spy(self: logging.StreamHandler, record: logging.LogRecord) -> None:  # type: ignore[type-arg]
+        records.append(record)
+        original(self, record)
+
+    monkeypatch.setattr(logging.StreamHandler, "emit", spy)
+    return records

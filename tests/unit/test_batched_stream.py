@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,15 +42,7 @@ class Recorder:
         pass
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    hooks, stdout, stderr = sys.excepthook, sys.stdout, sys.stderr
-    yield
-    root.handlers, root.level, sys.excepthook = handlers, level, hooks
-    sys.stdout, sys.stderr = stdout, stderr
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("logging_restored")
 
 
 def test_lines_wait_and_an_ordinary_write_sends_them_first_in_one_write():

@@ -6,8 +6,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import sys
-from collections.abc import Iterator
 
 import pytest
 import structlog
@@ -19,34 +17,13 @@ from middleware.lifecycle import DEFAULT_LOGGER
 FIELDS = {"message_id": "6a1f0c3e-2b4d-4f5a-9c8e-7d6b5a4c3b2a", "attempt": 1, "duration_ms": 1.5}
 
 
-@pytest.fixture
-def emitted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[logging.LogRecord]]:
-    """The records that went the ordinary way (through a handler's ``emit``)."""
-    records: list[logging.LogRecord] = []
-    original = logging.StreamHandler.emit
-
-    def spy(self: logging.StreamHandler, record: logging.LogRecord) -> None:  # type: ignore[type-arg]
-        records.append(record)
-        original(self, record)
-
-    monkeypatch.setattr(logging.StreamHandler, "emit", spy)
-    yield records
+pytestmark = pytest.mark.usefixtures("logging_restored")
 
 
 def _configure(handler: logging.Handler, log_format: str = "json") -> None:
     root = logging.getLogger()
     root.handlers = [handler]
     configure_logging(load_settings({"LOG_FORMAT": log_format, "LOG_LEVEL": "INFO"}))
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    hooks = sys.excepthook
-    yield
-    root.handlers, root.level, sys.excepthook = handlers, level, hooks
-    structlog.reset_defaults()
 
 
 def test_a_lifecycle_event_is_written_directly_and_matches_the_ordinary_line(emitted):

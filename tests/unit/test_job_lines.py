@@ -1,0 +1,275 @@
+"""Lifecycle lines made without structlog's chain (jobsystem.observability.job_lines): the same line
+as the ordinary path, in JSON and console format, scrubbed (whatever else is bound included), in
+the same place and order; and the ordinary path wherever the chain would not take the short one."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import logging
+import multiprocessing
+import re
+from typing import Any
+
+import dramatiq
+import pytest
+import structlog
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.compat import StreamablePipe
+
+from jobsystem.observability import job_lines
+from jobsystem.observability.batched_stream import BatchedStream
+from jobsystem.observability.job_lines import IsoStamps, write_job_line
+from jobsystem.observability.logs import configure_logging
+from jobsystem.settings import load_settings
+from middleware.lifecycle import DEFAULT_LOGGER, JobLifecycle
+from tests.pii_corpus import free_text, keyed, leaks
+
+#: Bound while the job runs, as an application would: personal data, and names the chain sets.
+BOUND: dict[str, Any] = {
+    "customer_email": "ana.lopez@example.com",
+    "note": free_text(),
+    "customer": keyed(),
+    "tenant": "acme",
+    "level": "bound level",
+    "timestamp": "bound timestamp",
+    "logger": "bound logger",
+    "duration_ms": "bound duration",
+}
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{6})?Z")
+
+
+class Capture(logging.StreamHandler):  # type: ignore[type-arg]
+    """Not a plain StreamHandler: the ordinary path (LogRecord, filters, ProcessorFormatter)."""
+
+
+pytestmark = pytest.mark.usefixtures("logging_restored")
+
+
+def _configure(stream: Any, log_format: str = "json", level: str = "INFO") -> logging.StreamHandler:  # type: ignore[type-arg]
+    root = logging.getLogger()
+    root.handlers = [logging.StreamHandler(stream)]
+    configure_logging(load_settings({"LOG_FORMAT": log_format, "LOG_LEVEL": level}))
+    handler = root.handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    return handler
+
+
+def _ordinary_handler(plain: logging.StreamHandler, stream: io.StringIO) -> None:  # type: ignore[type-arg]
+    """Swap the root handler for one that the short paths leave alone, set up the same way."""
+    capture = Capture(stream)
+    capture.setFormatter(plain.formatter)
+    capture.filters = list(plain.filters)
+    logging.getLogger().handlers = [capture]
+
+
+class Job:
+    """A no-op job run through ``JobLifecycle``'s hooks, as a worker thread runs them."""
+
+    def __init__(self) -> None:
+        self.broker = StubBroker()
+
+        @dramatiq.actor(queue_name="reports", broker=self.broker)
+        def build_report() -> None:
+            pass
+
+        self.lifecycle = JobLifecycle(scrub=lambda v: v, clock=lambda: 100.0, write_line=write_job_line)
+        self.message = MessageProxy(build_report.message())
+
+    def run(self, bound: dict[str, Any] | None = None, exception: BaseException | None = None) -> None:
+        """Run it with ``bound`` bound in structlog's context variables: the first half of it
+        before the job starts (by the caller's scope), the rest while it runs (by the actor)."""
+        items = list((bound or {}).items())
+        half = len(items) // 2
+        structlog.contextvars.bind_contextvars(**dict(items[:half]))
+        self.lifecycle.before_process_message(self.broker, self.message)
+        structlog.contextvars.bind_contextvars(**dict(items[half:]))
+        self.lifecycle.after_process_message(self.broker, self.message, exception=exception)
+        structlog.contextvars.unbind_contextvars(*(bound or {}))
+
+
+def _json_pairs(output: str) -> list[list[tuple[str, Any]]]:
+    """Each line's entries in order, the timestamp (made at each call) set aside."""
+    lines = [json.loads(line, object_pairs_hook=list) for line in output.splitlines()]
+    for line in lines:
+        assert ISO.fullmatch(dict(line)["timestamp"])
+    return [[(k, "<time>" if k == "timestamp" else v) for k, v in line] for line in lines]
+
+
+@pytest.mark.parametrize("bound", [None, BOUND], ids=["job context", "personal data bound"])
+def test_a_jobs_json_lines_are_the_ordinary_lines(emitted, bound):
+    short, ordinary = io.StringIO(), io.StringIO()
+    handler, job = _configure(short), Job()
+    job.run(bound)
+    assert emitted == []  # no LogRecord: the short path
+    _ordinary_handler(handler, ordinary)
+    job.lifecycle.write_line = None  # the same message, logged the ordinary way
+    job.run(bound)
+    assert len(emitted) == 2
+    assert _json_pairs(short.getvalue()) == _json_pairs(ordinary.getvalue())
+    assert leaks(short.getvalue()) == []
+    started, succeeded = (json.loads(line) for line in short.getvalue().splitlines())
+    assert started["event"] == "job_started" and succeeded["duration_ms"] == 0.0
+    assert started["actor"] == "build_report" and started["queue"] == "reports" and started["attempt"] == 1
+    if bound:
+        assert succeeded["customer_email"] == "[email]" and succeeded["customer"]["full_name"] == "[name]"
+        assert succeeded["level"] == "info" and succeeded["tenant"] == "acme"
+        assert started["customer_email"] == "[email]" and started["tenant"] == "acme"  # bound before
+
+
+def test_a_jobs_console_lines_are_the_ordinary_lines(emitted):
+    short, ordinary = io.StringIO(), io.StringIO()
+    handler, job = _configure(short, "console"), Job()
+    job.run(BOUND)
+    assert emitted == []
+    _ordinary_handler(handler, ordinary)
+    job.lifecycle.write_line = None
+    job.run(BOUND)
+    assert len(emitted) == 2
+    assert ISO.sub("<time>", short.getvalue()) == ISO.sub("<time>", ordinary.getvalue())
+    assert "job_succeeded" in short.getvalue() and leaks(short.getvalue()) == []
+
+
+def test_the_chain_is_not_run_for_a_jobs_lines(monkeypatch):
+    calls: list[str] = []
+    original = structlog.stdlib.BoundLogger.info
+
+    def spy(self: Any, event: str, *args: Any, **kw: Any) -> Any:
+        calls.append(event)
+        return original(self, event, *args, **kw)
+
+    monkeypatch.setattr(structlog.stdlib.BoundLogger, "info", spy)
+    stream = io.StringIO()
+    _configure(stream)
+    Job().run()
+    assert calls == []
+    events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert events == ["job_started", "job_succeeded"]
+
+
+def test_a_value_bound_again_under_the_same_key_is_scrubbed_again():
+    stream = io.StringIO()
+    _configure(stream)
+    customer: dict[str, Any] = {"tier": "gold"}
+    for note in ("nothing yet", "call +44 20 7946 0958", "nothing yet", "mail ana.lopez@example.com"):
+        Job().run({"note": note, "customer": customer})
+        customer["email"] = "ana.lopez@example.com"  # the same dict, changed: scrubbed as it is now
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    notes = [line["note"] for line in lines[1::2]]
+    assert notes == ["nothing yet", "call [phone]", "nothing yet", "mail [email]"]
+    assert lines[-1]["customer"] == {"tier": "gold", "email": "[email]"}
+    assert leaks(stream.getvalue()) == []
+
+
+def test_a_failed_job_and_an_exception_take_the_ordinary_path(emitted):
+    stream = io.StringIO()
+    _configure(stream)
+    Job().run(exception=ValueError("no report for ana.lopez@example.com"))
+    assert [r.levelno for r in emitted] == [logging.WARNING]  # job_failed; job_started took the short path
+    try:
+        raise RuntimeError("report for ana.lopez@example.com")
+    except RuntimeError as error:
+        assert not write_job_line(DEFAULT_LOGGER, "job_started", {"exc_info": error})
+        structlog.contextvars.bind_contextvars(stack_info=True)
+        assert not write_job_line(DEFAULT_LOGGER, "job_started", {})
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["event"] for line in lines] == ["job_started", "job_failed"]
+    assert lines[1]["error"] == "no report for [email]" and lines[1]["exc_type"] == "ValueError"
+
+
+def test_warning_level_writes_nothing(emitted):
+    stream = io.StringIO()
+    _configure(stream, level="WARNING")
+    assert write_job_line(DEFAULT_LOGGER, "job_started", {})  # dropped, as filter_by_level drops it
+    Job().run()
+    assert stream.getvalue() == "" and emitted == []
+
+
+def test_where_the_chain_would_not_take_the_short_path_the_caller_logs_the_ordinary_way(emitted):
+    stream = io.StringIO()
+    handler = _configure(stream)
+    assert not write_job_line("jobs.other", "job_started", {})  # a logger DirectLines does not serve
+    _ordinary_handler(handler, stream)
+    assert not write_job_line(DEFAULT_LOGGER, "job_started", {})  # a handler that is not a plain one
+    Job().run()
+    assert [json.loads(r.msg)["event"] if isinstance(r.msg, str) else r.msg["event"] for r in emitted] == [
+        "job_started",
+        "job_succeeded",
+    ]
+    _configure(stream)
+    with structlog.testing.capture_logs() as captured:  # a test capturing structlog's events
+        assert not write_job_line(DEFAULT_LOGGER, "job_started", {})
+        Job().run()
+    assert [entry["event"] for entry in captured] == ["job_started", "job_succeeded"]
+    assert write_job_line(DEFAULT_LOGGER, "job_started", {})  # the chain is back
+    structlog.reset_defaults()
+    assert not write_job_line(DEFAULT_LOGGER, "job_started", {})
+
+
+def test_extra_processors_leave_every_event_to_the_chain():
+    root = logging.getLogger()
+    root.handlers = [logging.StreamHandler(io.StringIO())]
+    settings = load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"})
+    configure_logging(settings, extra_processors=[lambda logger, name, event_dict: event_dict])
+    assert not write_job_line(DEFAULT_LOGGER, "job_started", {})
+
+
+def test_a_scrubber_that_fails_on_an_entry_leaves_the_event_to_the_chain(monkeypatch):
+    stream = io.StringIO()
+    _configure(stream)
+    lines = job_lines._installed
+    assert lines is not None
+
+    def failing(key: Any, value: Any) -> Any:
+        raise RecursionError("odd value")
+
+    monkeypatch.setattr(lines.memo.scrubber, "item", failing)
+    assert not write_job_line(DEFAULT_LOGGER, "job_started", {"note": "something new"})
+    assert stream.getvalue() == ""
+
+
+def test_lines_go_to_the_worker_pipe_in_order_with_other_writes():
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    handler = _configure(StreamablePipe(writer))  # as in a worker process: batched
+    assert type(handler.stream) is BatchedStream
+    handler.stream.interval = 600  # type: ignore[attr-defined]
+    Job().run()
+    assert not reader.poll(0.1)  # held in the batch, as DirectLines' lines are
+    logging.getLogger("dramatiq.worker").warning("something odd")
+    message = reader.recv_bytes().decode()
+    assert [json.loads(line)["event"] for line in message.splitlines()] == [
+        "job_started",
+        "job_succeeded",
+        "something odd",
+    ]
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        dt.datetime(2026, 12, 1, 14, 9, 15, 123456, tzinfo=dt.UTC),
+        dt.datetime(2026, 12, 1, 14, 9, 15, 0, tzinfo=dt.UTC),  # a whole second: no fraction
+        dt.datetime(2026, 12, 1, 14, 9, 15, 1, tzinfo=dt.UTC),
+        dt.datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+        dt.datetime(2028, 2, 29, 0, 0, 0, 500000, tzinfo=dt.UTC),
+    ],
+)
+def test_timestamps_are_written_as_structlogs_iso_utc_timestamper_writes_them(moment):
+    nanos = (int(moment.replace(microsecond=0).timestamp()) * 1_000_000 + moment.microsecond) * 1000 + 999
+    stamps = IsoStamps(clock=lambda: nanos)
+    expected = moment.isoformat().replace("+00:00", "Z")  # what TimeStamper(fmt="iso", utc=True) does
+    assert stamps() == expected and stamps() == expected  # the second from the formatted second
+
+
+def test_timestamps_read_the_clock_structlog_reads():
+    stamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    before = stamper(None, "info", {})["timestamp"]
+    ours = IsoStamps()()
+    after = stamper(None, "info", {})["timestamp"]
+    assert ISO.fullmatch(ours)
+    parsed = [dt.datetime.fromisoformat(stamp) for stamp in (before, ours, after)]
+    assert parsed == sorted(parsed)
