@@ -42,6 +42,17 @@ rate-limited bucket 1501 -> 1149 (-23%); all off + key + limit 937 -> 812. Ratio
 stack 0.25 -> 0.27 (per run 0.22, 0.33, 0.27); defaults 0.30 -> 0.41; all off 0.62 -> 0.62 (0.62,
 0.85, 0.56). Send -> start latency, full / bare: 4.27 / 0.96 ms (4.25x) -> 3.06 / 0.92 ms (3.54x);
 p99 9.84 -> 6.93 ms. The issue's goals (0.6, 0.8, 1.5x) are still missed.
+
+Second session of 2026-12-01, on a fresh machine (nothing else running but the bench; load
+averages 0.7-4.5, the bench making them): the same before (f5c70e7, with this table's code) and
+the merged main (status batches folded per record, lifecycle lines without structlog's chain, the
+key taken once per delivery, ProjectMessage fields without __getattr__...), three --costs-only runs
+each, alternating; medians, before -> after, worker CPU us/job: bare 117 / 119; everything off 129
+-> 123; defaults 235 -> 190; defaults + key 331 -> 262; full stack 331 -> 234 (-29%); all off + key
++ limit 244 -> 181. Redis CPU per job, full stack 82 -> 63, + job status 63 -> 41. Ratio to bare:
+full stack 0.28 -> 0.50 (per run 0.52, 0.32, 0.50); defaults 0.38 -> 0.61 (0.55, 0.61, 0.65); all
+off 0.77 -> 0.79. Latency, full / bare: 1.11 / 0.34 ms (3.70x) -> 1.02 / 0.41 ms (2.99x). The
+goals are still missed, the full stack closest. Bare Dramatiq ran 9.3k-13.3k jobs/s.
 """
 
 from __future__ import annotations
