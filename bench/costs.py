@@ -46,13 +46,13 @@ p99 9.84 -> 6.93 ms. The issue's goals (0.6, 0.8, 1.5x) are still missed.
 Second session of 2026-12-01, on a fresh machine (nothing else running but the bench; load
 averages 0.7-4.5, the bench making them): the same before (f5c70e7, with this table's code) and
 the merged main (status batches folded per record, lifecycle lines without structlog's chain, the
-key taken once per delivery, ProjectMessage fields without __getattr__...), three --costs-only runs
-each, alternating; medians, before -> after, worker CPU us/job: bare 117 / 119; everything off 129
--> 123; defaults 235 -> 190; defaults + key 331 -> 262; full stack 331 -> 234 (-29%); all off + key
-+ limit 244 -> 181. Redis CPU per job, full stack 82 -> 63, + job status 63 -> 41. Ratio to bare:
-full stack 0.28 -> 0.50 (per run 0.52, 0.32, 0.50); defaults 0.38 -> 0.61 (0.55, 0.61, 0.65); all
-off 0.77 -> 0.79. Latency, full / bare: 1.11 / 0.34 ms (3.70x) -> 1.02 / 0.41 ms (2.99x). The
-goals are still missed, the full stack closest. Bare Dramatiq ran 9.3k-13.3k jobs/s.
+key taken once per delivery, ProjectMessage fields without __getattr__...), five --costs-only runs
+each, alternating; medians, before -> after, worker CPU us/job: bare 122 / 119; everything off 136
+-> 121; defaults 235 -> 172 (-27%); defaults + key 360 -> 244; full stack 334 -> 234 (-30%); all
+off + key + limit 245 -> 181. Redis CPU per job, full stack 83 -> 56, + job status 64 -> 36.
+Ratio to bare (noisy: bare itself ran 7.9k-13.9k jobs/s): full stack 0.30 -> 0.48 (per run 0.52,
+0.32, 0.50, 0.32, 0.48); defaults 0.47 -> 0.61; all off 0.77 -> 0.87. Latency, full / bare: 1.14 /
+0.34 ms (3.66x) -> 1.00 / 0.35 ms (2.99x). The goals are still missed.
 """
 
 from __future__ import annotations
