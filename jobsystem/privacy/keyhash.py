@@ -41,8 +41,9 @@ class KeyHasher:
         self._recent: dict[str, str] = {}
 
     def __call__(self, text: str) -> str:
-        # A message's key is hashed at receipt and again when it starts: the second time is a
-        # dict lookup. The cache is emptied when full rather than kept in order (cheaper).
+        # The same texts come back (a tenant's bucket on every job, a key hashed again at start
+        # when no claim was sent ahead): those are a dict lookup. The cache is emptied when full
+        # rather than kept in order (cheaper).
         hashed = self._recent.get(text)
         if hashed is None:
             mac = self._keyed.copy()
