@@ -48,7 +48,6 @@ __all__ = [
     "dead_letter_reason",
     "mark_dead_lettered",
     "pending_follow_up",
-    "plain_message",
     "project_message",
     "raise_in_thread",
     "reject",
@@ -188,12 +187,6 @@ def project_message(message: object) -> ProjectMessage:
             "consumer (jobsystem.rabbitmq.consumer) acts on them"
         )
     return message
-
-
-def plain_message(message: Message[Any] | MessageProxy) -> Message[Any]:
-    """The :class:`Message` itself (a delivery's ``_message``): read past ``MessageProxy.__getattr__``."""
-    plain: Message[Any] = message._message if isinstance(message, MessageProxy) else message
-    return plain
 
 
 def request_redelivery(message: MessageProxy, follow_up: FollowUp | None = None) -> None:
@@ -336,7 +329,7 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
         "_RabbitmqMessage(redelivered, tag, message) keeps _tag, redelivered and _message",
         _rabbitmq_message_keeps_its_delivery,
     ),
-    ("MessageProxy keeps _exception (what stuff_exception stored) and _message", _proxy_keeps_its_exception),
+    ("MessageProxy._exception holds what stuff_exception stored", _proxy_keeps_its_exception),
     (
         "RabbitmqBroker.consumer_class, a property",
         lambda: isinstance(inspect.getattr_static(RabbitmqBroker, "consumer_class"), property),

@@ -40,7 +40,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.middleware import CurrentMessage, Middleware
 
-from jobsystem.dramatiq_internals import plain_message, wants_redelivery
+from jobsystem.dramatiq_internals import wants_redelivery
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from jobsystem.runtime.deferred import DeferredWrites
@@ -182,19 +182,21 @@ class Status(Middleware):
     ) -> None:
         """Submit a change; ``rank``: the state whose place in the order it takes (default ``state``);
         ``now``: the time of the change, when the caller read it already (ms, as text)."""
-        # Twice per job: read the message's fields once, past MessageProxy's ``__getattr__``.
-        plain = plain_message(message)
-        queue = q_name(plain.queue_name)
+        queue = q_name(message.queue_name)
         values = {"updated_at": now or _now_ms()}
         if fields:
             values.update(fields)
         once = _NO_FIELDS
         if state is not None:
             values["state"] = state
-            once = {"actor": plain.actor_name, "queue": queue, "enqueued_at": str(plain.message_timestamp)}
-        replays = plain.options.get(REPLAYS)
+            once = {
+                "actor": message.actor_name,
+                "queue": queue,
+                "enqueued_at": str(message.message_timestamp),
+            }
+        replays = message.options.get(REPLAYS)
         order = order_of(attempt, rank or state or "running", int(replays) if replays else 0)
-        self._submit(StatusUpdate(plain.message_id, queue, order, values, once, delete))
+        self._submit(StatusUpdate(message.message_id, queue, order, values, once, delete))
 
     def report_progress(self, message: Message[Any] | MessageProxy, value: float, note: str | None) -> None:
         """Record ``value`` (clamped to 0..1) and ``note`` as the progress of the message's attempt."""
