@@ -12,16 +12,14 @@ set ``audit:ix``. SQLite: the table ``audit_log``.
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from abc import ABC, abstractmethod
 from typing import Any
 
-from jobsystem.store import for_backend
-from jobsystem.store.base import StateStore
+from jobsystem.store.base import Backends, StateStore
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sorted_index import Cursor, redis_walk
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 
 __all__ = ["MAX_ENTRIES", "AuditBackend", "audit_backend"]
 
@@ -123,21 +121,14 @@ class SqliteAudit(AuditBackend):
         if cursor is not None:
             clauses += " AND (at, id) < (?, ?)"
             params += [cursor.at, int(cursor.id) if cursor.id.isdigit() else 0]
-        try:
-            rows = (
-                self.store.connection()
-                .execute(
-                    f"SELECT entry, at, id FROM audit_log WHERE {clauses} ORDER BY at DESC, id DESC LIMIT ?",
-                    (*params, limit + 1),
-                )
-                .fetchall()
-            )
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
+        rows = self.store.rows(
+            f"SELECT entry, at, id FROM audit_log WHERE {clauses} ORDER BY at DESC, id DESC LIMIT ?",
+            (*params, limit + 1),
+        )
         last = rows[limit - 1] if len(rows) > limit else None
         return [json.loads(r[0]) for r in rows[:limit]], Cursor(int(last[1]), str(last[2])) if last else None
 
 
 def audit_backend(store: StateStore) -> AuditBackend:
     """The audit log for ``store``'s backend."""
-    return for_backend(store, redis=RedisAudit, sqlite=SqliteAudit)
+    return store.operations(Backends(redis=RedisAudit, sqlite=SqliteAudit))

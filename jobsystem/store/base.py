@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-__all__ = ["StateStore", "StoreMisconfigured", "StoreUnavailable"]
+if TYPE_CHECKING:
+    from jobsystem.store.redis import RedisStore
+    from jobsystem.store.sqlite import SqliteStore
+
+__all__ = ["Backends", "StateStore", "StoreMisconfigured", "StoreUnavailable"]
+
+Operations = TypeVar("Operations")
 
 
 class StoreUnavailable(RuntimeError):
@@ -32,6 +40,16 @@ class StoreMisconfigured(StoreUnavailable):
     the setting named; at run time it is handled like any outage."""
 
 
+@dataclass(frozen=True)
+class Backends(Generic[Operations]):
+    """A feature's operations, one implementation per backend; each store picks its own
+    (:meth:`StateStore.operations`). A new backend is a new field here: every feature that does
+    not implement it then fails the type check."""
+
+    redis: Callable[[RedisStore], Operations]
+    sqlite: Callable[[SqliteStore], Operations]
+
+
 class StateStore(ABC):
     """Keys with values and TTLs, leases with owners, the store's clock, and batches of writes."""
 
@@ -47,6 +65,15 @@ class StateStore(ABC):
     def key(self, name: str) -> str:
         """``name`` within this store's namespace."""
         return self.namespace + name
+
+    @abstractmethod
+    def operations(self, backends: Backends[Operations]) -> Operations:
+        """A feature's operations on this store: its implementation for this backend."""
+
+    @abstractmethod
+    def errors(self) -> AbstractContextManager[None]:
+        """A context in which anything the backend's client raises becomes a store error (see
+        :class:`StoreUnavailable`): the one place a feature's own calls are translated."""
 
     @abstractmethod
     def now_ms(self) -> int:

@@ -44,8 +44,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from jobsystem.store import for_backend
-from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.base import Backends, StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
 
 Status = Literal["run", "wait", "refused"]
@@ -356,8 +355,9 @@ def bucket_backend(store: StateStore, *, linger_ms: int = LINGER_MS) -> BucketBa
     # Imported here: the SQLite backend builds on this module's arithmetic and interface.
     from jobsystem.store.buckets_sqlite import SqliteBuckets
 
-    return for_backend(
-        store,
-        redis=lambda redis: RedisBuckets(redis, linger_ms=linger_ms),
-        sqlite=lambda sqlite: SqliteBuckets(sqlite, linger_ms=linger_ms),
+    return store.operations(
+        Backends(
+            redis=lambda redis: RedisBuckets(redis, linger_ms=linger_ms),
+            sqlite=lambda sqlite: SqliteBuckets(sqlite, linger_ms=linger_ms),
+        )
     )

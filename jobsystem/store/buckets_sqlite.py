@@ -18,7 +18,7 @@ from jobsystem.store.buckets import (
     _take,
     _ttl_ms,
 )
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 
 __all__ = ["SqliteBuckets"]
 
@@ -95,10 +95,8 @@ class SqliteBuckets(BucketBackend):
 
     def peek(self, key: str, rate: float, burst: float) -> Level:
         now = self._now()
-        try:
+        with self.store.errors():
             stored = self._load(self.store.connection(), key, now)
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
         return _level(_refill(stored, TakeRequest(key, rate, burst, 0, 0), now))
 
     def drain(self, key: str, rate: float, burst: float, for_ms: int) -> None:

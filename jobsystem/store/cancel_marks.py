@@ -8,13 +8,11 @@ table ``cancel_marks``. Message ids are UUIDs: no personal data in a key name.
 
 from __future__ import annotations
 
-import sqlite3
 from abc import ABC, abstractmethod
 
-from jobsystem.store import for_backend
-from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.base import Backends, StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore, reply_text
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 
 __all__ = ["CancelMarks", "cancel_marks"]
 
@@ -113,17 +111,9 @@ class SqliteCancelMarks(CancelMarks):
     def cancelled_since(self, since_ms: int) -> tuple[dict[str, int], int]:
         now = self.store.now_ms()
         prefix = self.store.key("")
-        try:
-            rows = (
-                self.store.connection()
-                .execute(
-                    "SELECT id, marked_at FROM cancel_marks WHERE marked_at >= ? AND expires_at > ?",
-                    (since_ms, now),
-                )
-                .fetchall()
-            )
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
+        rows = self.store.rows(
+            "SELECT id, marked_at FROM cancel_marks WHERE marked_at >= ? AND expires_at > ?", (since_ms, now)
+        )
         return {i.removeprefix(prefix): at for i, at in rows if i.startswith(prefix)}, now
 
     def cancelled_among(self, ids: list[str]) -> set[str]:
@@ -131,20 +121,13 @@ class SqliteCancelMarks(CancelMarks):
             return set()
         names = {self.store.key(i): i for i in ids}
         marks = ",".join("?" * len(names))
-        try:
-            rows = (
-                self.store.connection()
-                .execute(
-                    f"SELECT id FROM cancel_marks WHERE id IN ({marks}) AND expires_at > ?",
-                    (*names, self.store.now_ms()),
-                )
-                .fetchall()
-            )
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
+        now = self.store.now_ms()
+        rows = self.store.rows(
+            f"SELECT id FROM cancel_marks WHERE id IN ({marks}) AND expires_at > ?", (*names, now)
+        )
         return {names[row[0]] for row in rows}
 
 
 def cancel_marks(store: StateStore) -> CancelMarks:
     """The cancellation marks' operations for ``store``'s backend."""
-    return for_backend(store, redis=RedisCancelMarks, sqlite=SqliteCancelMarks)
+    return store.operations(Backends(redis=RedisCancelMarks, sqlite=SqliteCancelMarks))

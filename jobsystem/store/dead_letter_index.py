@@ -30,8 +30,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobsystem.store import for_backend
-from jobsystem.store.base import StateStore
+from jobsystem.store.base import Backends, StateStore
 from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.sorted_index import Cursor, redis_walk
 
@@ -269,4 +268,4 @@ def dead_letter_index(store: StateStore) -> IndexBackend:
     # Imported here: the SQLite backend builds on this module's entries and interface.
     from jobsystem.store.dead_letter_index_sqlite import SqliteIndex
 
-    return for_backend(store, redis=RedisIndex, sqlite=SqliteIndex)
+    return store.operations(Backends(redis=RedisIndex, sqlite=SqliteIndex))

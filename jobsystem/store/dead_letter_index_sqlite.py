@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from jobsystem.store.dead_letter_index import DeadLetterEntry, DeadLetterFilter, IndexBackend, IndexPage
 from jobsystem.store.sorted_index import Cursor
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 
 __all__ = ["SqliteIndex"]
 
@@ -52,12 +51,6 @@ class SqliteIndex(IndexBackend):
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
         store.ensure_schema(_SCHEMA)
-
-    def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        try:
-            return self.store.connection().execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
 
     def add(self, entries: list[DeadLetterEntry], *, ttl_ms: int | None, max_length: int | None) -> None:
         if not entries:
@@ -115,7 +108,7 @@ class SqliteIndex(IndexBackend):
             )
 
     def get(self, queue: str, message_id: str) -> DeadLetterEntry | None:
-        rows = self._read(
+        rows = self.store.rows(
             f"SELECT {_COLUMNS} FROM dead_letter_index WHERE ns = ? AND queue = ? AND message_id = ?",
             (self.store.namespace, queue, message_id),
         )
@@ -134,7 +127,7 @@ class SqliteIndex(IndexBackend):
         if cursor is not None:
             clauses.append("(failed_at, id) < (?, ?)")
             params += [cursor.at, int(cursor.id) if cursor.id.isdigit() else 0]
-        rows = self._read(
+        rows = self.store.rows(
             f"SELECT {_COLUMNS}, id FROM dead_letter_index WHERE {' AND '.join(clauses)} "
             "ORDER BY failed_at DESC, id DESC LIMIT ?",
             (*params, limit + 1),
@@ -144,7 +137,7 @@ class SqliteIndex(IndexBackend):
         return IndexPage(entries, Cursor(int(last[9]), str(last[-1])) if last else None)
 
     def counts(self) -> dict[str, int]:
-        rows = self._read(
+        rows = self.store.rows(
             "SELECT queue, SUM(copies) FROM dead_letter_index WHERE ns = ? GROUP BY queue",
             (self.store.namespace,),
         )
@@ -152,6 +145,6 @@ class SqliteIndex(IndexBackend):
 
     def facets(self) -> dict[str, list[str]]:
         ns = (self.store.namespace,)
-        actors = self._read("SELECT DISTINCT actor FROM dead_letter_index WHERE ns = ?", ns)
-        exceptions = self._read("SELECT DISTINCT exception FROM dead_letter_index WHERE ns = ?", ns)
+        actors = self.store.rows("SELECT DISTINCT actor FROM dead_letter_index WHERE ns = ?", ns)
+        exceptions = self.store.rows("SELECT DISTINCT exception FROM dead_letter_index WHERE ns = ?", ns)
         return {"actor": sorted(a for (a,) in actors), "exception": sorted(e for (e,) in exceptions)}

@@ -12,14 +12,12 @@ Redis: the records in one hash ``workers`` and their last beats in the sorted se
 from __future__ import annotations
 
 import json
-import sqlite3
 from abc import ABC, abstractmethod
 from typing import Any
 
-from jobsystem.store import for_backend
-from jobsystem.store.base import StateStore
+from jobsystem.store.base import Backends, StateStore
 from jobsystem.store.redis import RedisStore
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 
 __all__ = ["KEEP_MS", "HeartbeatBackend", "heartbeat_backend"]
 
@@ -95,20 +93,13 @@ class SqliteHeartbeats(HeartbeatBackend):
             conn.execute("DELETE FROM workers WHERE beat_at < ?", (now_ms - KEEP_MS,))
 
     def workers(self, now_ms: int) -> list[dict[str, Any]]:
-        try:
-            rows = (
-                self.store.connection()
-                .execute(
-                    "SELECT record, beat_at FROM workers WHERE ns = ? AND beat_at >= ? ORDER BY beat_at DESC",
-                    (self.store.namespace, now_ms - KEEP_MS),
-                )
-                .fetchall()
-            )
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
+        rows = self.store.rows(
+            "SELECT record, beat_at FROM workers WHERE ns = ? AND beat_at >= ? ORDER BY beat_at DESC",
+            (self.store.namespace, now_ms - KEEP_MS),
+        )
         return [{**json.loads(record), "last_beat": int(beat)} for record, beat in rows]
 
 
 def heartbeat_backend(store: StateStore) -> HeartbeatBackend:
     """The heartbeat operations for ``store``'s backend."""
-    return for_backend(store, redis=RedisHeartbeats, sqlite=SqliteHeartbeats)
+    return store.operations(Backends(redis=RedisHeartbeats, sqlite=SqliteHeartbeats))

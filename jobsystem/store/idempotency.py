@@ -12,8 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
-from jobsystem.store import for_backend
-from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.base import Backends, StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
 
@@ -372,4 +371,4 @@ def _text(value: bytes | str | None) -> str | None:
 
 def idempotency_backend(store: StateStore) -> IdempotencyBackend:
     """The key operations for ``store``'s backend."""
-    return for_backend(store, redis=RedisIdempotency, sqlite=SqliteIdempotency)
+    return store.operations(Backends(redis=RedisIdempotency, sqlite=SqliteIdempotency))

@@ -23,7 +23,7 @@ from typing import Any
 
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sorted_index import Cursor, Walk, redis_walk
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 
 __all__ = [
     "INDEX_LUA",
@@ -182,10 +182,7 @@ def sqlite_page(store: SqliteStore, job_filter: JobFilter, cursor: Cursor | None
         f"SELECT key, enqueued_at, id FROM job_index WHERE {' AND '.join(clauses)} "
         "ORDER BY enqueued_at DESC, id DESC LIMIT ?"
     )
-    try:
-        rows = store.connection().execute(sql, (*params, limit + 1)).fetchall()
-    except sqlite3.Error as exc:
-        raise sqlite_error(exc) from exc
+    rows = store.rows(sql, (*params, limit + 1))
     entries = [(str(key)[len(store.namespace) :], int(at)) for key, at, _ in rows[:limit]]
     more = len(rows) > limit
     last = rows[limit - 1] if more else None
@@ -196,8 +193,5 @@ def sqlite_total(store: SqliteStore, job_filter: JobFilter, cap: int = 10_000) -
     """How many jobs match, counted up to ``cap`` (exact when below it)."""
     clauses, params = _where(store, job_filter)
     sql = f"SELECT COUNT(*) FROM (SELECT 1 FROM job_index WHERE {' AND '.join(clauses)} LIMIT ?)"
-    try:
-        (count,) = store.connection().execute(sql, (*params, cap + 1)).fetchone()
-    except sqlite3.Error as exc:
-        raise sqlite_error(exc) from exc
+    ((count,),) = store.rows(sql, (*params, cap + 1))
     return min(int(count), cap), int(count) <= cap

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from jobsystem.store.base import StateStore, StoreMisconfigured, StoreUnavailable
+from jobsystem.store.base import Backends, Operations, StateStore, StoreMisconfigured, StoreUnavailable
 
 __all__ = ["RedisScript", "RedisStore", "redis_error", "reply_text"]
 
@@ -140,6 +140,9 @@ class RedisStore(StateStore):
             conn = self.client.connection_pool.make_connection()
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn
+
+    def operations(self, backends: Backends[Operations]) -> Operations:
+        return backends.redis(self)
 
     @contextmanager
     def errors(self) -> Iterator[None]:

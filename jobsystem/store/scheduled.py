@@ -20,7 +20,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from jobsystem.store.redis import RedisStore
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 
 __all__ = [
     "SCHEDULED_LUA",
@@ -109,14 +109,10 @@ def sqlite_file(
 
 def sqlite_scheduled(store: SqliteStore, queues: list[str]) -> dict[str, Scheduled]:
     """The count and next due time of each of ``queues``."""
-    try:
-        conn = store.connection()
-        found = {}
-        for queue in queues:
-            count, first = conn.execute(
-                "SELECT COUNT(*), MIN(due_at) FROM scheduled_jobs WHERE queue = ?", (store.key(queue),)
-            ).fetchone()
-            found[queue] = Scheduled(int(count), int(first) if first is not None else None)
-        return found
-    except sqlite3.Error as exc:
-        raise sqlite_error(exc) from exc
+    found = {}
+    for queue in queues:
+        ((count, first),) = store.rows(
+            "SELECT COUNT(*), MIN(due_at) FROM scheduled_jobs WHERE queue = ?", (store.key(queue),)
+        )
+        found[queue] = Scheduled(int(count), int(first) if first is not None else None)
+    return found

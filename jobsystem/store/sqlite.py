@@ -10,12 +10,12 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from jobsystem.store.base import StateStore, StoreMisconfigured, StoreUnavailable
+from jobsystem.store.base import Backends, Operations, StateStore, StoreMisconfigured, StoreUnavailable
 
 __all__ = ["SqliteStore", "sqlite_error"]
 
@@ -130,7 +130,7 @@ class SqliteStore(StateStore):
         if conn.in_transaction:  # inside a batch: join it
             yield conn
             return
-        try:
+        with self.errors():
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
@@ -138,25 +138,32 @@ class SqliteStore(StateStore):
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def operations(self, backends: Backends[Operations]) -> Operations:
+        return backends.sqlite(self)
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        """Turn anything sqlite3 raises into a store error (see :func:`sqlite_error`)."""
+        try:
+            yield
         except sqlite3.Error as exc:
             raise sqlite_error(exc) from exc
+
+    def rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[Any]:
+        """The rows a read returns, on this thread's connection (inside its open transaction, if any)."""
+        with self.errors():
+            return self.connection().execute(sql, parameters).fetchall()
 
     def now_ms(self) -> int:
         return int(time.time() * 1000)
 
     def get(self, key: str) -> bytes | None:
-        try:
-            row = (
-                self.connection()
-                .execute(
-                    "SELECT value FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
-                    (self.key(key), self.now_ms()),
-                )
-                .fetchone()
-            )
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
-        return _as_bytes(row[0]) if row else None
+        found = self.rows(
+            "SELECT value FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
+            (self.key(key), self.now_ms()),
+        )
+        return _as_bytes(found[0][0]) if found else None
 
     def set(self, key: str, value: bytes | str, ttl_ms: int | None = None) -> None:
         expires = self.now_ms() + ttl_ms if ttl_ms is not None else None
@@ -211,10 +218,7 @@ class SqliteStore(StateStore):
             return conn.execute("DELETE FROM kv WHERE expires_at <= ?", (self.now_ms(),)).rowcount
 
     def ping(self) -> None:
-        try:
-            self.connection().execute("SELECT 1").fetchone()
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
+        self.rows("SELECT 1")
 
     def close(self) -> None:
         with self._lock:

@@ -14,19 +14,17 @@ message in a batch are folded: each record is written, and filed in the index, o
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from abc import ABC, abstractmethod
-from typing import Any
 
-from jobsystem.store import for_backend, job_index, status_history
+from jobsystem.store import job_index, status_history
 from jobsystem.store import scheduled as scheduled_index
-from jobsystem.store.base import StateStore
+from jobsystem.store.base import Backends, StateStore
 from jobsystem.store.job_index import JobFilter
 from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.scheduled import Scheduled
 from jobsystem.store.sorted_index import Cursor, Walk
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 from jobsystem.store.status_fold import APPLY_LUA, sqlite_apply
 from jobsystem.store.status_records import JobStatus, StatusUpdate, encode_updates
 
@@ -182,15 +180,8 @@ class SqliteStatus(StatusBackend):
                 self._swept_minute = now // 60_000
                 status_history.sqlite_sweep_minutes(conn, now)
 
-    def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
-        """A read outside any transaction (WAL readers do not wait for writers)."""
-        try:
-            return self.store.connection().execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
-
     def get(self, message_id: str) -> JobStatus | None:
-        rows = self._read(
+        rows = self.store.rows(
             "SELECT fields FROM job_status WHERE key = ? AND expires_at > ?",
             (self.store.key(message_id), self.store.now_ms()),
         )
@@ -200,7 +191,7 @@ class SqliteStatus(StatusBackend):
         return {
             queue: {
                 state: int(count)
-                for state, count in self._read(
+                for state, count in self.store.rows(
                     "SELECT state, count FROM job_status_counts WHERE queue = ?", (self.store.key(queue),)
                 )
             }
@@ -211,7 +202,7 @@ class SqliteStatus(StatusBackend):
         if not message_ids:
             return {}
         marks = ",".join("?" * len(message_ids))
-        rows = self._read(
+        rows = self.store.rows(
             f"SELECT key, fields FROM job_status WHERE key IN ({marks}) AND expires_at > ?",
             (*(self.store.key(m) for m in message_ids), self.store.now_ms()),
         )
@@ -228,13 +219,11 @@ class SqliteStatus(StatusBackend):
         return scheduled_index.sqlite_scheduled(self.store, queues)
 
     def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
-        try:
+        with self.store.errors():
             conn = self.store.connection()
             return status_history.sqlite_minutes(conn, {q: self.store.key(q) for q in queues}, since_ms)
-        except sqlite3.Error as exc:
-            raise sqlite_error(exc) from exc
 
 
 def status_backend(store: StateStore) -> StatusBackend:
     """The status operations for ``store``'s backend."""
-    return for_backend(store, redis=RedisStatus, sqlite=SqliteStatus)
+    return store.operations(Backends(redis=RedisStatus, sqlite=SqliteStatus))

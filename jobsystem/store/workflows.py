@@ -22,10 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobsystem.store import for_backend
-from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.base import Backends, StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore, reply_text
-from jobsystem.store.sqlite import SqliteStore, sqlite_error
+from jobsystem.store.sqlite import SqliteStore
 
 __all__ = ["StepProgress", "WorkflowBackend", "WorkflowRecord", "workflow_backend"]
 
@@ -289,38 +288,35 @@ class SqliteWorkflows(WorkflowBackend):
             fields = self._fields(conn, workflow_id)
             if "record" not in fields:
                 return StepProgress("unknown", False, 0, 0)
-            try:
-                added = (
-                    conn.execute(
-                        "INSERT OR IGNORE INTO workflow_done (wid, step, member) VALUES (?, ?, ?)",
-                        (self._wid(workflow_id), step, member),
-                    ).rowcount
-                    > 0
-                )
-                updates: dict[str, str] = {}
-                if added:
-                    counter = f"c:{step}:{state}"
-                    updates.update({f"s:{member}": state, f"r:{member}": result})
-                    updates[counter] = str(int(fields.get(counter, "0")) + 1)
-                    if (
-                        state != "succeeded"
-                        and fields.get(f"mode:{step}") != "finished"
-                        and fields["state"] == "running"
-                    ):
-                        updates.update({"state": "failed", "failed": member})
-                fields.update(updates)
-                finished = conn.execute(
-                    "SELECT COUNT(*) FROM workflow_done WHERE wid = ? AND step = ?",
-                    (self._wid(workflow_id), step),
-                ).fetchone()[0]
-                size = int(fields[f"size:{step}"])
-                if added and finished >= size and f"by:{step}" not in fields:
-                    updates[f"by:{step}"] = fields[f"by:{step}"] = member
-                if finished >= size and step == int(fields["steps"]) - 1 and fields["state"] == "running":
-                    updates["state"] = fields["state"] = "succeeded"
-                self._put(conn, workflow_id, updates, ttl_ms)
-            except sqlite3.Error as exc:
-                raise sqlite_error(exc) from exc
+            added = (
+                conn.execute(
+                    "INSERT OR IGNORE INTO workflow_done (wid, step, member) VALUES (?, ?, ?)",
+                    (self._wid(workflow_id), step, member),
+                ).rowcount
+                > 0
+            )
+            updates: dict[str, str] = {}
+            if added:
+                counter = f"c:{step}:{state}"
+                updates.update({f"s:{member}": state, f"r:{member}": result})
+                updates[counter] = str(int(fields.get(counter, "0")) + 1)
+                if (
+                    state != "succeeded"
+                    and fields.get(f"mode:{step}") != "finished"
+                    and fields["state"] == "running"
+                ):
+                    updates.update({"state": "failed", "failed": member})
+            fields.update(updates)
+            finished = conn.execute(
+                "SELECT COUNT(*) FROM workflow_done WHERE wid = ? AND step = ?",
+                (self._wid(workflow_id), step),
+            ).fetchone()[0]
+            size = int(fields[f"size:{step}"])
+            if added and finished >= size and f"by:{step}" not in fields:
+                updates[f"by:{step}"] = fields[f"by:{step}"] = member
+            if finished >= size and step == int(fields["steps"]) - 1 and fields["state"] == "running":
+                updates["state"] = fields["state"] = "succeeded"
+            self._put(conn, workflow_id, updates, ttl_ms)
         counts = {s: int(fields.get(f"c:{step}:{s}", "0")) for s in ("succeeded", "dead", "cancelled")}
         completer = finished >= size and fields.get(f"by:{step}", member) == member
         return StepProgress(
@@ -346,4 +342,4 @@ class SqliteWorkflows(WorkflowBackend):
 
 def workflow_backend(store: StateStore) -> WorkflowBackend:
     """The workflow operations for ``store``'s backend."""
-    return for_backend(store, redis=RedisWorkflows, sqlite=SqliteWorkflows)
+    return store.operations(Backends(redis=RedisWorkflows, sqlite=SqliteWorkflows))

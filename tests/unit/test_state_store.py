@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 
 import pytest
+import redis
 
 from jobsystem.store import open_store
-from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.base import Backends, StateStore, StoreMisconfigured, StoreUnavailable
 from jobsystem.store.idempotency import idempotency_backend
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
@@ -20,6 +22,44 @@ def test_open_store_picks_the_backend(tmp_path):
     assert isinstance(open_store(f"sqlite:///{tmp_path}/x.db"), SqliteStore)
     with pytest.raises(ValueError):
         open_store("postgres://db/x")
+
+
+def test_each_store_picks_its_own_backend_of_a_feature(tmp_path):
+    backends = Backends(redis=lambda store: ("redis", store), sqlite=lambda store: ("sqlite", store))
+    redis_store = open_store("redis://127.0.0.1:6379/15")
+    sqlite_store = open_store(f"sqlite:///{tmp_path}/x.db")
+    assert redis_store.operations(backends) == ("redis", redis_store)
+    assert sqlite_store.operations(backends) == ("sqlite", sqlite_store)
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        (sqlite3.OperationalError("database is locked"), StoreUnavailable),
+        (sqlite3.DatabaseError("file is not a database"), StoreMisconfigured),
+    ],
+)
+def test_a_sqlite_error_becomes_a_store_error(tmp_path, raised, expected):
+    with pytest.raises(StoreUnavailable) as caught, SqliteStore(tmp_path / "x.db").errors():
+        raise raised
+    assert type(caught.value) is expected
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [redis.ConnectionError("Connection reset"), redis.ResponseError("OOM command not allowed")],
+)
+def test_a_redis_error_becomes_a_store_error(raised):
+    with pytest.raises(StoreUnavailable) as caught, RedisStore("redis://127.0.0.1:6379/15").errors():
+        raise raised
+    assert type(caught.value) is StoreUnavailable
+
+
+def test_a_failed_sqlite_read_is_a_store_error(tmp_path):
+    store = SqliteStore(tmp_path / "x.db")
+    assert store.rows("SELECT 1 + ?", (1,)) == [(2,)]
+    with pytest.raises(StoreUnavailable, match="no such table"):
+        store.rows("SELECT * FROM missing")
 
 
 def test_values_expire(store: StateStore):
