@@ -82,7 +82,9 @@ def main() -> None:
     parser.add_argument("-n", "--count", type=int, default=int(os.environ.get("BENCH_COUNT", 20_000)))
     parser.add_argument("-p", "--processes", type=int, default=2)
     parser.add_argument("-t", "--threads", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=1, help="repetitions of the cost table (medians)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="repetitions of the cost table (medians); 3 by default"
+    )
     parser.add_argument("--latency-count", type=int, default=300, help="sequential latency probes")
     parser.add_argument("--costs-only", action="store_true", help="only the cost table and latency")
     parser.add_argument("--rate", type=float, default=100.0, help="paced bucket: tokens per second")
