@@ -82,7 +82,7 @@ class Settings(BaseModel):
     rabbitmq_management_url: str = "http://127.0.0.1:15672"
     rabbitmq_heartbeat: int = Field(default=60, ge=0, le=3600)
     rabbitmq_blocked_connection_timeout: int = Field(default=300, ge=1, le=86_400)
-    rabbitmq_max_priority: int = Field(default=10, ge=1, le=255)
+    rabbitmq_max_priority: int = Field(default=10, ge=0, le=255)
     rabbitmq_consumer_timeout_ms: int = Field(default=1_800_000, ge=60_000, le=MAX_DURATION_MS)
     # Delays up to this long are held by a worker; longer ones wait in RabbitMQ's delay cascade.
     delay_horizon_ms: int = Field(default=30_000, ge=2_000, le=MAX_DURATION_MS)

@@ -288,7 +288,8 @@ def connection_urls(settings: Settings) -> list[str]:
 def build_broker(
     settings: Settings, middleware: list[Middleware], state: StateStore | None = None
 ) -> ProjectBroker:
-    """A broker whose every publish waits for RabbitMQ's confirm and whose queues take priorities.
+    """A broker whose every publish waits for RabbitMQ's confirm and whose queues take priorities
+    (unless ``RABBITMQ_MAX_PRIORITY`` is 0).
 
     Dramatiq declares its queues durable and publishes persistent messages (delivery mode 2);
     ``confirm_delivery`` makes a publish to a missing queue or during a broker failure an error
@@ -299,7 +300,7 @@ def build_broker(
         dead_letter_max_length=settings.dead_letter_max_length,
         url=connection_urls(settings),
         confirm_delivery=True,
-        max_priority=settings.rabbitmq_max_priority,
+        max_priority=settings.rabbitmq_max_priority or None,  # 0: plain queues (Dramatiq's None)
         middleware=middleware,
         state=state,
         delay_prefix=settings.queue_prefix,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import json
 import signal
 
@@ -100,3 +101,23 @@ def test_priority_puts_premium_messages_first(queues):
     get_system().broker.enqueue(premium)
     first = json.loads(queues.peek(queue, count=1)[0]["payload"])
     assert first["args"] == ["premium"]
+
+
+def test_rabbitmq_max_priority_0_declares_plain_queues_that_a_worker_so_configured_consumes(
+    start_worker, queues, store, prefix
+):
+    from jobsystem.settings import load_settings
+    from jobsystem.system import build_system
+
+    plain = build_system(
+        load_settings({**os.environ, "QUEUE_PREFIX": prefix, "RABBITMQ_MAX_PRIORITY": "0"})
+    ).broker
+    plain.actors.update(get_system().broker.actors)
+    queue = queues.name(workload.record)
+    plain.declare_queue(queue, ensure=True)
+    for name in (queue, f"{queue}.DQ"):
+        arguments = queues.info(name)["arguments"]
+        assert "x-max-priority" not in arguments and arguments["x-dead-letter-routing-key"] == queue
+    start_worker(RABBITMQ_MAX_PRIORITY="0")
+    plain.enqueue(queues.message(workload.record, "plain"))
+    wait_for(lambda: store.sismember(f"test:{prefix}tokens", "plain"), what="the job's run")
