@@ -28,7 +28,7 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from bench.costs import STORES, cost_table, store_broker
+from bench.costs import BARE, STORES, bare_brokers, cost_table, store_broker
 from bench.dashboard import add_dashboard_arguments, dashboard_report
 from bench.dead_letters import dead_letter_figures
 from bench.delays import delay_figures
@@ -106,9 +106,9 @@ def main() -> None:
         return
     from jobsystem.system import get_system
 
-    bare_broker = RabbitmqBroker(url=get_system().settings.rabbitmq_url)
+    brokers = bare_brokers(get_system().settings.rabbitmq_url)
     run = Run(args.count, args.processes, args.threads)
-    bare = costs_and_latency(run, bare_broker, args)
+    bare = costs_and_latency(run, brokers, args)
     if args.costs_only:
         return
     print("scrubber cost per log event, in-process")
@@ -120,7 +120,8 @@ def main() -> None:
     print("dead letters, 10,000")
     for label, figure in dead_letter_figures(10_000):
         print(f"  {label:<52} {figure:>12}")
-    bare_broker.close()
+    for broker in brokers.values():
+        broker.close()
     dashboard_report(STORES["redis"], args.dashboard_records)
     delay_report(args.delay_count)
 
@@ -131,20 +132,20 @@ def delay_report(count: int) -> None:
         print(line)
 
 
-def costs_and_latency(run: Run, bare_broker: RabbitmqBroker, args: argparse.Namespace) -> Rate:
+def costs_and_latency(run: Run, brokers: dict[bool, RabbitmqBroker], args: argparse.Namespace) -> Rate:
     """Print the cost table and the send -> start latency; return a bare Dramatiq rate."""
     load = os.getloadavg()
     print(
         f"cost table, {run.count:,} no-op jobs, {run.processes} processes x {run.threads} threads,"
         f" redis store, median of {args.repeat} (load averages {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})"
     )
-    table = cost_table(run, bare_broker, args.repeat)
+    table = cost_table(run, brokers, args.repeat)
     for line in table.lines():
         print(line)
     print(f"send -> start latency, idle worker, {args.latency_count} sequential sends, median of runs")
     full = store_broker(STORES["redis"])
     probes = {
-        "bare Dramatiq": ("bench.bare", bare_broker),
+        "bare Dramatiq": ("bench.bare", brokers[False]),
         "full stack (defaults + key + limit)": ("bench.project", full),
     }
     figures: dict[str, list[tuple[float, float]]] = {}
@@ -171,7 +172,7 @@ def costs_and_latency(run: Run, bare_broker: RabbitmqBroker, args: argparse.Name
     print(ratio("ratio full / bare (median)", full_median / bare_median))
     load = os.getloadavg()
     print(f"  load averages at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    return table.rates["bare Dramatiq, default middleware"][-1]
+    return table.rates[BARE][-1]
 
 
 def ratio(label: str, value: float, digits: int = 2) -> str:

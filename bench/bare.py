@@ -1,5 +1,5 @@
 """Bare Dramatiq for the baseline: its default RabbitmqBroker and middleware, one no-op actor and
-the latency probe."""
+the latency probe; ``BENCH_MAX_PRIORITY`` gives its queues ``x-max-priority``, as the project's have."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import dramatiq
 import redis
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-broker = RabbitmqBroker(url=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"))
+#: ``x-max-priority`` of the queues (unset: plain queues, as Dramatiq declares them by default).
+_MAX_PRIORITY = os.environ.get("BENCH_MAX_PRIORITY")
+broker = RabbitmqBroker(
+    url=os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F"),
+    max_priority=int(_MAX_PRIORITY) if _MAX_PRIORITY else None,
+)
 dramatiq.set_broker(broker)
 QUEUE = os.environ.get("BENCH_QUEUE", "bench-bare")
 LATENCY_KEY = os.environ.get("BENCH_LATENCY_KEY", "bench:latency")

@@ -25,7 +25,7 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from bench.throughput import ROOT, Rate, Run, keyed_messages, noop_messages
 
-__all__ = ["STORES", "CostTable", "cost_table", "store_broker"]
+__all__ = ["BARE", "STORES", "CostTable", "Row", "bare_brokers", "cost_table", "store_broker"]
 
 #: The two state stores the figures are taken on.
 STORES = {"redis": "redis://127.0.0.1:6379/14", "sqlite": f"sqlite:///{ROOT}/var/bench-state.db"}
@@ -37,24 +37,52 @@ OFF = {"LOG_LEVEL": "WARNING", "JOB_STATUS": "false", "PROMETHEUS_PORT": "0"}
 LOGS = {"LOG_LEVEL": "INFO", "LOG_FORMAT": "json"}
 
 
+#: ``x-max-priority`` of the project's queues by default (``RABBITMQ_MAX_PRIORITY``).
+PRIORITY_LEVELS = 10
+
+
 def _free_port() -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return str(probe.getsockname()[1])
 
 
-def _rows() -> list[tuple[str, MakeMessages, dict[str, str]]]:
-    """(label, messages, worker env) of each row after bare Dramatiq."""
-    defaults = {**LOGS, "JOB_STATUS": "true", "PROMETHEUS_PORT": _free_port()}
+@dataclass(frozen=True)
+class Row:
+    """One configuration: its worker module, messages and environment, and its queues' shape
+    (``priority``: declared with ``x-max-priority``, as the project's are by default)."""
+
+    label: str
+    module: str
+    make: MakeMessages
+    env: dict[str, str]
+    priority: bool = True
+
+
+BARE = "bare Dramatiq, default middleware"
+BARE_PRIORITY = f"bare Dramatiq, x-max-priority {PRIORITY_LEVELS} queues"
+FULL_PLAIN = "full stack, plain queues (max priority 0)"
+
+
+def _rows() -> list[Row]:
+    """Every row of the table, bare Dramatiq first."""
+    on_priority = {"RABBITMQ_MAX_PRIORITY": str(PRIORITY_LEVELS)}
+    off = {**OFF, **on_priority}
+    logs = {**off, **LOGS}
+    defaults = {**logs, "JOB_STATUS": "true", "PROMETHEUS_PORT": _free_port()}
     keyed_metered = partial(keyed_messages, actor="keyed_metered_noop")
+    project = "bench.project"
     return [
-        ("project, everything off", noop_messages, OFF),
-        ("+ lifecycle logs (INFO, JSON)", noop_messages, {**OFF, **LOGS}),
-        ("+ job status", noop_messages, {**OFF, **LOGS, "JOB_STATUS": "true"}),
-        ("+ Prometheus (= defaults)", noop_messages, defaults),
-        ("defaults + idempotency key", keyed_messages, defaults),
-        ("defaults + key + rate-limited bucket", keyed_metered, defaults),
-        ("everything off + key + rate-limited bucket", keyed_metered, OFF),
+        Row(BARE, "bench.bare", noop_messages, {}, priority=False),
+        Row(BARE_PRIORITY, "bench.bare", noop_messages, {"BENCH_MAX_PRIORITY": str(PRIORITY_LEVELS)}),
+        Row("project, everything off", project, noop_messages, off),
+        Row("+ lifecycle logs (INFO, JSON)", project, noop_messages, logs),
+        Row("+ job status", project, noop_messages, {**logs, "JOB_STATUS": "true"}),
+        Row("+ Prometheus (= defaults)", project, noop_messages, defaults),
+        Row("defaults + idempotency key", project, keyed_messages, defaults),
+        Row("defaults + key + rate-limited bucket", project, keyed_metered, defaults),
+        Row("everything off + key + rate-limited bucket", project, keyed_metered, off),
+        Row(FULL_PLAIN, project, keyed_metered, {**defaults, "RABBITMQ_MAX_PRIORITY": "0"}, priority=False),
     ]
 
 
@@ -64,30 +92,38 @@ ISSUE_ROWS = (
     ("defaults, no key, no rate limit", "+ Prometheus (= defaults)"),
     ("all off + key + rate limit", "everything off + key + rate-limited bucket"),
     ("all off, no key, no rate limit", "project, everything off"),
+    ("defaults + key + rate limit, plain queues", FULL_PLAIN),
 )
-BARE = "bare Dramatiq, default middleware"
 #: The row a row's "+ us" is counted from, where it is not the row above.
-ADDS_TO = {"everything off + key + rate-limited bucket": "project, everything off"}
+ADDS_TO = {
+    "project, everything off": BARE_PRIORITY,
+    "everything off + key + rate-limited bucket": "project, everything off",
+    FULL_PLAIN: "defaults + key + rate-limited bucket",
+}
 
 
 @dataclass
 class CostTable:
-    """Figures of every repetition, by row label, in row order."""
+    """Figures of every repetition, by row label, in row order: each row's jobs/s over bare
+    Dramatiq's (plain queues, as Dramatiq declares them) and over bare Dramatiq's on queues of
+    the same shape (``same``), both of the same repetition."""
 
     rates: dict[str, list[Rate]] = field(default_factory=dict)
     ratios: dict[str, list[float]] = field(default_factory=dict)
+    same: dict[str, list[float]] = field(default_factory=dict)
 
-    def add(self, rate: Rate, bare: Rate) -> None:
+    def add(self, rate: Rate, bare: Rate, same_shape: Rate) -> None:
         self.rates.setdefault(rate.label, []).append(rate)
         self.ratios.setdefault(rate.label, []).append(rate.per_second / bare.per_second)
+        self.same.setdefault(rate.label, []).append(rate.per_second / same_shape.per_second)
 
-    def median_ratio(self, label: str) -> float:
-        return statistics.median(self.ratios[label])
+    def median_ratio(self, label: str, same_shape: bool = False) -> float:
+        return statistics.median((self.same if same_shape else self.ratios)[label])
 
     def lines(self) -> list[str]:
         out = [
-            f"  {'configuration':<44} {'jobs/s':>8} {'/ bare':>7} {'CPU us/job':>11} {'+ us':>7}"
-            f" {'RabbitMQ us':>12} {'Redis us':>9}"
+            f"  {'configuration':<44} {'jobs/s':>8} {'/ bare':>7} {'/ same shape':>12} {'CPU us/job':>11}"
+            f" {'+ us':>7} {'RabbitMQ us':>12} {'Redis us':>9}"
         ]
         cpus: dict[str, float] = {}
         previous: str | None = None
@@ -99,12 +135,16 @@ class CostTable:
             rabbitmq = statistics.median(r.rabbitmq_micros_per_job for r in rates)
             redis = statistics.median(r.redis_micros_per_job for r in rates)
             out.append(
-                f"  {label:<44} {jobs:>8,.0f} {self.median_ratio(label):>7.2f} {cpu:>11.0f} {step:>7}"
+                f"  {label:<44} {jobs:>8,.0f} {self.median_ratio(label):>7.2f}"
+                f" {self.median_ratio(label, same_shape=True):>12.2f} {cpu:>11.0f} {step:>7}"
                 f" {rabbitmq:>12.0f} {redis:>9.0f}"
             )
             previous = label
-        out.append(f"  {'issue 15 table (jobs/s / bare, medians)':<44}")
-        out += [f"    {name:<42} {self.median_ratio(row):>9.2f}" for name, row in ISSUE_ROWS]
+        out.append(f"  {'issue 15 table (jobs/s / bare, medians)':<44} {'/ bare':>16} {'/ same shape':>12}")
+        out += [
+            f"    {name:<42} {self.median_ratio(row):>16.2f} {self.median_ratio(row, same_shape=True):>12.2f}"
+            for name, row in ISSUE_ROWS
+        ]
         return out
 
 
@@ -121,22 +161,37 @@ def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
     return broker
 
 
-def cost_table(run: Run, bare_broker: RabbitmqBroker, repeat: int) -> CostTable:
-    """``repeat`` repetitions of bare Dramatiq then every row, each printed as it completes."""
+def bare_brokers(rabbitmq_url: str) -> dict[bool, RabbitmqBroker]:
+    """Bare Dramatiq's brokers, by whether their queues take priorities (the project's shape)."""
+    return {
+        False: RabbitmqBroker(url=rabbitmq_url),
+        True: RabbitmqBroker(url=rabbitmq_url, max_priority=PRIORITY_LEVELS),
+    }
+
+
+def cost_table(run: Run, bare: dict[bool, RabbitmqBroker], repeat: int) -> CostTable:
+    """``repeat`` repetitions of every row, bare Dramatiq first, each printed as it completes;
+    ``bare``: from :func:`bare_brokers`."""
     url = STORES["redis"]
-    senders = {flag: store_broker(url, JOB_STATUS=flag) for flag in ("true", "false")}
+    senders: dict[tuple[str, str], RabbitmqBroker] = {}
     table = CostTable()
     for i in range(repeat):
-        bare = run.throughput(BARE, "bench.bare", bare_broker)
-        table.add(bare, bare)
-        print(f"  [{i + 1}/{repeat}] {bare.label:<42} {bare.per_second:>8,.0f} /s", flush=True)
-        for label, make, env in _rows():
-            sender = senders[env["JOB_STATUS"]]
-            rate = run.throughput(label, "bench.project", sender, make, STATE_URL=url, **env)
-            table.add(rate, bare)
+        done: dict[str, Rate] = {}
+        for row in _rows():
+            if row.module == "bench.bare":
+                rate = run.throughput(row.label, row.module, bare[row.priority], row.make, **row.env)
+            else:
+                shape = (row.env["JOB_STATUS"], row.env["RABBITMQ_MAX_PRIORITY"])
+                if shape not in senders:
+                    senders[shape] = store_broker(url, JOB_STATUS=shape[0], RABBITMQ_MAX_PRIORITY=shape[1])
+                rate = run.throughput(
+                    row.label, row.module, senders[shape], row.make, STATE_URL=url, **row.env
+                )
+            done[row.label] = rate
+            table.add(rate, done[BARE], done[BARE_PRIORITY if row.priority else BARE])
             print(
-                f"  [{i + 1}/{repeat}] {label:<42} {rate.per_second:>8,.0f} /s"
-                f" {rate.per_second / bare.per_second:>6.2f} {rate.cpu_micros_per_job:>7.0f} us"
+                f"  [{i + 1}/{repeat}] {row.label:<42} {rate.per_second:>8,.0f} /s"
+                f" {rate.per_second / done[BARE].per_second:>6.2f} {rate.cpu_micros_per_job:>7.0f} us"
                 f" (RabbitMQ {rate.rabbitmq_micros_per_job:.0f}, Redis {rate.redis_micros_per_job:.0f})",
                 flush=True,
             )
