@@ -25,6 +25,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.compat import StreamablePipe
 from dramatiq.errors import DecodeError
+from dramatiq.middleware import Pipelines
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
@@ -365,6 +366,10 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
             and issubclass(Interrupt, BaseException)
             and not issubclass(Interrupt, Exception)
         ),
+    ),
+    (
+        'Pipelines.after_process_message pipes only a message with message.options.get("pipe_target")',
+        lambda: 'message.options.get("pipe_target")' in _source(Pipelines.after_process_message),
     ),
     ("DecodeError(message, data, error) keeps .data", lambda: DecodeError("m", b"d", None).data == b"d"),  # type: ignore[no-untyped-call]
     (

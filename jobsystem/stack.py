@@ -13,7 +13,6 @@ from dramatiq.middleware import (
     Callbacks,
     CurrentMessage,
     Middleware,
-    Pipelines,
     ShutdownNotifications,
     TimeLimit,
 )
@@ -34,6 +33,7 @@ from middleware.heartbeat import Heartbeat
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
 from middleware.metrics import Metrics
+from middleware.pipelines import QuickPipelines
 from middleware.ratelimit import RateLimits
 from middleware.results import StoreResults
 from middleware.retries import SafeRetries
@@ -51,9 +51,9 @@ def build_middleware(
 ) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire:
     StoreCheck, ThreadWatchdog, Heartbeat, JobLifecycle, AgeLimit, TimeLimit, ShutdownNotifications,
-    Callbacks, Pipelines, DeadLetters, SafeRetries, CurrentMessage, Cancellation, RateLimits,
-    Idempotency, StoreResults, Workflows, Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``),
-    ScrubStoredTracebacks."""
+    Callbacks, QuickPipelines (Dramatiq's Pipelines), DeadLetters, SafeRetries, CurrentMessage,
+    Cancellation, RateLimits, Idempotency, StoreResults, Workflows, Status (``JOB_STATUS``), Metrics
+    (``PROMETHEUS_PORT``), ScrubStoredTracebacks."""
     # One background writer: a job's key completion and its final status leave in one batch.
     writes = DeferredWrites(store)
     stack: list[Middleware] = [
@@ -65,7 +65,7 @@ def build_middleware(
         TimeLimit(time_limit=settings.job_time_limit_ms),
         ShutdownNotifications(),
         Callbacks(),
-        Pipelines(),
+        QuickPipelines(),
         DeadLetters(scrub=scrubber.text),
         SafeRetries(
             max_retries=settings.job_max_retries,

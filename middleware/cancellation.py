@@ -72,15 +72,19 @@ class Cancellation(FailClosed):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         interruptible = option_of(broker, message, "interruptible", True)
-        cancelled = self.watch.known(message.message_id)
-        if cancelled is None or (not cancelled and (not interruptible or self._outlived_watch(message))):
-            cancelled = self.checks.call(message.message_id)  # the store's own answer
+        message_id = message.message_id
+        # Known to the poller and not marked: the job is registered as running in the same step,
+        # unless the store must confirm (the job cannot be interrupted later, or outlived the poller).
+        confirm = not interruptible or self._outlived_watch(message)
+        cancelled = self.watch.arrived(message_id, start=not confirm)
+        if cancelled is None or (not cancelled and confirm):
+            cancelled = self.checks.call(message_id)  # the store's own answer
+            if not cancelled and interruptible:
+                self.watch.started(message_id)
         if cancelled:
             message.options[CANCELLED] = True
-            logger.info("job_cancelled", extra={"message_id": message.message_id, "running": False})
+            logger.info("job_cancelled", extra={"message_id": message_id, "running": False})
             raise SkipMessage("cancelled")
-        if interruptible:
-            self.watch.started(message.message_id)
 
     def _outlived_watch(self, message: MessageProxy) -> bool:
         """Whether ``message`` was sent longer ago than the poller remembers marks: a job that

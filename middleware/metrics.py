@@ -185,14 +185,20 @@ class Metrics(Middleware):
             self._local.started = (message.message_id, time.monotonic())
             self.tally.level(self._instruments.in_progress, _labels(message), 1)
 
-    def _finish(self, message: MessageProxy) -> float | None:
+    def _started(self, message: MessageProxy) -> float | None:
+        """When this thread started ``message`` (monotonic seconds), forgotten once asked; None
+        when it did not start it."""
         started: tuple[str, float] | None = getattr(self._local, "started", None)
         self._local.started = None
         if started is None or started[0] != message.message_id:
             return None
-        assert self._instruments is not None
-        self.tally.level(self._instruments.in_progress, _labels(message), -1)
-        return (time.monotonic() - started[1]) * 1000
+        return started[1]
+
+    def _finish(self, message: MessageProxy) -> None:
+        """A job that ends without running: out of the in-progress level if it entered it."""
+        if self._started(message) is not None:
+            assert self._instruments is not None
+            self.tally.level(self._instruments.in_progress, _labels(message), -1)
 
     def after_process_message(
         self,
@@ -204,13 +210,21 @@ class Metrics(Middleware):
     ) -> None:
         if self._instruments is None:
             return
-        labels = _labels(message)
-        duration = self._finish(message)
-        if duration is not None:
-            self.tally.observe(self._instruments.durations, labels, duration)
-        self.tally.count(self._instruments.processed, labels)
+        instruments, labels = self._instruments, _labels(message)
+        started = self._started(message)
+        if started is not None:  # one lock acquisition for the level, the duration and the count
+            duration = (time.monotonic() - started) * 1000
+            self.tally.finished(
+                labels,
+                gauge=instruments.in_progress,
+                histogram=instruments.durations,
+                value=duration,
+                counter=instruments.processed,
+            )
+        else:
+            self.tally.count(instruments.processed, labels)
         if exception is not None:
-            self.tally.count(self._instruments.errors, labels)
+            self.tally.count(instruments.errors, labels)
             self.attempts.failed(message.message_id)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:

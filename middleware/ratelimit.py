@@ -23,8 +23,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import dramatiq
@@ -40,6 +39,7 @@ from jobsystem.runtime.token_leases import TokenLeases
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.buckets import Take, TakeRequest, bucket_backend
 from middleware.guard import FailClosed
+from middleware.rate_targets import RateTargets, Target
 
 __all__ = ["SLOT", "STORE_WAITS", "RateLimited", "RateLimits"]
 
@@ -79,18 +79,6 @@ class RateLimited(SkipMessage):
 
 #: The answer when a token came from this process's leases (no slot involved: ``at_ms`` is unused).
 _FROM_LEASE = Take("run", 0, 0)
-
-
-class _Unmetered(Exception):
-    """The message names a bucket that cannot be used; it is dead-lettered."""
-
-
-@dataclass(frozen=True)
-class _Target:
-    bucket: str
-    service: str
-    limit: Limit
-    cost: float
 
 
 class RateLimits(FailClosed):
@@ -134,15 +122,15 @@ class RateLimits(FailClosed):
     ) -> None:
         if not 0 <= wait_ms < max_delay_ms or not 0 <= slot_lead_ms < max_delay_ms:
             raise ValueError("wait_ms and slot_lead_ms must be at least 0 and below max_delay_ms")
-        self.limits = dict(limits)
         self.backend = bucket_backend(store)
         self.wait_ms = wait_ms
         self.max_delay_ms = max_delay_ms
         self.slot_lead_ms = slot_lead_ms
         self.defer_base_ms = store_retry_ms
         self.defer_max_ms = max_store_retry_ms
-        self.config_name = config_name
         self.hasher = key_hasher or KeyHasher()
+        self.targets = RateTargets(limits, self.hasher, config_name)
+        self.limits = self.targets.limits
         # Takes of concurrent worker threads share round trips (see jobsystem.runtime.coalesce).
         self.takes: Coalescer[TakeRequest, Take] = Coalescer(self.backend.take_many)
         self._local = threading.local()
@@ -161,17 +149,6 @@ class RateLimits(FailClosed):
 
     # -- configuration ---------------------------------------------------------------------------
 
-    def limit_of(self, bucket: str) -> Limit | None:
-        """The limits of ``bucket`` (``service`` or ``service:key``), or None for an unknown service."""
-        return self.limits.get(bucket.split(":", 1)[0])
-
-    def _check_cost(self, cost: object, limit: Limit) -> float:
-        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost > 0:
-            raise ValueError("rate_limit_cost must be a positive number")
-        if cost > limit.burst:
-            raise ValueError(f"rate_limit_cost {cost:g} exceeds the bucket's burst {limit.burst:g}")
-        return float(cost)
-
     def before_declare_actor(self, broker: Broker, actor: dramatiq.Actor[Any, Any]) -> None:
         """Refuse an actor whose static ``rate_limit`` names an unknown service or whose cost its
         bucket could never hold: a typo fails at start, not on the first job."""
@@ -186,52 +163,20 @@ class RateLimits(FailClosed):
             raise RateLimitConfigError(
                 f"actor {actor.actor_name!r}: rate_limit must be a service name or a callable"
             )
-        limit = self.limit_of(option)
+        limit = self.targets.limit_of(option)
         if limit is None:
-            raise RateLimitConfigError(self._unknown(actor.actor_name, option))
+            raise RateLimitConfigError(self.targets.unknown(actor.actor_name, option))
         try:
-            self._check_cost(actor.options.get("rate_limit_cost", 1), limit)
+            self.targets.check_cost(actor.options.get("rate_limit_cost", 1), limit)
         except ValueError as exc:
             raise RateLimitConfigError(f"actor {actor.actor_name!r}: {exc}") from None
-
-    def _unknown(self, actor_name: str, bucket: str) -> str:
-        known = ", ".join(sorted(self.limits)) or "none"
-        return (
-            f"actor {actor_name!r}: rate_limit service {bucket.split(':', 1)[0]!r} is not configured "
-            f"in {self.config_name} (configured: {known})"
-        )
-
-    def _target(self, broker: Broker, message: MessageProxy) -> _Target | None:
-        """The bucket ``message`` spends from, or None when its actor is not rate limited."""
-        try:
-            actor = broker.get_actor(message.actor_name)
-        except dramatiq.errors.ActorNotFound:
-            return None
-        name = message.options.get("rate_limit")
-        if name is None:
-            option: str | Callable[..., Any] | None = actor.options.get("rate_limit")
-            name = option(*message.args, **message.kwargs) if callable(option) else option
-        if name is None:
-            return None
-        if not isinstance(name, str) or not name:
-            raise _Unmetered(f"actor {actor.actor_name!r}: rate_limit gave {type(name).__name__}, not a name")
-        limit = self.limit_of(name)
-        if limit is None:
-            raise _Unmetered(self._unknown(actor.actor_name, name))
-        cost = message.options.get("rate_limit_cost", actor.options.get("rate_limit_cost", 1))
-        service = name.split(":", 1)[0]
-        bucket = service if service == name else f"{service}:{self.hasher(name)}"
-        try:
-            return _Target(bucket, service, limit, self._check_cost(cost, limit))
-        except ValueError as exc:
-            raise _Unmetered(f"actor {actor.actor_name!r}: {exc}") from None
 
     # -- run -------------------------------------------------------------------------------------
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.target = None
         try:
-            target = self._target(broker, message)
+            target = self.targets.of(broker, message)
         except Exception as exc:
             # Nothing silent: an unusable bucket (or a rate_limit callable that raised)
             # dead-letters the message with the error, which is also logged.
@@ -263,7 +208,7 @@ class RateLimits(FailClosed):
         self._postpone(broker, message, target, take, "deferred")
         raise SkipMessage("rate limited: deferred")
 
-    def _take(self, broker: Broker, message: MessageProxy, target: _Target, slot_ms: int | None) -> Take:
+    def _take(self, broker: Broker, message: MessageProxy, target: Target, slot_ms: int | None) -> Take:
         """A token from this process's leases, else from the store (asking for a lease with it)."""
         if slot_ms is None and self.leases.spend(target.bucket, target.cost):
             return _FROM_LEASE
@@ -287,7 +232,7 @@ class RateLimits(FailClosed):
             self.leases.add(target.bucket, take.leased, sent + take.lease_left_ms / 1000)
         return take
 
-    def _lease_size(self, target: _Target) -> float:
+    def _lease_size(self, target: Target) -> float:
         """The tokens to ask on lease: whole jobs' worth, at most a sixteenth of the burst and
         ``lease_horizon_ms`` of the rate (0 when that is less than one job)."""
         limit = target.limit
@@ -299,7 +244,7 @@ class RateLimits(FailClosed):
         return math.floor(jobs) * target.cost if jobs >= 1 else 0.0
 
     def _postpone(
-        self, broker: Broker, message: MessageProxy, target: _Target, take: Take, action: str
+        self, broker: Broker, message: MessageProxy, target: Target, take: Take, action: str
     ) -> None:
         """Re-enqueue ``message`` for its slot (``wait``) or to ask again later (``refused``)."""
         if take.status == "wait":
@@ -315,7 +260,7 @@ class RateLimits(FailClosed):
         postpone(broker, message, delay, reason="rate_limited", options={SLOT: slot, STORE_WAITS: 0})
 
     @staticmethod
-    def _event(target: _Target, take: Take, action: str) -> dict[str, Any]:
+    def _event(target: Target, take: Take, action: str) -> dict[str, Any]:
         return {
             "service": target.service,
             "bucket": target.bucket,
@@ -332,7 +277,7 @@ class RateLimits(FailClosed):
         costs the drain (the other workers are not told to back off), never the message.
         """
         raised = sys.exc_info()[1]
-        target: _Target | None = getattr(self._local, "target", None)
+        target: Target | None = getattr(self._local, "target", None)
         self._local.target = None
         if not isinstance(raised, RateLimited) or message.failed:
             return
@@ -360,7 +305,7 @@ class RateLimits(FailClosed):
         self._local.upstream = None
 
     def _requeue_upstream(
-        self, broker: Broker, message: MessageProxy, pause_ms: int, target: _Target | None
+        self, broker: Broker, message: MessageProxy, pause_ms: int, target: Target | None
     ) -> None:
         delay = min(pause_ms + random.randint(0, max(100, pause_ms // 10)), self.max_delay_ms)
         logger.info(

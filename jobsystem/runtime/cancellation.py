@@ -9,9 +9,10 @@ is not up to date (not started yet, or the store not answering) the answer is No
 asks the store itself, so nothing runs unchecked. A job cancelled less than one poll before it
 arrives starts, and is interrupted at the next poll.
 
-Every worker thread registers the message it runs (:meth:`CancelWatch.started`) and removes it
-when the actor returns (:meth:`CancelWatch.ended`), under the lock the raise takes, so the
-exception is never aimed at a thread that moved on to another message.
+Every worker thread registers the message it runs (:meth:`CancelWatch.started`, or on arrival
+with :meth:`CancelWatch.arrived`) and removes it when the actor returns (:meth:`CancelWatch.ended`),
+under the lock the raise takes, so the exception is never aimed at a thread that moved on to
+another message.
 """
 
 from __future__ import annotations
@@ -83,11 +84,21 @@ class CancelWatch:
     def known(self, message_id: str) -> bool | None:
         """Whether ``message_id`` is marked cancelled, as of the last poll; None when that poll is
         too old to count (ask the store)."""
-        self.start()
+        return self.arrived(message_id, start=False)
+
+    def arrived(self, message_id: str, *, start: bool) -> bool | None:
+        """:meth:`known`; and when the answer is False and ``start`` is true, :meth:`started` too,
+        under the same lock acquisition (a job's arrival takes the lock once, not twice)."""
+        if self._thread is None:  # start() checks again under the lock
+            self.start()
         with self._lock:
             if time.monotonic() - self._polled_at > self.stale_after:
                 return None
-            return message_id in self._marks
+            if message_id in self._marks:
+                return True
+            if start:
+                self._running[message_id] = threading.get_ident()
+            return False
 
     def started(self, message_id: str) -> None:
         """The calling thread runs ``message_id`` now: it is interrupted if a mark comes."""

@@ -68,17 +68,37 @@ class Tally:
 
     def observe(self, histogram: Any, labels: tuple[str, ...], value: float) -> None:
         """Note one observation of ``histogram`` for ``labels``."""
+        index, buckets = self._bucket(histogram, value)
+        with self._lock:
+            self._add_timing((histogram, labels), index, buckets, value)
+
+    def finished(
+        self, labels: tuple[str, ...], *, gauge: Any, histogram: Any, value: float, counter: Any
+    ) -> None:
+        """One job of ``labels`` done, under one lock acquisition: ``gauge`` (its level) down by
+        one, ``value`` observed in ``histogram``, ``counter`` up by one."""
+        index, buckets = self._bucket(histogram, value)
+        level, counted = (gauge, labels), (counter, labels)
+        with self._lock:
+            self._levels[level] = self._levels.get(level, 0.0) - 1.0
+            self._changed_levels.add(level)
+            self._add_timing((histogram, labels), index, buckets, value)
+            self._counts[counted] = self._counts.get(counted, 0.0) + 1.0
+
+    def _bucket(self, histogram: Any, value: float) -> tuple[int, int]:
+        """The index of the first bound of ``histogram`` at or above ``value``, and its bucket count."""
         bounds = self._bounds.get(id(histogram))
         if bounds is None:
             bounds = self._bounds.setdefault(id(histogram), tuple(histogram._upper_bounds))
-        index = min(bisect.bisect_left(bounds, value), len(bounds) - 1)  # the first bound >= value
-        series = (histogram, labels)
-        with self._lock:
-            timings = self._timings.get(series)
-            if timings is None:
-                timings = self._timings[series] = _Timings(len(bounds))
-            timings.counts[index] += 1
-            timings.total += value
+        return min(bisect.bisect_left(bounds, value), len(bounds) - 1), len(bounds)
+
+    def _add_timing(self, series: Series, index: int, buckets: int, value: float) -> None:
+        """Add one observation to ``series`` (the caller holds the lock)."""
+        timings = self._timings.get(series)
+        if timings is None:
+            timings = self._timings[series] = _Timings(buckets)
+        timings.counts[index] += 1
+        timings.total += value
 
     def flush(self) -> None:
         """Apply everything added so far to the instruments."""

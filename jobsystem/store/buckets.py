@@ -53,7 +53,7 @@ Status = Literal["run", "wait", "refused"]
 LINGER_MS = 1_000
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ sets each field through object.__setattr__
 class TakeRequest:
     """Take ``cost`` tokens from bucket ``key`` (``rate`` per second, capacity ``burst``)."""
 

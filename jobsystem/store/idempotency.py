@@ -17,7 +17,7 @@ from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ sets each field through object.__setattr__
 class Claim:
     """The answer to a claim: run it (``claimed``), skip it (``completed``), or wait (``held``)."""
 
@@ -30,7 +30,7 @@ class Claim:
     message_id: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # made for every job: see Claim
 class ClaimRequest:
     """A run claim to make: ``owner`` leases ``key`` for ``lease_ms``; the key lives ``ttl_ms``."""
 

@@ -191,3 +191,21 @@ def test_a_delivery_holds_its_messages_fields_as_they_are():
         assert getattr(delivery, field.name) is getattr(message, field.name)
     delivery.options["later"] = True  # the same options: a middleware's note is the message's
     assert message.options["later"] is True and delivery.message is message
+
+
+def test_quick_pipelines_pipe_as_dramatiqs_and_leave_a_message_in_no_pipeline_alone():
+    from middleware.pipelines import QuickPipelines
+    from tests.unit.stub import RecordingBroker, delivery
+
+    pipelines = QuickPipelines()
+    broker = RecordingBroker(middleware=[pipelines])
+    first = dramatiq.actor(broker=broker, actor_name="first", queue_name="q")(lambda: 1)
+    second = dramatiq.actor(broker=broker, actor_name="second", queue_name="q")(lambda x: x)
+    piped = dramatiq.pipeline([first.message(), second.message()]).messages[0]
+    pipelines.after_process_message(broker, delivery(first.message()), result=1)
+    pipelines.after_process_message(broker, delivery(piped), result=None, exception=ValueError("x"))
+    assert broker.enqueued == []
+    pipelines.after_process_message(broker, delivery(piped), result=7)
+    ((next_message, delay),) = broker.enqueued
+    assert next_message.actor_name == "second" and next_message.args == (7,) and delay is None
+    broker.close()

@@ -179,3 +179,24 @@ def test_a_tenants_bucket_is_its_own_and_named_by_a_hash(limited):
         limited.before(limited.actor.message("api:tenant-1"))
     bucket = limited.broker.enqueued[0][0].options[SLOT]["bucket"]
     assert bucket.startswith("api:") and "tenant-1" not in bucket
+
+
+def test_a_named_bucket_kept_per_actor_never_serves_a_message_with_its_own_options(store):
+    limits = {name: Limit(rate=0.01, burst=1) for name in ("api", "other", "third")}
+    middleware = RateLimits(store, limits, wait_ms=0, max_delay_ms=600_000, lease_jobs=0)
+    broker = RecordingBroker(middleware=[middleware])
+    job = dramatiq.actor(broker=broker, actor_name="named", queue_name="q", rate_limit="api")(lambda: None)
+
+    def run(message: Any) -> None:
+        middleware.before_process_message(broker, delivery(message))
+
+    run(job.message())  # api's one token
+    run(job.message_with_options(rate_limit="other"))  # its own bucket, which has a token
+    with pytest.raises(SkipMessage, match="unusable"):  # its own cost, refused as before
+        run(job.message_with_options(rate_limit_cost=0))
+    with pytest.raises(SkipMessage, match="deferred"):  # back to the actor's bucket, now empty
+        run(job.message())
+    del broker.actors["named"]  # an actor of that name declared anew, with another bucket
+    again = dramatiq.actor(broker=broker, actor_name="named", queue_name="q", rate_limit="third")
+    run(again(lambda: None).message())  # spends from that one, which has a token
+    broker.close()

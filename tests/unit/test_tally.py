@@ -78,3 +78,18 @@ def test_the_background_thread_applies_and_stop_applies_the_rest():
     tally.count(counter, ("q", "a"), 4)
     tally.stop()
     assert value(registry, "jobs_total") == 7
+
+
+def test_finished_is_the_level_the_observation_and_the_count_it_stands_for():
+    registry, counter, gauge, histogram = instruments()
+    tally = Tally(interval=60)
+    for duration in (3, 30, 3_000):
+        tally.level(gauge, ("q", "a"), 1)
+        tally.finished(("q", "a"), gauge=gauge, histogram=histogram, value=duration, counter=counter)
+    tally.level(gauge, ("q", "a"), 1)  # one still running
+    tally.flush()
+    assert value(registry, "jobs_total") == 3
+    assert value(registry, "running") == 1
+    assert value(registry, "took_count") == 3
+    assert value(registry, "took_sum") == 3_033
+    assert [value(registry, "took_bucket", le=b) for b in ("5.0", "25.0", "100.0", "+Inf")] == [1, 1, 2, 3]

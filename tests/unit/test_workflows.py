@@ -342,6 +342,34 @@ def test_a_running_job_is_interrupted_and_one_that_ended_is_not(store):
     assert running.poll_once() == []
 
 
+def test_an_arrival_is_registered_as_running_only_when_known_unmarked_and_asked(store):
+    backend = cancel_marks(store)
+    watch = CancelWatch(backend.cancelled_since, keep_ms=TTL, interval=60)
+    backend.mark_cancelled(["marked"], TTL)
+    wait_until(lambda: watch.known("x") is not None)  # the poller's first poll is in
+    outcome: dict[str, Any] = {}
+    arrived = threading.Event()
+
+    def job() -> None:
+        outcome["answer"] = watch.arrived("runs", start=True)
+        arrived.set()
+        try:
+            time.sleep(10)
+        except JobCancelled:
+            outcome["interrupted"] = True
+
+    worker = threading.Thread(target=job)
+    worker.start()
+    arrived.wait(5)
+    assert watch.arrived("confirmed", start=False) is False  # known, not registered
+    assert watch.arrived("marked", start=True) is True  # cancelled: not registered
+    backend.mark_cancelled(["runs", "confirmed"], TTL)
+    assert watch.poll_once() == ["runs"]
+    worker.join(10)
+    watch.stop()
+    assert outcome == {"answer": False, "interrupted": True}
+
+
 def test_a_next_step_whose_publish_failed_is_sent_by_the_redelivered_member(store):
     from jobsystem.dramatiq_internals import wants_redelivery
 
