@@ -1,10 +1,14 @@
 """The cost table: bare Dramatiq, then the project's worker with each feature added one at a time.
 
-Every row runs the same queue shape and processes x threads as bare Dramatiq, in the same
-invocation, on the Redis state store; it reports jobs/s, the ratio to bare of the same repetition,
-the worker group's CPU per job and the CPU per job of the RabbitMQ and Redis servers, which share
-the cores (see ``bench.throughput``). ``--repeat N`` prints the median of N repetitions of each
-figure (ratios are taken within a repetition, then their median).
+Every row runs the same processes x threads as bare Dramatiq, in the same invocation, on the
+Redis state store; it reports jobs/s, the worker group's CPU per job and the CPU per job of the
+RabbitMQ and Redis servers, which share the cores (see ``bench.throughput``), and two ratios of
+jobs/s within the same repetition: ``/ bare``, to bare Dramatiq as it comes (plain queues), and
+``/ same shape``, to bare Dramatiq on queues of the row's shape. The project's queues take
+priorities by default (``x-max-priority``, which costs RabbitMQ CPU per message), so bare Dramatiq
+runs twice, on plain and on priority queues, and one full-stack row runs on plain queues
+(``RABBITMQ_MAX_PRIORITY=0``). ``--repeat N`` prints the median of N repetitions of each figure
+(ratios are taken within a repetition, then their median).
 
 What the table showed at each step of issue 15, before and after, with the load of the machine:
 ``docs/benchmarks.md``.
