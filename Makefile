@@ -34,7 +34,7 @@ test-fast:  ## Run the unit tier only: in-process, Redis and SQLite, no RabbitMQ
 lint:  ## ruff check, ruff format --check and mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy jobsystem actors middleware scheduler jobctl demo dashboard
+	$(BIN)/mypy jobsystem actors middleware scheduler jobctl demo dashboard bench
 
 format:  ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

@@ -248,7 +248,7 @@ def paced_starts(state_url: str, count: int, timeout: float, run: Run) -> list[f
     broker = store_broker(state_url)
     queue, starts_key = f"bench-{uuid.uuid4().hex[:8]}", f"bench:starts:{uuid.uuid4().hex[:8]}"
     broker.declare_queue(queue, ensure=True)
-    paced = [
+    paced: list[Message[Any]] = [
         Message(queue_name=queue, actor_name="paced_noop", args=(), kwargs={}, options={})
         for _ in range(count)
     ]

@@ -22,12 +22,15 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from bench.throughput import ROOT, Rate, Run, keyed_messages, noop_messages
+
+if TYPE_CHECKING:
+    from jobsystem.rabbitmq.broker import ProjectBroker
 
 __all__ = ["BARE", "STORES", "CostTable", "Row", "bare_brokers", "cost_table", "store_broker"]
 
@@ -152,7 +155,7 @@ class CostTable:
         return out
 
 
-def store_broker(state_url: str, **env: str) -> RabbitmqBroker:
+def store_broker(state_url: str, **env: str) -> ProjectBroker:
     """The project's broker and middleware on ``state_url`` (other settings from ``env``), knowing
     the bench's actors."""
     import bench.project  # declares the bench's actors on the process's system

@@ -65,7 +65,7 @@ def _seed_dead_letters(broker: Any, queue: str, count: int) -> list[str]:
     ids = []
     entries = []
     for i in range(count):
-        message = Message(queue_name=queue, actor_name="actor3", args=(), kwargs={}, options={})
+        message: Message[Any] = Message(queue_name=queue, actor_name="actor3", args=(), kwargs={}, options={})
         exception = ("ConnectionError", "TimeoutError", "KeyError")[i % 3]
         headers = {
             "x-dl-reason": "retries_exhausted",

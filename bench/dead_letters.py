@@ -51,7 +51,7 @@ def fill(count: int) -> tuple[str, Any]:
         "x-dl-failed-at": "2026-11-29T00:10:00+00:00",
     }
     for _ in range(count):
-        message = Message(queue_name=queue, actor_name="noop", args=(), kwargs={}, options={})
+        message: Message[Any] = Message(queue_name=queue, actor_name="noop", args=(), kwargs={}, options={})
         properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers)
         channel.basic_publish("", dead_letter_queue(queue), message.encode(), properties)
     channel.close()

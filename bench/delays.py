@@ -42,7 +42,9 @@ def _send(
     started = time.perf_counter()
     for _ in range(count):
         delay = random.randint(1_000, 120_000)
-        message = Message(queue_name=queue, actor_name="timed_noop", args=(), kwargs={}, options={})
+        message: Message[Any] = Message(
+            queue_name=queue, actor_name="timed_noop", args=(), kwargs={}, options={}
+        )
         before = time.perf_counter()
         enqueued = broker.enqueue(message, delay=delay)
         took[delay > horizon_ms].append(time.perf_counter() - before)
@@ -103,7 +105,8 @@ def delay_figures(count: int = 10_000, processes: int = 1, threads: int = 8) -> 
         deadline = time.monotonic() + 180
         while client.llen(starts_key) < count and time.monotonic() < deadline:
             time.sleep(0.5)
-        starts = dict(line.decode().split() for line in client.lrange(starts_key, 0, -1))
+        lines: list[bytes] = client.lrange(starts_key, 0, -1)  # type: ignore[assignment]
+        starts = {message_id: at for message_id, at in (line.decode().split() for line in lines)}
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
