@@ -19,8 +19,8 @@ from tests import workload
 from tests.support import BIN, ROOT, wait_for, wait_for_final_events
 
 
-def jobctl(prefix, *args, check=True):
-    env = {**os.environ, "QUEUE_PREFIX": prefix, "LOG_LEVEL": "WARNING"}
+def jobctl(prefix, *args, check=True, **settings):
+    env = {**os.environ, "QUEUE_PREFIX": prefix, "LOG_LEVEL": "WARNING", **settings}
     result = subprocess.run(
         [str(BIN / "jobctl"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -198,6 +198,20 @@ def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(que
     )
     bound = {b["destination"] for b in requests.get(deliver, timeout=10).json()}
     assert queue + ".DQ" in bound
+
+
+def test_priority_queues_migrate_to_plain_ones_without_losing_a_message(queues, prefix):
+    queue = queues.name(workload.record)
+    for i in range(5):
+        queues.send(workload.record, f"p{i}")
+    assert queues.info(queue)["arguments"]["x-max-priority"] == 10
+
+    report = jobctl(prefix, "migrate-queues", RABBITMQ_MAX_PRIORITY="0").stdout
+    assert f"{queue}: recreated" in report
+    assert "x-max-priority" not in queues.info(queue)["arguments"]
+    assert "x-max-priority" not in queues.info(queue + ".DQ")["arguments"]
+    bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=10))
+    assert bodies == [f"p{i}" for i in range(5)]
 
 
 def test_a_retry_that_cannot_be_published_is_redelivered_not_lost(start_worker, queues, store, prefix):
