@@ -4,7 +4,9 @@ and accuracy, dead letters and the dashboard.
 
 Throughput runs are described in ``bench.throughput``, the cost table in ``bench.costs``, the
 latency probe in ``bench.latency``. ``--repeat N`` repeats the cost table and the latency probes and
-prints medians; ``--costs-only`` stops after them.
+prints medians (3 by default); ``--costs-only`` stops after them. Each part runs under a
+``QUEUE_PREFIX`` of its own, whose state keys and delay cascade are deleted afterwards
+(``bench.scratch``).
 
 Rate limits: the overhead of a bucket that never runs dry (a take per job) as a ratio of bare
 throughput, and the accuracy of a paced bucket: enough jobs for ``--rate-duration`` seconds at
@@ -28,6 +30,7 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
+from bench import scratch
 from bench.costs import BARE, STORES, bare_brokers, cost_table, store_broker
 from bench.dashboard import add_dashboard_arguments, dashboard_report
 from bench.dead_letters import dead_letter_figures
@@ -104,26 +107,37 @@ def main() -> None:
     if args.only == "delays":
         delay_report(args.delay_count)
         return
+    with scratch.environment(STORES["redis"]):
+        stack_figures(args)
+    if not args.costs_only:
+        dashboard_report(STORES["redis"], args.dashboard_records)
+        delay_report(args.delay_count)
+
+
+def stack_figures(args: argparse.Namespace) -> None:
+    """The cost table and latency, then (unless ``--costs-only``) the per-store, rate-limit, send
+    and dead-letter figures; in a scratch environment whose queues are deleted at the end."""
     from jobsystem.system import get_system
 
     brokers = bare_brokers(get_system().settings.rabbitmq_url)
-    run = Run(args.count, args.processes, args.threads)
-    bare = costs_and_latency(run, brokers, args)
-    if args.costs_only:
-        return
-    print("scrubber cost per log event, in-process")
-    for label, micros in scrub_costs():
-        print(f"  {label:<52} {micros:>7.1f} us")
-    keyed_figures(run, bare)
-    rate_limit_figures(run, bare, args)
-    send_figures(args.count)
-    print("dead letters, 10,000")
-    for label, figure in dead_letter_figures(10_000):
-        print(f"  {label:<52} {figure:>12}")
-    for broker in brokers.values():
-        broker.close()
-    dashboard_report(STORES["redis"], args.dashboard_records)
-    delay_report(args.delay_count)
+    try:
+        run = Run(args.count, args.processes, args.threads)
+        bare = costs_and_latency(run, brokers, args)
+        if args.costs_only:
+            return
+        print("scrubber cost per log event, in-process")
+        for label, micros in scrub_costs():
+            print(f"  {label:<52} {micros:>7.1f} us")
+        keyed_figures(run, bare)
+        rate_limit_figures(run, bare, args)
+        send_figures(args.count)
+        print("dead letters, 10,000")
+        for label, figure in dead_letter_figures(10_000):
+            print(f"  {label:<52} {figure:>12}")
+    finally:
+        for broker in brokers.values():
+            broker.close()
+        scratch.delete_topology(get_system().broker, get_system().settings)
 
 
 def delay_report(count: int) -> None:

@@ -26,6 +26,8 @@ import pika
 import requests
 from dramatiq import Message
 
+from bench import scratch
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 STATES = ["succeeded"] * 90 + ["dead"] * 5 + ["retrying"] * 3 + ["running"] * 2
@@ -177,18 +179,11 @@ def _timed_retry(url: str, queue: str, dead_ids: list[str]) -> str:
     )
 
 
-def _clean_up(system: Any, queues: list[str]) -> None:
-    """Delete the queues and the state seeded (every key of the bench's namespace)."""
-    from jobsystem.store import RedisStore
-
-    for queue in queues:
-        for name in (queue, f"{queue}.DQ", f"{queue}.DLQ"):
-            system.broker.channel.queue_delete(name)
-    store = system.store
-    if isinstance(store, RedisStore):
-        keys = list(store.client.scan_iter(f"{system.settings.state_namespace}*", count=10_000))
-        for start in range(0, len(keys), 10_000):
-            store.client.delete(*keys[start : start + 10_000])
+def _clean_up(system: Any) -> None:
+    """Delete the queues and exchanges, and the state seeded (every key of the bench's namespace)."""
+    scratch.delete_topology(system.broker, system.settings)
+    if system.store.kind == "redis":
+        scratch.delete_state(system.settings.state_url, system.settings.queue_prefix)
 
 
 def dashboard_figures(state_url: str, records: int = 1_000_000, rounds: int = 20) -> list[str]:
@@ -196,7 +191,7 @@ def dashboard_figures(state_url: str, records: int = 1_000_000, rounds: int = 20
     from jobsystem.settings import load_settings
     from jobsystem.system import build_system
 
-    prefix = f"bench-dash-{uuid.uuid4().hex[:6]}-"
+    prefix = scratch.new_prefix()
     env = {**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url, "LOG_LEVEL": "WARNING"}
     system = build_system(load_settings(env))
     broker = system.broker
@@ -225,7 +220,7 @@ def dashboard_figures(state_url: str, records: int = 1_000_000, rounds: int = 20
         if dashboard is not None:
             dashboard.terminate()
             dashboard.wait(30)
-        _clean_up(system, queues)
+        _clean_up(system)
         broker.close()
     return lines
 

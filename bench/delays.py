@@ -6,7 +6,8 @@ broker; those past the horizon (``DELAY_HORIZON_MS``, 30 s) go into RabbitMQ's d
 the others to the delay queue, held by the worker. A worker (the project's stack, the bench's
 no-op actor noting its start, the 100 ms tick ``jobctl worker`` sets) runs them all; each start
 is compared with the message's ``eta``.
-Everything runs under a ``QUEUE_PREFIX`` of its own, deleted afterwards (cascade included).
+Everything runs under a ``QUEUE_PREFIX`` of its own, deleted afterwards (cascade and state keys
+included, see :mod:`bench.scratch`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 
 import redis
 from dramatiq import Message
+
+from bench import scratch
 
 __all__ = ["delay_figures"]
 
@@ -66,20 +69,17 @@ def _percentiles(errors: list[float]) -> str:
     )
 
 
-def _cleanup(broker: Any, queue: str) -> None:
-    channel = broker.channel
-    for name in (queue, f"{queue}.DQ", f"{queue}.DLQ", f"{queue}.XQ", *broker.delays.queues()):
-        channel.queue_delete(name)
-    channel.queue_delete(broker.delays.unroutable)
-    for name in (*broker.delays.queues(), broker.delays.deliver, broker.delays.unroutable):
-        channel.exchange_delete(name)
+def _cleanup(broker: Any, settings: Any) -> None:
+    scratch.delete_topology(broker, settings)
+    scratch.delete_state(REDIS_URL, settings.queue_prefix)
 
 
 def delay_figures(count: int = 10_000, processes: int = 1, threads: int = 8) -> list[str]:
     """Send ``count`` randomly delayed messages, run them, and report the send rate and the errors."""
     from bench.costs import store_broker
+    from jobsystem.settings import load_settings
 
-    prefix = f"bench{uuid.uuid4().hex[:6]}."
+    prefix = scratch.new_prefix()
     queue, starts_key = f"{prefix}delays", f"bench:starts:{uuid.uuid4().hex[:8]}"
     env = {"QUEUE_PREFIX": prefix, "BENCH_QUEUE": queue, "BENCH_STARTS_KEY": starts_key}
     broker = store_broker(REDIS_URL, **env)
@@ -111,7 +111,7 @@ def delay_figures(count: int = 10_000, processes: int = 1, threads: int = 8) -> 
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
         client.delete(starts_key)
-        _cleanup(broker, queue)
+        _cleanup(broker, load_settings({**os.environ, **env}))
     errors = {mid: float(at) - sent[mid][0] / 1000 for mid, at in starts.items() if mid in sent}
     held = [e for mid, e in errors.items() if sent[mid][1] <= horizon]
     cascade = [e for mid, e in errors.items() if sent[mid][1] > horizon]
