@@ -130,7 +130,6 @@ class RateLimits(FailClosed):
         self.defer_max_ms = max_store_retry_ms
         self.hasher = key_hasher or KeyHasher()
         self.targets = RateTargets(limits, self.hasher, config_name)
-        self.limits = self.targets.limits
         # Takes of concurrent worker threads share round trips (see jobsystem.runtime.coalesce).
         self.takes: Coalescer[TakeRequest, Take] = Coalescer(self.backend.take_many)
         self._local = threading.local()
@@ -340,6 +339,8 @@ class RateLimits(FailClosed):
         logger.info(
             "rate_limits_configured",
             extra={
-                "limits": {name: {"rate": lim.rate, "burst": lim.burst} for name, lim in self.limits.items()}
+                "limits": {
+                    name: {"rate": lim.rate, "burst": lim.burst} for name, lim in self.targets.limits.items()
+                }
             },
         )

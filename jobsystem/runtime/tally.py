@@ -55,16 +55,13 @@ class Tally:
 
     def count(self, counter: Any, labels: tuple[str, ...], amount: float = 1.0) -> None:
         """Add ``amount`` to ``counter`` for ``labels``."""
-        series = (counter, labels)
         with self._lock:
-            self._counts[series] = self._counts.get(series, 0.0) + amount
+            self._add_count((counter, labels), amount)
 
     def level(self, gauge: Any, labels: tuple[str, ...], change: float) -> None:
         """Move the gauge ``gauge`` (a level this process owns, such as jobs in progress) by ``change``."""
-        series = (gauge, labels)
         with self._lock:
-            self._levels[series] = self._levels.get(series, 0.0) + change
-            self._changed_levels.add(series)
+            self._add_level((gauge, labels), change)
 
     def observe(self, histogram: Any, labels: tuple[str, ...], value: float) -> None:
         """Note one observation of ``histogram`` for ``labels``."""
@@ -78,12 +75,10 @@ class Tally:
         """One job of ``labels`` done, under one lock acquisition: ``gauge`` (its level) down by
         one, ``value`` observed in ``histogram``, ``counter`` up by one."""
         index, buckets = self._bucket(histogram, value)
-        level, counted = (gauge, labels), (counter, labels)
         with self._lock:
-            self._levels[level] = self._levels.get(level, 0.0) - 1.0
-            self._changed_levels.add(level)
+            self._add_level((gauge, labels), -1.0)
             self._add_timing((histogram, labels), index, buckets, value)
-            self._counts[counted] = self._counts.get(counted, 0.0) + 1.0
+            self._add_count((counter, labels), 1.0)
 
     def _bucket(self, histogram: Any, value: float) -> tuple[int, int]:
         """The index of the first bound of ``histogram`` at or above ``value``, and its bucket count."""
@@ -92,8 +87,16 @@ class Tally:
             bounds = self._bounds.setdefault(id(histogram), tuple(histogram._upper_bounds))
         return min(bisect.bisect_left(bounds, value), len(bounds) - 1), len(bounds)
 
+    # The additions themselves; the caller holds the lock.
+
+    def _add_count(self, series: Series, amount: float) -> None:
+        self._counts[series] = self._counts.get(series, 0.0) + amount
+
+    def _add_level(self, series: Series, change: float) -> None:
+        self._levels[series] = self._levels.get(series, 0.0) + change
+        self._changed_levels.add(series)
+
     def _add_timing(self, series: Series, index: int, buckets: int, value: float) -> None:
-        """Add one observation to ``series`` (the caller holds the lock)."""
         timings = self._timings.get(series)
         if timings is None:
             timings = self._timings[series] = _Timings(buckets)
