@@ -28,6 +28,7 @@ from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from bench.throughput import ROOT, Rate, Run, keyed_messages, noop_messages
+from jobsystem.settings import Settings
 
 if TYPE_CHECKING:
     from jobsystem.rabbitmq.broker import ProjectBroker
@@ -45,7 +46,7 @@ LOGS = {"LOG_LEVEL": "INFO", "LOG_FORMAT": "json"}
 
 
 #: ``x-max-priority`` of the project's queues by default (``RABBITMQ_MAX_PRIORITY``).
-PRIORITY_LEVELS = 10
+PRIORITY_LEVELS: int = Settings.model_fields["rabbitmq_max_priority"].default
 
 
 def _free_port() -> str:

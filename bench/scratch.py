@@ -17,10 +17,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
-from urllib.parse import quote
 
 import redis
-import requests
+
+from jobsystem.ops.migration import existing_queues
+from jobsystem.store.redis import delete_matching
 
 if TYPE_CHECKING:
     from jobsystem.rabbitmq.broker import ProjectBroker
@@ -30,8 +31,6 @@ __all__ = ["delete_state", "delete_topology", "environment", "new_prefix"]
 
 #: What a bench's prefix looks like; nothing else is deleted.
 _PREFIX = re.compile(r"bench[0-9a-f]{6}\.")
-#: Keys deleted per UNLINK.
-_BATCH = 1_000
 
 
 def new_prefix() -> str:
@@ -49,19 +48,10 @@ def delete_state(redis_url: str, prefix: str) -> int:
     ``redis_url``; returns how many."""
     _check(prefix)
     client = redis.Redis.from_url(redis_url)
-    deleted = 0
     try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(f"jobs:{prefix}*", count=_BATCH):
-            batch.append(key)
-            if len(batch) >= _BATCH:
-                deleted += int(client.unlink(*batch))
-                batch = []
-        if batch:
-            deleted += int(client.unlink(*batch))
+        return delete_matching(client, f"jobs:{prefix}*")
     finally:
         client.close()
-    return deleted
 
 
 def delete_topology(broker: ProjectBroker, settings: Settings) -> list[str]:
@@ -70,15 +60,12 @@ def delete_topology(broker: ProjectBroker, settings: Settings) -> list[str]:
     exchanges; returns the queues' names."""
     prefix = settings.queue_prefix
     _check(prefix)
-    api = f"{settings.management_url}/api/queues/{quote(settings.rabbitmq_vhost, safe='')}"
-    listed = requests.get(api, params={"columns": "name"}, timeout=10)
-    listed.raise_for_status()
-    names = [q["name"] for q in listed.json() if q["name"].startswith(prefix)]
+    names = sorted(name for name in existing_queues(settings) if name.startswith(prefix))
+    channel, cascade = broker.channel, broker.delays
     for name in names:
-        requests.delete(f"{api}/{quote(name, safe='')}", timeout=10).raise_for_status()
-    cascade = broker.delays
+        channel.queue_delete(name)
     for name in (*cascade.queues(), cascade.deliver, cascade.unroutable):
-        broker.channel.exchange_delete(name)
+        channel.exchange_delete(name)
     return names
 
 

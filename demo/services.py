@@ -229,27 +229,20 @@ def delete_queues(settings: Settings, prefix: str, declared: list[str]) -> list[
 
 
 def delete_state_keys(settings: Settings, prefix: str) -> int:
-    """Delete the demo's keys from a Redis state store (SCAN + DEL on its namespace); a SQLite
+    """Delete the demo's keys from a Redis state store (SCAN + UNLINK on its namespace); a SQLite
     store is a temporary file the demo removes with its folder."""
     _check_prefix(settings, prefix)
     if not settings.state_url.startswith(("redis://", "rediss://")):
         return 0
     import redis
 
+    from jobsystem.store.redis import delete_matching
+
     client = redis.Redis.from_url(settings.state_url, socket_timeout=settings.state_timeout)
-    deleted = 0
     try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(f"{settings.state_namespace}*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                deleted += int(client.delete(*batch))
-                batch = []
-        if batch:
-            deleted += int(client.delete(*batch))
+        return delete_matching(client, f"{settings.state_namespace}*")
     finally:
         client.close()
-    return deleted
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.2) -> bool:

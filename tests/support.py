@@ -22,7 +22,7 @@ import dramatiq
 import requests
 
 from jobsystem.store import StateStore, open_store
-from jobsystem.store.redis import RedisStore
+from jobsystem.store.redis import RedisStore, delete_matching
 from jobsystem.system import get_system
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,9 +91,7 @@ def fresh_store(kind: str, tmp_path: Path) -> Iterator[StateStore]:
     redis = open_store(TEST_REDIS_URL, namespace=namespace)
     yield redis
     assert isinstance(redis, RedisStore)
-    keys = list(redis.client.scan_iter(f"{namespace}*", count=10_000))
-    if keys:
-        redis.client.delete(*keys)
+    delete_matching(redis.client, f"{namespace}*")
     redis.close()
 
 

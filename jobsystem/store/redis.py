@@ -18,7 +18,7 @@ import redis
 
 from jobsystem.store.base import Backends, Operations, StateStore, StoreMisconfigured, StoreUnavailable
 
-__all__ = ["RedisScript", "RedisStore", "redis_error", "reply_text"]
+__all__ = ["RedisScript", "RedisStore", "delete_matching", "redis_error", "reply_text"]
 
 #: Redis error replies (first word) that no amount of waiting fixes.
 _REDIS_MISCONFIGURED = ("NOAUTH", "WRONGPASS", "NOPERM")
@@ -41,6 +41,21 @@ def redis_error(exc: redis.RedisError) -> StoreUnavailable:
     )
     kind = StoreMisconfigured if misconfigured else StoreUnavailable
     return kind(f"redis: {type(exc).__name__}: {text}")
+
+
+def delete_matching(client: redis.Redis, pattern: str, batch: int = 1_000) -> int:
+    """Delete the keys matching ``pattern`` (SCAN, then UNLINK ``batch`` at a time); returns how
+    many. It checks nothing: callers make sure ``pattern`` is a prefix of their own (a demo's, a
+    bench's, a test's), never an environment's."""
+    deleted, found = 0, []
+    for key in client.scan_iter(pattern, count=batch):
+        found.append(key)
+        if len(found) >= batch:
+            deleted += int(client.unlink(*found))
+            found = []
+    if found:
+        deleted += int(client.unlink(*found))
+    return deleted
 
 
 _ACQUIRE_LEASE = """
