@@ -1,17 +1,28 @@
-"""Acks gathered per wake-up of the connection's thread: one hand-off and one socket write for all
-the acks the worker threads produced meanwhile, not one of each per message.
+"""Acks gathered per wake-up of the connection's thread, and sent as one cumulative ack where
+they allow it.
 
 Dramatiq's consumer acks a message by handing ``channel.basic_ack(tag)`` to the connection's
 thread (``add_callback_threadsafe``): a write to the connection's wake-up pipe, a timer event, a
-poll and a socket write for every single message, which made the ack path the costliest part of
-a worker at a few thousand jobs a second. Here the first ack of a batch schedules one callback;
-acks arriving before it runs join the batch; the callback queues every frame of the batch, and
-pika's poll loop, where the consumer's thread waits for deliveries, writes them.
+poll and a socket write for every single message. Here the first ack of a batch schedules one
+callback; acks arriving before it runs join the batch; the callback queues the batch's frames,
+and pika's poll loop, where the consumer's thread waits for deliveries, writes them.
 
-Nothing changes what is acknowledged: each delivery is still acked on its own (never with
-``multiple``, since a lower tag may still be running), on the connection's own thread, in the
-order the worker threads finished. A batch lost with its connection is like Dramatiq's lost
-callbacks: the deliveries were not acked, so RabbitMQ redelivers them.
+**Cumulative acks.** RabbitMQ handles an ack frame per message at a high price: measured with a
+bare pika consumer, about 33 us of the server's CPU per message on a plain queue (44 -> 11 us
+per message when one ``multiple`` ack covers eight deliveries) and 26 us on a priority queue.
+So a batch is sent as one ``basic_ack(tag, multiple=True)`` for its part that forms a prefix of
+the channel's open deliveries, and single acks for the rest. ``multiple`` acknowledges every
+unacknowledged delivery up to ``tag``, so it is only safe when each of them is meant to be acked
+now. The batch keeps a ledger of the channel's deliveries whose settlement frame has not been
+queued yet (:meth:`AckBatch.delivered`, :meth:`AckBatch.settled`); the cumulative ack covers only
+tags of the batch below the lowest delivery still open outside it: one still running, held for a
+later requeue, or waiting for its dead letter's confirm. RabbitMQ handles a channel's frames in
+order, so a delivery settled earlier by another frame is no longer pending when the cumulative
+ack arrives. A delivery the ledger does not know is acked on its own. A ledger that forgets a
+settlement only makes later batches fall back to single acks; no ack is ever held back.
+
+The ledger is read and written only on the connection's thread (deliveries come out of pika's
+consume loop there, and every settlement frame is queued there), so it needs no lock.
 
 It uses a private name of pika's ``BlockingChannel``: ``_impl``, the asynchronous channel whose
 ``basic_ack`` queues a frame (``BlockingChannel.basic_ack`` calls it, then waits until the frame
@@ -44,6 +55,17 @@ class AckBatch:
         self.channel = channel
         self._lock = threading.Lock()
         self._tags: list[int] = []
+        #: Delivery tags handed out and not settled yet (connection's thread only).
+        self._open: set[int] = set()
+
+    def delivered(self, tag: int) -> None:
+        """Note delivery ``tag`` as handed out; on the connection's thread."""
+        self._open.add(tag)
+
+    def settled(self, tag: int) -> None:
+        """Note that delivery ``tag``'s settlement frame (an ack or nack sent other than through
+        this batch) is being queued; on the connection's thread, just before the frame."""
+        self._open.discard(tag)
 
     def add(self, tag: int) -> None:
         """Ack delivery ``tag`` on the connection's thread, with the others of its batch.
@@ -63,7 +85,7 @@ class AckBatch:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _send(self) -> None:
-        """On the connection's thread: queue an ack frame per tag for the connection to write.
+        """On the connection's thread: queue the batch's ack frames for the connection to write.
 
         No flush of its own: the consumer's thread is always in, or on its way back to, pika's
         poll loop (``consume`` waits there for the next delivery), which writes queued frames as
@@ -71,8 +93,24 @@ class AckBatch:
         with self._lock:
             tags, self._tags = self._tags, []
         channel = self.channel._impl
+        covered = self._prefix(tags)
+        if covered:
+            channel.basic_ack(delivery_tag=max(covered), multiple=True)
         for tag in tags:
-            channel.basic_ack(delivery_tag=tag, multiple=False)
+            if tag not in covered:
+                channel.basic_ack(delivery_tag=tag, multiple=False)
+        self._open.difference_update(tags)
+
+    def _prefix(self, tags: list[int]) -> set[int]:
+        """The tags one cumulative ack may cover: known deliveries of the batch below every
+        delivery still open outside it (empty when fewer than two qualify)."""
+        batch = set(tags)
+        known = batch & self._open
+        if len(known) < 2:
+            return set()
+        first_open = min(self._open - batch, default=None)
+        covered = known if first_open is None else {tag for tag in known if tag < first_open}
+        return covered if len(covered) > 1 else set()
 
 
 def check_pika_contract() -> list[str]:

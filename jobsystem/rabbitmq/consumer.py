@@ -11,7 +11,8 @@ RabbitMQ, dead-lettered, or held and requeued later; none can crash a thread or 
   (``jobsystem.runtime.follow_ups``); when the delivery comes back, the consumer publishes the decided
   follow-up itself instead of running the actor again.
 - Acks leave in batches, one hand-off to the connection's thread for all the acks finished
-  meanwhile (:mod:`jobsystem.rabbitmq.acks`).
+  meanwhile, as one cumulative ack where the channel's open deliveries allow it
+  (:mod:`jobsystem.rabbitmq.acks`).
 - A delay-queue message due further ahead than the broker's delay horizon (sent before the delay
   cascade existed, or by plain Dramatiq) is moved into the cascade, confirmed, then acked, rather
   than held unacked past RabbitMQ's ``consumer_timeout``.
@@ -159,7 +160,10 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             if getattr(exc, "reply_code", None) == 404:
                 self.broker.queues_pending.add(q_name(self.queue_name))
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
-        return None if method is None else (method, properties, body)
+        if method is None:
+            return None
+        self.acks.delivered(method.delivery_tag)  # open until its settlement frame is queued
+        return method, properties, body
 
     def _dead_letter_malformed(
         self, tag: int, properties: pika.spec.BasicProperties, body: bytes, malformed: Malformed
@@ -230,7 +234,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             self._requeue_later(tag, delay)
             return False
         refused.published(key, kind=kind, queue=queue)
-        self._settle(partial(self.channel.basic_ack, tag))
+        self._settle(partial(self._ack_now, tag))
         return True
 
     # -- settling --------------------------------------------------------------------------------
@@ -289,19 +293,25 @@ class DeadLetteringConsumer(RabbitmqConsumer):
     def _requeue_later(self, tag: int, delay: float) -> None:
         """Requeue delivery ``tag`` in ``delay`` seconds, on the connection's own thread (the
         delivery stays unacked, so held by this consumer, until then)."""
-        requeue = partial(self._requeue_now, self.channel, tag)
+        requeue = partial(self._requeue_now, tag)
         try:
             self.connection.add_callback_threadsafe(partial(self.connection.call_later, delay, requeue))
         except pika.exceptions.AMQPError:  # the connection closed: RabbitMQ requeues it anyway
             logger.warning("requeue_failed", extra={"delivery_tag": tag}, exc_info=True)
 
-    @staticmethod
-    def _requeue_now(channel: Any, tag: int) -> None:
+    def _requeue_now(self, tag: int) -> None:
+        """On the connection's thread: requeue delivery ``tag``."""
         try:
-            if channel.is_open:
-                channel.basic_nack(tag, requeue=True)
+            if self.channel.is_open:
+                self.acks.settled(tag)
+                self.channel.basic_nack(tag, requeue=True)
         except Exception:  # the channel closed meanwhile: RabbitMQ requeued the delivery itself
             logger.warning("requeue_failed", extra={"delivery_tag": tag}, exc_info=True)
+
+    def _ack_now(self, tag: int) -> None:
+        """On the connection's thread: ack delivery ``tag`` on its own, at once."""
+        self.acks.settled(tag)
+        self.channel.basic_ack(tag)
 
     def _settle(self, callback: Callable[[], Any]) -> None:
         """Run ``callback`` (an ack) on the connection's thread, as Dramatiq's ``ack`` does."""
