@@ -6,8 +6,8 @@ RabbitMQ and Redis servers, which share the cores (see ``bench.throughput``), an
 jobs/s within the same repetition: ``/ bare``, to bare Dramatiq as it comes (plain queues), and
 ``/ same shape``, to bare Dramatiq on queues of the row's shape. The project's queues take
 priorities by default (``x-max-priority``, which costs RabbitMQ CPU per message), so bare Dramatiq
-runs twice, on plain and on priority queues, and one full-stack row runs on plain queues
-(``RABBITMQ_MAX_PRIORITY=0``). ``--repeat N`` prints the median of N repetitions of each figure
+runs twice, on plain and on priority queues, and the defaults and the full stack run again on
+plain queues (``RABBITMQ_MAX_PRIORITY=0``). ``--repeat N`` prints the median of N repetitions of each figure
 (ratios are taken within a repetition, then their median).
 
 What the table showed at each step of issue 15, before and after, with the load of the machine:
@@ -70,6 +70,7 @@ class Row:
 BARE = "bare Dramatiq, default middleware"
 BARE_PRIORITY = f"bare Dramatiq, x-max-priority {PRIORITY_LEVELS} queues"
 FULL_PLAIN = "full stack, plain queues (max priority 0)"
+DEFAULTS_PLAIN = "defaults, plain queues (max priority 0)"
 
 
 def _rows() -> list[Row]:
@@ -78,6 +79,7 @@ def _rows() -> list[Row]:
     off = {**OFF, **on_priority}
     logs = {**off, **LOGS}
     defaults = {**logs, "JOB_STATUS": "true", "PROMETHEUS_PORT": _free_port()}
+    plain_defaults = {**defaults, "RABBITMQ_MAX_PRIORITY": "0"}
     keyed_metered = partial(keyed_messages, actor="keyed_metered_noop")
     project = "bench.project"
     return [
@@ -90,7 +92,8 @@ def _rows() -> list[Row]:
         Row("defaults + idempotency key", project, keyed_messages, defaults),
         Row("defaults + key + rate-limited bucket", project, keyed_metered, defaults),
         Row("everything off + key + rate-limited bucket", project, keyed_metered, off),
-        Row(FULL_PLAIN, project, keyed_metered, {**defaults, "RABBITMQ_MAX_PRIORITY": "0"}, priority=False),
+        Row(FULL_PLAIN, project, keyed_metered, plain_defaults, priority=False),
+        Row(DEFAULTS_PLAIN, project, noop_messages, plain_defaults, priority=False),
     ]
 
 
@@ -101,12 +104,14 @@ ISSUE_ROWS = (
     ("all off + key + rate limit", "everything off + key + rate-limited bucket"),
     ("all off, no key, no rate limit", "project, everything off"),
     ("defaults + key + rate limit, plain queues", FULL_PLAIN),
+    ("defaults, no key, no limit, plain queues", DEFAULTS_PLAIN),
 )
 #: The row a row's "+ us" is counted from, where it is not the row above.
 ADDS_TO = {
     "project, everything off": BARE_PRIORITY,
     "everything off + key + rate-limited bucket": "project, everything off",
     FULL_PLAIN: "defaults + key + rate-limited bucket",
+    DEFAULTS_PLAIN: "+ Prometheus (= defaults)",
 }
 
 
