@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        scheduler.stop(signal.Signals(signum).name)
+        scheduler.stop_on_signal(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

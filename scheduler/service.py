@@ -29,6 +29,7 @@ from jobsystem.store.leader import LeaderLease
 from scheduler.checkins import CheckIns
 from scheduler.plan import plan_fires
 from scheduler.schedules import Schedule
+from scheduler.stopping import StopRequest
 from scheduler.triggers import format_duration
 
 logger = get_logger("scheduler")
@@ -95,8 +96,7 @@ class Scheduler:
         )
         self._locks = {schedule_id: threading.Lock() for schedule_id in self.schedules}
         self._skips_reported: dict[str, datetime | None] = {}
-        self._stop = threading.Event()
-        self._signal: str | None = None
+        self._stop = StopRequest()
 
     # -- life cycle ------------------------------------------------------------------------------
 
@@ -141,15 +141,18 @@ class Scheduler:
             logger.info("scheduler_standby", leader=self._holder())
         self.lease.start()
         self._stop.wait()
-        logger.info("scheduler_stopping", signal=self._signal)
+        logger.info("scheduler_stopping", signal=self._stop.signal)
         self.aps.shutdown(wait=True)  # a send under way finishes; queued runs see the stop and return
         self.lease.stop(release=True)  # a standby takes over at its next attempt
         logger.info("scheduler_stopped")
 
     def stop(self, signal_name: str | None = None) -> None:
-        """Make :meth:`run` return; safe to call from a signal handler."""
-        self._signal = signal_name
-        self._stop.set()
+        """Make :meth:`run` return; from any thread (a signal handler: :meth:`stop_on_signal`)."""
+        self._stop.set(signal_name)
+
+    def stop_on_signal(self, signal_name: str) -> None:
+        """Make :meth:`run` return, from a signal handler (see ``scheduler.stopping``)."""
+        self._stop.note_signal(signal_name)
 
     # -- firing ----------------------------------------------------------------------------------
 
