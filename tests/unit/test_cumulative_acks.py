@@ -185,3 +185,28 @@ def test_a_batch_of_eight_finished_in_any_order_is_one_frame(finished: list[int]
         acks.add(tag)
     connection.run()
     assert channel.frames == [("ack", 8, True)]
+
+
+def test_a_delivery_held_long_below_thousands_of_others_keeps_the_ledger_bounded():
+    """A delay queue's consumer holds a delivery until it is due while thousands pass it: every
+    ack above it goes alone, the held one stays pending, and the settled tags are not kept."""
+    connection, channel, acks = consumer(0)
+    for tag in range(1, 20_001):
+        channel.deliver(tag)
+        acks.delivered(tag)
+        if tag > 1:
+            acks.add(tag)
+        if tag % 7 == 0:
+            connection.run()
+    connection.run()
+    assert channel.pending == {1}
+    assert all(not multiple for _, _, multiple in channel.frames)
+    assert len(acks._order) <= 4 * len(acks._open) + 1024 + 1
+    for tag in range(20_001, 20_004):
+        channel.deliver(tag)
+        acks.delivered(tag)
+    for tag in (1, 20_001, 20_002):
+        acks.add(tag)
+    connection.run()
+    assert channel.frames[-1] == ("ack", 20_002, True)
+    assert channel.pending == {20_003}
