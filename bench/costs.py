@@ -7,8 +7,8 @@ jobs/s within the same repetition: ``/ bare``, to bare Dramatiq as it comes (pla
 ``/ same shape``, to bare Dramatiq on queues of the row's shape. The project's queues take
 priorities by default (``x-max-priority``, which costs RabbitMQ CPU per message), so bare Dramatiq
 runs twice, on plain and on priority queues, and the defaults and the full stack run again on
-plain queues (``RABBITMQ_MAX_PRIORITY=0``). ``--repeat N`` prints the median of N repetitions of each figure
-(ratios are taken within a repetition, then their median).
+plain queues (``RABBITMQ_MAX_PRIORITY=0``). ``--repeat N`` prints the median of N repetitions of
+each figure (ratios are taken within a repetition, then their median).
 
 What the table showed at each step of issue 15, before and after, with the load of the machine:
 ``docs/benchmarks.md``.
