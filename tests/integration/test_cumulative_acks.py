@@ -58,6 +58,20 @@ def consumer_of(queues: Queues, queue: str, count: int) -> DeadLetteringConsumer
     return consumer
 
 
+def assert_accepted(consumer: DeadLetteringConsumer) -> None:
+    """RabbitMQ took the acks: one it refused (an unknown tag) would have closed the channel."""
+    consumer.connection.process_data_events(time_limit=0.2)
+    assert consumer.channel.is_open
+
+
+def assert_only_left(queues: Queues, queue: str, token: str) -> None:
+    """After the consumer closed, what came back to the queue (every delivery not acked) is
+    ``token``'s message alone."""
+    wait_for(lambda: queues.depth(queue) == 1, what="the delivery not acked back in the queue")
+    (left,) = queues.peek(queue)
+    assert json.loads(left["payload"])["args"] == [token]
+
+
 def test_finished_deliveries_leave_as_one_cumulative_ack_and_a_running_one_stays(queues: Queues):
     queue = queues.name(workload.record)
     consumer = consumer_of(queues, queue, 10)
@@ -71,14 +85,10 @@ def test_finished_deliveries_leave_as_one_cumulative_ack_and_a_running_one_stays
         wait_sent(consumer, frames)
         tags = [message._tag for message in messages]
         assert frames == [(tags[3], True)] + [(tag, False) for tag in tags[5:]]
-        consumer.connection.process_data_events(time_limit=0.2)  # a refused ack would close the channel
-        assert consumer.channel.is_open
+        assert_accepted(consumer)
     finally:
         consumer.close()
-    # Closing returns what was not acked to the queue: only the running delivery.
-    wait_for(lambda: queues.depth(queue) == 1, what="the running delivery back in the queue")
-    (left,) = queues.peek(queue)
-    assert json.loads(left["payload"])["args"] == ["ack-4"]
+    assert_only_left(queues, queue, "ack-4")
 
 
 def test_a_delivery_requeued_by_the_hold_path_is_not_covered_by_the_cumulative_ack(queues: Queues):
@@ -97,10 +107,7 @@ def test_a_delivery_requeued_by_the_hold_path_is_not_covered_by_the_cumulative_a
                 consumer.ack(message)
         wait_sent(consumer, frames)
         assert frames == [(messages[-1]._tag, True)]  # covers the five, below the redelivered copy
-        consumer.connection.process_data_events(time_limit=0.2)  # a refused ack would close the channel
-        assert consumer.channel.is_open
+        assert_accepted(consumer)
     finally:
         consumer.close()
-    wait_for(lambda: queues.depth(queue) == 1, what="the redelivered copy back in the queue")
-    (left,) = queues.peek(queue)
-    assert json.loads(left["payload"])["args"] == ["ack-1"]
+    assert_only_left(queues, queue, "ack-1")
