@@ -50,6 +50,8 @@ __all__ = [
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 _TICKS = os.sysconf("SC_CLK_TCK")
+#: How long a worker group may take to boot before a run gives up.
+BOOT_TIMEOUT_S = 120
 
 
 @dataclass
@@ -167,6 +169,33 @@ def depth(broker: RabbitmqBroker, queue: str) -> int:
     return int(broker.channel.queue_declare(queue, passive=True).method.message_count)
 
 
+def _wait_for_boot(
+    label: str,
+    worker: subprocess.Popen[bytes],
+    broker: RabbitmqBroker,
+    queue: str,
+    run: Run,
+    metrics_port: str,
+) -> int:
+    """Wait until the worker group has booted and taken its first messages; the messages left
+    then. Raises when the group exits, does not boot within :data:`BOOT_TIMEOUT_S`, or takes the
+    whole queue first (the run is too short to measure)."""
+    deadline = time.monotonic() + BOOT_TIMEOUT_S
+    while not _booted(broker, queue, run.processes, metrics_port) or depth(broker, queue) >= run.count:
+        if worker.poll() is not None:
+            raise RuntimeError(f"{label}: the worker group exited with {worker.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{label}: the worker group did not boot within {BOOT_TIMEOUT_S} s (all {run.processes}"
+                f" processes consuming, /metrics answering on port {metrics_port} unless it is 0)"
+            )
+        time.sleep(0.01)
+    left = depth(broker, queue)
+    if left == 0:
+        raise RuntimeError(f"{label}: the queue was empty once the group had booted; raise the count")
+    return left
+
+
 def _booted(broker: RabbitmqBroker, queue: str, processes: int, metrics_port: str) -> bool:
     """Whether every worker process consumes ``queue`` and the ``/metrics`` process (port
     ``metrics_port``; "0": none) answers."""
@@ -215,12 +244,7 @@ def throughput(
         stderr=subprocess.DEVNULL,
     )
     try:
-        metrics_port = env_overrides.get("PROMETHEUS_PORT", "0")
-        while not _booted(broker, queue, run.processes, metrics_port) or depth(broker, queue) >= count:
-            if worker.poll() is not None:
-                raise RuntimeError(f"{label}: the worker group exited with {worker.returncode}")
-            time.sleep(0.01)
-        left = depth(broker, queue)
+        left = _wait_for_boot(label, worker, broker, queue, run, env_overrides.get("PROMETHEUS_PORT", "0"))
         started, at_start, cpu_start = time.perf_counter(), left, group_cpu_seconds(worker.pid)
         servers_start = servers_cpu_seconds()
         while depth(broker, queue) > 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import socket
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -13,7 +14,8 @@ import pika
 import pytest
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from bench.throughput import _booted
+from bench import throughput
+from bench.throughput import Run, _booted
 
 URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
@@ -71,3 +73,20 @@ def test_booted_only_once_the_metrics_process_answers(queue):
             server.server_close()
     finally:
         consumer.close()
+
+
+def test_a_group_that_does_not_boot_or_exits_stops_the_run_with_the_reason(queue, monkeypatch):
+    broker, name = queue
+    run = Run(count=10, processes=1, threads=1)
+    monkeypatch.setattr(throughput, "BOOT_TIMEOUT_S", 0.3)
+    stuck = subprocess.Popen(["sleep", "30"])  # never consumes
+    try:
+        with pytest.raises(RuntimeError, match="did not boot within"):
+            throughput._wait_for_boot("row", stuck, broker, name, run, "0")
+    finally:
+        stuck.kill()
+        stuck.wait()
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    with pytest.raises(RuntimeError, match="exited with 0"):
+        throughput._wait_for_boot("row", exited, broker, name, run, "0")
