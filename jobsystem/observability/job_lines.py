@@ -8,8 +8,9 @@ the scrubber over every entry of every event. :class:`JobLines` makes the same l
 (``python -m bench.lifecycle_logs``), half of it writing and rendering:
 
 - the event dict by the chain's own steps, in its order: the keyword fields, ``event``, structlog's
-  ``filter_by_level``, ``merge_contextvars`` (whatever else is bound comes along, as it would),
-  ``add_log_level`` and ``add_logger_name``; then the timestamp, by :class:`IsoStamps`;
+  ``filter_by_level``, ``merge_contextvars`` (as :class:`BoundContext`: whatever else is bound
+  comes along, as it would), ``add_log_level`` and ``add_logger_name``; then the timestamp, by
+  :class:`IsoStamps`;
 - scrubbed by a :class:`~jobsystem.privacy.scrub_memo.ScrubMemo`: the scrubber's result, entry for
   entry, but a string already scrubbed under the same key on this thread is not scanned again;
 - rendered by the chain's renderer and written by ``DirectLines`` (the same streams, in order).
@@ -33,6 +34,7 @@ writes through the one installed.
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import logging
 import time
@@ -40,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
-from structlog.contextvars import merge_contextvars
+from structlog.contextvars import STRUCTLOG_KEY_PREFIX, STRUCTLOG_KEY_PREFIX_LEN
 from structlog.stdlib import add_log_level, add_logger_name, filter_by_level
 from structlog.typing import Processor
 
@@ -48,13 +50,47 @@ from jobsystem.observability.direct_lines import DirectLines
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_memo import ScrubMemo
 
-__all__ = ["IsoStamps", "JobLines", "install_job_lines", "write_job_line"]
+__all__ = ["BoundContext", "IsoStamps", "JobLines", "install_job_lines", "write_job_line"]
 
 #: Entries that processors of the chain not called here act on: ExtraAdder (``_record``),
 #: StackInfoRenderer (``stack_info``), DirectLines' format_exc_info (``exc_info``).
 _CHAIN_KEYS = frozenset({"exc_info", "stack_info", "_record"})
 #: Entries :class:`JobLines` makes from no input.
 _MADE_HERE = frozenset({"timestamp"})
+
+
+class BoundContext:
+    """structlog's ``merge_contextvars``, entry for entry and in its order, at half the cost.
+
+    structlog walks every context variable of the thread (Sentry's, Dramatiq's, the project's
+    as well as its own) and tests each name for its prefix, then looks each of its own up
+    again. Here the walk reads each value once, and what a variable's name means (its key, or
+    not structlog's) is kept per variable: a ``ContextVar``'s name never changes. The kept
+    names are dropped past ``max_vars`` (a program that makes variables on the fly).
+    """
+
+    def __init__(self, max_vars: int = 1024) -> None:
+        self.max_vars = max_vars
+        self._keys: dict[contextvars.ContextVar[Any], str | None] = {}
+
+    def __call__(self, logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        keys = self._keys
+        for var, value in contextvars.copy_context().items():
+            key = keys.get(var, _UNSEEN)
+            if key is _UNSEEN:
+                if len(keys) >= self.max_vars:
+                    keys.clear()
+                name = var.name
+                key = keys[var] = (
+                    name[STRUCTLOG_KEY_PREFIX_LEN:] if name.startswith(STRUCTLOG_KEY_PREFIX) else None
+                )
+            if key is not None and value is not Ellipsis:
+                event_dict.setdefault(key, value)
+        return event_dict
+
+
+#: What :class:`BoundContext` has not seen yet (``None`` means: not one of structlog's).
+_UNSEEN: Any = object()
 
 
 class IsoStamps:
@@ -105,6 +141,7 @@ class JobLines:
         self.renderer = renderer
         self.stamps = stamps or IsoStamps()
         self._loggers: dict[str, logging.Logger] = {}  # getLogger takes a lock; a logger is forever
+        self.bound = BoundContext()
 
     def write(self, logger_name: str, event: str, fields: dict[str, Any]) -> bool:
         """Log the INFO event ``event`` of ``logger_name`` with ``fields``. ``True``: done (written,
@@ -122,7 +159,7 @@ class JobLines:
         handlers = self.direct.streams(logging.INFO)
         if handlers is None:
             return False
-        merge_contextvars(logger, "info", event_dict)
+        self.bound(logger, "info", event_dict)
         if not _CHAIN_KEYS.isdisjoint(event_dict):
             return False
         add_log_level(logger, "info", event_dict)

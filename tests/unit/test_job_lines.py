@@ -4,6 +4,7 @@ the same place and order; and the ordinary path wherever the chain would not tak
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import io
 import json
@@ -18,6 +19,8 @@ import structlog
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.compat import StreamablePipe
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobsystem.observability import job_lines
 from jobsystem.observability.batched_stream import BatchedStream
@@ -273,3 +276,35 @@ def test_timestamps_read_the_clock_structlog_reads():
     assert ISO.fullmatch(ours)
     parsed = [dt.datetime.fromisoformat(stamp) for stamp in (before, ours, after)]
     assert parsed == sorted(parsed)
+
+
+#: Bindings to make, in order: a structlog key and its value (Ellipsis: unbound, as structlog's
+#: ``unbind_contextvars`` leaves it), or another library's variable (key None).
+_bindings = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.sampled_from(["", "event", "message_id", "actor", "a", "b", "level"])),
+        st.one_of(st.just(Ellipsis), st.integers(), st.text(max_size=5)),
+    ),
+    max_size=12,
+)
+_OTHER_VARS = [contextvars.ContextVar(f"other_library_{i}") for i in range(12)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(bindings=_bindings, fields=st.dictionaries(st.sampled_from(["event", "a", "x"]), st.integers()))
+def test_bound_context_merges_entry_for_entry_in_structlogs_order(bindings, fields):
+    """Whatever is bound (unbound again, rebound, among other libraries' variables), BoundContext
+    leaves the event dict exactly as structlog's merge_contextvars does: same keys, same order."""
+    merge = job_lines.BoundContext(max_vars=5)  # small: its kept names are dropped on the way
+
+    def check() -> None:
+        for i, (key, value) in enumerate(bindings):
+            if key is None:
+                _OTHER_VARS[i].set(value)
+            else:
+                structlog.contextvars.bind_contextvars(**{key: value})
+            ours = list(merge(None, "info", dict(fields)).items())
+            theirs = list(structlog.contextvars.merge_contextvars(None, "info", dict(fields)).items())
+            assert ours == theirs
+
+    contextvars.copy_context().run(check)
