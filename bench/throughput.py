@@ -177,11 +177,17 @@ def _wait_for_boot(
     run: Run,
     metrics_port: str,
 ) -> int:
-    """Wait until the worker group has booted and taken its first messages; the messages left
-    then. Raises when the group exits, does not boot within :data:`BOOT_TIMEOUT_S`, or takes the
-    whole queue first (the run is too short to measure)."""
+    """Wait until the worker group has booted (every process consumes ``queue``, the ``/metrics``
+    process answers on ``metrics_port`` unless it is "0") and taken its first messages; the
+    messages left then. Raises when the group exits, does not boot within
+    :data:`BOOT_TIMEOUT_S`, or takes the whole queue first (the run is too short to measure)."""
     deadline = time.monotonic() + BOOT_TIMEOUT_S
-    while not _booted(broker, queue, run.processes, metrics_port) or depth(broker, queue) >= run.count:
+    metrics_answered = metrics_port == "0"
+    while True:
+        state = broker.channel.queue_declare(queue, passive=True).method
+        metrics_answered = metrics_answered or _answers(metrics_port)
+        if state.consumer_count >= run.processes and metrics_answered and state.message_count < run.count:
+            break
         if worker.poll() is not None:
             raise RuntimeError(f"{label}: the worker group exited with {worker.returncode}")
         if time.monotonic() > deadline:
@@ -190,24 +196,17 @@ def _wait_for_boot(
                 f" processes consuming, /metrics answering on port {metrics_port} unless it is 0)"
             )
         time.sleep(0.01)
-    left = depth(broker, queue)
-    if left == 0:
+    if state.message_count == 0:
         raise RuntimeError(f"{label}: the queue was empty once the group had booted; raise the count")
-    return left
+    return int(state.message_count)
 
 
-def _booted(broker: RabbitmqBroker, queue: str, processes: int, metrics_port: str) -> bool:
-    """Whether every worker process consumes ``queue`` and the ``/metrics`` process (port
-    ``metrics_port``; "0": none) answers."""
-    consumers = broker.channel.queue_declare(queue, passive=True).method.consumer_count
-    if consumers < processes:
-        return False
-    if metrics_port == "0":
-        return True
+def _answers(port: str) -> bool:
+    """Whether something answers HTTP on ``127.0.0.1:port/metrics`` (an error is an answer)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=1):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1):
             return True
-    except urllib.error.HTTPError:  # it answered
+    except urllib.error.HTTPError:
         return True
     except OSError:
         return False

@@ -5,6 +5,8 @@ tags, or requeued by the consumer's hold path, is not acked with them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from jobsystem.dramatiq_internals import request_redelivery
@@ -50,34 +52,33 @@ def wait_sent(consumer: DeadLetteringConsumer, frames: list[tuple[int, bool]]) -
     wait_for(sent, what="the acks")
 
 
-def consumer_of(queues: Queues, queue: str, count: int) -> DeadLetteringConsumer:
+@contextmanager
+def acking(
+    queues: Queues, count: int, *, left: str
+) -> Iterator[tuple[DeadLetteringConsumer, list[Any], list[tuple[int, bool]]]]:
+    """A consumer of ``count`` sent messages, the deliveries it received, and the ack frames it
+    queues. On a clean exit: RabbitMQ took the acks (one it refused, an unknown tag, would have
+    closed the channel), and once the consumer closed, what came back to the queue (every
+    delivery not acked) is ``left``'s message alone."""
+    queue = queues.name(workload.record)
     for i in range(count):
         queues.send(workload.record, f"ack-{i}")
     consumer = queues.broker.consume(queue, prefetch=count, timeout=100)
     assert isinstance(consumer, DeadLetteringConsumer)
-    return consumer
-
-
-def assert_accepted(consumer: DeadLetteringConsumer) -> None:
-    """RabbitMQ took the acks: one it refused (an unknown tag) would have closed the channel."""
-    consumer.connection.process_data_events(time_limit=0.2)
-    assert consumer.channel.is_open
-
-
-def assert_only_left(queues: Queues, queue: str, token: str) -> None:
-    """After the consumer closed, what came back to the queue (every delivery not acked) is
-    ``token``'s message alone."""
+    frames = noting_acks(consumer)
+    try:
+        yield consumer, received(consumer, count), frames
+        consumer.connection.process_data_events(time_limit=0.2)
+        assert consumer.channel.is_open
+    finally:
+        consumer.close()
     wait_for(lambda: queues.depth(queue) == 1, what="the delivery not acked back in the queue")
-    (left,) = queues.peek(queue)
-    assert json.loads(left["payload"])["args"] == [token]
+    (back,) = queues.peek(queue)
+    assert json.loads(back["payload"])["args"] == [left]
 
 
 def test_finished_deliveries_leave_as_one_cumulative_ack_and_a_running_one_stays(queues: Queues):
-    queue = queues.name(workload.record)
-    consumer = consumer_of(queues, queue, 10)
-    frames = noting_acks(consumer)
-    try:
-        messages = received(consumer, 10)
+    with acking(queues, 10, left="ack-4") as (consumer, messages, frames):
         running = messages[4]
         for message in messages:
             if message is not running:
@@ -85,18 +86,10 @@ def test_finished_deliveries_leave_as_one_cumulative_ack_and_a_running_one_stays
         wait_sent(consumer, frames)
         tags = [message._tag for message in messages]
         assert frames == [(tags[3], True)] + [(tag, False) for tag in tags[5:]]
-        assert_accepted(consumer)
-    finally:
-        consumer.close()
-    assert_only_left(queues, queue, "ack-4")
 
 
 def test_a_delivery_requeued_by_the_hold_path_is_not_covered_by_the_cumulative_ack(queues: Queues):
-    queue = queues.name(workload.record)
-    consumer = consumer_of(queues, queue, 6)
-    frames = noting_acks(consumer)
-    try:
-        messages = received(consumer, 6)
+    with acking(queues, 6, left="ack-1") as (consumer, messages, frames):
         held = messages[1]
         request_redelivery(held)  # its follow-up could not be published: requeued after a hold
         consumer.ack(held)
@@ -107,7 +100,3 @@ def test_a_delivery_requeued_by_the_hold_path_is_not_covered_by_the_cumulative_a
                 consumer.ack(message)
         wait_sent(consumer, frames)
         assert frames == [(messages[-1]._tag, True)]  # covers the five, below the redelivered copy
-        assert_accepted(consumer)
-    finally:
-        consumer.close()
-    assert_only_left(queues, queue, "ack-1")
