@@ -21,6 +21,7 @@ from jobsystem.store.job_index import JobFilter
 from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.sqlite import SqliteStore
 from jobsystem.store.status import status_backend
+from jobsystem.store.status_history import TIMELINE_MAX, add_to_timeline
 from jobsystem.store.status_records import StatusUpdate, order_of
 from tests.support import fresh_store
 
@@ -211,3 +212,49 @@ def test_a_batch_larger_than_one_index_call_files_every_job(store):
     assert backend.total(JobFilter()) == (1201, True)
     assert backend.total(JobFilter(state="queued")) == (600, True)
     assert backend.total(JobFilter(state="running")) == (601, True)
+
+
+def retried_history(message_id: str, now: int, attempts: int) -> list[StatusUpdate]:
+    """A job that fails ``attempts`` times, its sender's ``queued`` arriving after its first run."""
+    changes = [change(message_id, "running", 1, now, attempts="1", started_at=str(now))]
+    changes.append(change(message_id, "queued", 0, now + 1))  # late: goes before the running
+    for attempt in range(1, attempts + 1):
+        at = now + 10 * attempt
+        if attempt > 1:
+            changes.append(change(message_id, "running", attempt, at, attempts=str(attempt)))
+        changes.append(change(message_id, "failed", attempt, at + 1, error_type="E", error="boom"))
+        changes.append(change(message_id, "retrying", attempt, at + 2, retry_at=str(at + 3)))
+    return changes
+
+
+def expected_timeline(changes: list[StatusUpdate]) -> list[Any]:
+    """The timeline the changes leave, by the rules of ``add_to_timeline`` (applied one at a time)."""
+    entries: list[Any] = []
+    order, state = -1, None
+    for update in changes:
+        new_state, at = update.fields["state"], int(update.fields["updated_at"])
+        if update.order < order:
+            add_to_timeline(entries, new_state, at, update.order, late=True)
+        elif new_state != state:
+            add_to_timeline(entries, new_state, at, update.order)
+            order, state = update.order, new_state
+    return entries
+
+
+@pytest.mark.parametrize("attempts", [5, 30])
+@pytest.mark.parametrize("batch_size", [1, 2, 7, 1000])
+def test_a_timeline_is_kept_alike_however_its_changes_are_batched(store, batch_size, attempts):
+    """Below and past ``TIMELINE_MAX`` entries, with a late change among them, in batches of any
+    size: the first entry and the latest ones, in order. On Redis the changes are appended to the
+    stored text while they fit, so the field must be exactly what encoding the whole timeline gives."""
+    backend, now = status_backend(store), int(time.time() * 1000)
+    changes = retried_history("m1", now, attempts)
+    for start in range(0, len(changes), batch_size):
+        backend.apply(changes[start : start + batch_size], TTL_MS)
+    expected = expected_timeline(changes)
+    assert len(expected) == min(3 * attempts + 1, TIMELINE_MAX) and expected[0][0] == "queued"
+    record = backend.get("m1")
+    assert record is not None and record.timeline == expected
+    if isinstance(store, RedisStore):
+        stored = reply_text(store.client.hget(store.key("status:m1"), "timeline"))
+        assert stored == json.dumps(expected, separators=(",", ":"))
