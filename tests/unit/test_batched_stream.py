@@ -79,6 +79,77 @@ def test_lines_are_sent_after_the_interval_together():
     assert recorder.writes[1] == "three\n"
 
 
+class BlockingRecorder(Recorder):
+    """A pipe whose reader is slow: a ``write`` waits until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the write"
+        return super().write(text)
+
+
+def test_queueing_a_line_does_not_wait_for_a_send_in_progress():
+    """Every worker thread logs: none may wait while another sends (a full pipe can take ms)."""
+    recorder = BlockingRecorder()
+    stream = BatchedStream(recorder, interval=600)
+    sender = threading.Thread(target=stream.write, args=("warning\n",))
+    sender.start()
+    assert recorder.entered.wait(10), "the ordinary write never reached the stream"
+    queued = threading.Event()
+    writer = threading.Thread(target=lambda: (stream.write_later("line\n"), queued.set()))
+    writer.start()
+    try:
+        assert queued.wait(10), "write_later waited for the send in progress"
+    finally:
+        recorder.release.set()
+        sender.join(10)
+        writer.join(10)
+    stream.flush()
+    assert recorder.writes == ["warning\n", "line\n"]
+
+
+def test_lines_queued_by_many_threads_during_sends_are_each_sent_once_in_their_order():
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes: races show up
+    try:
+        _many_threads_queue_and_send()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _many_threads_queue_and_send() -> None:
+    recorder = Recorder()
+    stream = BatchedStream(recorder, max_chars=200, interval=0.001)
+    start = threading.Barrier(5)
+
+    def lines(name: str) -> None:
+        start.wait()
+        for i in range(2000):
+            stream.write_later(f"{name} {i}\n")
+
+    def warnings() -> None:  # ordinary writes, each sending what is queued
+        start.wait()
+        for _ in range(200):
+            stream.write("w\n")
+
+    threads = [threading.Thread(target=lines, args=(f"t{n}",)) for n in range(4)]
+    threads.append(threading.Thread(target=warnings))
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    stream.flush()
+    sent = "".join(recorder.writes).splitlines()
+    assert sent.count("w") == 200
+    for n in range(4):
+        assert [line for line in sent if line.startswith(f"t{n} ")] == [f"t{n} {i}" for i in range(2000)]
+
+
 def test_worker_shutdown_sends_what_is_pending():
     recorder = Recorder()
     stream = BatchedStream(recorder, interval=600)
