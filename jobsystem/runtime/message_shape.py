@@ -23,10 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from dramatiq import Message
+from dramatiq.encoder import JSONEncoder
 from dramatiq.message import get_encoder
 
-__all__ = ["FIELDS", "OPTION_SHAPES", "Malformed", "decode", "int_option", "problem_of"]
+__all__ = ["FIELDS", "OPTION_SHAPES", "Malformed", "decode", "int_option", "loads", "problem_of"]
 
 #: The fields of a message body, all required (Dramatiq always sends them).
 FIELDS = ("queue_name", "actor_name", "args", "kwargs", "options", "message_id", "message_timestamp")
@@ -35,6 +37,15 @@ FIELDS = ("queue_name", "actor_name", "args", "kwargs", "options", "message_id",
 MAX_MESSAGE_ID_BYTES = 255
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,40}")
+#: A body with each ASCII digit as ``1`` and every other byte as ``0``, and a run of digits enough
+#: for an integer outside 64 bits (every integer of 18 digits or fewer is inside): ``translate``
+#: and ``find`` scan a body in well under a microsecond, a regular expression takes several.
+_DIGITS_AS_ONES = bytes(49 if 48 <= byte <= 57 else 48 for byte in range(256))
+_LONG_DIGIT_RUN = b"1" * 19
+
+
+def _has_long_digit_run(body: bytes) -> bool:
+    return body.translate(_DIGITS_AS_ONES).find(_LONG_DIGIT_RUN) >= 0
 
 
 @dataclass(frozen=True)
@@ -247,11 +258,29 @@ def _salvaged(data: Any, problem: Malformed) -> Malformed:
     )
 
 
+def loads(body: bytes) -> Any:
+    """The decoded ``body``, as Dramatiq's encoder decodes it (which raises what it raises).
+
+    With Dramatiq's JSON encoder (the default), ``orjson`` first: on the consumer's thread, which
+    every delivery passes, it takes a fifth of the time of ``json.loads``. What orjson refuses and
+    ``json`` may take (``NaN``, escaped lone surrogates) goes to the encoder, and so does a body
+    with a run of 19 digits or more (orjson reads an integer beyond 64 bits as a float, where
+    ``json`` keeps it exact): the result is ``json.loads``'s, value for value (a test holds it to
+    that)."""
+    encoder = get_encoder()
+    if type(encoder) is JSONEncoder and not _has_long_digit_run(body):
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    return encoder.decode(body)
+
+
 def decode(body: bytes, queue_name: str | None) -> Message[Any] | Malformed:
     """The message in ``body``, consumed from ``queue_name`` (None: any queue), or what makes it
     malformed."""
     try:
-        data = get_encoder().decode(body)
+        data = loads(body)
     except Exception:  # not UTF-8, not JSON, nested too deep, a number too long...
         return Malformed("body", "could not be decoded (not UTF-8 JSON)")
     problem = problem_of(data, queue_name)

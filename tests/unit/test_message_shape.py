@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 from dramatiq import Message
+from dramatiq.encoder import JSONEncoder
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from jobsystem.runtime.message_shape import Malformed, decode, int_option
+from jobsystem.runtime.message_shape import Malformed, decode, int_option, loads
 
 SECRET = "ana@example.com"
 
@@ -114,3 +117,34 @@ def test_int_option_never_fails_on_what_it_reads():
     assert int_option({"attempts": 3}, "attempts") == 3
     for options in (None, [], {"attempts": "3"}, {"attempts": True}, {}):
         assert int_option(options, "attempts", default=-1) == -1
+
+
+#: JSON values as producers send them: unbounded integers, NaN and infinities (``json.dumps``
+#: writes them), text with lone surrogates, nesting.
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=24,
+)
+
+
+def _outcome(decode_body: Any, body: bytes) -> str:
+    """What decoding ``body`` gives, as comparable text: the value re-encoded (NaN, -0.0, int
+    against float and key order all show), or that it raised."""
+    try:
+        return "value " + json.dumps(decode_body(body))
+    except Exception:
+        return "raised"
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_values, st.booleans())
+def test_loads_gives_what_dramatiqs_encoder_gives(value: Any, ascii_only: bool):
+    body = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    assert _outcome(loads, body) == _outcome(JSONEncoder().decode, body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40) | st.sampled_from([b'{"a":1,"a":2}', b"\xef\xbb\xbf{}", b"[" * 5000, b"1e400"]))
+def test_loads_gives_what_dramatiqs_encoder_gives_for_any_bytes(body: bytes):
+    assert _outcome(loads, body) == _outcome(JSONEncoder().decode, body)
