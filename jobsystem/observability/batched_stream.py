@@ -12,9 +12,10 @@ they are sent together, as one message of whole lines, when they pass ``max_char
 latest ``interval`` seconds after the first of them (a daemon thread, started in the process that
 writes). Every other write (the ordinary path: warnings and errors, Dramatiq's and pika's records,
 ``print``) first sends what is pending, in the same message, so the order of lines is kept and
-nothing written the ordinary way waits. Queueing a line takes no lock, so a worker thread never
-waits for a send in progress (in a loaded worker one took 0.8 ms on average, up to 9 ms, and a
-tenth of the lines waited for the lock, 3.4 ms on average).
+nothing written the ordinary way waits. Queueing a line takes no lock, so a worker thread does
+not wait for a send in progress (in a loaded worker one took 0.8 ms on average, up to 9 ms, and a
+tenth of the lines waited for the lock, 3.4 ms on average); only the thread whose line fills a
+batch sends it, under the lock.
 
 What is pending is sent when the worker shuts down (``JobLifecycle`` calls
 :func:`flush_batched_streams` after the worker stopped, before Dramatiq closes the pipe; a SIGTERM
@@ -110,10 +111,11 @@ class BatchedStream:
     def write_later(self, line: str) -> None:
         """Queue ``line`` (whole lines, with their terminator): sent with the next batch.
 
-        Takes no lock: a thread holding one can lose the GIL for milliseconds, and every worker
-        thread logs. ``deque.append`` is atomic; the send clears ``_wake`` before it takes what is
-        queued, so a line it does not take finds ``_wake`` clear and sets it. ``_chars`` is only
-        the cue to send early: an increment lost to a race delays that, never a line."""
+        Queueing takes no lock (a thread holding one can lose the GIL for milliseconds, and every
+        worker thread logs); the line that fills a batch sends it, under the lock.
+        ``deque.append`` is atomic; the send clears ``_wake`` before it takes what is queued, so a
+        line it does not take finds ``_wake`` clear and sets it. ``_chars`` is only the cue to
+        send early: an increment lost to a race delays that, never a line."""
         self._pending.append(line)
         self._chars += len(line)
         if not self._wake.is_set():

@@ -148,3 +148,13 @@ def test_loads_gives_what_dramatiqs_encoder_gives(value: Any, ascii_only: bool):
 @given(st.binary(max_size=40) | st.sampled_from([b'{"a":1,"a":2}', b"\xef\xbb\xbf{}", b"[" * 5000, b"1e400"]))
 def test_loads_gives_what_dramatiqs_encoder_gives_for_any_bytes(body: bytes):
     assert _outcome(loads, body) == _outcome(JSONEncoder().decode, body)
+
+
+def test_integers_beyond_64_bits_are_decoded_exact():
+    """As the consumer decodes a body: orjson would read these as floats; they stay integers."""
+    big = [2**64 + 1, -(2**63) - 1, 10**30]
+    body = Message(queue_name="q", actor_name="a", args=(big, 1.5), kwargs={"n": 2**70}, options={}).encode()
+    decoded = decode(body, "q")
+    assert isinstance(decoded, Message)
+    assert decoded.args == (big, 1.5) and decoded.kwargs == {"n": 2**70}
+    assert all(type(n) is int for n in decoded.args[0])
