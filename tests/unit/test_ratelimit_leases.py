@@ -152,11 +152,12 @@ def test_per_key_buckets_keep_leases_for_a_bounded_number_of_keys(store):
 
 
 def test_leased_tokens_unspent_at_the_end_of_the_lease_are_dropped(store):
-    short = Hot(store, lease_ms=100)
+    # Long enough that the second job starts within it on a loaded CI machine (100 ms did not).
+    short = Hot(store, lease_ms=500)
     short.run()
     short.run()
-    assert short.sent[0][0].lease_ms == 100 and len(short.sent) == 1  # the second ran on the lease
-    time.sleep(0.15)  # the lease ended 100 ms after the store granted it
+    assert short.sent[0][0].lease_ms == 500 and len(short.sent) == 1  # the second ran on the lease
+    time.sleep(0.55)  # the lease ended 500 ms after the store granted it
     short.run()
     assert len(short.sent) == 2 and short.middleware.leases.tally.dropped == 19
     short.broker.close()
