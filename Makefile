@@ -25,8 +25,9 @@ scheduler:  ## Run the scheduler process
 dashboard:  ## Serve the operators' dashboard on http://127.0.0.1:8181 (needs DASHBOARD_ADMIN_PASSWORD)
 	$(BIN)/jobctl dashboard
 
-test:  ## Run both test tiers: unit, then integration (real RabbitMQ, Redis, worker subprocesses; CI runs this)
-	$(BIN)/pytest --durations=20 tests/unit tests/integration
+test:  ## Run both test tiers (real RabbitMQ, Redis, worker subprocesses; CI runs this): two at a time, then the exclusive ones alone
+	$(BIN)/pytest -n 2 --durations=20 -m "not exclusive" tests/unit tests/integration
+	$(BIN)/pytest --durations=5 -m exclusive tests/integration
 
 test-fast:  ## Run the unit tier only: in-process, Redis and SQLite, no RabbitMQ (under 30 s)
 	$(BIN)/pytest tests/unit

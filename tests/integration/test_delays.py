@@ -91,6 +91,7 @@ def test_a_cascade_deleted_under_a_sender_is_declared_again_and_strays_are_kept(
     wait_for(lambda: queues.depth(cascade.unroutable) == 1, timeout=10, what="the stray kept")
 
 
+@pytest.mark.exclusive  # RabbitMQ's consumer_timeout is one for all: set for this test alone
 def test_delays_past_the_consumer_timeout_run_on_time_once_across_a_worker_restart(
     start_worker, queues, store, prefix
 ):

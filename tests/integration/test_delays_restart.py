@@ -12,12 +12,16 @@ import json
 import subprocess
 
 import dramatiq
+import pytest
 
 from jobsystem.rabbitmq.delays import LEVELS, cascade_seconds
 from jobsystem.system import get_system
 from tests import workload
 from tests.delay_support import cascade_contents, in_cascade, send_delayed, short_horizon
 from tests.support import BIN, ROOT, wait_for, worker_env
+
+#: ``rabbitmqctl stop_app`` drops every client's connection: this module runs alone.
+pytestmark = pytest.mark.exclusive
 
 HOUR_MS, MONTH_MS = 3_600_000, 30 * 86_400_000
 
