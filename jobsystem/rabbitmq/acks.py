@@ -19,7 +19,16 @@ tags of the batch below the lowest delivery still open outside it: one still run
 later requeue, or waiting for its dead letter's confirm. RabbitMQ handles a channel's frames in
 order, so a delivery settled earlier by another frame is no longer pending when the cumulative
 ack arrives. A delivery the ledger does not know is acked on its own. A ledger that forgets a
-settlement only makes later batches fall back to single acks; no ack is ever held back.
+settlement only makes later batches fall back to single acks.
+
+**Waiting for the delivery below.** Worker threads finish out of order when their jobs wait on
+something (a claim, a token from the state store): a batch's acks then often sit above one
+delivery still running, and would go one frame each. They may wait for it, up to ``hold_s``,
+and leave with it in one cumulative ack; when the wait ends first, they go one by one. They
+wait only behind a delivery handed out less than ``young_s`` ago: behind a long job or a
+delayed message they go at once, so waiting acks hold few prefetch slots, briefly. The
+consumer releases the waiting acks before its channel closes (:meth:`AckBatch.release_held`),
+so a stop redelivers none of them; a crash redelivers them, as it would any ack not yet sent.
 
 The ledger is read and written only on the connection's thread (deliveries come out of pika's
 consume loop there, and every settlement frame is queued there), so it needs no lock. A delay
@@ -36,7 +45,9 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import pika.exceptions
@@ -52,21 +63,42 @@ class AckBatch:
     Parameters:
       connection: the consumer's ``pika.BlockingConnection``.
       channel: the consumer's ``BlockingChannel`` (acks must go on the channel that delivered).
+      hold_s: how long acks above an open delivery may wait for it to settle, so that one
+        cumulative ack covers them all (0: never; they go one by one at once).
+      young_s: acks wait only behind a delivery handed out less than this long ago (one that is
+        likely to finish soon); behind an older one, a long job or a delayed message, they go
+        at once, so they never hold prefetch slots for long.
+      clock: monotonic seconds.
     """
 
-    def __init__(self, connection: Any, channel: BlockingChannel) -> None:
+    def __init__(
+        self,
+        connection: Any,
+        channel: BlockingChannel,
+        *,
+        hold_s: float = 0.0,
+        young_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.connection = connection
         self.channel = channel
+        self.hold_s = hold_s
+        self.young_s = young_s
+        self.clock = clock
         self._lock = threading.Lock()
         self._tags: list[int] = []
-        #: Delivery tags handed out and not settled yet (connection's thread only).
-        self._open: set[int] = set()
+        #: Delivery tags handed out and not settled yet, with when (connection's thread only).
+        self._open: dict[int, float] = {}
         #: The same tags in delivery order, and settled ones not yet dropped from it.
         self._order: deque[int] = deque()
+        #: Acks waiting for the delivery below them, and whether their release is scheduled
+        #: (connection's thread only).
+        self._held: list[int] = []
+        self._release_scheduled = False
 
     def delivered(self, tag: int) -> None:
         """Note delivery ``tag`` as handed out; on the connection's thread."""
-        self._open.add(tag)
+        self._open[tag] = self.clock()
         self._order.append(tag)
         if len(self._order) > 4 * len(self._open) + 1024:  # settled tags kept behind an old one
             self._order = deque(t for t in self._order if t in self._open)
@@ -74,7 +106,7 @@ class AckBatch:
     def settled(self, tag: int) -> None:
         """Note that delivery ``tag``'s settlement frame (an ack or nack sent other than through
         this batch) is being queued; on the connection's thread, just before the frame."""
-        self._open.discard(tag)
+        self._open.pop(tag, None)
 
     def add(self, tag: int) -> None:
         """Ack delivery ``tag`` on the connection's thread, with the others of its batch.
@@ -93,6 +125,12 @@ class AckBatch:
                 self._tags.clear()
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
+    def release_held(self) -> None:
+        """On the connection's thread: queue the frames of the acks held back, at once (the
+        consumer calls it before its channel closes)."""
+        self._release_scheduled = False
+        self._queue_frames([], hold=False)
+
     def _send(self) -> None:
         """On the connection's thread: queue the batch's ack frames for the connection to write.
 
@@ -101,25 +139,44 @@ class AckBatch:
         soon as the socket takes them, in order, before any later frame such as a channel close."""
         with self._lock:
             tags, self._tags = self._tags, []
-        channel = self.channel._impl
-        covered = self._prefix(tags)
-        if covered:
-            channel.basic_ack(delivery_tag=max(covered), multiple=True)
-        for tag in tags:
-            if tag not in covered:
-                channel.basic_ack(delivery_tag=tag, multiple=False)
-        self._open.difference_update(tags)
+        self._queue_frames(tags, hold=self.hold_s > 0)
 
-    def _prefix(self, tags: list[int]) -> set[int]:
-        """The tags one cumulative ack may cover: known deliveries of the batch below every
-        delivery still open outside it (empty when fewer than two qualify)."""
+    def _queue_frames(self, tags: list[int], *, hold: bool) -> None:
+        """Queue the frames of ``tags`` and of the acks held so far: one cumulative ack for the
+        known ones below every delivery still open outside them; those above one are held
+        (``hold``, behind a young delivery, release scheduled) or acked one by one, as are
+        tags the ledger does not know."""
+        if self._held:
+            tags, self._held = self._held + tags, []
         batch = set(tags)
-        known = batch & self._open
-        if len(known) < 2:
-            return set()
-        first_open = self._first_open_outside(batch)
-        covered = known if first_open is None else {tag for tag in known if tag < first_open}
-        return covered if len(covered) > 1 else set()
+        known = [tag for tag in tags if tag in self._open]
+        blocker = self._first_open_outside(batch) if known else None
+        covered = [tag for tag in known if blocker is None or tag < blocker]
+        channel = self.channel._impl
+        cumulative = set(covered) if len(covered) > 1 else set()
+        if cumulative:
+            channel.basic_ack(delivery_tag=max(cumulative), multiple=True)
+        if hold and blocker is not None and self._may_wait_for(blocker):
+            self._held = [tag for tag in known if tag > blocker]
+        held = set(self._held)
+        for tag in tags:
+            if tag not in held:
+                if tag not in cumulative:
+                    channel.basic_ack(delivery_tag=tag, multiple=False)
+                self._open.pop(tag, None)
+
+    def _may_wait_for(self, blocker: int) -> bool:
+        """Whether acks may be held behind ``blocker``: it was handed out recently and their
+        release is (or can be) scheduled within ``hold_s``."""
+        if self.clock() - self._open[blocker] >= self.young_s:
+            return False
+        if not self._release_scheduled:
+            try:
+                self.connection.call_later(self.hold_s, self.release_held)
+            except Exception:  # a closing connection: ack them now
+                return False
+            self._release_scheduled = True
+        return True
 
     def _first_open_outside(self, batch: set[int]) -> int | None:
         """The lowest delivery still open that is not in ``batch`` (None: there is none)."""

@@ -52,6 +52,16 @@ def wait_sent(consumer: DeadLetteringConsumer, frames: list[tuple[int, bool]]) -
     wait_for(sent, what="the acks")
 
 
+def wait_sent_more(consumer: DeadLetteringConsumer, frames: list[tuple[int, bool]], count: int) -> None:
+    """Run pika's poll loop until ``count`` frames in all were queued."""
+
+    def sent() -> bool:
+        consumer.connection.process_data_events(time_limit=0.05)
+        return len(frames) >= count
+
+    wait_for(sent, what=f"{count} ack frames")
+
+
 @contextmanager
 def acking(
     queues: Queues, count: int, *, left: str
@@ -79,13 +89,43 @@ def acking(
 
 def test_finished_deliveries_leave_as_one_cumulative_ack_and_a_running_one_stays(queues: Queues):
     with acking(queues, 10, left="ack-4") as (consumer, messages, frames):
+        consumer.acks.young_s = 30.0  # the running one was handed out while the test polled
         running = messages[4]
         for message in messages:
             if message is not running:
                 consumer.ack(message)
         wait_sent(consumer, frames)
         tags = [message._tag for message in messages]
+        assert frames == [(tags[3], True)]  # those above the running one wait for it a while
+        wait_sent_more(consumer, frames, len(tags) - 4)
         assert frames == [(tags[3], True)] + [(tag, False) for tag in tags[5:]]
+
+
+def test_acks_that_waited_for_the_delivery_below_them_leave_with_it_in_one_cumulative_ack(
+    queues: Queues,
+):
+    with acking(queues, 10, left="ack-9") as (consumer, messages, frames):
+        consumer.acks.hold_s = consumer.acks.young_s = 30.0  # the wait cannot end before it does
+        running, last = messages[4], messages[9]
+        for message in messages[:9]:
+            if message is not running:
+                consumer.ack(message)
+        wait_sent(consumer, frames)
+        consumer.ack(running)
+        wait_sent_more(consumer, frames, 2)
+        assert frames == [(messages[3]._tag, True), (messages[8]._tag, True)]
+        assert last not in messages[:9]
+
+
+def test_acks_still_waiting_when_the_consumer_closes_are_sent_first(queues: Queues):
+    """Without the release at close, RabbitMQ would redeliver the five acked after the running one."""
+    with acking(queues, 10, left="ack-4") as (consumer, messages, frames):
+        consumer.acks.hold_s = consumer.acks.young_s = 30.0
+        for message in messages:
+            if message is not messages[4]:
+                consumer.ack(message)
+        wait_sent(consumer, frames)
+        assert frames == [(messages[3]._tag, True)]
 
 
 def test_a_delivery_requeued_by_the_hold_path_is_not_covered_by_the_cumulative_ack(queues: Queues):

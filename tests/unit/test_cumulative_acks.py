@@ -55,23 +55,46 @@ class RabbitChannel:
 
 
 class Connection:
-    """Runs callbacks when told to, as the connection's thread does at its next poll."""
+    """Runs callbacks when told to, as the connection's thread does at its next poll, and timers
+    when their time has come on a clock the test moves."""
 
     def __init__(self) -> None:
         self.callbacks: list[Callable[[], None]] = []
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self.now = 0.0
 
     def add_callback_threadsafe(self, callback: Callable[[], None]) -> None:
         self.callbacks.append(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.timers.append((self.now + delay, callback))
 
     def run(self) -> None:
         callbacks, self.callbacks = self.callbacks, []
         for callback in callbacks:
             callback()
 
+    def advance(self, seconds: float) -> None:
+        """Move the clock, then run the timers due, as the poll loop would."""
+        self.now += seconds
+        due = [callback for at, callback in self.timers if at <= self.now]
+        self.timers = [(at, callback) for at, callback in self.timers if at > self.now]
+        for callback in due:
+            callback()
 
-def consumer(deliveries: int) -> tuple[Connection, RabbitChannel, AckBatch]:
+
+HOLD_S, YOUNG_S = 0.01, 0.05
+
+
+def consumer(deliveries: int, *, hold: bool = False) -> tuple[Connection, RabbitChannel, AckBatch]:
     connection, channel = Connection(), RabbitChannel()
-    acks = AckBatch(connection, channel)  # type: ignore[arg-type]
+    acks = AckBatch(
+        connection,  # type: ignore[arg-type]
+        channel,  # type: ignore[arg-type]
+        hold_s=HOLD_S if hold else 0.0,
+        young_s=YOUNG_S,
+        clock=lambda: connection.now,
+    )
     for tag in range(1, deliveries + 1):
         channel.deliver(tag)
         acks.delivered(tag)
@@ -139,32 +162,90 @@ def test_a_tag_the_ledger_never_saw_is_acked_on_its_own():
     assert channel.frames == [("ack", 2, True), ("ack", 7, False)]
 
 
+def test_acks_above_a_young_open_delivery_wait_for_it_and_leave_with_it_in_one_cumulative_ack():
+    connection, channel, acks = consumer(6, hold=True)
+    for tag in (1, 2, 4, 5):
+        acks.add(tag)
+    connection.run()
+    assert channel.frames == [("ack", 2, True)]  # 4 and 5 wait for 3
+    assert channel.pending == {3, 4, 5, 6}
+    connection.advance(HOLD_S / 2)
+    acks.add(3)
+    connection.run()
+    assert channel.frames == [("ack", 2, True), ("ack", 5, True)]
+    assert channel.pending == {6}
+    connection.advance(HOLD_S)  # the release finds nothing left to send
+    assert len(channel.frames) == 2
+
+
+def test_held_acks_leave_one_by_one_when_the_hold_ends_and_the_delivery_below_still_runs():
+    connection, channel, acks = consumer(6, hold=True)
+    for tag in (1, 2, 4, 5):
+        acks.add(tag)
+    connection.run()
+    connection.advance(HOLD_S * 0.99)
+    assert channel.frames == [("ack", 2, True)]
+    connection.advance(HOLD_S * 0.02)
+    assert channel.frames == [("ack", 2, True), ("ack", 4, False), ("ack", 5, False)]
+    assert channel.pending == {3, 6}
+
+
+def test_acks_behind_a_delivery_handed_out_long_ago_go_at_once():
+    """A long job (or a delayed message) below them: waiting would only hold prefetch slots."""
+    connection, channel, acks = consumer(2, hold=True)
+    connection.advance(YOUNG_S)
+    for tag in (3, 4):
+        channel.deliver(tag)
+        acks.delivered(tag)
+    for tag in (1, 3, 4):
+        acks.add(tag)
+    connection.run()
+    assert channel.frames == [("ack", 1, False), ("ack", 3, False), ("ack", 4, False)]
+    assert not connection.timers
+
+
+def test_a_release_sends_what_is_held_at_once():
+    """What the consumer calls before its channel closes: nothing acked is left to redeliver."""
+    connection, channel, acks = consumer(4, hold=True)
+    for tag in (1, 3, 4):
+        acks.add(tag)
+    connection.run()
+    acks.release_held()
+    assert channel.frames == [("ack", 1, False), ("ack", 3, False), ("ack", 4, False)]
+    assert channel.pending == {2}
+
+
 #: Per delivery: its finish order, and whether it is acked or requeued.
 Schedule = list[tuple[int, str]]
+#: After each settlement: whether the connection's thread polls, and how long passes.
+Polls = list[tuple[bool, float]]
 
 
 @st.composite
-def schedules(draw: Any) -> tuple[int, Schedule, list[bool]]:
+def schedules(draw: Any) -> tuple[int, Schedule, Polls]:
     count = draw(st.integers(1, 40))
     order = draw(st.permutations(range(1, count + 1)))
     kinds = draw(st.lists(st.sampled_from(["ack", "ack", "ack", "requeue"]), min_size=count, max_size=count))
-    polls = draw(st.lists(st.booleans(), min_size=count, max_size=count))
+    pauses = st.sampled_from([0.0, 0.0, HOLD_S / 3, HOLD_S, YOUNG_S])
+    polls = draw(st.lists(st.tuples(st.booleans(), pauses), min_size=count, max_size=count))
     return count, list(zip(order, kinds, strict=True)), polls
 
 
 @settings(max_examples=300, deadline=None)
-@given(schedules())
-def test_every_delivery_is_settled_once_as_its_worker_decided(drawn: tuple[int, Schedule, list[bool]]):
+@given(schedules(), st.booleans())
+def test_every_delivery_is_settled_once_as_its_worker_decided(drawn: tuple[int, Schedule, Polls], hold: bool):
     count, schedule, polls = drawn
-    connection, channel, acks = consumer(count)
-    for (tag, kind), poll in zip(schedule, polls, strict=True):
+    connection, channel, acks = consumer(count, hold=hold)
+    for (tag, kind), (poll, pause) in zip(schedule, polls, strict=True):
         if kind == "ack":
             acks.add(tag)
         else:
             requeue(connection, channel, acks, tag)
         if poll:
             connection.run()
+        connection.advance(pause)
     connection.run()
+    acks.release_held()  # the consumer closes
     assert channel.outcome == dict(schedule)
     assert not channel.pending
 
@@ -175,7 +256,7 @@ def test_the_ledger_forgets_every_settled_delivery():
     requeue(connection, channel, acks, 2)
     acks.add(3)
     connection.run()
-    assert acks._open == set()
+    assert not acks._open
 
 
 @pytest.mark.parametrize("finished", [[1, 2, 3, 4, 5, 6, 7, 8], [2, 1, 4, 3, 6, 5, 8, 7]])
