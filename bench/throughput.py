@@ -254,6 +254,9 @@ def throughput(
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
         delete_queues(broker, queue)
+        # Idle until the broker's next row, its connection would miss RabbitMQ's heartbeats
+        # (a blocking connection answers them only while used) and be reset: reconnect then.
+        del broker.connection
     return Rate(label, at_start, elapsed, cpu, *servers)
 
 
