@@ -148,16 +148,16 @@ class AckBatch:
         tags the ledger does not know."""
         if self._held:
             tags, self._held = self._held + tags, []
-        batch = set(tags)
         known = [tag for tag in tags if tag in self._open]
-        blocker = self._first_open_outside(batch) if known else None
-        covered = [tag for tag in known if blocker is None or tag < blocker]
+        blocker = self._first_open_outside(set(tags)) if known else None
+        below = [tag for tag in known if blocker is None or tag < blocker]
+        above = [tag for tag in known if blocker is not None and tag > blocker]
         channel = self.channel._impl
-        cumulative = set(covered) if len(covered) > 1 else set()
+        cumulative = set(below) if len(below) > 1 else set()
         if cumulative:
             channel.basic_ack(delivery_tag=max(cumulative), multiple=True)
-        if hold and blocker is not None and self._may_wait_for(blocker):
-            self._held = [tag for tag in known if tag > blocker]
+        if hold and above and blocker is not None and self._may_wait_for(blocker):
+            self._held = above
         held = set(self._held)
         for tag in tags:
             if tag not in held:

@@ -178,6 +178,15 @@ def test_acks_above_a_young_open_delivery_wait_for_it_and_leave_with_it_in_one_c
     assert len(channel.frames) == 2
 
 
+def test_a_batch_with_nothing_above_an_open_delivery_schedules_no_release():
+    connection, channel, acks = consumer(5, hold=True)
+    for tag in (1, 2, 3):
+        acks.add(tag)
+    connection.run()
+    assert channel.frames == [("ack", 3, True)]
+    assert not connection.timers
+
+
 def test_held_acks_leave_one_by_one_when_the_hold_ends_and_the_delivery_below_still_runs():
     connection, channel, acks = consumer(6, hold=True)
     for tag in (1, 2, 4, 5):
