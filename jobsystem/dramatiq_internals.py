@@ -2,9 +2,10 @@
 
 Dramatiq 2.2 has no public way to change the RabbitMQ topology, to dead-letter a message with its
 final record, to replace a dead worker thread, or to tell a ``dramatiq`` worker process apart.
-The project reaches for these names through this module only; ``check_contract`` (run by
-``tests/unit/test_dramatiq_contract.py``) checks each one is still there and shaped as relied
-on, and ``pyproject.toml`` pins Dramatiq to the minor version it was checked on.
+The project reaches for these names through this module only; ``check_contract`` in
+:mod:`jobsystem.dramatiq_contract` (run by ``tests/unit/test_dramatiq_contract.py``) checks each
+one is still there and shaped as relied on, and ``pyproject.toml`` pins Dramatiq to the minor
+version it was checked on.
 
 It also holds the flags a middleware sets on a message for the project's consumer to act on
 (:class:`ProjectMessage`): setting one on a message another consumer delivered raises
@@ -14,9 +15,7 @@ requeued).
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +23,6 @@ from dramatiq import Message
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.compat import StreamablePipe
-from dramatiq.errors import DecodeError
-from dramatiq.middleware import Pipelines
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
@@ -33,10 +30,8 @@ from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFoll
 
 __all__ = [
     "ACTOR_ARGUMENTS_FORMAT",
-    "EXPECTATIONS",
     "RESULTS_MISSING_WARNING",
     "ConsumerThread",
-    "DramatiqContractError",
     "FlagsNotHonoured",
     "Interrupt",
     "ProjectMessage",
@@ -44,7 +39,7 @@ __all__ = [
     "RabbitmqTopology",
     "StreamablePipe",
     "add_worker_thread",
-    "check_contract",
+    "consumer_thread_dispatch",
     "dead_letter_error",
     "dead_letter_reason",
     "mark_dead_lettered",
@@ -84,6 +79,18 @@ RESULTS_MISSING_WARNING = "you haven't added the Results middleware"
 def add_worker_thread(worker: Worker) -> None:
     """Start one more worker thread in ``worker`` (``Worker._add_worker``)."""
     worker._add_worker()
+
+
+def consumer_thread_dispatch() -> Callable[[MessageProxy], None] | None:
+    """How the consumer thread running now hands a delivery to the worker threads
+    (``ConsumerThread.handle_message``, which puts it on the shared work queue or, with an eta,
+    on its own delay queue); None outside a worker's consumer thread. The project's consumer,
+    built by ``broker.consume`` on that thread, uses it to hand on a delivery it held back."""
+    thread = threading.current_thread()
+    if not isinstance(thread, ConsumerThread):
+        return None
+    handle: Callable[[MessageProxy], None] = thread.handle_message
+    return handle
 
 
 def raise_in_thread(thread_id: int, exception: type[BaseException]) -> None:
@@ -239,160 +246,3 @@ def dead_letter_reason(message: object) -> str | None:
 
 def dead_letter_error(message: object) -> BaseException | None:
     return message.dead_letter_error if isinstance(message, ProjectMessage) else None
-
-
-# -- the contract ----------------------------------------------------------------------------------
-
-
-class DramatiqContractError(AssertionError):
-    """The installed Dramatiq lacks or changed a part this module relies on (named in the message)."""
-
-
-def _parameters(function: Any) -> list[str]:
-    return list(inspect.signature(function).parameters)
-
-
-def _source(code: Any) -> str:
-    return inspect.getsource(code)
-
-
-def _says(module: Any, text: str) -> bool:
-    """Whether ``module``'s source holds ``text``, in one string literal or in several joined."""
-    source = _source(module)
-    return text in source or text in re.sub(r'(?<=[^"])"\s*\n\s*"(?=[^"])', "", source)
-
-
-def _sets(function: Any, *attributes: str) -> bool:
-    return all(re.search(rf"self\.{a}\b[^=\n]*=", _source(function)) for a in attributes)
-
-
-def _new_message() -> Message[Any]:
-    return Message(queue_name="q", actor_name="a", args=(), kwargs={}, options={})
-
-
-def _rabbitmq_message_keeps_its_delivery() -> bool:
-    message = _new_message()
-    probe = _RabbitmqMessage(True, 7, message)  # type: ignore[no-untyped-call]
-    return bool(probe._tag == 7 and probe.redelivered is True and probe._message is message)
-
-
-def _proxy_keeps_its_exception() -> bool:
-    message, error = _new_message(), ValueError("x")
-    probe = MessageProxy(message)
-    probe.stuff_exception(error)
-    return stored_exception(probe) is error and probe._message is message
-
-
-def _broker_declares_queues_through_its_private_steps() -> bool:
-    steps = ("_declare_queue", "_declare_dq_queue", "_declare_xq_queue")
-    return all(f"self.{step}(" in _source(RabbitmqBroker._ensure_queue) for step in steps) and all(
-        _parameters(getattr(RabbitmqBroker, name)) == ["self", "queue_name"]
-        for name in (*steps, "_build_queue_arguments")
-    )
-
-
-def _deletable(*names: str) -> bool:
-    return all(getattr(inspect.getattr_static(RabbitmqBroker, n), "fdel", None) is not None for n in names)
-
-
-#: What the project relies on, each with a check that holds while it is true.
-EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
-    (
-        "_RabbitmqConsumer.__init__(broker, queue_name, prefetch, timeout)",
-        lambda: (
-            _parameters(_RabbitmqConsumer.__init__) == ["self", "broker", "queue_name", "prefetch", "timeout"]
-        ),
-    ),
-    (
-        "_RabbitmqConsumer.__init__ sets broker, queue_name, connection, channel, iterator, known_tags",
-        lambda: _sets(
-            _RabbitmqConsumer.__init__,
-            "broker",
-            "queue_name",
-            "connection",
-            "channel",
-            "iterator",
-            "known_tags",
-        ),
-    ),
-    (
-        "_RabbitmqConsumer.__next__ takes next(self.iterator)",
-        lambda: "next(self.iterator)" in _source(_RabbitmqConsumer.__next__),
-    ),
-    (
-        "_RabbitmqConsumer.ack and .nack settle message._tag, one of known_tags",
-        lambda: all(
-            "self.known_tags.remove(message._tag)" in _source(m)
-            for m in (_RabbitmqConsumer.ack, _RabbitmqConsumer.nack)
-        ),
-    ),
-    (
-        "_RabbitmqMessage(redelivered, tag, message) keeps _tag, redelivered and _message",
-        _rabbitmq_message_keeps_its_delivery,
-    ),
-    ("MessageProxy._exception holds what stuff_exception stored", _proxy_keeps_its_exception),
-    (
-        "RabbitmqBroker.consumer_class, a property",
-        lambda: isinstance(inspect.getattr_static(RabbitmqBroker, "consumer_class"), property),
-    ),
-    ("RabbitmqBroker.channel and .connection, deletable", lambda: _deletable("channel", "connection")),
-    ("RabbitmqBroker.queues_pending", lambda: _sets(RabbitmqBroker.__init__, "queues_pending")),
-    (
-        "RabbitmqBroker._ensure_queue declares through _declare_queue, _declare_dq_queue and "
-        "_declare_xq_queue(queue_name), arguments from _build_queue_arguments(queue_name)",
-        _broker_declares_queues_through_its_private_steps,
-    ),
-    ("Worker._add_worker()", lambda: _parameters(Worker._add_worker) == ["self"]),
-    (
-        "Worker.workers, .consumers and .consumer_whitelist",
-        lambda: _sets(Worker.__init__, "workers", "consumers", "consumer_whitelist"),
-    ),
-    (
-        "ConsumerThread(broker, queue_name, prefetch, work_queue, worker_timeout) keeps them and .running",
-        lambda: (
-            {"broker", "queue_name", "prefetch", "work_queue", "worker_timeout"}
-            <= set(_parameters(ConsumerThread.__init__))
-            and _sets(
-                ConsumerThread.__init__, "broker", "prefetch", "work_queue", "worker_timeout", "running"
-            )
-        ),
-    ),
-    ("dramatiq.compat.StreamablePipe", lambda: inspect.isclass(StreamablePipe)),
-    (
-        "dramatiq.middleware.threading.raise_thread_exception(thread_id, exception); Interrupt is "
-        "a BaseException",
-        lambda: (
-            _parameters(raise_thread_exception) == ["thread_id", "exception"]
-            and issubclass(Interrupt, BaseException)
-            and not issubclass(Interrupt, Exception)
-        ),
-    ),
-    (
-        'Pipelines.after_process_message pipes only a message with message.options.get("pipe_target")',
-        lambda: 'message.options.get("pipe_target")' in _source(Pipelines.after_process_message),
-    ),
-    ("DecodeError(message, data, error) keeps .data", lambda: DecodeError("m", b"d", None).data == b"d"),  # type: ignore[no-untyped-call]
-    (
-        f"Actor.__call__ logs {ACTOR_ARGUMENTS_FORMAT!r}",
-        lambda: _says(importlib.import_module("dramatiq.actor"), ACTOR_ARGUMENTS_FORMAT),
-    ),
-    (
-        f"the worker warns {RESULTS_MISSING_WARNING!r}",
-        lambda: _says(importlib.import_module("dramatiq.worker"), RESULTS_MISSING_WARNING),
-    ),
-)
-
-
-def check_contract() -> None:
-    """Raise :class:`DramatiqContractError` naming every part of Dramatiq relied on that is gone or
-    changed in the installed version."""
-    broken = []
-    for what, holds in EXPECTATIONS:
-        try:
-            ok = holds()
-        except Exception as exc:  # a missing name, a changed signature
-            ok, what = False, f"{what} ({type(exc).__name__}: {exc})"
-        if not ok:
-            broken.append(what)
-    if broken:
-        raise DramatiqContractError("Dramatiq changed: " + "; ".join(broken))

@@ -27,6 +27,7 @@ from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.dispatch_gate import DispatchGate
 from jobsystem.runtime.leases import HeldLeases, new_owner
 from jobsystem.runtime.options import key_ttl_ms, option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
@@ -229,10 +230,11 @@ class Idempotency(FailClosed):
 
     # -- run -------------------------------------------------------------------------------------
 
-    def on_receive(self, broker: Broker, message: MessageProxy) -> None:
+    def on_receive(self, broker: Broker, message: MessageProxy, gate: DispatchGate | None = None) -> None:
         """Claim ahead: called by the project's consumer as a message arrives, it sends the claim
-        without waiting, so the round trip overlaps the time the message spends prefetched and
-        ``before_process_message`` usually finds the answer there already."""
+        without waiting, so the round trip overlaps the time the message spends prefetched. With a
+        ``gate``, the consumer hands the message to the worker threads once the answer is in, so
+        ``before_process_message`` finds it there and its thread does not wait."""
         # A received message is past its send: re-enqueues of it (retries, deferrals, delayed
         # moves) are never duplicate sends, and must not need the store to be published.
         options = message.options
@@ -246,7 +248,7 @@ class Idempotency(FailClosed):
         if key is None:
             return
         ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
-        self.ahead.send(message, ClaimRequest(key, message.message_id, new_owner(), self.lease_ms, ttl))
+        self.ahead.send(message, ClaimRequest(key, message.message_id, new_owner(), self.lease_ms, ttl), gate)
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None

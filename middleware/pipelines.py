@@ -4,7 +4,7 @@ Dramatiq's ``Pipelines.after_process_message`` imports ``dramatiq.message`` on e
 avoid an import cycle) and looks the actor up before it reads the message's ``pipe_target``: about
 1 µs a job. A message without a ``pipe_target`` option is in no pipeline and nothing happens to it
 there; :class:`QuickPipelines` sees that first and leaves such a message alone, and hands the
-others to Dramatiq's hook. (``jobsystem.dramatiq_internals.check_contract`` checks that the hook
+others to Dramatiq's hook. (``jobsystem.dramatiq_contract.check_contract`` checks that the hook
 still reads ``pipe_target`` from the message's options.)
 """
 

@@ -39,6 +39,7 @@ from dramatiq.errors import ConnectionClosed
 from jobsystem.dramatiq_internals import (
     ProjectMessage,
     RabbitmqConsumer,
+    consumer_thread_dispatch,
     mark_dead_lettered,
     pending_follow_up,
     project_message,
@@ -47,6 +48,7 @@ from jobsystem.dramatiq_internals import (
     wants_redelivery,
 )
 from jobsystem.rabbitmq.acks import AckBatch
+from jobsystem.runtime.dispatch_gate import DispatchGate
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -112,11 +114,16 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         # consumer rather than on every message.
         self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
         self.acks = AckBatch(self.connection, self.channel, hold_s=ACK_HOLD_S, young_s=ACK_HOLD_BEHIND_S)
+        # Built on a worker's consumer thread: a delivery a hook holds back (see __next__) is
+        # handed to the worker threads later, through that thread's own hand-off.
+        self.dispatch = consumer_thread_dispatch() if self.receive_hooks else None
+        self.closed = False
 
     def close(self) -> None:
         """Queue the acks held back for a cumulative ack before Dramatiq closes the channel (it
         runs the connection's pending callbacks first, in order), so a stop redelivers none."""
         # Closed already: RabbitMQ redelivers whatever was not acked.
+        self.closed = True  # a held-back delivery answered from now on is not handed on
         with contextlib.suppress(pika.exceptions.AMQPError):
             self.connection.add_callback_threadsafe(self.acks.release_held)
         super().close()  # type: ignore[no-untyped-call]
@@ -142,12 +149,29 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             return None
         message = ProjectMessage(method.redelivered, method.delivery_tag, decoded)
         self.known_tags.add(method.delivery_tag)
+        return self._received(message) if self.receive_hooks else message
+
+    def _received(self, message: ProjectMessage) -> ProjectMessage | None:
+        """Run the receive hooks (claims sent ahead). A hook may hold the delivery back until what
+        it started has answered (:mod:`jobsystem.runtime.dispatch_gate`): then None, and the last
+        answer hands the delivery to the worker threads."""
+        gate = DispatchGate(partial(self._dispatch_held, message)) if self.dispatch is not None else None
         for on_receive in self.receive_hooks:
             try:
-                on_receive(self.broker, message)
+                on_receive(self.broker, message, gate)
             except Exception:  # an optimisation only: the hook's before_process_message decides
-                logger.exception("receive_hook_failed", extra={"message_id": decoded.message_id})
-        return message
+                logger.exception("receive_hook_failed", extra={"message_id": message.message_id})
+        return message if gate is None or gate.close() else None
+
+    def _dispatch_held(self, message: ProjectMessage) -> None:
+        """Hand a held-back delivery to the worker threads (on the thread that released it). Once
+        the consumer is closed it is dropped: RabbitMQ redelivers it, as it does every unacked one."""
+        if self.closed or self.dispatch is None:
+            return
+        try:
+            self.dispatch(message)
+        except Exception:  # left unacked: RabbitMQ redelivers it when the channel closes
+            logger.exception("held_delivery_not_dispatched", extra={"message_id": message.message_id})
 
     def _due_beyond_horizon(self, message: Message[Any]) -> bool:
         eta = message.options.get("eta")

@@ -12,6 +12,7 @@ from dramatiq.broker import MessageProxy
 
 from jobsystem.dramatiq_internals import send_claim_ahead, take_claim_ahead
 from jobsystem.runtime.coalesce import Coalescer
+from jobsystem.runtime.dispatch_gate import DispatchGate
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest
 
@@ -59,9 +60,17 @@ class ClaimsAhead:
         #: When a claim last found the store unreachable: a claim sent ahead before it is redone.
         self.store_failed_at = float("-inf")
 
-    def send(self, message: MessageProxy, request: ClaimRequest) -> None:
-        """Send ``request`` for ``message`` without waiting for the answer."""
-        ahead = Ahead(request, self.claims.submit(request), time.monotonic())
+    def send(self, message: MessageProxy, request: ClaimRequest, gate: DispatchGate | None = None) -> None:
+        """Send ``request`` for ``message`` without waiting for the answer; with a ``gate``, the
+        delivery is held back from the worker threads until the answer is in."""
+        release = gate.hold() if gate is not None else None
+        try:
+            pending = self.claims.submit(request, on_done=release)
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        ahead = Ahead(request, pending, time.monotonic())
         with self._lock:
             self._unstarted[(request.message_id, request.owner)] = ahead
         send_claim_ahead(message, ahead)

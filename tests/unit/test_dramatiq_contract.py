@@ -15,11 +15,10 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
 from jobsystem import dramatiq_internals as internals
+from jobsystem.dramatiq_contract import DramatiqContractError, check_contract
 from jobsystem.dramatiq_internals import (
-    DramatiqContractError,
     FlagsNotHonoured,
     ProjectMessage,
-    check_contract,
     dead_letter_error,
     dead_letter_reason,
     pending_follow_up,
