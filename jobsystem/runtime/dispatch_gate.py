@@ -19,8 +19,8 @@ class DispatchGate:
     """Counts the holds taken on one delivery; the last release hands the delivery on.
 
     The receiver holds the gate while the hooks run and gives its own hold up with :meth:`close`;
-    a hook that starts something takes a hold with :meth:`hold` and calls the release it gets once
-    (a second call does nothing), from any thread.
+    a hook that starts something takes a hold with :meth:`hold` (on the receiving thread, before
+    :meth:`close`) and calls the release it gets once (a second call does nothing), from any thread.
 
     Parameters:
       dispatch: hands the delivery to the worker threads; called at most once, by the release
@@ -32,17 +32,21 @@ class DispatchGate:
     def __init__(self, dispatch: Callable[[], None]) -> None:
         self._dispatch = dispatch
         self._holds = 1  # the receiver's own, until close()
-        self._lock = threading.Lock()
+        # Made by the first hold (on the receiving thread, before close): most deliveries take none.
+        self._lock: threading.Lock | None = None
 
     def hold(self) -> Callable[[], None]:
         """Take a hold: the delivery waits until the returned release is called."""
-        with self._lock:
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = threading.Lock()
+        with lock:
             self._holds += 1
         released = False
 
         def release() -> None:
             nonlocal released
-            with self._lock:
+            with lock:
                 if released:
                     return
                 released = True
@@ -57,6 +61,8 @@ class DispatchGate:
         """Give up the receiver's own hold. True when nothing holds the delivery any more: the
         receiver hands it on itself, and ``dispatch`` is never called; False when a release to
         come will call ``dispatch``."""
+        if self._lock is None:  # never held
+            return True
         with self._lock:
             self._holds -= 1
             return self._holds == 0
