@@ -241,6 +241,8 @@ class Idempotency(FailClosed):
         options[REGISTERED] = True
         if "eta" in options:  # a delayed message: it is re-enqueued, not run, when due
             return
+        if message.actor_name not in broker.actors:  # dead-lettered by the consumer thread: no claim
+            return
         try:
             key = self.key_of(broker, message)
         except IdempotencyKeyError:  # before_process_message dead-letters it

@@ -3,6 +3,7 @@ store backend: dedup at send, claim, complete, release, skip, defer, claims sent
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import threading
@@ -16,6 +17,7 @@ from dramatiq.middleware import SkipMessage
 from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
 from jobsystem.privacy.keyhash import UNKEYED, KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
+from jobsystem.runtime.dispatch_gate import DispatchGate
 from jobsystem.store.base import StateStore
 from jobsystem.store.redis import RedisStore
 from middleware.idempotency import (
@@ -285,3 +287,14 @@ def test_key_hashes_are_hmac_sha256_of_the_text_so_stored_names_never_change(sec
         expected = hmac.new(raw or UNKEYED, text.encode("utf-8", "surrogatepass"), hashlib.sha256)
         assert hasher(text) == expected.hexdigest()[:32]
         assert hasher(text) == expected.hexdigest()[:32]  # the remembered one too
+
+
+def test_a_delivery_for_no_declared_actor_is_not_claimed_nor_held(idem):
+    """The consumer's thread dead-letters it: no claim grabs its key, and no hold leaves the
+    hand-off (and with it the dead letter's publish) to the claims' pump."""
+    message = dataclasses.replace(idem.message("orphan"), actor_name="gone")
+    message.options["idempotency_key"] = "orphan"
+    gate = DispatchGate(lambda: None)
+    idem.middleware.on_receive(idem.broker, delivery(message), gate)
+    assert gate.close() is True
+    assert idem.middleware.ahead.unstarted(timeout=1) == []
