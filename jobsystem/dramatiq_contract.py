@@ -5,6 +5,7 @@ names each part a Dramatiq upgrade took away or changed, so the upgrade fails th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import re
@@ -21,6 +22,7 @@ from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
 from jobsystem.dramatiq_internals import ACTOR_ARGUMENTS_FORMAT, RESULTS_MISSING_WARNING, stored_exception
+from jobsystem.runtime.message_shape import FIELDS
 
 __all__ = ["EXPECTATIONS", "DramatiqContractError", "check_contract"]
 
@@ -69,6 +71,19 @@ def _broker_declares_queues_through_its_private_steps() -> bool:
     return all(f"self.{step}(" in _source(RabbitmqBroker._ensure_queue) for step in steps) and all(
         _parameters(getattr(RabbitmqBroker, name)) == ["self", "queue_name"]
         for name in (*steps, "_build_queue_arguments")
+    )
+
+
+def _message_is_its_fields() -> bool:
+    message: Message[Any] = Message(queue_name="q", actor_name="a", args=[1], kwargs={}, options={})  # type: ignore[arg-type]
+    names = tuple(f.name for f in dataclasses.fields(Message))
+    post_init = _source(Message.__post_init__)
+    return bool(
+        names == FIELDS
+        and tuple(vars(message)) == FIELDS
+        and message.args == (1,)
+        and post_init.count("object.__setattr__") == 1
+        and '"args"' in post_init
     )
 
 
@@ -158,6 +173,11 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
     (
         'Pipelines.after_process_message pipes only a message with message.options.get("pipe_target")',
         lambda: 'message.options.get("pipe_target")' in _source(Pipelines.after_process_message),
+    ),
+    (
+        "Message: a dataclass of exactly message_shape.FIELDS in its __dict__, whose __post_init__ only "
+        "makes args a tuple (message_shape builds one without __init__)",
+        _message_is_its_fields,
     ),
     ("DecodeError(message, data, error) keeps .data", lambda: DecodeError("m", b"d", None).data == b"d"),  # type: ignore[no-untyped-call]
     (

