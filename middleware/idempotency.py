@@ -232,9 +232,8 @@ class Idempotency(FailClosed):
 
     def on_receive(self, broker: Broker, message: MessageProxy, gate: DispatchGate | None = None) -> None:
         """Claim ahead: called by the project's consumer as a message arrives, it sends the claim
-        without waiting, so the round trip overlaps the time the message spends prefetched. With a
-        ``gate``, the consumer hands the message to the worker threads once the answer is in, so
-        ``before_process_message`` finds it there and its thread does not wait."""
+        without waiting; with a ``gate``, the consumer hands the message to the worker threads
+        once the answer is in, so ``before_process_message`` finds it there and does not wait."""
         # A received message is past its send: re-enqueues of it (retries, deferrals, delayed
         # moves) are never duplicate sends, and must not need the store to be published.
         options = message.options
@@ -251,6 +250,15 @@ class Idempotency(FailClosed):
             return
         ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
         self.ahead.send(message, ClaimRequest(key, message.message_id, new_owner(), self.lease_ms, ttl), gate)
+
+    def on_dropped(self, broker: Broker, message: MessageProxy) -> None:
+        """A delivery held back for its claim was dropped (its consumer closed first; RabbitMQ
+        redelivers it): its claim, if granted, is given back through the writer (the caller is
+        the claims' pump), so the copy redelivered does not wait out the lease."""
+        request = self.ahead.dropped(message)
+        if request is not None:
+            logger.info("claim_given_back", extra={"message_id": message.message_id})
+            self.writes.submit(_release_many, (request.key, request.owner))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._local.held = None
@@ -357,14 +365,11 @@ class Idempotency(FailClosed):
         self.leases.stop()
 
     def before_consumer_thread_shutdown(self, broker: Broker, thread: Any) -> None:
-        """Give back the claims sent ahead for messages that will not start here.
-
-        Dramatiq stops consumers once every worker thread has stopped, and closes them (RabbitMQ
-        then redelivers what was prefetched) only afterwards: released now, those messages run
-        at once wherever they are redelivered instead of waiting out this worker's lease. A claim
-        still on its way is waited for first (at most twice the store's timeout: a batch in flight,
-        then its own), so that it cannot land after its give-back.
-        """
+        """Give back the claims sent ahead for messages that will not start here: Dramatiq closes
+        the consumers (RabbitMQ then redelivers what was prefetched) after the worker threads
+        stopped, and those messages then run at once wherever they are redelivered. A claim on
+        its way is waited for first (up to twice the store's timeout: a batch in flight, then
+        its own), so that it cannot land after its give-back."""
         unstarted = self.ahead.unstarted(timeout=2 * self.store.timeout)
         if not unstarted:
             return

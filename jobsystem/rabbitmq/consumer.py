@@ -113,6 +113,8 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         # The middleware that want each delivery as it arrives (claim ahead), looked up once per
         # consumer rather than on every message.
         self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
+        # ... and those that undo what they started for a delivery held back, then dropped.
+        self.drop_hooks = [m.on_dropped for m in broker.middleware if hasattr(m, "on_dropped")]
         self.acks = AckBatch(self.connection, self.channel, hold_s=ACK_HOLD_S, young_s=ACK_HOLD_BEHIND_S)
         # Built on a worker's consumer thread: a delivery a hook holds back (see __next__) is
         # handed to the worker threads later, through that thread's own hand-off.
@@ -165,13 +167,24 @@ class DeadLetteringConsumer(RabbitmqConsumer):
 
     def _dispatch_held(self, message: ProjectMessage) -> None:
         """Hand a held-back delivery to the worker threads (on the thread that released it). Once
-        the consumer is closed it is dropped: RabbitMQ redelivers it, as it does every unacked one."""
+        the consumer is closed it is dropped: RabbitMQ redelivers it, as it does every unacked one,
+        and the hooks' ``on_dropped`` undo what they started for it (the claim sent ahead is given
+        back, so the copy redelivered does not wait out this worker's lease)."""
         if self.closed or self.dispatch is None:
+            self._dropped(message)
             return
         try:
             self.dispatch(message)
         except Exception:  # left unacked: RabbitMQ redelivers it when the channel closes
             logger.exception("held_delivery_not_dispatched", extra={"message_id": message.message_id})
+            self._dropped(message)
+
+    def _dropped(self, message: ProjectMessage) -> None:
+        for on_dropped in self.drop_hooks:
+            try:
+                on_dropped(self.broker, message)
+            except Exception:
+                logger.exception("drop_hook_failed", extra={"message_id": message.message_id})
 
     def _due_beyond_horizon(self, message: Message[Any]) -> bool:
         eta = message.options.get("eta")

@@ -85,6 +85,13 @@ class ClaimsAhead:
             self._unstarted.pop((ahead.request.message_id, ahead.request.owner), None)
         return ahead
 
+    def dropped(self, message: MessageProxy) -> ClaimRequest | None:
+        """The claim sent ahead for a delivery dropped before it started, once answered (the
+        consumer drops a held delivery when the answer is in): to be given back if granted (or
+        unknown), else None. It is taken off, so a stop does not give it back again."""
+        ahead = self.take(message)
+        return ahead.request if ahead is not None and self.granted(ahead, timeout=0) else None
+
     def answer(self, ahead: Ahead | None) -> tuple[str | None, Claim | None]:
         """The owner of the claim sent ahead (as :meth:`take` gave it), and its answer if it can
         still be trusted (see the class's docstring; else None: claim again, as the same owner)."""

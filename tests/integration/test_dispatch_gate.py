@@ -113,3 +113,30 @@ def test_a_delivery_answered_after_its_consumer_closed_is_not_handed_on(
     assert handed_on == [keyed.message_id]  # closed: the second is not handed on
     wait_for(lambda: queues.depth(queue) == 2, what="both deliveries back in the queue")
     assert again.message_id not in handed_on
+
+
+def test_the_claim_of_a_delivery_dropped_at_close_is_given_back(queues: Queues, held_claims: HeldClaims):
+    """A lost connection closes the consumer while a claim sent ahead is on its way: once granted,
+    the delivery is dropped, and its claim given back, so the copy RabbitMQ redelivers (here, a
+    claim by another delivery of the same key) is granted now, not after this one's lease."""
+    queue = queues.name(workload.effect)
+    dropped = queues.send(workload.effect, "given-back")
+    consumer = queues.broker.consume(queue, prefetch=4, timeout=100)
+    assert isinstance(consumer, DeadLetteringConsumer)
+    handed_on: list[str] = []
+    consumer.dispatch = lambda message: handed_on.append(message.message_id)
+    try:
+        wait_for(lambda: next(consumer) is None and held_claims.asked.is_set(), what="the claim sent ahead")
+    finally:
+        consumer.close()
+    held_claims.settled()  # granted after the close: the delivery is dropped
+    middleware = held_claims.middleware
+    assert middleware.writes.flush(10)
+    assert handed_on == []
+    key = middleware.key_of(queues.broker, dropped)
+    assert key is not None
+    (claim,) = middleware.backend.claim_many(
+        [ClaimRequest(key, "redelivered", "another-owner", 30_000, 60_000)]
+    )
+    assert claim.status == "claimed"
+    wait_for(lambda: queues.depth(queue) == 1, what="the delivery back in the queue")

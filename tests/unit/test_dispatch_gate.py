@@ -1,15 +1,18 @@
-"""The dispatch gate hands a delivery on exactly once, after its receiver and every hold let go,
-and the coalescer's callbacks that drive it run once each answer is in, error or not."""
+"""The dispatch gate hands a delivery on exactly once, after its receiver and every hold let go;
+the coalescer's callbacks that drive it run once each answer is in, error or not; and a held
+delivery the consumer does not hand on (closed, or its hand-off failed) goes to the drop hooks."""
 
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.dispatch_gate import DispatchGate
@@ -114,3 +117,36 @@ def test_a_claim_that_cannot_be_sent_lets_its_delivery_go():
     with pytest.raises(RuntimeError):
         ahead.send(object(), ClaimRequest("k", "m", "o", 30_000, 60_000), gate)  # type: ignore[arg-type]
     assert gate.close() is True and calls == []  # the receiver hands it on itself
+
+
+def dropping_consumer(*, closed: bool, dispatch: Any) -> tuple[Any, list[str]]:
+    """A consumer's state as ``_dispatch_held`` reads it, with a drop hook that notes each delivery."""
+    dropped: list[str] = []
+    consumer = SimpleNamespace(
+        closed=closed,
+        dispatch=dispatch,
+        broker=object(),
+        drop_hooks=[lambda broker, message: dropped.append(message.message_id)],
+    )
+    consumer._dropped = lambda message: DeadLetteringConsumer._dropped(consumer, message)  # type: ignore[arg-type]
+    return consumer, dropped
+
+
+@pytest.mark.parametrize("how", ["closed", "dispatch failed"])
+def test_a_held_delivery_that_is_not_handed_on_goes_to_the_drop_hooks(how: str):
+    def failing(message: Any) -> None:
+        raise RuntimeError("work queue gone")
+
+    handed_on: list[str] = []
+    consumer, dropped = dropping_consumer(
+        closed=how == "closed", dispatch=failing if how == "dispatch failed" else handed_on.append
+    )
+    DeadLetteringConsumer._dispatch_held(consumer, SimpleNamespace(message_id="m-1"))  # type: ignore[arg-type]
+    assert dropped == ["m-1"] and handed_on == []
+
+
+def test_a_held_delivery_handed_on_is_not_dropped():
+    handed_on: list[Any] = []
+    consumer, dropped = dropping_consumer(closed=False, dispatch=handed_on.append)
+    DeadLetteringConsumer._dispatch_held(consumer, SimpleNamespace(message_id="m-1"))  # type: ignore[arg-type]
+    assert [m.message_id for m in handed_on] == ["m-1"] and dropped == []
