@@ -140,6 +140,13 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
     ),
     ("Worker._add_worker()", lambda: _parameters(Worker._add_worker) == ["self"]),
     (
+        "Worker.queue_prefetch, the prefetch _add_consumer gives each queue's consumer",
+        lambda: (
+            _sets(Worker.__init__, "queue_prefetch")
+            and "self.queue_prefetch" in _source(Worker._add_consumer)
+        ),
+    ),
+    (
         "Worker.workers, .consumers and .consumer_whitelist",
         lambda: _sets(Worker.__init__, "workers", "consumers", "consumer_whitelist"),
     ),

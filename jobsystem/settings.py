@@ -152,6 +152,7 @@ class Settings(BaseModel):
     # Worker tuning
     worker_processes: int = Field(default=2, ge=1, le=256)
     worker_threads: int = Field(default=8, ge=1, le=1024)
+    worker_prefetch: int = Field(default=0, ge=0, le=65_535)
     worker_shutdown_timeout_ms: int = Field(default=600_000, ge=1_000, le=MAX_DURATION_MS)
     job_time_limit_ms: int = Field(default=600_000, ge=1_000, le=MAX_DURATION_MS)
     job_max_age_ms: int | None = Field(default=None, ge=1_000, le=MAX_DURATION_MS)

@@ -34,6 +34,7 @@ from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
 from middleware.metrics import Metrics
 from middleware.pipelines import QuickPipelines
+from middleware.prefetch import Prefetch
 from middleware.ratelimit import RateLimits
 from middleware.results import StoreResults
 from middleware.retries import SafeRetries
@@ -50,15 +51,16 @@ def build_middleware(
     settings: Settings, store: StateStore, *, scrubber: Scrubber, key_hasher: KeyHasher
 ) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire:
-    StoreCheck, ThreadWatchdog, Heartbeat, JobLifecycle, AgeLimit, TimeLimit, ShutdownNotifications,
-    Callbacks, QuickPipelines (Dramatiq's Pipelines), DeadLetters, SafeRetries, CurrentMessage,
-    Cancellation, RateLimits, Idempotency, StoreResults, Workflows, Status (``JOB_STATUS``), Metrics
-    (``PROMETHEUS_PORT``), ScrubStoredTracebacks."""
+    StoreCheck, ThreadWatchdog, Prefetch (``WORKER_PREFETCH``), Heartbeat, JobLifecycle, AgeLimit,
+    TimeLimit, ShutdownNotifications, Callbacks, QuickPipelines (Dramatiq's Pipelines), DeadLetters,
+    SafeRetries, CurrentMessage, Cancellation, RateLimits, Idempotency, StoreResults, Workflows,
+    Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks."""
     # One background writer: a job's key completion and its final status leave in one batch.
     writes = DeferredWrites(store)
     stack: list[Middleware] = [
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
+        Prefetch(settings.worker_prefetch),
         Heartbeat(store),
         JobLifecycle(scrub=scrubber, flush_logs=flush_batched_streams, write_line=write_job_line),
         AgeLimit(max_age=settings.job_max_age_ms),

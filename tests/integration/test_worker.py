@@ -121,3 +121,20 @@ def test_rabbitmq_max_priority_0_declares_plain_queues_that_a_worker_so_configur
     start_worker(RABBITMQ_MAX_PRIORITY="0")
     plain.enqueue(queues.message(workload.record, "plain"))
     wait_for(lambda: store.sismember(f"test:{prefix}tokens", "plain"), what="the job's run")
+
+
+def test_worker_prefetch_is_each_queue_consumers_prefetch(start_worker, queues):
+    """``WORKER_PREFETCH`` sets what each worker process's consumer prefetches; 0 (the default)
+    leaves Dramatiq's twice the threads."""
+    queue = queues.name(workload.record)
+
+    def prefetch_counts() -> list[int] | None:
+        consumers = queues.info(queue).get("consumer_details") or []
+        return sorted(c["prefetch_count"] for c in consumers) or None
+
+    start_worker(threads=3, WORKER_PREFETCH="5")
+    queues.wait_consumers(queue, 1)
+    assert wait_for(prefetch_counts, what="the consumer's details") == [5]
+    start_worker(threads=3)
+    queues.wait_consumers(queue, 2)
+    assert wait_for(lambda: (c := prefetch_counts()) and len(c) == 2 and c, what="both consumers") == [5, 6]
