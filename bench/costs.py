@@ -7,8 +7,11 @@ jobs/s within the same repetition: ``/ bare``, to bare Dramatiq as it comes (pla
 ``/ same shape``, to bare Dramatiq on queues of the row's shape. The project's queues take
 priorities by default (``x-max-priority``, which costs RabbitMQ CPU per message), so bare Dramatiq
 runs twice, on plain and on priority queues, and the defaults and the full stack run again on
-plain queues (``RABBITMQ_MAX_PRIORITY=0``). ``--repeat N`` prints the median of N repetitions of
-each figure (ratios are taken within a repetition, then their median).
+plain queues (``RABBITMQ_MAX_PRIORITY=0``). The last row gives the full stack a prefetch of 64
+(``WORKER_PREFETCH``, 4x Dramatiq's twice the threads) and is compared with bare Dramatiq given
+the same through Dramatiq's ``dramatiq_queue_prefetch``: the tuning for many short jobs, priced
+for both. ``--repeat N`` prints the median of N repetitions of each figure (ratios are taken
+within a repetition, then their median).
 
 What the table showed at each step of issue 15, before and after, with the load of the machine:
 ``docs/benchmarks.md``.
@@ -58,17 +61,24 @@ def _free_port() -> str:
 @dataclass(frozen=True)
 class Row:
     """One configuration: its worker module, messages and environment, and its queues' shape
-    (``priority``: declared with ``x-max-priority``, as the project's are by default)."""
+    (``priority``: declared with ``x-max-priority``, as the project's are by default); ``same``:
+    the bare row it is compared with in ``/ same shape``, when not the one of its queues' shape."""
 
     label: str
     module: str
     make: MakeMessages
     env: dict[str, str]
     priority: bool = True
+    same: str | None = None
 
 
 BARE = "bare Dramatiq, default middleware"
 BARE_PRIORITY = f"bare Dramatiq, x-max-priority {PRIORITY_LEVELS} queues"
+#: A deeper prefetch than Dramatiq's twice the threads: the tuning ``WORKER_PREFETCH`` offers for
+#: many short jobs, given to bare Dramatiq (through its own variable) and to the full stack alike.
+DEEP_PREFETCH = "64"
+BARE_DEEP = f"bare Dramatiq, priority queues, prefetch {DEEP_PREFETCH}"
+FULL_DEEP = f"full stack, WORKER_PREFETCH {DEEP_PREFETCH}"
 FULL_PLAIN = "full stack, plain queues (max priority 0)"
 DEFAULTS_PLAIN = "defaults, plain queues (max priority 0)"
 
@@ -85,6 +95,12 @@ def _rows() -> list[Row]:
     return [
         Row(BARE, "bench.bare", noop_messages, {}, priority=False),
         Row(BARE_PRIORITY, "bench.bare", noop_messages, {"BENCH_MAX_PRIORITY": str(PRIORITY_LEVELS)}),
+        Row(
+            BARE_DEEP,
+            "bench.bare",
+            noop_messages,
+            {"BENCH_MAX_PRIORITY": str(PRIORITY_LEVELS), "dramatiq_queue_prefetch": DEEP_PREFETCH},
+        ),
         Row("project, everything off", project, noop_messages, off),
         Row("+ lifecycle logs (INFO, JSON)", project, noop_messages, logs),
         Row("+ job status", project, noop_messages, {**logs, "JOB_STATUS": "true"}),
@@ -94,6 +110,9 @@ def _rows() -> list[Row]:
         Row("everything off + key + rate-limited bucket", project, keyed_metered, off),
         Row(FULL_PLAIN, project, keyed_metered, plain_defaults, priority=False),
         Row(DEFAULTS_PLAIN, project, noop_messages, plain_defaults, priority=False),
+        Row(
+            FULL_DEEP, project, keyed_metered, {**defaults, "WORKER_PREFETCH": DEEP_PREFETCH}, same=BARE_DEEP
+        ),
     ]
 
 
@@ -105,6 +124,7 @@ ISSUE_ROWS = (
     ("all off, no key, no rate limit", "project, everything off"),
     ("defaults + key + rate limit, plain queues", FULL_PLAIN),
     ("defaults, no key, no limit, plain queues", DEFAULTS_PLAIN),
+    (f"full stack, prefetch {DEEP_PREFETCH}, vs bare at {DEEP_PREFETCH}", FULL_DEEP),
 )
 #: The row a row's "+ us" is counted from, where it is not the row above.
 ADDS_TO = {
@@ -112,6 +132,8 @@ ADDS_TO = {
     "everything off + key + rate-limited bucket": "project, everything off",
     FULL_PLAIN: "defaults + key + rate-limited bucket",
     DEFAULTS_PLAIN: "+ Prometheus (= defaults)",
+    BARE_DEEP: BARE_PRIORITY,
+    FULL_DEEP: "defaults + key + rate-limited bucket",
 }
 
 
@@ -201,7 +223,7 @@ def cost_table(run: Run, bare: dict[bool, RabbitmqBroker], repeat: int) -> CostT
                     row.label, row.module, senders[shape], row.make, STATE_URL=url, **row.env
                 )
             done[row.label] = rate
-            table.add(rate, done[BARE], done[BARE_PRIORITY if row.priority else BARE])
+            table.add(rate, done[BARE], done[row.same or (BARE_PRIORITY if row.priority else BARE)])
             print(
                 f"  [{i + 1}/{repeat}] {row.label:<42} {rate.per_second:>8,.0f} /s"
                 f" {rate.per_second / done[BARE].per_second:>6.2f} {rate.cpu_micros_per_job:>7.0f} us"
