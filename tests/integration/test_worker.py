@@ -128,13 +128,14 @@ def test_worker_prefetch_is_each_queue_consumers_prefetch(start_worker, queues):
     leaves Dramatiq's twice the threads."""
     queue = queues.name(workload.record)
 
-    def prefetch_counts() -> list[int] | None:
-        consumers = queues.info(queue).get("consumer_details") or []
-        return sorted(c["prefetch_count"] for c in consumers) or None
+    def prefetch_counts(consumers: int) -> list[int] | None:
+        """Each consumer's prefetch, once RabbitMQ lists ``consumers`` of them."""
+        details = queues.info(queue).get("consumer_details") or []
+        return sorted(c["prefetch_count"] for c in details) if len(details) == consumers else None
 
     start_worker(threads=3, WORKER_PREFETCH="5")
     queues.wait_consumers(queue, 1)
-    assert wait_for(prefetch_counts, what="the consumer's details") == [5]
+    assert wait_for(lambda: prefetch_counts(1), what="the consumer's details") == [5]
     start_worker(threads=3)
     queues.wait_consumers(queue, 2)
-    assert wait_for(lambda: (c := prefetch_counts()) and len(c) == 2 and c, what="both consumers") == [5, 6]
+    assert wait_for(lambda: prefetch_counts(2), what="both consumers' details") == [5, 6]
