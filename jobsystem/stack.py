@@ -27,7 +27,7 @@ from jobsystem.settings import Settings, SettingsError
 from jobsystem.startup import configuration_checked
 from jobsystem.store import StateStore
 from jobsystem.store.results import StoreResultBackend
-from middleware.cancellation import Cancellation
+from middleware.cancellation import Cancellation, ForgetCancelledKeys
 from middleware.dead_letters import DeadLetters
 from middleware.heartbeat import Heartbeat
 from middleware.idempotency import Idempotency
@@ -54,7 +54,8 @@ def build_middleware(
     StoreCheck, ThreadWatchdog, Prefetch (``WORKER_PREFETCH``), Heartbeat, JobLifecycle, AgeLimit,
     TimeLimit, ShutdownNotifications, Callbacks, QuickPipelines (Dramatiq's Pipelines), DeadLetters,
     SafeRetries, CurrentMessage, Cancellation, RateLimits, Idempotency, StoreResults, Workflows,
-    Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks."""
+    Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks,
+    ForgetCancelledKeys. Their ``after_*`` hooks fire in the reverse order."""
     # One background writer: a job's key completion and its final status leave in one batch.
     writes = DeferredWrites(store)
     stack: list[Middleware] = [
@@ -109,6 +110,7 @@ def build_middleware(
     if settings.prometheus_port:
         stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     stack.append(ScrubStoredTracebacks(scrubber.text))
+    stack.append(ForgetCancelledKeys())  # last: a cancelled key is gone before "cancelled" shows
     return stack
 
 

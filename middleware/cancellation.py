@@ -3,7 +3,8 @@
 ``actors.workflows.cancel(id)`` marks message ids in the store (with a TTL: the marks survive
 worker restarts and reach every host). A message that arrives marked is not run: it is acked,
 not retried and not dead-lettered, with the option :data:`CANCELLED` set for the hooks after it
-(status ``cancelled``, its idempotency key forgotten, its result a ``JobCancelled`` failure). A
+(status ``cancelled``, its result a ``JobCancelled`` failure, its idempotency key forgotten by
+:class:`ForgetCancelledKeys`). A
 job already running is interrupted by :class:`~jobsystem.runtime.cancellation.CancelWatch`,
 which raises ``JobCancelled`` in its thread within about one poll interval, unless its actor is
 declared ``interruptible=False``.
@@ -21,17 +22,17 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.middleware import SkipMessage
+from dramatiq.middleware import Middleware, SkipMessage
 
 from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.options import option_of
-from jobsystem.store.base import StateStore
+from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import cancel_marks
 from middleware.guard import FailClosed
 from middleware.idempotency import Idempotency
 
-__all__ = ["Cancellation", "is_cancelled"]
+__all__ = ["Cancellation", "ForgetCancelledKeys", "is_cancelled"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,7 @@ class Cancellation(FailClosed):
       poll_interval: seconds between two polls for new marks (one store call each).
 
     Place it before RateLimits and Idempotency: a cancelled message spends no token and takes no
-    claim, and its ``after_*`` hooks run after theirs, so that it forgets the job's idempotency key
-    (deletes it unless done) once Idempotency gave back its claim: a deliberate re-send then runs.
-    A store that cannot be asked on arrival defers the message (fail closed).
+    claim. A store that cannot be asked on arrival defers the message (fail closed).
     """
 
     defer_option = "cancellation_store_waits"
@@ -101,12 +100,38 @@ class Cancellation(FailClosed):
     ) -> None:
         self.watch.ended(message.message_id)
         if isinstance(exception, JobCancelled):
-            message.options[CANCELLED] = True
             logger.info("job_cancelled", extra={"message_id": message.message_id, "running": True})
-            self._forget_key(broker, message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self.watch.ended(message.message_id)
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self.watch.stop()
+
+
+class ForgetCancelledKeys(Middleware):
+    """Forget a cancelled job's idempotency key (delete it unless done) before anything says the
+    job was cancelled, so that a caller who sees the ``cancelled`` status or the ``JobCancelled``
+    result and re-sends with the same key is not told it is a duplicate.
+
+    Dramatiq runs ``after_*`` hooks in reverse order: place it last, so that its hooks run before
+    those of StoreResults and Status. Idempotency's own give-back of the claim comes later and is
+    a no-op then (it only touches a claim its owner still holds). A key that cannot be forgotten
+    (store down) stays: a re-send is then reported as a duplicate, never run twice.
+    """
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any | None = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        if isinstance(exception, JobCancelled):
+            self._forget_key(broker, message)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         if message.options.get(CANCELLED):
             self._forget_key(broker, message)
 
@@ -114,8 +139,11 @@ class Cancellation(FailClosed):
         for middleware in broker.middleware:
             if isinstance(middleware, Idempotency):
                 key = middleware.key_of(broker, message)
-                if key is not None:
+                if key is None:
+                    continue
+                try:
                     middleware.backend.forget_many([key])
-
-    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        self.watch.stop()
+                except StoreUnavailable as exc:
+                    logger.warning(
+                        "cancelled_key_kept", extra={"message_id": message.message_id, "error": str(exc)}
+                    )

@@ -226,7 +226,8 @@ class RedisIdempotency(IdempotencyBackend):
 
     def forget_many(self, keys: list[str]) -> None:
         if keys:
-            self._forget(keys=[self._key(k) for k in keys], args=[])
+            with self.store.errors():
+                self._forget(keys=[self._key(k) for k in keys], args=[])
 
     def lookup(self, key: str) -> KeyRecord | None:
         with self.store.errors():

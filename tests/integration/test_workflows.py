@@ -9,9 +9,14 @@ import subprocess
 import time
 
 import pytest
+from dramatiq.broker import MessageProxy
 from dramatiq.results import ResultFailure
 
 from actors.workflows import cancel, group, pipeline, workflow_status
+from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
+from middleware.idempotency import Idempotency
+from middleware.results import StoreResults
+from middleware.status import Status
 from tests import workload
 from tests.support import BIN, ROOT, TEST_REDIS_URL, sender_broker, wait_for
 
@@ -148,6 +153,42 @@ def test_cancelling_a_running_job_stops_it_within_a_second(start_worker, sender,
     # Stopped on purpose: logged as cancelled, not as a failure with a traceback.
     assert worker.events("job_cancelled", message_id=message.message_id)
     assert "Failed to process message" not in worker.output()
+
+
+def test_a_cancelled_jobs_key_is_forgotten_before_its_outcome_is_written(sender, monkeypatch):
+    """Deterministic half of the re-send check above: the key must be gone at the moment the
+    ``JobCancelled`` result and the ``cancelled`` status are written, not a moment after."""
+    broker = sender.broker
+    (idempotency,) = [m for m in broker.middleware if isinstance(m, Idempotency)]
+    (results,) = [m for m in broker.middleware if isinstance(m, StoreResults)]
+    (status,) = [m for m in broker.middleware if isinstance(m, Status)]
+    message = MessageProxy(sender.message(workload.ticking, "forgotten", 30))
+    hashed = idempotency.key_of(broker, message)
+    idempotency.backend.register(hashed, message.message_id, 60_000)
+    seen: dict[str, object] = {}
+    store_exception, update = results.backend.store_exception, status._update
+    monkeypatch.setattr(
+        results.backend,
+        "store_exception",
+        lambda *a, **k: (
+            seen.setdefault("result", idempotency.backend.lookup(hashed)),
+            store_exception(*a, **k),
+        ),
+    )
+    monkeypatch.setattr(
+        status,
+        "_update",
+        lambda *a, **k: (seen.setdefault("status", idempotency.backend.lookup(hashed)), update(*a, **k)),
+    )
+    broker.emit_after("process_message", message, exception=JobCancelled())
+    assert seen == {"result": None, "status": None}
+    # Cancelled on arrival (skipped, never run): the same order.
+    seen.clear()
+    skipped = MessageProxy(sender.message(workload.ticking, "forgotten", 30))
+    idempotency.backend.register(hashed, skipped.message_id, 60_000)
+    skipped.options[CANCELLED] = True
+    broker.emit_after("skip_message", skipped)
+    assert seen == {"result": None, "status": None}
 
 
 def test_cancelling_a_delayed_job_before_it_is_due_means_it_never_starts(
