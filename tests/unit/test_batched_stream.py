@@ -180,9 +180,13 @@ def test_pending_lines_are_sent_at_interpreter_exit():
 def test_a_forked_child_sends_only_its_own_lines_and_can_write_while_the_parent_held_the_lock():
     read_fd, write_fd = os.pipe()
 
+    written: list[str] = []
+
     class FdStream:
         def write(self, text: str) -> int:
-            return os.write(write_fd, text.encode())
+            sent = os.write(write_fd, text.encode())
+            written.append(text)
+            return sent
 
     stream = BatchedStream(FdStream(), interval=0.05)
     stream.write_later("parent pending\n")
@@ -192,10 +196,11 @@ def test_a_forked_child_sends_only_its_own_lines_and_can_write_while_the_parent_
         signal.alarm(10)  # a deadlock ends the child, and the test fails on its exit status
         stream.write_later("child line\n")
         deadline = 200
-        while stream._pending and deadline:
+        # Until its flusher wrote the line (taken from the pending list is not written yet).
+        while "child line\n" not in "".join(written) and deadline:
             threading.Event().wait(0.05)
             deadline -= 1
-        os._exit(0 if not stream._pending else 3)
+        os._exit(0 if deadline else 3)
     stream._lock.release()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
