@@ -35,7 +35,7 @@ from bench.costs import BARE, STORES, bare_brokers, cost_table, store_broker
 from bench.dashboard import add_dashboard_arguments, dashboard_report
 from bench.dead_letters import dead_letter_figures
 from bench.delays import delay_figures
-from bench.latency import send_to_start
+from bench.latency import PACES, send_to_start
 from bench.scrub import scrub_costs
 from bench.throughput import (
     BIN,
@@ -156,22 +156,37 @@ def costs_and_latency(run: Run, brokers: dict[bool, RabbitmqBroker], args: argpa
     table = cost_table(run, brokers, args.repeat)
     for line in table.lines():
         print(line)
-    print(f"send -> start latency, idle worker, {args.latency_count} sequential sends, median of runs")
+    print("send -> start latency, one probe at a time, median of runs")
     full = store_broker(STORES["redis"])
     probes = {
         "bare Dramatiq": ("bench.bare", brokers[False]),
         "full stack (defaults + key + limit)": ("bench.project", full),
     }
+    for pace, pause in PACES.items():
+        count = args.latency_count if not pause else max(args.latency_count * 2 // 3, 1)
+        print(f"  {pace}, {count} probes")
+        latency_lines(probes, run, args.repeat, count, pause)
+    load = os.getloadavg()
+    print(f"  load averages at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return table.rates[BARE][-1]
+
+
+def latency_lines(
+    probes: dict[str, tuple[str, RabbitmqBroker]], run: Run, repeat: int, count: int, pause: float
+) -> None:
+    """Print each probe's median and p99 send -> start latency (medians of ``repeat`` runs,
+    alternating), and the full stack's median over bare Dramatiq's."""
     figures: dict[str, list[tuple[float, float]]] = {}
-    for _ in range(args.repeat):
+    for _ in range(repeat):
         for label, (module, broker) in probes.items():
             found = send_to_start(
                 label,
                 module,
                 broker,
-                args.latency_count,
+                count,
                 run.processes,
                 run.threads,
+                pause=pause,
                 STATE_URL=STORES["redis"],
                 LOG_LEVEL="INFO",
                 LOG_FORMAT="json",
@@ -180,13 +195,9 @@ def costs_and_latency(run: Run, brokers: dict[bool, RabbitmqBroker], args: argpa
     for label, runs in figures.items():
         median = statistics.median(m for m, _ in runs)
         p99 = statistics.median(p for _, p in runs)
-        print(f"  {label:<44} median {median:>6.2f} ms   p99 {p99:>6.2f} ms")
-    bare_median = statistics.median(m for m, _ in figures["bare Dramatiq"])
-    full_median = statistics.median(m for m, _ in figures["full stack (defaults + key + limit)"])
-    print(ratio("ratio full / bare (median)", full_median / bare_median))
-    load = os.getloadavg()
-    print(f"  load averages at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    return table.rates[BARE][-1]
+        print(f"    {label:<42} median {median:>6.2f} ms   p99 {p99:>6.2f} ms")
+    bare, full = (statistics.median(m for m, _ in runs) for runs in figures.values())
+    print(ratio("  ratio full / bare (median)", full / bare))
 
 
 def ratio(label: str, value: float, digits: int = 2) -> str:
