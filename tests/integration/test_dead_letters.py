@@ -53,6 +53,8 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
     wait_for(lambda: queues.depth(queue + ".DLQ") == 7, timeout=60, what="seven dead letters")
 
     letters = dead_letters(queues)
+    # The peek's requeue lands a moment later; until then jobctl (reading what is ready) sees less.
+    wait_for(lambda: queues.depth(queue + ".DLQ") == 7, what="the peeked dead letters back in place")
     for reason, message in sent.items():
         headers = letters[message.message_id]["properties"]["headers"]
         assert headers["x-dl-reason"] == reason, (reason, headers)

@@ -61,8 +61,9 @@ def test_a_delay_waits_in_rabbitmq_and_reaches_its_delay_queue_with_its_options(
     record = sender.status(message.message_id) or wait_for(lambda: sender.status(message.message_id))
     assert (record.state, record.due_at) == ("scheduled", eta)
     arrived, properties, body = get_one(queues.name(workload.effect) + ".DQ", timeout=10)
-    # It leaves the cascade one to two seconds before it is due (a few ms per hop added).
-    assert 1.0 - 0.3 <= eta / 1000 - arrived <= 2.0
+    # It leaves the cascade before it is due: 1.6 s before, plus a few ms per hop, on an idle
+    # RabbitMQ (a loaded one expires the messages of each level later: 0.68 s before, seen in CI).
+    assert 0 < eta / 1000 - arrived <= 2.0
     assert properties.priority == 7 and properties.delivery_mode == 2
     assert body["message_id"] == message.message_id and body["options"]["eta"] == eta
     assert body["options"]["idempotency_registered"] is True  # its key went through the wait

@@ -53,7 +53,11 @@ def test_a_refused_retry_backs_off_alerts_and_runs_the_actor_once(
     assert store.llen(attempts) == 2
     (published,) = worker.events("follow_up_published", message_id=message.message_id)
     assert published["kind"] == "retry" and published["refusals"] >= 3
-    started = worker.events("job_started", message_id=message.message_id)
+    # The second run's job_started line may still be in the worker's log batch: wait for it.
+    started = wait_for(
+        lambda: (lines := worker.events("job_started", message_id=message.message_id))[1:] and lines,
+        what="both runs' job_started lines",
+    )
     assert [line["attempt"] for line in started] == [1, 2]  # the refused attempt was counted
 
 
