@@ -163,6 +163,7 @@ def costs_and_latency(run: Run, brokers: dict[bool, RabbitmqBroker], args: argpa
         "full stack (defaults + key + limit)": ("bench.project", full),
     }
     for pace, pause in PACES.items():
+        # Fewer idle probes: each costs its pause (200 of the default 300 take 20 s a run).
         count = args.latency_count if not pause else max(args.latency_count * 2 // 3, 1)
         print(f"  {pace}, {count} probes")
         latency_lines(probes, run, args.repeat, count, pause)

@@ -128,11 +128,11 @@ class ForgetCancelledKeys(Middleware):
         result: Any | None = None,
         exception: BaseException | None = None,
     ) -> None:
-        if isinstance(exception, JobCancelled):
+        if is_cancelled(message, exception):
             self._forget_key(broker, message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        if message.options.get(CANCELLED):
+        if is_cancelled(message):
             self._forget_key(broker, message)
 
     def _forget_key(self, broker: Broker, message: MessageProxy) -> None:

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.results import ResultFailure
 
@@ -189,6 +190,29 @@ def test_a_cancelled_jobs_key_is_forgotten_before_its_outcome_is_written(sender,
     skipped.options[CANCELLED] = True
     broker.emit_after("skip_message", skipped)
     assert seen == {"result": None, "status": None}
+
+
+def test_a_cancelled_jobs_key_is_kept_when_the_store_refuses_to_forget_it(
+    queues, prefix, monkeypatch, caplog
+):
+    """A Redis error reply while forgetting: the key stays (a re-send is a duplicate, never a
+    second run), the job's outcome is still written, and the error is logged, not raised."""
+    broker = sender_broker(prefix, TEST_REDIS_URL)
+    (idempotency,) = [m for m in broker.middleware if isinstance(m, Idempotency)]
+    (results,) = [m for m in broker.middleware if isinstance(m, StoreResults)]
+    message = MessageProxy(queues.message(workload.ticking, "kept", 30))
+    hashed = idempotency.key_of(broker, message)
+    idempotency.backend.register(hashed, message.message_id, 60_000)
+
+    def refuse(**_: object) -> None:
+        raise redis.exceptions.ReadOnlyError("You can't write against a read only replica.")
+
+    monkeypatch.setattr(idempotency.backend, "_forget", refuse)
+    broker.emit_after("process_message", message, exception=JobCancelled())
+    assert idempotency.backend.lookup(hashed) is not None
+    with pytest.raises(ResultFailure):  # the JobCancelled result was stored all the same
+        results.backend.get_result(message, block=False)
+    assert any(r.getMessage() == "cancelled_key_kept" for r in caplog.records)
 
 
 def test_cancelling_a_delayed_job_before_it_is_due_means_it_never_starts(

@@ -196,11 +196,15 @@ def test_a_forked_child_sends_only_its_own_lines_and_can_write_while_the_parent_
         signal.alarm(10)  # a deadlock ends the child, and the test fails on its exit status
         stream.write_later("child line\n")
         deadline = 200
+
         # Until its flusher wrote the line (taken from the pending list is not written yet).
-        while "child line\n" not in "".join(written) and deadline:
+        def child_line_written() -> bool:
+            return "child line\n" in "".join(written)
+
+        while not child_line_written() and deadline:
             threading.Event().wait(0.05)
             deadline -= 1
-        os._exit(0 if deadline else 3)
+        os._exit(0 if child_line_written() else 3)
     stream._lock.release()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
