@@ -277,21 +277,39 @@ class Queues:
         info: dict[str, Any] = response.json()
         return info
 
+    def declared(self, queue: str) -> tuple[int, int] | None:
+        """``queue``'s ready messages and consumers (a passive declare), or None while nobody has
+        declared it yet. Asked on a channel of its own: RabbitMQ closes the channel a 404 came on,
+        and the broker's shared one would then stay closed for every later test in this process."""
+        import pika.exceptions
+
+        channel = get_system().broker.connection.channel()
+        try:
+            method = channel.queue_declare(queue, passive=True).method
+        except pika.exceptions.ChannelClosedByBroker as error:
+            if error.reply_code == 404:
+                return None
+            raise
+        channel.close()
+        return int(method.message_count), int(method.consumer_count)
+
     def depth(self, queue: str) -> int:
         """Messages *ready* in ``queue`` right now (a passive declare's count). Messages a worker
         has prefetched, is running, or holds until their eta (``.DQ``) are not counted: zero does
         not mean "done" while a consumer is attached. The count is exact with no consumer (a
         dead-letter queue, a queue before any worker starts or after :meth:`left_after_stop`)."""
-        channel = get_system().broker.channel
-        return int(channel.queue_declare(queue, passive=True).method.message_count)
+        counts = self.declared(queue)
+        if counts is None:
+            raise AssertionError(f"{queue} is not declared")
+        return counts[0]
 
     def wait_consumers(self, queue: str, count: int, timeout: float = 30.0) -> None:
         """Wait until ``count`` consumers are attached to ``queue``: a worker logs that it is ready
-        once its consumer threads started, before they have subscribed."""
-        channel = get_system().broker.channel
+        once its consumer threads started, before they have subscribed (and declared it)."""
 
         def attached() -> bool:
-            return int(channel.queue_declare(queue, passive=True).method.consumer_count) >= count
+            counts = self.declared(queue)
+            return counts is not None and counts[1] >= count
 
         wait_for(attached, timeout, what=f"{count} consumers on the queue")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from jobsystem.system import get_system
 from tests.dashboard_server import DASHBOARD_ADMIN, DASHBOARD_VIEWER, Dashboard
 from tests.support import TEST_REDIS_URL, Queues, Worker, sender_broker, worker_env
 
@@ -19,6 +20,9 @@ def queues(prefix: str) -> Iterator[Queues]:
     q = Queues(prefix, sender_broker(prefix, TEST_REDIS_URL))
     yield q
     q.delete_all()
+    shared = get_system().broker
+    if shared.channel.is_closed:  # a test's refused declare or publish: not the next test's fault
+        del shared.channel
     client = redis.Redis.from_url(TEST_REDIS_URL)
     keys = list(client.scan_iter(f"jobs:{prefix}*", count=1000))
     if keys:
