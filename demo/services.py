@@ -4,6 +4,7 @@ scheduler as child processes, and the clean-up of its queues and state keys."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -30,8 +31,6 @@ class MailServer:
     """An SMTP server in this process (aiosmtpd) that keeps every mail it receives."""
 
     def __init__(self) -> None:
-        from aiosmtpd.controller import Controller
-
         self.received: list[Message] = []
         self._lock = threading.Lock()
         outer = self
@@ -42,14 +41,25 @@ class MailServer:
                     outer.received.append(message_from_bytes(envelope.content))
                 return "250 Message accepted"
 
-        # aiosmtpd checks its server by connecting to the port it was given: it needs a real one.
-        self.port = _free_port()
-        self._controller = Controller(Handler(), hostname="127.0.0.1", port=self.port)
+        self._handler = Handler()
+        self._controller: Any = None
 
     def start(self) -> str:
-        """Start listening; returns the ``SMTP_URL`` to give the workers."""
-        self._controller.start()
-        return f"smtp://127.0.0.1:{self.port}"
+        """Start listening; returns the ``SMTP_URL`` to give the workers. aiosmtpd checks its
+        server by connecting to the port it was given, so it needs a real one: a port found free
+        can be taken by another socket before the bind, and then another one is tried."""
+        from aiosmtpd.controller import Controller
+
+        for attempt in range(1, 4):
+            self._controller = Controller(self._handler, hostname="127.0.0.1", port=_free_port())
+            try:
+                self._controller.start()
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE or attempt == 3:
+                    raise
+                continue
+            break
+        return f"smtp://127.0.0.1:{self._controller.port}"
 
     def count(self) -> int:
         with self._lock:
@@ -60,7 +70,8 @@ class MailServer:
             return Counter(str(mail["To"]) for mail in self.received)
 
     def stop(self) -> None:
-        self._controller.stop()
+        if self._controller is not None:
+            self._controller.stop()
 
 
 def _free_port() -> int:
