@@ -67,8 +67,11 @@ def test_a_delay_waits_in_rabbitmq_and_reaches_its_delay_queue_with_its_options(
     record = sender.status(message.message_id) or wait_for(lambda: sender.status(message.message_id))
     assert (record.state, record.due_at) == ("scheduled", eta)
     arrived, properties, body = arrival.result()
-    # It leaves the cascade one to two seconds before it is due (a few ms per hop added).
-    assert 1.0 - 0.3 <= eta / 1000 - arrived <= 2.0
+    # It leaves the cascade before it is due, at most two seconds before: RabbitMQ's expiry runs
+    # late on a loaded machine (1.2 s was seen in CI), so the levels' own TTLs are checked below.
+    assert 0.0 < eta / 1000 - arrived <= 2.0
+    ttls = {level: queues.info(f"{prefix}delay.L{level}")["arguments"]["x-message-ttl"] for level in (0, 1)}
+    assert ttls == {0: 1000, 1: 2000}
     assert properties.priority == 7 and properties.delivery_mode == 2
     assert body["message_id"] == message.message_id and body["options"]["eta"] == eta
     assert body["options"]["idempotency_registered"] is True  # its key went through the wait
