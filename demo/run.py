@@ -310,6 +310,8 @@ class Demo(Watching):
 
     def shutdown(self) -> None:
         """Stop the children (SIGTERM to each main process), then delete the demo's queues and keys."""
+        if self.system is not None:
+            services.abandon_connection(self.system.broker)
         for child in reversed(self.children):
             code = child.stop(timeout=30.0)
             self.cleaned[f"{child.name}_exit"] = code

@@ -213,6 +213,24 @@ def prefixed_queues(settings: Settings, prefix: str) -> list[str]:
     return [q["name"] for q in response.json() if q["name"].startswith(prefix)]
 
 
+def abandon_connection(broker: Any) -> None:
+    """Forget this thread's connection and channel of ``broker`` without a word to RabbitMQ.
+
+    Ctrl-C in the middle of an AMQP call leaves the channel waiting for a reply it will not match:
+    any later call on it blocks for ever, closing it included (a channel's close is a call, and so
+    is a connection's, which closes its channels first). Seen: the demo never exited. Forgotten,
+    it is closed with the process, and whatever runs next in this thread opens a new one."""
+    state = broker.state
+    channel = getattr(state, "channel", None)
+    if channel is not None:
+        del state.channel
+        broker.channels.discard(channel)
+    connection = getattr(state, "connection", None)
+    if connection is not None:
+        del state.connection
+        broker.connections.discard(connection)
+
+
 def delete_queues(settings: Settings, prefix: str, declared: list[str]) -> list[str]:
     """Delete the demo's queues: those the management API lists under ``prefix``, else (API down)
     the declared ones with their ``.DQ``/``.DLQ`` over AMQP. Returns the names deleted."""

@@ -229,6 +229,25 @@ def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
     return broker
 
 
+def drop_closed(broker: Any) -> None:
+    """Forget this thread's connection or channel of ``broker`` if something closed it (a test
+    that closes a connection on purpose, a refused declare or publish, RabbitMQ after a test that
+    ran past two heartbeats without using it), so the next use opens new ones rather than failing
+    on them in every later test of this process."""
+    import pika.exceptions
+
+    connection = getattr(broker.state, "connection", None)
+    if connection is not None and connection.is_open:
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            connection.process_data_events(0)  # a connection RabbitMQ dropped is found closed here
+    if connection is not None and not connection.is_open:
+        del broker.connection  # and its channel
+        return
+    channel = getattr(broker.state, "channel", None)
+    if channel is not None and not channel.is_open:
+        del broker.channel
+
+
 class Queues:
     """The per-test queues: send to them, count them, and delete them at the end of the test."""
 
@@ -283,7 +302,9 @@ class Queues:
         and the broker's shared one would then stay closed for every later test in this process."""
         import pika.exceptions
 
-        channel = get_system().broker.connection.channel()
+        broker = get_system().broker
+        drop_closed(broker)
+        channel = broker.connection.channel()
         try:
             method = channel.queue_declare(queue, passive=True).method
         except pika.exceptions.ChannelClosedByBroker as error:

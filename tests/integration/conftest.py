@@ -11,18 +11,17 @@ import redis
 
 from jobsystem.system import get_system
 from tests.dashboard_server import DASHBOARD_ADMIN, DASHBOARD_VIEWER, Dashboard
-from tests.support import TEST_REDIS_URL, Queues, Worker, sender_broker, worker_env
+from tests.support import TEST_REDIS_URL, Queues, Worker, drop_closed, sender_broker, worker_env
 
 
 @pytest.fixture
 def queues(prefix: str) -> Iterator[Queues]:
     """The test's queues, sent to through a broker whose state (idempotency keys) is the test's own."""
+    drop_closed(get_system().broker)
     q = Queues(prefix, sender_broker(prefix, TEST_REDIS_URL))
     yield q
     q.delete_all()
-    shared = get_system().broker
-    if shared.channel.is_closed:  # a test's refused declare or publish: not the next test's fault
-        del shared.channel
+    drop_closed(get_system().broker)
     client = redis.Redis.from_url(TEST_REDIS_URL)
     keys = list(client.scan_iter(f"jobs:{prefix}*", count=1000))
     if keys:

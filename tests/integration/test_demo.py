@@ -3,6 +3,7 @@ leaves no queue or state key behind, also when interrupted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -102,3 +103,30 @@ def test_ctrl_c_stops_the_demo_and_still_cleans_up(tmp_path):
     assert summary["prefix"] == prefix
     assert summary["cleanup"]["worker_exit"] is not None  # stopped, not left running
     assert _leftovers(prefix) == ([], [])
+
+
+def test_a_connection_interrupted_mid_call_is_abandoned_not_reused(prefix):
+    """Ctrl-C inside an AMQP call leaves the channel with a reply in flight: the demo's clean-up
+    forgets that connection rather than calling on it (a close is a call), and the broker then
+    opens a fresh one."""
+    from demo.services import abandon_connection
+    from jobsystem.system import get_system
+
+    broker = get_system().broker
+    abandon_connection(broker)  # whatever this process's earlier tests left open
+    interrupted = broker.channel
+    flush = interrupted._flush_output
+
+    def ctrl_c(*waiters: object) -> None:
+        interrupted._flush_output = flush  # type: ignore[method-assign]
+        raise KeyboardInterrupt
+
+    interrupted._flush_output = ctrl_c  # type: ignore[method-assign]
+    queue = f"{prefix}interrupted"
+    with contextlib.suppress(KeyboardInterrupt):
+        broker.channel.queue_declare(queue, auto_delete=True)  # its reply is never read
+    old = broker.connection
+    abandon_connection(broker)
+    assert broker.connection is not old and old not in broker.connections  # broker.close() skips it
+    assert broker.channel.queue_declare(queue, auto_delete=True).method.queue == queue  # answered
+    broker.channel.queue_delete(queue)
