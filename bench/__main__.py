@@ -4,7 +4,9 @@ and accuracy, dead letters and the dashboard.
 
 Throughput runs are described in ``bench.throughput``, the cost table in ``bench.costs``, the
 latency probe in ``bench.latency``. ``--repeat N`` repeats the cost table and the latency probes and
-prints medians (3 by default); ``--costs-only`` stops after them. Each part runs under a
+prints medians (3 by default); ``--costs-only`` stops after them. ``--profile ROW`` instead runs
+one row of the cost table under py-spy and prints where its workers' time went (``bench.profile``).
+Each part runs under a
 ``QUEUE_PREFIX`` of its own, whose state keys and delay cascade are deleted afterwards
 (``bench.scratch``).
 
@@ -47,6 +49,9 @@ from bench.throughput import (
     metered_messages,
     noop_messages,
 )
+
+#: ``--profile``: jobs queued per second sampled (about bare Dramatiq's rate here).
+PROFILE_JOBS_PER_S = 6_000
 
 
 #: The bench's buckets (RATE_LIMITS for the bench and its workers): one that never runs dry, one
@@ -97,6 +102,9 @@ def main() -> None:
     )
     parser.add_argument("--only", choices=["delays"], help="run only this bench")
     parser.add_argument("--delay-count", type=int, default=10_000, help="delays bench: messages")
+    parser.add_argument("--profile", metavar="ROW", help="py-spy one cost-table row (start of its label)")
+    parser.add_argument("--profile-seconds", type=float, default=10.0, help="--profile: seconds sampled")
+    parser.add_argument("--profile-gil", action="store_true", help="--profile: only samples holding the GIL")
     add_dashboard_arguments(parser)
     args = parser.parse_args()
     if args.dashboard_only:
@@ -108,6 +116,9 @@ def main() -> None:
         delay_report(args.delay_count)
         return
     with scratch.environment(STORES["redis"]):
+        if args.profile:
+            profile_report(args)
+            return
         stack_figures(args)
     if not args.costs_only:
         dashboard_report(STORES["redis"], args.dashboard_records)
@@ -138,6 +149,19 @@ def stack_figures(args: argparse.Namespace) -> None:
         for broker in brokers.values():
             broker.close()
         scratch.delete_topology(get_system().broker, get_system().settings)
+
+
+def profile_report(args: argparse.Namespace) -> None:
+    """``--profile ROW``: one row, on a queue of about as many jobs as bare Dramatiq runs in the
+    sampled seconds (so the workers stay busy while sampled), summarized (``bench.profile``)."""
+    from bench.profile import profile_row
+
+    count = max(args.count, int(args.profile_seconds * PROFILE_JOBS_PER_S))
+    run = Run(count, args.processes, args.threads)
+    out, profile = profile_row(args.profile, run, args.profile_seconds, gil=args.profile_gil)
+    print(f"profile of {args.profile!r}, {count:,} jobs, raw samples in {out}")
+    for line in profile.lines():
+        print(line)
 
 
 def delay_report(count: int) -> None:

@@ -36,7 +36,17 @@ from jobsystem.settings import Settings
 if TYPE_CHECKING:
     from jobsystem.rabbitmq.broker import ProjectBroker
 
-__all__ = ["BARE", "STORES", "CostTable", "Row", "bare_brokers", "cost_table", "store_broker"]
+__all__ = [
+    "BARE",
+    "STORES",
+    "CostTable",
+    "Row",
+    "bare_brokers",
+    "cost_table",
+    "rows",
+    "run_row",
+    "store_broker",
+]
 
 #: The two state stores the figures are taken on.
 STORES = {"redis": "redis://127.0.0.1:6379/14", "sqlite": f"sqlite:///{ROOT}/var/bench-state.db"}
@@ -83,7 +93,7 @@ FULL_PLAIN = "full stack, plain queues (max priority 0)"
 DEFAULTS_PLAIN = "defaults, plain queues (max priority 0)"
 
 
-def _rows() -> list[Row]:
+def rows() -> list[Row]:
     """Every row of the table, bare Dramatiq first."""
     on_priority = {"RABBITMQ_MAX_PRIORITY": str(PRIORITY_LEVELS)}
     off = {**OFF, **on_priority}
@@ -204,24 +214,33 @@ def bare_brokers(rabbitmq_url: str) -> dict[bool, RabbitmqBroker]:
     }
 
 
+def run_row(
+    run: Run,
+    row: Row,
+    bare: dict[bool, RabbitmqBroker],
+    senders: dict[tuple[str, str], RabbitmqBroker],
+    watch: Callable[[int], None] | None = None,
+) -> Rate:
+    """One throughput run of ``row``: bare Dramatiq's rows send through ``bare``, the project's
+    through a broker of the row's status and queue shape, made once into ``senders``."""
+    if row.module == "bench.bare":
+        return run.throughput(row.label, row.module, bare[row.priority], row.make, watch, **row.env)
+    url = STORES["redis"]
+    shape = (row.env["JOB_STATUS"], row.env["RABBITMQ_MAX_PRIORITY"])
+    if shape not in senders:
+        senders[shape] = store_broker(url, JOB_STATUS=shape[0], RABBITMQ_MAX_PRIORITY=shape[1])
+    return run.throughput(row.label, row.module, senders[shape], row.make, watch, STATE_URL=url, **row.env)
+
+
 def cost_table(run: Run, bare: dict[bool, RabbitmqBroker], repeat: int) -> CostTable:
     """``repeat`` repetitions of every row, bare Dramatiq first, each printed as it completes;
     ``bare``: from :func:`bare_brokers`."""
-    url = STORES["redis"]
     senders: dict[tuple[str, str], RabbitmqBroker] = {}
     table = CostTable()
     for i in range(repeat):
         done: dict[str, Rate] = {}
-        for row in _rows():
-            if row.module == "bench.bare":
-                rate = run.throughput(row.label, row.module, bare[row.priority], row.make, **row.env)
-            else:
-                shape = (row.env["JOB_STATUS"], row.env["RABBITMQ_MAX_PRIORITY"])
-                if shape not in senders:
-                    senders[shape] = store_broker(url, JOB_STATUS=shape[0], RABBITMQ_MAX_PRIORITY=shape[1])
-                rate = run.throughput(
-                    row.label, row.module, senders[shape], row.make, STATE_URL=url, **row.env
-                )
+        for row in rows():
+            rate = run_row(run, row, bare, senders)
             done[row.label] = rate
             table.add(rate, done[BARE], done[row.same or (BARE_PRIORITY if row.priority else BARE)])
             print(

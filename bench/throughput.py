@@ -218,11 +218,14 @@ def throughput(
     broker: RabbitmqBroker,
     run: Run,
     make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
+    watch: Callable[[int], None] | None = None,
     **env_overrides: str,
 ) -> Rate:
     """Fill a fresh queue, run ``dramatiq MODULE`` on it, time it from the booted group's first take to empty.
 
     The worker logs at WARNING unless ``env_overrides`` say otherwise (its output is discarded).
+    ``watch``, when given, is called with the group's pid once it has booted, inside the window (a
+    profiler: the run's rate is then not a figure).
     """
     from jobsystem.rabbitmq.bulk import send_bulk
     from middleware.status import find_status
@@ -246,6 +249,8 @@ def throughput(
         left = _wait_for_boot(label, worker, broker, queue, run, env_overrides.get("PROMETHEUS_PORT", "0"))
         started, at_start, cpu_start = time.perf_counter(), left, group_cpu_seconds(worker.pid)
         servers_start = servers_cpu_seconds()
+        if watch is not None:
+            watch(worker.pid)
         while depth(broker, queue) > 0:
             time.sleep(0.02)
         elapsed, cpu = time.perf_counter() - started, group_cpu_seconds(worker.pid) - cpu_start
@@ -274,6 +279,7 @@ class Run:
         module: str,
         broker: RabbitmqBroker,
         make_messages: Callable[[str, int], list[Message[Any]]] = noop_messages,
+        watch: Callable[[int], None] | None = None,
         **env: str,
     ) -> Rate:
-        return throughput(label, module, broker, self, make_messages, **env)
+        return throughput(label, module, broker, self, make_messages, watch, **env)
