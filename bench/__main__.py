@@ -50,7 +50,8 @@ from bench.throughput import (
     noop_messages,
 )
 
-#: ``--profile``: jobs queued per second sampled (about bare Dramatiq's rate here).
+#: ``--profile``: jobs queued per second sampled, so that most rows keep their workers busy that
+#: long (a queue that drains early only leaves idle threads, which py-spy does not sample).
 PROFILE_JOBS_PER_S = 6_000
 
 

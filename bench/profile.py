@@ -124,9 +124,10 @@ def profile_row(label: str, run: Run, seconds: float, *, gil: bool) -> tuple[Pat
     the raw samples' path and their summary. Runs inside the bench's scratch environment."""
     from jobsystem.system import get_system
 
-    chosen = [row for row in rows() if row.label.startswith(label)]
+    table = rows()
+    chosen = [row for row in table if row.label.startswith(label)]
     if len(chosen) != 1:
-        labels = "; ".join(row.label for row in rows())
+        labels = "; ".join(row.label for row in table)
         raise SystemExit(f"--profile {label!r} names {len(chosen)} rows; one of: {labels}")
     row = chosen[0]
     out = ROOT / "var" / f"profile-{re.sub(r'[^a-z0-9]+', '-', row.label.lower()).strip('-')}.txt"
