@@ -42,8 +42,8 @@ MINUTES_TTL_MS = 3 * 3_600_000
 #: Inside the status script: ``timeline(line, state, at, order, late)`` adds one change to a decoded
 #: timeline (returns whether it changed; the caller encodes and writes it once per record);
 #: ``count_minute(queue, state, at)`` counts one change, and ``write_minutes()`` at the end sends the
-#: sums (one HINCRBY per minute and state, one PEXPIRE per hash). ``NS`` (the store's namespace) is
-#: a local the script declares before it.
+#: sums (one HINCRBY per minute and state, one PEXPIRE per hash). ``NS`` (the store's namespace) and
+#: ``text`` (a whole number as text, formatted once per call) are locals the script declares before it.
 HISTORY_LUA = Template("""
 local function timeline(line, state, at, order, late)
   local place = #line + 1
@@ -64,10 +64,10 @@ end
 local MINUTES = {}
 local function count_minute(queue, state, at)
   local minute = math.floor(at / 60000)
-  local per_hour = NS .. 'status-minutes:' .. queue .. ':' .. math.floor(minute / 60)
+  local per_hour = NS .. 'status-minutes:' .. queue .. ':' .. text(math.floor(minute / 60))
   local counts = MINUTES[per_hour] or {}
   MINUTES[per_hour] = counts
-  local name = minute .. ':' .. state
+  local name = text(minute) .. ':' .. state
   counts[name] = (counts[name] or 0) + 1
 end
 

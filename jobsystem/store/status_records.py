@@ -66,24 +66,30 @@ class StatusUpdate:
         """True for a progress report: a newer one for the same message replaces it before it is written."""
         return "state" not in self.fields and not self.once and not self.delete
 
-    def payload(self) -> dict[str, Any]:
-        """The update as the Redis script reads it (:mod:`jobsystem.store.status_fold`)."""
-        return {
-            "m": self.message_id,
-            "q": self.queue,
-            "o": self.order,
-            "f": self.fields,
-            "n": self.once,
-            "d": self.delete,
-        }
+    def payload(self, once_as_before: bool = False) -> dict[str, Any]:
+        """The update as the Redis script reads it (:mod:`jobsystem.store.status_fold`): without
+        ``n`` when ``once_as_before`` (the once-fields are those of the message's update before it
+        in the batch), without ``d`` when nothing is deleted."""
+        payload: dict[str, Any] = {"m": self.message_id, "q": self.queue, "o": self.order, "f": self.fields}
+        if not once_as_before:
+            payload["n"] = self.once
+        if self.delete:
+            payload["d"] = self.delete
+        return payload
 
 
 def encode_updates(updates: list[StatusUpdate]) -> bytes:
     """``updates`` as one JSON array of UTF-8: orjson, ~10x faster than one ``json.dumps`` per
-    update. A lone surrogate (``str(exception)`` of undecodable bytes) is not UTF-8, and Redis's
-    cjson refuses its ``\\ud800`` escape: it becomes ``?`` instead of failing the whole batch
-    (which the writer would retry forever)."""
-    payloads = [u.payload() for u in updates]
+    update. A message's once-fields are sent with its first update in the batch only (the script
+    decodes each field it is sent, at a cost above applying it). A lone surrogate
+    (``str(exception)`` of undecodable bytes) is not UTF-8, and Redis's cjson refuses its
+    ``\\ud800`` escape: it becomes ``?`` instead of failing the whole batch (which the writer
+    would retry forever)."""
+    payloads: list[dict[str, Any]] = []
+    once_before: dict[str, Mapping[str, str]] = {}
+    for update in updates:
+        payloads.append(update.payload(once_before.get(update.message_id) == update.once))
+        once_before[update.message_id] = update.once
     try:
         return orjson.dumps(payloads, option=orjson.OPT_PASSTHROUGH_SUBCLASS, default=dict)
     except orjson.JSONEncodeError:

@@ -22,7 +22,7 @@ from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.sqlite import SqliteStore
 from jobsystem.store.status import status_backend
 from jobsystem.store.status_history import TIMELINE_MAX, add_to_timeline
-from jobsystem.store.status_records import StatusUpdate, order_of
+from jobsystem.store.status_records import StatusUpdate, encode_updates, order_of
 from tests.support import fresh_store
 
 # ``store``: each backend in turn (tests/unit/conftest.py); ``twin``: another of the same kind.
@@ -200,6 +200,22 @@ def test_text_that_is_not_utf_8_does_not_hold_up_the_batch(store):
     record = backend.get("m1")
     assert record is not None and record.error in ("no file b'\udcff.txt'", "no file b'?.txt'")
     assert backend.get("m2") is not None
+
+
+def test_a_message_once_fields_leave_with_its_first_update_of_the_batch():
+    """The script takes a missing ``n`` for the once-fields of the message's update before it
+    (the batch tests above check it applies them alike); other messages' and changed ones are sent."""
+    now = int(time.time() * 1000)
+    updates = [
+        change("m1", "queued", 0, now),
+        change("m1", "running", 1, now + 1, attempts="1"),
+        change("m2", "queued", 0, now),
+        change("m1", None, 1, now + 2, progress="0.5"),  # a progress report: no once-fields
+        change("m1", "succeeded", 1, now + 3),
+    ]
+    payloads = json.loads(encode_updates(updates))
+    assert ["n" in p for p in payloads] == [True, False, True, True, True]
+    assert ["d" in p for p in payloads] == [False, True, False, False, False]
 
 
 def test_a_batch_larger_than_one_index_call_files_every_job(store):
