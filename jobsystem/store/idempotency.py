@@ -110,21 +110,26 @@ end
 return out
 """
 
+#: The reply is flat, four values per key (a nested table per key costs Redis more to convert).
+#: Each lease's end is formatted once per call (Redis formats a number handed to a command with
+#: "%.17g", which costs more than the command), and the TTL goes on as it came. A key that exists
+#: always has a TTL (every script that creates one sets it), so ``GT`` keeps a longer one.
 _CLAIM = """
-local out = {}
+local out, until_text = {}, {}
 for i, key in ipairs(KEYS) do
-  local mid, owner = ARGV[4 * i - 3], ARGV[4 * i - 2]
-  local lease, ttl = tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i])
+  local mid, owner, lease, ttl = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1], ARGV[4 * i]
   local h = redis.call('HMGET', key, 'state', 'owner', 'until', 'result', 'mid')
+  local n = #out
   mid = h[5] or mid
   if h[1] == 'done' then
-    out[i] = {'completed', 0, h[4] or '', mid}
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4] = 'completed', 0, h[4] or '', mid
   elseif h[1] == 'running' and h[2] ~= owner and tonumber(h[3]) > now then
-    out[i] = {'held', tonumber(h[3]) - now, '', mid}
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4] = 'held', tonumber(h[3]) - now, '', mid
   else
-    redis.call('HSET', key, 'state', 'running', 'owner', owner, 'until', now + lease, 'mid', mid)
-    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
-    out[i] = {'claimed', 0, '', mid}
+    until_text[lease] = until_text[lease] or string.format('%d', now + tonumber(lease))
+    redis.call('HSET', key, 'state', 'running', 'owner', owner, 'until', until_text[lease], 'mid', mid)
+    if h[1] then redis.call('PEXPIRE', key, ttl, 'GT') else redis.call('PEXPIRE', key, ttl) end
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4] = 'claimed', 0, '', mid
   end
 end
 return out
@@ -203,9 +208,10 @@ class RedisIdempotency(IdempotencyBackend):
         args = [a for r in requests for a in (r.message_id, r.owner, r.lease_ms, r.ttl_ms)]
         with self.store.errors():
             replies = self._claim(keys=[self._key(r.key) for r in requests], args=args)
+        fields = iter(replies)  # four per request
         return [
             Claim(_claim_status(status), int(wait), _text(result), _text(mid))
-            for status, wait, result, mid in replies
+            for status, wait, result, mid in zip(fields, fields, fields, fields, strict=True)
         ]
 
     def renew(self, claims: list[tuple[str, str]], lease_ms: int) -> None:
