@@ -1,0 +1,103 @@
+"""A Redis server of its own under callgrind, to count the instructions a store call costs Redis.
+
+CPU time is a poor measure of a script's cost on a small shared machine: the same loop's CPU
+time scatters by +-20% between runs, and Redis's CPU per job in the cost table by +-30%. The
+instructions Redis executes for the same call on the same data are the same from run to run
+whatever else the machine does (``valgrind --tool=callgrind`` counts them), so a change to a Lua
+script shows its price exactly. The server runs ~50x slower under valgrind: calls to it need a
+long timeout, and what is counted should be a few thousand jobs.
+
+valgrind and ``redis-server`` must be installed (both are on the project's machines; CI does not
+run this). The server keeps nothing on disk and is stopped, its files removed, on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import redis
+
+__all__ = ["CallgrindRedis", "callgrind_redis"]
+
+
+class CallgrindRedis:
+    """A running ``redis-server`` under callgrind (see :func:`callgrind_redis`).
+
+    Parameters:
+      pid: the valgrind process running the server.
+      port: where it listens (127.0.0.1).
+      out: the directory callgrind writes its dumps into.
+    """
+
+    def __init__(self, pid: int, port: int, out: Path) -> None:
+        self.pid = pid
+        self.port = port
+        self.out = out
+        self.url = f"redis://127.0.0.1:{port}/0"
+
+    def instructions(self, call: Callable[[], object]) -> int:
+        """The instructions Redis executed while ``call`` ran (every client's: run nothing else
+        against this server meanwhile)."""
+        self._control("-z")  # zero the counters
+        before = set(self.out.iterdir())
+        call()
+        self._control("-d")  # dump what was counted since
+        dumps = sorted(set(self.out.iterdir()) - before, key=lambda p: p.stat().st_mtime)
+        if not dumps:
+            raise RuntimeError("callgrind wrote no dump")
+        for line in dumps[-1].read_text().splitlines():
+            if line.startswith(("totals:", "summary:")):
+                return int(line.split()[1])
+        raise RuntimeError(f"no totals in {dumps[-1]}")
+
+    def _control(self, option: str) -> None:
+        subprocess.run(["callgrind_control", option, str(self.pid)], check=True, capture_output=True)
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def callgrind_redis(boot_timeout: float = 60.0) -> Iterator[CallgrindRedis]:
+    """Start ``redis-server`` under callgrind on a free port; stop it and remove its files on exit."""
+    for tool in ("valgrind", "callgrind_control", "redis-server"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"{tool} is not installed (apt-get install -y valgrind redis-server)")
+    out = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
+    port = _unused_port()
+    command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.%p"]
+    command += ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
+    command += ["--busy-reply-threshold", "60000"]  # a script runs ~50x longer under valgrind
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port, socket_timeout=5)
+        deadline = time.monotonic() + boot_timeout
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("redis-server under callgrind did not start") from None
+                time.sleep(0.2)
+        client.close()
+        yield CallgrindRedis(server.pid, port, out)
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(30)
+        shutil.rmtree(out, ignore_errors=True)

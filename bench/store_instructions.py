@@ -1,0 +1,133 @@
+"""What the store's scripts cost Redis per job, in instructions: ``python -m bench.store_instructions``.
+
+Counted on a Redis of its own under callgrind (:mod:`bench.callgrind`): the same figures from run
+to run, unlike CPU time on this machine, so a change to a script shows its price exactly.
+
+- **status**: the sender's ``queued`` of each job, then the worker's ``running`` + ``succeeded``
+  (a move in the job index), in batches as the deferred writer sends them (20 jobs a batch is
+  typical of a loaded worker; 1000 the bound of what batching can save).
+- **idempotency**: the registration at send (one bulk send), the claim at run (batches of 1, 4
+  and 32 claims: idle, and two loads), the completion (batches of 50).
+
+Each figure is instructions per job (or key) over ``--jobs`` jobs, in thousands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from collections.abc import Callable
+from functools import partial
+
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.stub import StubBroker
+
+from bench.callgrind import CallgrindRedis, callgrind_redis
+from bench.status_path import TTL_MS, _Collecting, _messages
+from jobsystem.store import StateStore, open_store
+from jobsystem.store.idempotency import ClaimRequest, idempotency_backend
+from jobsystem.store.status import status_backend
+from jobsystem.store.status_records import StatusUpdate
+
+__all__ = ["idempotency_costs", "status_costs"]
+
+#: Seconds a call may take: the server runs ~50x slower under valgrind.
+TIMEOUT_S = 120.0
+
+
+def _per_job(server: CallgrindRedis, jobs: int, call: Callable[[], object]) -> float:
+    return server.instructions(call) / jobs / 1000
+
+
+def _in_batches(store: StateStore, updates: list[StatusUpdate], size: int) -> Callable[[], None]:
+    backend = status_backend(store)
+
+    def apply() -> None:
+        for i in range(0, len(updates), size):
+            backend.apply(updates[i : i + size], TTL_MS)
+
+    return apply
+
+
+def _job_updates(store: StateStore, jobs: int) -> tuple[list[StatusUpdate], list[StatusUpdate]]:
+    """The senders' updates of ``jobs`` jobs, and the worker's (running, succeeded) of the same."""
+    messages, broker = _messages(jobs), StubBroker()
+    senders, worker = _Collecting(store), _Collecting(store)
+    for message in messages:
+        senders.after_enqueue(broker, message, None)
+    for message in messages:
+        delivery = MessageProxy(message)
+        worker.before_process_message(broker, delivery)
+        worker.after_process_message(broker, delivery, result=None)
+    return senders.made, worker.made
+
+
+def status_costs(server: CallgrindRedis, store: StateStore, jobs: int, batch: int) -> dict[str, float]:
+    """Thousands of instructions per job: ``queued``, then ``running`` + ``succeeded``."""
+    for updates in _job_updates(store, 1):  # the script loaded before anything is counted
+        _in_batches(store, updates, batch)()
+    queued, worked = _job_updates(store, jobs)
+    return {
+        "queued": _per_job(server, jobs, _in_batches(store, queued, batch)),
+        "running + succeeded": _per_job(server, jobs, _in_batches(store, worked, 2 * batch)),
+    }
+
+
+def _claims(store: StateStore, keys: list[str], size: int) -> Callable[[], None]:
+    backend = idempotency_backend(store)
+    claims = [ClaimRequest(key, "m", uuid.uuid4().hex[:12], 30_000, TTL_MS) for key in keys]
+
+    def claim() -> None:
+        for i in range(0, len(claims), size):
+            backend.claim_many(claims[i : i + size])
+
+    return claim
+
+
+def _completions(store: StateStore, keys: list[str]) -> Callable[[], None]:
+    backend = idempotency_backend(store)
+    done: list[tuple[str, str | None, int]] = [(key, "null", TTL_MS) for key in keys]
+
+    def complete() -> None:
+        for i in range(0, len(done), 50):
+            backend.complete_many(done[i : i + 50])
+
+    return complete
+
+
+def idempotency_costs(server: CallgrindRedis, store: StateStore, jobs: int) -> dict[str, float]:
+    """Thousands of instructions per key: registration, claims in batches of 1, 4, 32, completion."""
+    backend = idempotency_backend(store)
+    warm = [f"warm:{uuid.uuid4().hex}"]  # the scripts loaded before anything is counted
+    backend.register_many([(warm[0], "m", TTL_MS)])
+    _claims(store, warm, 1)()
+    _completions(store, warm)()
+    costs: dict[str, float] = {}
+    for size in (1, 4, 32):
+        keys = [f"noop:{uuid.uuid4().hex}" for _ in range(jobs)]
+        registered = [(key, str(uuid.uuid4()), TTL_MS) for key in keys]
+        costs["register (one bulk send)"] = _per_job(server, jobs, partial(backend.register_many, registered))
+        costs[f"claim, batches of {size}"] = _per_job(server, jobs, _claims(store, keys, size))
+        costs["complete, batches of 50"] = _per_job(server, jobs, _completions(store, keys))
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs (keys) per figure")
+    options = parser.parse_args()
+    with callgrind_redis() as server:
+        store = open_store(server.url, namespace="bench-instructions:", timeout=TIMEOUT_S)
+        try:
+            print(f"thousands of Redis instructions per job, {options.jobs:,} jobs a figure")
+            for batch in (20, 1000):
+                for name, cost in status_costs(server, store, options.jobs, batch).items():
+                    print(f"  {f'status, {name}, batches of {batch}':<48} {cost:8.1f}")
+            for name, cost in idempotency_costs(server, store, options.jobs).items():
+                print(f"  {f'idempotency, {name}':<48} {cost:8.1f}")
+        finally:
+            store.close()
+
+
+if __name__ == "__main__":
+    main()
