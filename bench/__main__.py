@@ -6,7 +6,9 @@ Throughput runs are described in ``bench.throughput``, the cost table in ``bench
 latency probe in ``bench.latency``. ``--repeat N`` repeats the cost table and the latency probes and
 prints medians (3 by default); ``--costs-only`` stops after them. ``--profile ROW`` instead runs
 one row of the cost table under py-spy and prints where its workers' time went (``bench.profile``).
-Each part runs under a
+What the store's scripts cost Redis per job is counted in instructions, on a Redis of its own under
+callgrind (``bench.store_instructions``; ``--only instructions``): the same from run to run, where
+CPU time on a small shared machine is not. Each part runs under a
 ``QUEUE_PREFIX`` of its own, whose state keys and delay cascade are deleted afterwards
 (``bench.scratch``).
 
@@ -101,7 +103,7 @@ def main() -> None:
     parser.add_argument(
         "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
     )
-    parser.add_argument("--only", choices=["delays"], help="run only this bench")
+    parser.add_argument("--only", choices=["delays", "instructions"], help="run only this bench")
     parser.add_argument("--delay-count", type=int, default=10_000, help="delays bench: messages")
     parser.add_argument("--profile", metavar="ROW", help="py-spy one cost-table row (start of its label)")
     parser.add_argument("--profile-seconds", type=float, default=10.0, help="--profile: seconds sampled")
@@ -115,6 +117,9 @@ def main() -> None:
     os.environ["RATE_LIMITS"] = json.dumps(bench_rate_limits(args.rate, args.rate_burst))
     if args.only == "delays":
         delay_report(args.delay_count)
+        return
+    if args.only == "instructions":
+        instructions_report()
         return
     with scratch.environment(STORES["redis"]):
         if args.profile:
@@ -140,6 +145,7 @@ def stack_figures(args: argparse.Namespace) -> None:
         print("scrubber cost per log event, in-process")
         for label, micros in scrub_costs():
             print(f"  {label:<52} {micros:>7.1f} us")
+        instructions_report()
         keyed_figures(run, bare)
         rate_limit_figures(run, bare, args)
         send_figures(args.count)
@@ -162,6 +168,19 @@ def profile_report(args: argparse.Namespace) -> None:
     out, profile = profile_row(args.profile, run, args.profile_seconds, gil=args.profile_gil)
     print(f"profile of {args.profile!r}, {count:,} jobs, raw samples in {out}")
     for line in profile.lines():
+        print(line)
+
+
+def instructions_report() -> None:
+    """What the store's scripts cost Redis per job, in instructions (``bench.store_instructions``);
+    left out, with a line saying so, where valgrind is not installed."""
+    from bench.store_instructions import report
+
+    try:
+        lines = report()
+    except RuntimeError as exc:
+        lines = [f"Redis instructions per job: not measured ({exc})"]
+    for line in lines:
         print(line)
 
 

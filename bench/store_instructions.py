@@ -112,21 +112,27 @@ def idempotency_costs(server: CallgrindRedis, store: StateStore, jobs: int) -> d
     return costs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=1000, help="jobs (keys) per figure")
-    options = parser.parse_args()
+def report(jobs: int = 1000) -> list[str]:
+    """The figures as ``make bench`` prints them (a Redis under callgrind started and stopped)."""
+    lines = [f"thousands of Redis instructions per job (callgrind), {jobs:,} jobs a figure"]
     with callgrind_redis() as server:
         store = open_store(server.url, namespace="bench-instructions:", timeout=TIMEOUT_S)
         try:
-            print(f"thousands of Redis instructions per job, {options.jobs:,} jobs a figure")
             for batch in (20, 1000):
-                for name, cost in status_costs(server, store, options.jobs, batch).items():
-                    print(f"  {f'status, {name}, batches of {batch}':<48} {cost:8.1f}")
-            for name, cost in idempotency_costs(server, store, options.jobs).items():
-                print(f"  {f'idempotency, {name}':<48} {cost:8.1f}")
+                for name, cost in status_costs(server, store, jobs, batch).items():
+                    lines.append(f"  {f'status, {name}, batches of {batch}':<52} {cost:>7.1f}")
+            for name, cost in idempotency_costs(server, store, jobs).items():
+                lines.append(f"  {f'idempotency, {name}':<52} {cost:>7.1f}")
         finally:
             store.close()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs (keys) per figure")
+    for line in report(parser.parse_args().jobs):
+        print(line)
 
 
 if __name__ == "__main__":

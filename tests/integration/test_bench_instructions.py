@@ -3,12 +3,16 @@ same figure for the same call, and a bigger one for more work."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from bench.callgrind import callgrind_redis
 from bench.store_instructions import TIMEOUT_S, idempotency_costs, status_costs
+from bench.throughput import ROOT
 from jobsystem.store import open_store
 
 pytestmark = pytest.mark.skipif(
@@ -41,3 +45,19 @@ def test_the_same_call_costs_the_same_instructions_and_more_work_costs_more():
             assert claims["claim, batches of 32"] < claims["claim, batches of 1"]
         finally:
             store.close()
+
+
+def test_bench_prints_the_instruction_table():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "instructions"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = dict(re.findall(r"^  (\S.*?\S)\s+([\d.]+)$", done.stdout, re.M))
+    assert "status, running + succeeded, batches of 20" in figures
+    assert "idempotency, claim, batches of 4" in figures
+    assert len(figures) == 9 and all(float(f) > 1 for f in figures.values())
