@@ -135,7 +135,7 @@ local function apply(u)
   local r = load(u.m)
   local state = u.f.state
   -- no ``n``: the same once-fields as the message's update before (no ``d``: none deleted)
-  local once = u.n or r.once
+  local once = u.n or r.once or NONE
   r.once = once
   if u.o < r.ord then
     if state then
