@@ -68,36 +68,59 @@ def _unused_port() -> int:
         return port
 
 
-@contextlib.contextmanager
-def callgrind_redis(boot_timeout: float = 60.0) -> Iterator[CallgrindRedis]:
-    """Start ``redis-server`` under callgrind on a free port; stop it and remove its files on exit."""
-    for tool in ("valgrind", "callgrind_control", "redis-server"):
-        if shutil.which(tool) is None:
-            raise RuntimeError(f"{tool} is not installed (apt-get install -y valgrind redis-server)")
-    out = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
-    port = _unused_port()
+def _start(out: Path, port: int, boot_timeout: float) -> subprocess.Popen[bytes] | None:
+    """``redis-server`` under callgrind on ``port``, once it answers; None when it exited first
+    (the port was taken after it was chosen)."""
     command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/callgrind.%p"]
     command += ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"]
     command += ["--busy-reply-threshold", "60000"]  # a script runs ~50x longer under valgrind
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, socket_timeout=5)
+    deadline = time.monotonic() + boot_timeout
     try:
-        client = redis.Redis(port=port, socket_timeout=5)
-        deadline = time.monotonic() + boot_timeout
         while True:
             try:
                 client.ping()
-                break
+                return server
             except redis.ConnectionError:
-                if server.poll() is not None or time.monotonic() > deadline:
+                if server.poll() is not None:
+                    return None
+                if time.monotonic() > deadline:
+                    _stop(server)
                     raise RuntimeError("redis-server under callgrind did not start") from None
                 time.sleep(0.2)
-        client.close()
-        yield CallgrindRedis(server.pid, port, out)
     finally:
-        server.terminate()
+        client.close()
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    server.terminate()
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(30)
+
+
+@contextlib.contextmanager
+def callgrind_redis(boot_timeout: float = 60.0, attempts: int = 5) -> Iterator[CallgrindRedis]:
+    """Start ``redis-server`` under callgrind on a free port (another one if that was taken in the
+    seconds valgrind takes to start); stop it and remove its files on exit."""
+    for tool in ("valgrind", "callgrind_control", "redis-server"):
+        if shutil.which(tool) is None:
+            raise RuntimeError(f"{tool} is not installed (apt-get install -y valgrind redis-server)")
+    out = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
+    try:
+        for _ in range(attempts):
+            port = _unused_port()
+            server = _start(out, port, boot_timeout)
+            if server is not None:
+                break
+        else:
+            raise RuntimeError(f"redis-server under callgrind exited at start {attempts} times")
         try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(30)
+            yield CallgrindRedis(server.pid, port, out)
+        finally:
+            _stop(server)
+    finally:
         shutil.rmtree(out, ignore_errors=True)

@@ -30,7 +30,7 @@ from dramatiq.brokers.stub import StubBroker
 
 from jobsystem.store import StateStore, open_store
 from jobsystem.store.redis import RedisStore
-from jobsystem.store.status import StatusBackend
+from jobsystem.store.status import StatusBackend, status_backend
 from jobsystem.store.status_records import StatusUpdate
 from middleware.status import Status
 
@@ -60,26 +60,33 @@ def _redis_cpu(store: StateStore) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def job_updates(store: StateStore, jobs: int) -> tuple[list[StatusUpdate], list[StatusUpdate]]:
+    """The updates the Status middleware makes for ``jobs`` jobs: the senders' (``queued``), and
+    the worker's (``running`` and ``succeeded`` of each)."""
+    messages, broker = _messages(jobs), StubBroker()
+    senders, worker = _Collecting(store), _Collecting(store)
+    for message in messages:
+        senders.after_enqueue(broker, message, None)
+    for message in messages:
+        delivery = MessageProxy(message)
+        worker.before_process_message(broker, delivery)
+        worker.after_process_message(broker, delivery, result=None)
+    return senders.made, worker.made
+
+
 def store_call(store: StateStore, kind: str) -> tuple[float, float]:
     """µs per job of one apply of ``JOBS`` jobs' updates: wall time, and Redis's CPU (0 on SQLite).
 
     ``kind``: ``queued`` (senders), ``pairs`` (running+succeeded of jobs the store has no record
     of yet), ``sent pairs`` (the same after their ``queued`` was written: a move in the index).
     """
-    messages, broker = _messages(JOBS), StubBroker()
-    if kind != "pairs":
-        senders = _Collecting(store)
-        for message in messages:
-            senders.after_enqueue(broker, message, None)
-        if kind == "queued":
-            return _timed_apply(store, senders.backend, senders.made)
-        senders.backend.apply(senders.made, TTL_MS)
-    worker = _Collecting(store)
-    for message in messages:
-        delivery = MessageProxy(message)
-        worker.before_process_message(broker, delivery)
-        worker.after_process_message(broker, delivery, result=None)
-    return _timed_apply(store, worker.backend, worker.made)
+    backend = status_backend(store)
+    queued, worked = job_updates(store, JOBS)
+    if kind == "queued":
+        return _timed_apply(store, backend, queued)
+    if kind == "sent pairs":
+        backend.apply(queued, TTL_MS)
+    return _timed_apply(store, backend, worked)
 
 
 def _timed_apply(

@@ -78,6 +78,13 @@ def run_worker(
     )
 
 
+def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m bench ARGS`` from the repository's root, its output captured as text."""
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-m", "bench", *args]
+    return subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 @contextlib.contextmanager
 def fresh_store(kind: str, tmp_path: Path) -> Iterator[StateStore]:
     """A state store of ``kind`` (redis: the test Redis, in a namespace of its own, deleted after;

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from bench.callgrind import callgrind_redis
 from bench.store_instructions import TIMEOUT_S, idempotency_costs, status_costs
-from bench.throughput import ROOT
 from jobsystem.store import open_store
+from tests.support import run_bench
 
 pytestmark = pytest.mark.skipif(
     shutil.which("valgrind") is None or shutil.which("redis-server") is None,
@@ -48,14 +46,7 @@ def test_the_same_call_costs_the_same_instructions_and_more_work_costs_more():
 
 
 def test_bench_prints_the_instruction_table():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--only", "instructions"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_bench("--only", "instructions", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = dict(re.findall(r"^  (\S.*?\S)\s+([\d.]+)$", done.stdout, re.M))
     assert "status, running + succeeded, batches of 20" in figures

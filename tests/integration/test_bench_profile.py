@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 from bench.throughput import ROOT
+from tests.support import run_bench
 
 ROW = "project, everything off"
 RAW = ROOT / "var" / "profile-project-everything-off.txt"
@@ -14,10 +13,10 @@ RAW = ROOT / "var" / "profile-project-everything-off.txt"
 
 def test_a_rows_worker_group_is_sampled_across_its_processes_and_threads():
     RAW.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "bench", "--profile", ROW, "--profile-seconds", "2"]
-    command += ["-n", "4000", "-p", "2", "-t", "2"]
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+        done = run_bench(
+            "--profile", ROW, "--profile-seconds", "2", "-n", "4000", "-p", "2", "-t", "2", timeout=240
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         out = done.stdout
         assert f"raw samples in {RAW}" in out
@@ -33,13 +32,6 @@ def test_a_rows_worker_group_is_sampled_across_its_processes_and_threads():
 
 
 def test_a_label_that_names_no_single_row_is_refused_with_the_rows():
-    done = subprocess.run(
-        [sys.executable, "-m", "bench", "--profile", "no such row"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_bench("--profile", "no such row", timeout=120)
     assert done.returncode != 0
     assert "names 0 rows; one of: bare Dramatiq, default middleware;" in done.stderr
