@@ -160,13 +160,6 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
             )
         ),
     ),
-    (
-        "ConsumerThread.handle_message(message) puts it on work_queue",
-        lambda: (
-            _parameters(ConsumerThread.handle_message) == ["self", "message"]
-            and "self.work_queue.put(" in _source(ConsumerThread.handle_message)
-        ),
-    ),
     ("dramatiq.compat.StreamablePipe", lambda: inspect.isclass(StreamablePipe)),
     (
         "dramatiq.middleware.threading.raise_thread_exception(thread_id, exception); Interrupt is "

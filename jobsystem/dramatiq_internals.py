@@ -15,8 +15,6 @@ requeued).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 from dramatiq import Message
@@ -39,7 +37,6 @@ __all__ = [
     "RabbitmqTopology",
     "StreamablePipe",
     "add_worker_thread",
-    "consumer_thread_dispatch",
     "dead_letter_error",
     "dead_letter_reason",
     "mark_dead_lettered",
@@ -79,18 +76,6 @@ RESULTS_MISSING_WARNING = "you haven't added the Results middleware"
 def add_worker_thread(worker: Worker) -> None:
     """Start one more worker thread in ``worker`` (``Worker._add_worker``)."""
     worker._add_worker()
-
-
-def consumer_thread_dispatch() -> Callable[[MessageProxy], None] | None:
-    """How the consumer thread running now hands a delivery to the worker threads
-    (``ConsumerThread.handle_message``, which puts it on the shared work queue or, with an eta,
-    on its own delay queue); None outside a worker's consumer thread. The project's consumer,
-    built by ``broker.consume`` on that thread, uses it to hand on a delivery it held back."""
-    thread = threading.current_thread()
-    if not isinstance(thread, ConsumerThread):
-        return None
-    handle: Callable[[MessageProxy], None] = thread.handle_message
-    return handle
 
 
 def raise_in_thread(thread_id: int, exception: type[BaseException]) -> None:

@@ -8,6 +8,7 @@ receipt included, is in ``docs/architecture.md`` ("Idempotency keys").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -27,7 +28,6 @@ from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
-from jobsystem.runtime.dispatch_gate import DispatchGate
 from jobsystem.runtime.leases import HeldLeases, new_owner
 from jobsystem.runtime.options import key_ttl_ms, option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
@@ -135,7 +135,7 @@ class Idempotency(FailClosed):
         self.claims: Coalescer[ClaimRequest, Claim] = Coalescer(self._claim_many)
         self._local = threading.local()
         self.leases = HeldLeases(self.backend.renew, lease_ms)
-        self.ahead = ClaimsAhead(self.claims, lease_ms)
+        self.ahead = ClaimsAhead(self._claim_many, lease_ms, pause_after_failure_s=2 * store.timeout)
 
     send_error = IdempotencyStoreError
     defer_option = "idempotency_store_waits"
@@ -230,31 +230,33 @@ class Idempotency(FailClosed):
 
     # -- run -------------------------------------------------------------------------------------
 
-    def on_receive(self, broker: Broker, message: MessageProxy, gate: DispatchGate | None = None) -> None:
-        """Claim ahead: called by the project's consumer as a message arrives, it sends the claim
-        without waiting; with a ``gate``, the consumer hands the message to the worker threads
-        once the answer is in, so ``before_process_message`` finds it there and does not wait."""
-        # A received message is past its send: re-enqueues of it (retries, deferrals, delayed
-        # moves) are never duplicate sends, and must not need the store to be published.
+    def on_receive(self, broker: Broker, messages: list[MessageProxy]) -> None:
+        """Called by the project's consumer with each burst of deliveries before any is handed out:
+        claims their keys in one store call, so ``before_process_message`` finds each answer."""
+        claims = [(m, request) for m in messages if (request := self._request_ahead(broker, m)) is not None]
+        if claims:
+            self.ahead.send(claims)
+
+    def _request_ahead(self, broker: Broker, message: MessageProxy) -> ClaimRequest | None:
+        """The claim to make ahead for a delivery; None for a delayed message (re-enqueued, not run,
+        when due), an unknown actor's (dead-lettered), no key, or an invalid one (dead-lettered at
+        start). A received message is past its send: its re-enqueues (retries, deferrals, delayed
+        moves) are never duplicate sends, and must not need the store to be published."""
         options = message.options
         options[REGISTERED] = True
-        if "eta" in options:  # a delayed message: it is re-enqueued, not run, when due
-            return
-        if message.actor_name not in broker.actors:  # dead-lettered by the consumer thread: no claim
-            return
-        try:
+        if "eta" in options or message.actor_name not in broker.actors:
+            return None
+        with contextlib.suppress(IdempotencyKeyError):
             key = self.key_of(broker, message)
-        except IdempotencyKeyError:  # before_process_message dead-letters it
-            return
-        if key is None:
-            return
-        ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
-        self.ahead.send(message, ClaimRequest(key, message.message_id, new_owner(), self.lease_ms, ttl), gate)
+            if key is not None:
+                ttl = option_of(broker, message, "idempotency_ttl", self.ttl_ms)
+                return ClaimRequest(key, message.message_id, new_owner(), self.lease_ms, ttl)
+        return None
 
     def on_dropped(self, broker: Broker, message: MessageProxy) -> None:
-        """A delivery held back for its claim was dropped (its consumer closed first; RabbitMQ
-        redelivers it): its claim, if granted, is given back through the writer (the caller is
-        the claims' pump), so the copy redelivered does not wait out the lease."""
+        """A delivery claimed ahead was dropped before it reached the worker threads (its consumer
+        closed first; RabbitMQ redelivers it): its claim, if granted, is given back through the
+        writer, so the copy redelivered does not wait out the lease."""
         request = self.ahead.dropped(message)
         if request is not None:
             logger.info("claim_given_back", extra={"message_id": message.message_id})
@@ -365,12 +367,10 @@ class Idempotency(FailClosed):
         self.leases.stop()
 
     def before_consumer_thread_shutdown(self, broker: Broker, thread: Any) -> None:
-        """Give back the claims sent ahead for messages that will not start here: Dramatiq closes
-        the consumers (RabbitMQ then redelivers what was prefetched) after the worker threads
-        stopped, and those messages then run at once wherever they are redelivered. A claim on
-        its way is waited for first (up to twice the store's timeout: a batch in flight, then
-        its own), so that it cannot land after its give-back."""
-        unstarted = self.ahead.unstarted(timeout=2 * self.store.timeout)
+        """Give back the claims made ahead for messages that will not start here (RabbitMQ redelivers
+        them once Dramatiq closes the consumers, and they would wait out this worker's leases).
+        Claims are made ahead on the consumer's thread, which runs this hook: none is on its way."""
+        unstarted = self.ahead.unstarted()
         if not unstarted:
             return
         try:

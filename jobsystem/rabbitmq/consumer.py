@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,6 @@ from dramatiq.errors import ConnectionClosed
 from jobsystem.dramatiq_internals import (
     ProjectMessage,
     RabbitmqConsumer,
-    consumer_thread_dispatch,
     mark_dead_lettered,
     pending_follow_up,
     project_message,
@@ -48,7 +48,7 @@ from jobsystem.dramatiq_internals import (
     wants_redelivery,
 )
 from jobsystem.rabbitmq.acks import AckBatch
-from jobsystem.runtime.dispatch_gate import DispatchGate
+from jobsystem.rabbitmq.bursts import buffered_deliveries
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -110,22 +110,22 @@ class DeadLetteringConsumer(RabbitmqConsumer):
 
     def __init__(self, broker: ProjectBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
-        # The middleware that want each delivery as it arrives (claim ahead), looked up once per
-        # consumer rather than on every message.
+        # The middleware that want each burst of deliveries as it arrives (claims made ahead),
+        # looked up once per consumer rather than on every message.
         self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
-        # ... and those that undo what they started for a delivery held back, then dropped.
+        # ... and those that undo what they started for a delivery dropped before it was handed out.
         self.drop_hooks = [m.on_dropped for m in broker.middleware if hasattr(m, "on_dropped")]
         self.acks = AckBatch(self.connection, self.channel, hold_s=ACK_HOLD_S, young_s=ACK_HOLD_BEHIND_S)
-        # Built on a worker's consumer thread: a delivery a hook holds back (see __next__) is
-        # handed to the worker threads later, through that thread's own hand-off.
-        self.dispatch = consumer_thread_dispatch() if self.receive_hooks else None
-        self.closed = False
+        #: The rest of the last burst, handed out one by one before the next delivery is read.
+        self.ready: deque[ProjectMessage] = deque()
 
     def close(self) -> None:
         """Queue the acks held back for a cumulative ack before Dramatiq closes the channel (it
-        runs the connection's pending callbacks first, in order), so a stop redelivers none."""
-        # Closed already: RabbitMQ redelivers whatever was not acked.
-        self.closed = True  # a held-back delivery answered from now on is not handed on
+        runs the connection's pending callbacks first, in order), so a stop redelivers none. The
+        rest of a burst not handed out is dropped (RabbitMQ redelivers it, as every unacked
+        delivery), through the drop hooks: the claims made for it are given back."""
+        while self.ready:
+            self._dropped(self.ready.popleft())
         with contextlib.suppress(pika.exceptions.AMQPError):
             self.connection.add_callback_threadsafe(self.acks.release_held)
         super().close()  # type: ignore[no-untyped-call]
@@ -133,9 +133,30 @@ class DeadLetteringConsumer(RabbitmqConsumer):
     # -- receiving -------------------------------------------------------------------------------
 
     def __next__(self) -> ProjectMessage | None:
+        if self.ready:
+            return self.ready.popleft()
         delivery = self._next_delivery()
         if delivery is None:
             return None
+        if not self.receive_hooks:
+            return self._checked(delivery)
+        # The deliveries pika has read along with this one join it: one burst for the hooks.
+        deliveries = [delivery]
+        for _ in range(buffered_deliveries(self.channel)):
+            more = self._next_delivery()
+            if more is None:
+                break
+            deliveries.append(more)
+        burst = [message for message in map(self._checked, deliveries) if message is not None]
+        if burst:
+            self._received(burst)
+            self.ready.extend(burst)
+        return self.ready.popleft() if self.ready else None
+
+    def _checked(self, delivery: _Delivery) -> ProjectMessage | None:
+        """The delivery as a message to run, or None when the consumer settled it itself: a
+        malformed body (dead-lettered), a redelivery whose follow-up was decided, a delayed
+        message due beyond the horizon (moved into the cascade)."""
         method, properties, body = delivery
         decoded = decode(body, self.queue_name)
         if isinstance(decoded, Malformed):
@@ -151,33 +172,15 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             return None
         message = ProjectMessage(method.redelivered, method.delivery_tag, decoded)
         self.known_tags.add(method.delivery_tag)
-        return self._received(message) if self.receive_hooks else message
+        return message
 
-    def _received(self, message: ProjectMessage) -> ProjectMessage | None:
-        """Run the receive hooks (claims sent ahead). A hook may hold the delivery back until what
-        it started has answered (:mod:`jobsystem.runtime.dispatch_gate`): then None, and the last
-        answer hands the delivery to the worker threads."""
-        gate = DispatchGate(partial(self._dispatch_held, message)) if self.dispatch is not None else None
+    def _received(self, burst: list[ProjectMessage]) -> None:
+        """Run the receive hooks (claims made ahead) on a burst, before any of it is handed out."""
         for on_receive in self.receive_hooks:
             try:
-                on_receive(self.broker, message, gate)
+                on_receive(self.broker, burst)
             except Exception:  # an optimisation only: the hook's before_process_message decides
-                logger.exception("receive_hook_failed", extra={"message_id": message.message_id})
-        return message if gate is None or gate.close() else None
-
-    def _dispatch_held(self, message: ProjectMessage) -> None:
-        """Hand a held-back delivery to the worker threads (on the thread that released it). Once
-        the consumer is closed it is dropped: RabbitMQ redelivers it, as it does every unacked one,
-        and the hooks' ``on_dropped`` undo what they started for it (the claim sent ahead is given
-        back, so the copy redelivered does not wait out this worker's lease)."""
-        if self.closed or self.dispatch is None:
-            self._dropped(message)
-            return
-        try:
-            self.dispatch(message)
-        except Exception:  # left unacked: RabbitMQ redelivers it when the channel closes
-            logger.exception("held_delivery_not_dispatched", extra={"message_id": message.message_id})
-            self._dropped(message)
+                logger.exception("receive_hook_failed", extra={"messages": len(burst)})
 
     def _dropped(self, message: ProjectMessage) -> None:
         for on_dropped in self.drop_hooks:

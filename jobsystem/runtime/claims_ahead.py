@@ -1,43 +1,45 @@
-"""Claims sent ahead at receipt, so that a prefetched message's claim round trip overlaps its wait
-for a worker thread instead of adding to its run."""
+"""Claims made at receipt, for a whole burst of deliveries in one store call, so that a keyed job's
+worker thread finds its claim answered when it takes the job, and the claims of a burst share one
+round trip (the issue's "one admission per job, batched across the deliveries prefetched")."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from dramatiq.broker import MessageProxy
 
 from jobsystem.dramatiq_internals import send_claim_ahead, take_claim_ahead
-from jobsystem.runtime.coalesce import Coalescer
-from jobsystem.runtime.dispatch_gate import DispatchGate
-from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest
 
 __all__ = ["FRESH_S", "Ahead", "ClaimsAhead"]
 
-#: How recent the store's word must be for a job to start on a claim sent ahead: either the answer
+#: How recent the store's word must be for a job to start on a claim made ahead: either the answer
 #: itself, or (for a granted or completed claim) some later claim answered by the store.
 FRESH_S = 0.1
 
 
-@dataclass
+@dataclass(slots=True)
 class Ahead:
-    """A claim sent ahead for one delivery: what was asked, its pending answer, and when."""
+    """A claim made ahead for one delivery: what was asked, the answer (None: the call failed,
+    and the claim may or may not have been granted), and when it was asked."""
 
     request: ClaimRequest
-    pending: Any
+    claim: Claim | None
     sent_at: float
 
 
 class ClaimsAhead:
-    """The claims sent ahead for deliveries that have not started yet.
+    """The claims made ahead for deliveries that have not started yet.
 
     Parameters:
-      claims: the coalescer the claims go through (shared with the claims made at start).
+      claim_many: claims many requests in one store call, in order (raising
+        :class:`~jobsystem.store.base.StoreUnavailable` when the store cannot answer).
       lease_ms: the lease a granted claim holds; renewed every third of it once the job starts.
+      pause_after_failure_s: how long after a failed call no claim is made ahead: the receiving
+        thread would wait on a store that is down, and each job claims at its start anyway.
 
     How long an answer is trusted. An answer younger than :data:`FRESH_S` always is. A granted
     claim is this worker's until its lease runs out, so it stays good while the message waits in
@@ -47,37 +49,48 @@ class ClaimsAhead:
     within the last :data:`FRESH_S` (under load, every few milliseconds), and none has failed since
     the answer. A "completed" answer is final (only the key's TTL ends it) and is trusted alike. A
     "held" answer is trusted :data:`FRESH_S` only (the holder may finish at any moment). Otherwise
-    the message is claimed again at start, failing closed if the store does not answer.
+    the message is claimed again at start, as the same owner, failing closed if the store does not
+    answer.
     """
 
-    def __init__(self, claims: Coalescer[ClaimRequest, Claim], lease_ms: int) -> None:
-        self.claims = claims
+    def __init__(
+        self,
+        claim_many: Callable[[list[ClaimRequest]], list[Claim]],
+        lease_ms: int,
+        *,
+        pause_after_failure_s: float = 4.0,
+    ) -> None:
+        self.claim_many = claim_many
         self.trusted_s = lease_ms / 3000
+        self.pause_after_failure_s = pause_after_failure_s
         #: When the store last answered a batch of claims.
         self.store_answered_at = float("-inf")
+        #: When a claim last found the store unreachable: a claim made ahead before it is redone.
+        self.store_failed_at = float("-inf")
         self._unstarted: dict[tuple[str, str], Ahead] = {}
         self._lock = threading.Lock()
-        #: When a claim last found the store unreachable: a claim sent ahead before it is redone.
-        self.store_failed_at = float("-inf")
 
-    def send(self, message: MessageProxy, request: ClaimRequest, gate: DispatchGate | None = None) -> None:
-        """Send ``request`` for ``message`` without waiting for the answer; with a ``gate``, the
-        delivery is held back from the worker threads until the answer is in."""
-        release = gate.hold() if gate is not None else None
+    def send(self, claims: list[tuple[MessageProxy, ClaimRequest]]) -> None:
+        """Claim each ``(message, request)`` in one store call and keep the answer on its message,
+        unless the store failed within the pause (then each job claims at its start). A call that
+        fails leaves each message an unknown answer: its job claims again, as the same owner."""
+        sent_at = time.monotonic()
+        if sent_at - self.store_failed_at < self.pause_after_failure_s:
+            return
+        answers: list[Claim | None]
         try:
-            pending = self.claims.submit(request, on_done=release)
-        except BaseException:
-            if release is not None:
-                release()
-            raise
-        ahead = Ahead(request, pending, time.monotonic())
+            answers = list(self.claim_many([request for _, request in claims]))
+        except Exception:  # the store's error, or one unforeseen: the job's own claim decides
+            answers = [None] * len(claims)
         with self._lock:
-            self._unstarted[(request.message_id, request.owner)] = ahead
-        send_claim_ahead(message, ahead)
+            for (message, request), claim in zip(claims, answers, strict=True):
+                ahead = Ahead(request, claim, sent_at)
+                self._unstarted[(request.message_id, request.owner)] = ahead
+                send_claim_ahead(message, ahead)
 
     def take(self, message: MessageProxy) -> Ahead | None:
-        """The claim sent ahead for ``message``, taken off it (its answer is collected once) and
-        no longer to be given back at shutdown."""
+        """The claim made ahead for ``message``, taken off it (its answer is used once) and no
+        longer to be given back at shutdown."""
         ahead = take_claim_ahead(message)
         if not isinstance(ahead, Ahead):
             return None
@@ -86,20 +99,18 @@ class ClaimsAhead:
         return ahead
 
     def dropped(self, message: MessageProxy) -> ClaimRequest | None:
-        """The claim sent ahead for a delivery dropped before it started, once answered (the
-        consumer drops a held delivery when the answer is in): to be given back if granted (or
-        unknown), else None. It is taken off, so a stop does not give it back again."""
+        """The claim made ahead for a delivery dropped before it started: to be given back if
+        granted (or unknown), else None. It is taken off, so a stop does not give it back again."""
         ahead = self.take(message)
-        return ahead.request if ahead is not None and self.granted(ahead, timeout=0) else None
+        return ahead.request if ahead is not None and self.granted(ahead) else None
 
     def answer(self, ahead: Ahead | None) -> tuple[str | None, Claim | None]:
-        """The owner of the claim sent ahead (as :meth:`take` gave it), and its answer if it can
+        """The owner of the claim made ahead (as :meth:`take` gave it), and its answer if it can
         still be trusted (see the class's docstring; else None: claim again, as the same owner)."""
         if ahead is None:
             return None, None
-        try:
-            claim = self.claims.wait(ahead.pending)
-        except StoreUnavailable:
+        claim = ahead.claim
+        if claim is None:
             return ahead.request.owner, None
         now = time.monotonic()
         age = now - ahead.sent_at
@@ -108,24 +119,15 @@ class ClaimsAhead:
         trusted = self.store_failed_at < ahead.sent_at
         return ahead.request.owner, claim if fresh and trusted else None
 
-    def granted(self, ahead: Ahead, timeout: float | None = None) -> bool:
-        """Whether the claim sent ahead was granted (so there is a lease to give back), once its
-        answer is in (waiting up to ``timeout`` seconds); an answer that is unknown or not in by
-        then counts as granted, to be given back in case."""
-        try:
-            return self.claims.wait(ahead.pending, timeout).status == "claimed"
-        except (StoreUnavailable, TimeoutError):
-            return True
+    @staticmethod
+    def granted(ahead: Ahead) -> bool:
+        """Whether the claim made ahead holds a lease to give back: granted, or unknown (given
+        back in case)."""
+        return ahead.claim is None or ahead.claim.status == "claimed"
 
-    def unstarted(self, timeout: float) -> list[ClaimRequest]:
-        """The claims sent ahead for deliveries that never started, to be given back (those
-        granted, or whose answer is unknown); all are forgotten from now on.
-
-        Each answer is awaited first, up to ``timeout`` seconds for them all: a claim still queued
-        in the coalescer behind another batch would otherwise be granted after it was given back,
-        and hold its key until its lease ran out.
-        """
+    def unstarted(self) -> list[ClaimRequest]:
+        """The claims made ahead for deliveries that never started, to be given back (those
+        granted, or whose answer is unknown); all are forgotten from now on."""
         with self._lock:
             unstarted, self._unstarted = list(self._unstarted.values()), {}
-        deadline = time.monotonic() + timeout
-        return [ahead.request for ahead in unstarted if self.granted(ahead, deadline - time.monotonic())]
+        return [ahead.request for ahead in unstarted if self.granted(ahead)]

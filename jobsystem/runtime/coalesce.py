@@ -9,24 +9,20 @@ answer. Under load the batches grow by themselves; an idle process still answers
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
-
-logger = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
 
 
 class _Pending(Generic[Item, Answer]):
-    __slots__ = ("answer", "done", "error", "item", "on_done")
+    __slots__ = ("answer", "done", "error", "item")
 
-    def __init__(self, item: Item, on_done: Callable[[], None] | None) -> None:
+    def __init__(self, item: Item) -> None:
         self.item = item
-        self.on_done = on_done
         self.done = threading.Lock()
         self.done.acquire()  # released by the pump once the answer is in
         self.answer: Answer | None = None
@@ -50,15 +46,14 @@ class Coalescer(Generic[Item, Answer]):
     def call(self, item: Item) -> Answer:
         return self.wait(self.submit(item))
 
-    def submit(self, item: Item, on_done: Callable[[], None] | None = None) -> _Pending[Item, Answer]:
-        """Queue ``item`` without waiting; :meth:`wait` collects its answer later. ``on_done`` is
-        called on the pump thread once the answer (or the error) is in."""
+    def submit(self, item: Item) -> _Pending[Item, Answer]:
+        """Queue ``item`` without waiting; :meth:`wait` collects its answer later."""
         if self._pump is None or not self._pump.is_alive():
             with self._start_lock:
                 if self._pump is None or not self._pump.is_alive():
                     self._pump = threading.Thread(target=self._run, name="coalescer", daemon=True)
                     self._pump.start()
-        pending: _Pending[Item, Answer] = _Pending(item, on_done)
+        pending: _Pending[Item, Answer] = _Pending(item)
         self._queue.put(pending)
         return pending
 
@@ -91,9 +86,3 @@ class Coalescer(Generic[Item, Answer]):
                     pending.error = exc
             for pending in batch:
                 pending.done.release()
-            for pending in batch:
-                if pending.on_done is not None:
-                    try:
-                        pending.on_done()
-                    except Exception:  # the pump must keep answering the others
-                        logger.exception("coalescer_callback_failed")

@@ -17,7 +17,6 @@ from dramatiq.middleware import SkipMessage
 from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
 from jobsystem.privacy.keyhash import UNKEYED, KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
-from jobsystem.runtime.dispatch_gate import DispatchGate
 from jobsystem.store.base import StateStore
 from jobsystem.store.redis import RedisStore
 from middleware.idempotency import (
@@ -27,7 +26,6 @@ from middleware.idempotency import (
     Idempotency,
     IdempotencyKeyError,
 )
-from tests.support import wait_for
 from tests.unit.stub import RecordingBroker, delivery
 
 
@@ -132,59 +130,58 @@ def test_a_skip_after_the_claim_gives_it_back_at_once(idem):
 
 def test_a_claim_sent_ahead_is_used_and_given_back_if_the_message_is_skipped_first(idem):
     ran = delivery(idem.message("ran"))
-    idem.middleware.on_receive(idem.broker, ran)
+    idem.middleware.on_receive(idem.broker, [ran])
     assert ran.claim_ahead is not None
-    wait_for(lambda: idem.state("ran") == "running", what="the claim sent ahead")
+    assert idem.state("ran") == "running"  # claimed before on_receive returned
     run(idem, ran)
     assert idem.state("ran") == "done"
     skipped = delivery(idem.message("skipped"))
-    idem.middleware.on_receive(idem.broker, skipped)
+    idem.middleware.on_receive(idem.broker, [skipped])
     idem.middleware.after_skip_message(idem.broker, skipped)  # the age limit skipped it first
     assert idem.state("skipped") == "pending"
 
 
 def test_claims_sent_ahead_for_deliveries_that_never_started_are_given_back_at_shutdown(idem):
     for token in ("x", "y"):
-        idem.middleware.on_receive(idem.broker, delivery(idem.message(token)))
-    wait_for(lambda: idem.state("x") == idem.state("y") == "running", what="the claims sent ahead")
+        idem.middleware.on_receive(idem.broker, [delivery(idem.message(token))])
+    assert idem.state("x") == idem.state("y") == "running"
     idem.middleware.before_consumer_thread_shutdown(idem.broker, None)
     assert (idem.state("x"), idem.state("y")) == ("pending", "pending")
 
 
-def test_a_claim_still_queued_at_shutdown_is_answered_before_it_is_given_back(idem):
-    # The worker stops while the coalescer's pump is busy with a batch (the claim of "first"), so
-    # the claim of "late" is still queued behind it. Given back before it lands, it would be granted
-    # afterwards and hold its key until its lease ran out.
-    middleware, in_flight, go_on = idem.middleware, threading.Event(), threading.Event()
-    claim_many = middleware.claims.call_many
+def test_the_claims_of_a_burst_go_to_the_store_in_one_call(idem):
+    middleware, calls = idem.middleware, []
+    claim_many = middleware.backend.claim_many
 
-    def first_batch_held(requests: list[Any]) -> list[Any]:
-        if not go_on.is_set():
-            in_flight.set()
-            go_on.wait(30)
+    def counted(requests: list[Any]) -> list[Any]:
+        calls.append([r.message_id for r in requests])
         return claim_many(requests)
 
-    middleware.claims.call_many = first_batch_held
-    first, late = delivery(idem.message("first")), delivery(idem.message("late"))
-    middleware.on_receive(idem.broker, first)
-    assert in_flight.wait(10)
-    middleware.on_receive(idem.broker, late)
-    release_many, released = middleware.backend.release_many, threading.Event()
+    middleware.backend.claim_many = counted  # type: ignore[method-assign]
+    burst = [delivery(idem.message(token)) for token in ("a", "b", "c")]
+    orphan = delivery(dataclasses.replace(idem.message("d"), actor_name="gone"))  # not claimed
+    middleware.on_receive(idem.broker, [*burst, orphan])
+    assert calls == [[proxy.message_id for proxy in burst]]
+    assert [idem.state(token) for token in ("a", "b", "c")] == ["running"] * 3
+    for proxy in burst:
+        run(idem, proxy)
+    assert len(calls) == 1  # each job started on its answer
+    assert [idem.state(token) for token in ("a", "b", "c")] == ["done"] * 3
 
-    def noting_release(claims: list[tuple[str, str]]) -> None:
-        release_many(claims)
-        released.set()
 
-    middleware.backend.release_many = noting_release  # type: ignore[method-assign]
-    shutdown = threading.Thread(target=middleware.before_consumer_thread_shutdown, args=(idem.broker, None))
-    shutdown.start()
-    released.wait(1.0)  # given back at once (the race), or waiting for the answers
-    go_on.set()
-    shutdown.join(30)
-    assert not shutdown.is_alive()
-    for proxy in (first, late):  # both claims have landed
-        middleware.claims.wait(proxy.claim_ahead.pending, 10)
-    assert (idem.state("first"), idem.state("late")) == ("pending", "pending")
+def test_a_store_down_at_receipt_leaves_each_claim_to_the_job_and_pauses_the_claims_ahead():
+    """The burst's call fails: each job claims again at its start (and is deferred, the store
+    being down), as the owner it had; the next bursts make no call until the pause is over."""
+    down = Setup(RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2))
+    first, second = delivery(down.message("first")), delivery(down.message("second"))
+    down.middleware.on_receive(down.broker, [first])
+    assert first.claim_ahead is not None and first.claim_ahead.claim is None
+    down.middleware.on_receive(down.broker, [second])
+    assert second.claim_ahead is None  # within the pause: not asked at receipt
+    for proxy in (first, second):
+        with pytest.raises(SkipMessage, match="store_unavailable"):
+            down.middleware.before_process_message(down.broker, proxy)
+    assert [copy.options["idempotency_store_waits"] for copy in down.deferred()] == [1, 1]
 
 
 def test_a_wait_for_an_answer_is_bounded_and_can_be_repeated():
@@ -234,13 +231,13 @@ def test_a_granted_claim_sent_ahead_is_trusted_for_a_third_of_its_lease(idem):
     it is while a third of the lease (10 s here) has not passed and the store answered a claim in
     the last 0.1 s, and made again otherwise."""
     middleware, batches = idem.middleware, []
-    claim_many = middleware.claims.call_many
+    claim_many = middleware.backend.claim_many
 
     def counted(requests: list[Any]) -> list[Any]:
         batches.append([r.key for r in requests])
         return claim_many(requests)
 
-    middleware.claims.call_many = counted
+    middleware.backend.claim_many = counted  # type: ignore[method-assign]
     for token, waited_s, silent_s, claims in (
         ("waited", 2.0, 0.0, 1),
         ("stale", 4.0, 0.0, 2),
@@ -248,10 +245,7 @@ def test_a_granted_claim_sent_ahead_is_trusted_for_a_third_of_its_lease(idem):
     ):
         batches.clear()
         proxy = delivery(idem.message(token))
-        middleware.on_receive(idem.broker, proxy)
-        # Its answer, not the store's record: the answer is handed over after the store's reply
-        # time is noted, which the line after next moves back.
-        middleware.claims.wait(proxy.claim_ahead.pending, 10)
+        middleware.on_receive(idem.broker, [proxy])
         assert idem.state(token) == "running"
         proxy.claim_ahead.sent_at -= waited_s  # as if it had waited that long in the prefetch
         middleware.ahead.store_answered_at -= silent_s  # as if the store had said nothing since
@@ -290,11 +284,10 @@ def test_key_hashes_are_hmac_sha256_of_the_text_so_stored_names_never_change(sec
 
 
 def test_a_delivery_for_no_declared_actor_is_not_claimed_nor_held(idem):
-    """The consumer's thread dead-letters it: no claim grabs its key, and no hold leaves the
-    hand-off (and with it the dead letter's publish) to the claims' pump."""
+    """The consumer's thread dead-letters it: no claim grabs its key."""
     message = dataclasses.replace(idem.message("orphan"), actor_name="gone")
     message.options["idempotency_key"] = "orphan"
-    gate = DispatchGate(lambda: None)
-    idem.middleware.on_receive(idem.broker, delivery(message), gate)
-    assert gate.close() is True
-    assert idem.middleware.ahead.unstarted(timeout=1) == []
+    proxy = delivery(message)
+    idem.middleware.on_receive(idem.broker, [proxy])
+    assert proxy.claim_ahead is None
+    assert idem.middleware.ahead.unstarted() == []
