@@ -147,7 +147,7 @@ class ProjectMessage(_RabbitmqMessage):
         and by the consumer once the dead letter is safe, for the hooks that log it).
       dead_letter_error: the error a rejecting middleware names as the cause (the dead letter
         records it rather than the ``SkipMessage``).
-      claim_ahead: what the idempotency middleware sent ahead for this delivery at receipt.
+      claim_ahead: the claim the idempotency middleware made for this delivery at receipt.
     """
 
     def __init__(self, redelivered: bool, tag: int, message: Message[Any]) -> None:

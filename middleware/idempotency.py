@@ -2,7 +2,7 @@
 
 Before the actor runs, the worker claims the message's key with a lease: a completed key skips the
 message, a key held by another worker defers it, an unreachable store defers it (fail closed).
-Keys are stored and logged only as ``actor:<keyed hash>``. The whole design, claims sent ahead at
+Keys are stored and logged only as ``actor:<keyed hash>``. The whole design, claims made at
 receipt included, is in ``docs/architecture.md`` ("Idempotency keys").
 """
 
@@ -346,7 +346,7 @@ class Idempotency(FailClosed):
         held = self._finish()
         ahead = self.ahead.take(message)
         if held is None and ahead is not None and self.ahead.granted(ahead):
-            # Skipped before its turn came (age limit, rate limit): give back the claim sent ahead.
+            # Skipped before its turn came (age limit, rate limit): give back the claim made at receipt.
             held = _Held(ahead.request.key, ahead.request.owner, ahead.request.ttl_ms)
         if held is not None:
             try:

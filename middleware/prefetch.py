@@ -2,7 +2,7 @@
 
 Dramatiq prefetches twice the worker threads per queue (or its own ``dramatiq_queue_prefetch``
 variable): enough for jobs that take tens of milliseconds or more. For many jobs of a few
-milliseconds, a deeper window keeps the worker threads fed while claims sent ahead are answered,
+milliseconds, a deeper window keeps the worker threads fed while claims made at receipt are answered,
 and the status, completion and ack batches full (``make bench`` and ``docs/benchmarks.md`` give the
 figures). For long jobs keep it small: a busy worker holds what it prefetched, and other workers
 cannot take those messages until it is done or stops.

@@ -42,7 +42,7 @@ class KeyHasher:
 
     def __call__(self, text: str) -> str:
         # The same texts come back (a tenant's bucket on every job, a key hashed again at start
-        # when no claim was sent ahead): those are a dict lookup. The cache is emptied when full
+        # when no claim was made at receipt): those are a dict lookup. The cache is emptied when full
         # rather than kept in order (cheaper).
         hashed = self._recent.get(text)
         if hashed is None:

@@ -1,5 +1,5 @@
 """The Idempotency middleware's paths, its hooks called as the worker calls them, on each state
-store backend: dedup at send, claim, complete, release, skip, defer, claims sent ahead."""
+store backend: dedup at send, claim, complete, release, skip, defer, claims made at receipt."""
 
 from __future__ import annotations
 
