@@ -1,7 +1,7 @@
 """What the store's scripts cost Redis per job, in instructions: ``python -m bench.store_instructions``.
 
-Counted on a Redis of its own under callgrind (:mod:`bench.callgrind`): the same figures from run
-to run, unlike CPU time on this machine, so a change to a script shows its price exactly.
+Counted on a Redis of its own under callgrind (:mod:`bench.callgrind`): within about 1.5% from run
+to run, unlike CPU time on this machine, so a change to a script shows its price.
 
 - **status**: the sender's ``queued`` of each job, then the worker's ``running`` + ``succeeded``
   (a move in the job index), in batches as the deferred writer sends them (20 jobs a batch is

