@@ -7,8 +7,8 @@ latency probe in ``bench.latency``. ``--repeat N`` repeats the cost table and th
 prints medians (3 by default); ``--costs-only`` stops after them. ``--profile ROW`` instead runs
 one row of the cost table under py-spy and prints where its workers' time went (``bench.profile``).
 What the store's scripts cost Redis per job is counted in instructions, on a Redis of its own under
-callgrind (``bench.store_instructions``; ``--only instructions``): the same from run to run, where
-CPU time on a small shared machine is not. Each part runs under a
+callgrind (``bench.store_instructions``; ``--only instructions``): within about 1.5% from run to
+run, where CPU time on a small shared machine scatters by +-20%. Each part runs under a
 ``QUEUE_PREFIX`` of its own, whose state keys and delay cascade are deleted afterwards
 (``bench.scratch``).
 

@@ -369,7 +369,7 @@ class Idempotency(FailClosed):
     def before_consumer_thread_shutdown(self, broker: Broker, thread: Any) -> None:
         """Give back the claims made ahead for messages that will not start here (RabbitMQ redelivers
         them once Dramatiq closes the consumers, and they would wait out this worker's leases).
-        Claims are made ahead on the consumer's thread, which runs this hook: none is on its way."""
+        Claims are made on each consumer's thread, which runs this hook after its last one."""
         unstarted = self.ahead.unstarted()
         if not unstarted:
             return

@@ -184,6 +184,28 @@ def test_a_store_down_at_receipt_leaves_each_claim_to_the_job_and_pauses_the_cla
     assert [copy.options["idempotency_store_waits"] for copy in down.deferred()] == [1, 1]
 
 
+def test_an_unexpected_error_at_receipt_leaves_the_claim_to_the_job_as_the_same_owner(idem):
+    """A reply the backend cannot read (here: it raises) says nothing of whether the claim was
+    granted: the job claims again at its start, as the owner it had, and runs once on that claim."""
+    middleware, asked = idem.middleware, []
+    claim_many = middleware.backend.claim_many
+
+    def broken_once(requests: list[Any]) -> list[Any]:
+        asked.append([r.owner for r in requests])
+        if len(asked) == 1:
+            claim_many(requests)  # granted in the store, but the answer is lost
+            raise ValueError("malformed reply")
+        return claim_many(requests)
+
+    middleware.backend.claim_many = broken_once  # type: ignore[method-assign]
+    proxy = delivery(idem.message("lost"))
+    middleware.on_receive(idem.broker, [proxy])
+    assert proxy.claim_ahead is not None and proxy.claim_ahead.claim is None
+    run(idem, proxy)
+    assert asked[1] == asked[0]  # claimed again at start, as the same owner: granted, not held
+    assert idem.state("lost") == "done" and not idem.deferred()
+
+
 def test_a_wait_for_an_answer_is_bounded_and_can_be_repeated():
     go_on = threading.Event()
 
