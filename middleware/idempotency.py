@@ -135,7 +135,7 @@ class Idempotency(FailClosed):
         self.claims: Coalescer[ClaimRequest, Claim] = Coalescer(self._claim_many)
         self._local = threading.local()
         self.leases = HeldLeases(self.backend.renew, lease_ms)
-        self.ahead = ClaimsAhead(self._claim_many, lease_ms, pause_after_failure_s=2 * store.timeout)
+        self.ahead = ClaimsAhead(self.backend, lease_ms, pause_after_failure_s=2 * store.timeout)
 
     send_error = IdempotencyStoreError
     defer_option = "idempotency_store_waits"

@@ -1,6 +1,8 @@
-"""Claims made at receipt, for a whole burst of deliveries in one store call, so that a keyed job's
-worker thread finds its claim answered when it takes the job, and the claims of a burst share one
-round trip (the issue's "one admission per job, batched across the deliveries prefetched")."""
+"""Claims made at receipt, for a whole burst of deliveries in one store call, so that the claims of a
+burst share one round trip (the issue's "one admission per job, batched across the deliveries
+prefetched"), and a keyed job's worker thread finds its claim sent, its answer on the way or
+already there, when it takes the job. The receiving thread does not wait for the answer: the
+first thread to need one of the burst's answers reads them all."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from dramatiq.broker import MessageProxy
 
 from jobsystem.dramatiq_internals import send_claim_ahead, take_claim_ahead
-from jobsystem.store.idempotency import Claim, ClaimRequest
+from jobsystem.store.idempotency import Claim, ClaimRequest, IdempotencyBackend
 
 __all__ = ["FRESH_S", "Ahead", "ClaimsAhead"]
 
@@ -21,21 +24,52 @@ __all__ = ["FRESH_S", "Ahead", "ClaimsAhead"]
 FRESH_S = 0.1
 
 
+class _Burst:
+    """The answers to one burst's claims, read once, by the first thread that needs one."""
+
+    __slots__ = ("_answers", "_lock", "_owner", "_reply", "sent_at")
+
+    def __init__(self, owner: ClaimsAhead, reply: Callable[[], list[Claim]], sent_at: float) -> None:
+        self._owner, self._reply, self.sent_at = owner, reply, sent_at
+        self._answers: list[Claim | None] | None = None
+        self._lock = threading.Lock()
+
+    def answers(self, count: int) -> list[Claim | None]:
+        """The answers, in order (each None where the call failed: granted or not, unknown)."""
+        with self._lock:
+            if self._answers is None:
+                self._answers = [None] * count  # kept as they are if the read is interrupted
+                self._answers = self._owner.read(self._reply, self.sent_at, count)
+            return self._answers
+
+
 @dataclass(slots=True)
 class Ahead:
-    """A claim made ahead for one delivery: what was asked, the answer (None: the call failed,
-    and the claim may or may not have been granted), and when it was asked."""
+    """A claim made ahead for one delivery: what was asked, the burst it was asked with (and its
+    place in it), and when."""
 
     request: ClaimRequest
-    claim: Claim | None
-    sent_at: float
+    burst: _Burst
+    index: int
+    size: int
+
+    @property
+    def sent_at(self) -> float:
+        return self.burst.sent_at
+
+    @property
+    def claim(self) -> Claim | None:
+        """The answer, read if no thread has yet (None: the call failed, and the claim may or may
+        not have been granted)."""
+        return self.burst.answers(self.size)[self.index]
 
 
 class ClaimsAhead:
     """The claims made ahead for deliveries that have not started yet.
 
     Parameters:
-      claim_many: claims many requests in one store call, in order (raising
+      backend: the keys' store operations; its ``send_claims`` sends many requests in one store
+        call, in order, and returns what reads the answers (raising
         :class:`~jobsystem.store.base.StoreUnavailable` when the store cannot answer).
       lease_ms: the lease a granted claim holds; renewed every third of it once the job starts.
       pause_after_failure_s: how long after a failed call no claim is made ahead: the receiving
@@ -55,12 +89,12 @@ class ClaimsAhead:
 
     def __init__(
         self,
-        claim_many: Callable[[list[ClaimRequest]], list[Claim]],
+        backend: IdempotencyBackend,
         lease_ms: int,
         *,
         pause_after_failure_s: float = 4.0,
     ) -> None:
-        self.claim_many = claim_many
+        self.backend = backend
         self.trusted_s = lease_ms / 3000
         self.pause_after_failure_s = pause_after_failure_s
         #: When the store last answered a batch of claims.
@@ -71,22 +105,37 @@ class ClaimsAhead:
         self._lock = threading.Lock()
 
     def send(self, claims: list[tuple[MessageProxy, ClaimRequest]]) -> None:
-        """Claim each ``(message, request)`` in one store call and keep the answer on its message,
-        unless the store failed within the pause (then each job claims at its start). A call that
-        fails leaves each message an unknown answer: its job claims again, as the same owner."""
+        """Send the claims of each ``(message, request)`` in one store call and keep the claim on
+        its message, unless the store failed within the pause (then each job claims at its
+        start). The answers are read later (:meth:`read`)."""
         sent_at = time.monotonic()
         if sent_at - self.store_failed_at < self.pause_after_failure_s:
             return
-        answers: list[Claim | None]
         try:
-            answers = list(self.claim_many([request for _, request in claims]))
-        except Exception:  # the store's error, or one unforeseen: the job's own claim decides
-            answers = [None] * len(claims)
+            reply = self.backend.send_claims([request for _, request in claims])
+        except Exception as exc:  # unforeseen (the store's errors come with the reply)
+            reply = partial(_raise, exc)
+        burst, size = _Burst(self, reply, sent_at), len(claims)
         with self._lock:
-            for (message, request), claim in zip(claims, answers, strict=True):
-                ahead = Ahead(request, claim, sent_at)
+            for index, (message, request) in enumerate(claims):
+                ahead = Ahead(request, burst, index, size)
                 self._unstarted[(request.message_id, request.owner)] = ahead
                 send_claim_ahead(message, ahead)
+
+    def read(self, reply: Callable[[], list[Claim]], sent_at: float, count: int) -> list[Claim | None]:
+        """A burst's answers from ``reply``. One that fails (the store's error, a reply of the
+        wrong shape) leaves each claim an unknown answer: its job claims again, as the same owner,
+        and no claim is made ahead for a while. The store answered after ``sent_at``: that is
+        when it is known to have been there."""
+        try:
+            answers: list[Claim | None] = list(reply())
+            if len(answers) != count:
+                raise ValueError(f"{len(answers)} answers to {count} claims")
+        except Exception:
+            self.store_failed_at = time.monotonic()
+            return [None] * count
+        self.store_answered_at = max(self.store_answered_at, sent_at)
+        return answers
 
     def take(self, message: MessageProxy) -> Ahead | None:
         """The claim made ahead for ``message``, taken off it (its answer is used once) and no
@@ -131,3 +180,7 @@ class ClaimsAhead:
         with self._lock:
             unstarted, self._unstarted = list(self._unstarted.values()), {}
         return [ahead.request for ahead in unstarted if self.granted(ahead)]
+
+
+def _raise(exc: Exception) -> list[Claim]:
+    raise exc

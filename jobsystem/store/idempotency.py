@@ -9,12 +9,14 @@ SQLite. Lease times come from the store's clock, so hosts with skewed clocks agr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from jobsystem.store.base import Backends, StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
-from jobsystem.store.sqlite import SqliteStore
+from jobsystem.store.redis_replies import ReplyLine
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ sets each field through object.__setattr__
@@ -65,6 +67,16 @@ class IdempotencyBackend(ABC):
     @abstractmethod
     def claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         """Take each run lease unless its key is done or leased by another owner; in order."""
+
+    def send_claims(self, requests: list[ClaimRequest]) -> Callable[[], list[Claim]]:
+        """Make the claims; the returned callable gives their answers (:meth:`claim_many`'s),
+        raising what it would have. Here they are made at once; a backend that can leaves the
+        answers in flight until they are asked for."""
+        try:
+            claims = self.claim_many(requests)
+        except Exception as exc:
+            return partial(_reraise, exc)
+        return lambda: claims
 
     def claim(self, key: str, message_id: str, owner: str, lease_ms: int, ttl_ms: int) -> Claim:
         """Take the run lease on ``key`` for ``owner`` unless the key is done or leased by another."""
@@ -188,6 +200,7 @@ class RedisIdempotency(IdempotencyBackend):
         self._complete = store.script(_COMPLETE)
         self._release = store.script(_RELEASE)
         self._forget = store.script(_FORGET)
+        self._line: ReplyLine | None = None  # made on the first claims sent ahead
 
     def _key(self, key: str) -> str:
         return self.store.key(KEY_PREFIX + key)
@@ -205,14 +218,23 @@ class RedisIdempotency(IdempotencyBackend):
 
     def claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
         """One script call for all the requests: one round trip, whatever their number."""
-        args = [a for r in requests for a in (r.message_id, r.owner, r.lease_ms, r.ttl_ms)]
         with self.store.errors():
-            replies = self._claim(keys=[self._key(r.key) for r in requests], args=args)
-        fields = iter(replies)  # four per request
-        return [
-            Claim(_claim_status(status), int(wait), _text(result), _text(mid))
-            for status, wait, result, mid in zip(fields, fields, fields, fields, strict=True)
-        ]
+            replies = self._claim(keys=[self._key(r.key) for r in requests], args=_claim_args(requests))
+        return _claims(replies)
+
+    def send_claims(self, requests: list[ClaimRequest]) -> Callable[[], list[Claim]]:
+        """The script sent now on a connection of its own; its reply is read when asked for
+        (``jobsystem.store.redis_replies``)."""
+        if self._line is None:
+            self._line = ReplyLine(self.store)
+        keys = [self._key(r.key) for r in requests]
+        reply = self._claim.send_on(self._line, keys, _claim_args(requests))
+
+        def claims() -> list[Claim]:
+            with self.store.errors():
+                return _claims(reply())
+
+        return claims
 
     def renew(self, claims: list[tuple[str, str]], lease_ms: int) -> None:
         if claims:
@@ -243,124 +265,21 @@ class RedisIdempotency(IdempotencyBackend):
         return KeyRecord(_text(state) or "", _text(mid), _text(result))
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS idempotency (
-    key TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    message_id TEXT,
-    owner TEXT,
-    lease_until INTEGER,
-    result TEXT,
-    expires_at INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idempotency_expires ON idempotency (expires_at)
-"""
+def _claim_args(requests: list[ClaimRequest]) -> list[str | int]:
+    return [a for r in requests for a in (r.message_id, r.owner, r.lease_ms, r.ttl_ms)]
 
 
-class SqliteIdempotency(IdempotencyBackend):
-    """Keys as rows of one table; every read-then-write runs in a ``BEGIN IMMEDIATE`` transaction."""
+def _claims(replies: list[bytes]) -> list[Claim]:
+    """The claim script's flat reply, four fields per request, as claims."""
+    fields = iter(replies)
+    return [
+        Claim(_claim_status(status), int(wait), _text(result), _text(mid))
+        for status, wait, result, mid in zip(fields, fields, fields, fields, strict=True)
+    ]
 
-    def __init__(self, store: SqliteStore) -> None:
-        self.store = store
-        store.ensure_schema(_SCHEMA)
 
-    def _live(
-        self, conn: object, key: str, now: int
-    ) -> tuple[str, str | None, str | None, int | None, str | None] | None:
-        import sqlite3
-
-        assert isinstance(conn, sqlite3.Connection)
-        row = conn.execute(
-            "SELECT state, message_id, owner, lease_until, result FROM idempotency "
-            "WHERE key = ? AND expires_at > ?",
-            (self.store.key(KEY_PREFIX + key), now),
-        ).fetchone()
-        return tuple(row) if row else None
-
-    def register(self, key: str, message_id: str, ttl_ms: int) -> str | None:
-        now = self.store.now_ms()
-        with self.store.transaction() as conn:
-            row = self._live(conn, key, now)
-            if row is not None:
-                return row[1]
-            conn.execute(
-                "INSERT OR REPLACE INTO idempotency (key, state, message_id, expires_at) "
-                "VALUES (?, 'pending', ?, ?)",
-                (self.store.key(KEY_PREFIX + key), message_id, now + ttl_ms),
-            )
-            return None
-
-    def register_many(self, items: list[tuple[str, str, int]]) -> list[str | None]:
-        """All the keys in one transaction."""
-        with self.store.transaction():
-            return [self.register(key, message_id, ttl) for key, message_id, ttl in items]
-
-    def claim_many(self, requests: list[ClaimRequest]) -> list[Claim]:
-        """All the requests in one transaction."""
-        with self.store.transaction():
-            return [self._claim_one(r) for r in requests]
-
-    def _claim_one(self, request: ClaimRequest) -> Claim:
-        key, owner, lease_ms, ttl_ms = request.key, request.owner, request.lease_ms, request.ttl_ms
-        now = self.store.now_ms()
-        with self.store.transaction() as conn:
-            row = self._live(conn, key, now)
-            mid = (row[1] if row else None) or request.message_id
-            if row is not None and row[0] == "done":
-                return Claim("completed", 0, row[4], mid)
-            if row is not None and row[0] == "running" and row[2] != owner and (row[3] or 0) > now:
-                return Claim("held", (row[3] or 0) - now, None, mid)
-            conn.execute(
-                "INSERT INTO idempotency (key, state, message_id, owner, lease_until, expires_at) "
-                "VALUES (?, 'running', ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET state = 'running', "
-                "message_id = excluded.message_id, owner = excluded.owner, "
-                "lease_until = excluded.lease_until, "
-                "expires_at = MAX(idempotency.expires_at, excluded.expires_at)",
-                (self.store.key(KEY_PREFIX + key), mid, owner, now + lease_ms, now + ttl_ms),
-            )
-            return Claim("claimed", 0, None, mid)
-
-    def renew(self, claims: list[tuple[str, str]], lease_ms: int) -> None:
-        if claims:
-            until = self.store.now_ms() + lease_ms
-            with self.store.transaction() as conn:
-                conn.executemany(
-                    "UPDATE idempotency SET lease_until = ? "
-                    "WHERE key = ? AND owner = ? AND state = 'running'",
-                    [(until, self.store.key(KEY_PREFIX + key), owner) for key, owner in claims],
-                )
-
-    def complete_many(self, items: list[tuple[str, str | None, int]]) -> None:
-        now = self.store.now_ms()
-        with self.store.transaction() as conn:
-            # Upserted, as on Redis: a key whose record expired or went while its job ran is
-            # still remembered as done (a later duplicate is skipped, not run again).
-            conn.executemany(
-                "INSERT INTO idempotency (key, state, result, expires_at) VALUES (?, 'done', ?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET state = 'done', result = excluded.result, owner = NULL, "
-                "lease_until = NULL, expires_at = excluded.expires_at",
-                [(self.store.key(KEY_PREFIX + key), result, now + ttl) for key, result, ttl in items],
-            )
-
-    def release_many(self, claims: list[tuple[str, str]]) -> None:
-        with self.store.transaction() as conn:
-            conn.executemany(
-                "UPDATE idempotency SET state = 'pending', owner = NULL, lease_until = NULL "
-                "WHERE key = ? AND owner = ? AND state = 'running'",
-                [(self.store.key(KEY_PREFIX + key), owner) for key, owner in claims],
-            )
-
-    def forget_many(self, keys: list[str]) -> None:
-        with self.store.transaction() as conn:
-            conn.executemany(
-                "DELETE FROM idempotency WHERE key = ? AND state != 'done'",
-                [(self.store.key(KEY_PREFIX + key),) for key in keys],
-            )
-
-    def lookup(self, key: str) -> KeyRecord | None:
-        with self.store.transaction() as conn:
-            row = self._live(conn, key, self.store.now_ms())
-        return KeyRecord(row[0], row[1], row[4]) if row else None
+def _reraise(exc: Exception) -> list[Claim]:
+    raise exc
 
 
 def _claim_status(value: bytes) -> Literal["claimed", "completed", "held"]:
@@ -378,4 +297,6 @@ def _text(value: bytes | str | None) -> str | None:
 
 def idempotency_backend(store: StateStore) -> IdempotencyBackend:
     """The key operations for ``store``'s backend."""
+    from jobsystem.store.idempotency_sqlite import SqliteIdempotency
+
     return store.operations(Backends(redis=RedisIdempotency, sqlite=SqliteIdempotency))

@@ -9,14 +9,17 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import redis
 
 from jobsystem.store.base import Backends, Operations, StateStore, StoreMisconfigured, StoreUnavailable
+
+if TYPE_CHECKING:
+    from jobsystem.store.redis_replies import ReplyLine
 
 __all__ = ["RedisScript", "RedisStore", "delete_matching", "redis_error", "reply_text"]
 
@@ -110,6 +113,19 @@ class RedisScript:
             # next call would read this call's reply as its own.
             conn.disconnect()
             raise
+
+    def send_on(self, line: ReplyLine, keys: list[str], args: list[Any]) -> Callable[[], Any]:
+        """Send the script on ``line`` now; the returned callable reads its reply (or, where Redis
+        no longer has the script, runs it again over this thread's connection, which loads it)."""
+        reply = line.send("EVALSHA", self.sha, len(keys), *keys, *args)
+
+        def read() -> Any:
+            try:
+                return reply()
+            except redis.exceptions.NoScriptError:
+                return self(keys, args)
+
+        return read
 
     def _evalsha(self, conn: Any, keys: list[str], args: list[Any]) -> Any:
         conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)

@@ -28,7 +28,7 @@ from tests.support import Queues, wait_for
 
 @dataclass
 class CountedClaims:
-    """The broker's idempotency middleware, with the message ids of each store call's claims."""
+    """The broker's idempotency middleware, with the message ids of each burst's claims sent."""
 
     middleware: Idempotency
     calls: list[list[str]]
@@ -38,13 +38,13 @@ class CountedClaims:
 def counted_claims(queues: Queues, monkeypatch: pytest.MonkeyPatch) -> Iterator[CountedClaims]:
     (middleware,) = [m for m in queues.broker.middleware if isinstance(m, Idempotency)]
     counted = CountedClaims(middleware, [])
-    claim_many = middleware.backend.claim_many
+    send_claims = middleware.backend.send_claims
 
     def counting(requests: list[ClaimRequest]) -> Any:
         counted.calls.append([r.message_id for r in requests])
-        return claim_many(requests)
+        return send_claims(requests)
 
-    monkeypatch.setattr(middleware.backend, "claim_many", counting)
+    monkeypatch.setattr(middleware.backend, "send_claims", counting)
     yield counted
 
 
@@ -79,7 +79,7 @@ def test_a_burst_of_keyed_deliveries_is_claimed_in_one_call_before_any_is_handed
 ):
     ids = a_burst_buffered(queues, consumer, ["a", "b", "c"])
     first = next(consumer)
-    assert counted_claims.calls == [ids]  # one call, made before the first was handed out
+    assert counted_claims.calls == [ids]  # one call, sent before the first was handed out
     handed_out = [first, next(consumer), next(consumer)]
     assert counted_claims.calls == [ids]  # the rest came from the burst, asking nothing more
     assert [m.message_id for m in handed_out if m is not None] == ids
