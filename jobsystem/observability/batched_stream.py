@@ -33,15 +33,22 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BatchedStream", "flush_batched_streams"]
+__all__ = ["BatchedStream", "Line", "flush_batched_streams"]
+
+#: A line queued with :meth:`BatchedStream.write_later`: its text, or what makes its text when the
+#: batch is sent (a line rendered off the job's path; it must not raise).
+Line = str | Callable[[], str]
 
 #: Pending lines are sent once they reach this many characters: one ``send_bytes`` of at most
 #: ~16 KiB is one ``write`` on the pipe (multiprocessing splits larger messages in two).
 MAX_CHARS = 16_000
 #: ... or this many seconds after the first of them was queued.
 INTERVAL = 0.05
+#: What a line made at send time counts towards ``max_chars`` (a lifecycle line is ~200).
+LATER_CHARS = 256
 
 _streams: weakref.WeakSet[BatchedStream] = weakref.WeakSet()
 _hooks_lock = threading.Lock()
@@ -85,6 +92,15 @@ def _flush_loop(ref: weakref.ref[BatchedStream], wake: threading.Event, interval
         del stream
 
 
+def _made(line: Callable[[], str]) -> str:
+    """The text of a line made at send time; a maker that raises (it must not) loses its line,
+    not the batch nor the thread sending it."""
+    try:
+        return line()
+    except Exception:
+        return ""
+
+
 class BatchedStream:
     """A text stream that sends :meth:`write_later` lines in batches and :meth:`write` at once.
 
@@ -101,15 +117,16 @@ class BatchedStream:
         #: Held while sending, not while queueing.
         self._lock = threading.Lock()
         self._flusher_lock = threading.Lock()
-        self._pending: deque[str] = deque()
+        self._pending: deque[Line] = deque()
         self._chars = 0
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
         _install_hooks()
         _streams.add(self)
 
-    def write_later(self, line: str) -> None:
-        """Queue ``line`` (whole lines, with their terminator): sent with the next batch.
+    def write_later(self, line: Line) -> None:
+        """Queue ``line`` (whole lines, with their terminator; or what makes them when the batch is
+        sent): sent with the next batch.
 
         Queueing takes no lock (a thread holding one can lose the GIL for milliseconds, and every
         worker thread logs); the line that fills a batch sends it, under the lock.
@@ -117,7 +134,7 @@ class BatchedStream:
         line it does not take finds ``_wake`` clear and sets it. ``_chars`` is only the cue to
         send early: an increment lost to a race delays that, never a line."""
         self._pending.append(line)
-        self._chars += len(line)
+        self._chars += len(line) if type(line) is str else LATER_CHARS
         if not self._wake.is_set():
             self._wake.set()
         if self._chars >= self.max_chars:
@@ -151,7 +168,7 @@ class BatchedStream:
         if pending:
             self._chars = 0
             lines = [pending.popleft() for _ in range(len(pending))]  # those queued from now wait
-            text = "".join(lines) + text
+            text = "".join(line if isinstance(line, str) else _made(line) for line in lines) + text
         if text:
             with contextlib.suppress(OSError, ValueError):  # the pipe is closed: as logging does, carry on
                 self.stream.write(text)

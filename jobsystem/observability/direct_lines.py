@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
@@ -89,6 +90,24 @@ class DirectLines:
                 pass
             finally:
                 handler.release()
+
+    @staticmethod
+    def write_later(make_line: Callable[[], str], handlers: list[logging.StreamHandler[Any]]) -> bool:
+        """Queue a line made when its batch is sent (``make_line``, called once whatever the number
+        of streams), where every one of ``handlers``' streams is a :class:`BatchedStream`; else
+        ``False``, and nothing is queued."""
+        if any(type(handler.stream) is not BatchedStream for handler in handlers):
+            return False
+        made: list[str] = []
+
+        def line_for(terminator: str) -> str:
+            if not made:
+                made.append(make_line())
+            return f"{made[0]}{terminator}"
+
+        for handler in handlers:
+            handler.stream.write_later(partial(line_for, handler.terminator))
+        return True
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
         level = _LEVELS.get(method_name)

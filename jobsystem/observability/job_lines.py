@@ -15,6 +15,14 @@ the scrubber over every entry of every event. :class:`JobLines` makes the same l
   entry, but a string already scrubbed under the same key on this thread is not scanned again;
 - rendered by the chain's renderer and written by ``DirectLines`` (the same streams, in order).
 
+In a worker process, whose streams batch lines (``jobsystem.observability.batched_stream``), the
+last two steps wait for the batch's send: the line is queued in its place, as what makes it, and
+scrubbed and rendered when the batch leaves (on the flusher thread, 50 ms later at most, or on the
+thread that sends it sooner). ``job_started`` then costs the job's start only the event dict. On an
+idle worker, where every step runs with cold caches, scrubbing and rendering it took about a fifth
+of a millisecond of the send -> start latency. Only events whose values cannot change meanwhile
+(strings, numbers, booleans, ``None``) wait; the others are made at once.
+
 What the scrubber sees: everything but the timestamp. The message id comes with the message (any
 producer may put any text there): scanned once per job, on its first line. Actor and queue names
 are chosen by developers (a name could hold anything): scanned, once per thread for as long as
@@ -39,6 +47,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import structlog
@@ -57,6 +66,8 @@ __all__ = ["BoundContext", "IsoStamps", "JobLines", "install_job_lines", "write_
 _CHAIN_KEYS = frozenset({"exc_info", "stack_info", "_record"})
 #: Entries :class:`JobLines` makes from no input.
 _MADE_HERE = frozenset({"timestamp"})
+#: Types of the values an event may hold to be scrubbed and rendered later: none can change meanwhile.
+_UNCHANGING = frozenset({str, int, float, bool, type(None)})
 
 
 class BoundContext:
@@ -165,6 +176,9 @@ class JobLines:
         add_log_level(logger, "info", event_dict)
         add_logger_name(logger, "info", event_dict)
         event_dict["timestamp"] = self.stamps()
+        unchanging = all(type(value) in _UNCHANGING for value in event_dict.values())
+        if unchanging and self.direct.write_later(partial(self._line, logger, event_dict), handlers):
+            return True
         try:
             scrubbed = self.memo.mapping(event_dict, made_here=_MADE_HERE)
         except Exception:  # the ordinary path scrubs the event whole (and replaces what it must)
@@ -172,6 +186,19 @@ class JobLines:
         line: Any = self.renderer(logger, "info", scrubbed)  # str, from either renderer
         self.direct.write(line, handlers)
         return True
+
+    def _line(self, logger: logging.Logger, event_dict: dict[str, Any]) -> str:
+        """The event scrubbed and rendered when its batch is sent: as :meth:`write` does, or, where
+        the memo cannot scrub it entry by entry, scrubbed whole, as the ordinary path would. It
+        never raises (a batch's lines are made under the stream's lock, on whichever thread sends)."""
+        try:
+            scrubbed = self.memo.mapping(event_dict, made_here=_MADE_HERE)
+        except Exception:
+            scrubbed = self.memo.scrubber.mapping(event_dict)
+        try:
+            return str(self.renderer(logger, "info", scrubbed))
+        except Exception:
+            return str(self.renderer(logger, "info", {"event": "[unrenderable event]"}))
 
 
 _installed: JobLines | None = None

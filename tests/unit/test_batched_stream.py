@@ -19,6 +19,7 @@ import structlog
 from dramatiq.compat import StreamablePipe
 
 from jobsystem.observability.batched_stream import BatchedStream, flush_batched_streams
+from jobsystem.observability.direct_lines import DirectLines
 from jobsystem.observability.logs import configure_logging
 from jobsystem.settings import load_settings
 from jobsystem.startup import _in_dramatiq_worker
@@ -55,6 +56,35 @@ def test_lines_wait_and_an_ordinary_write_sends_them_first_in_one_write():
     assert recorder.writes == ["started\nsucceeded\nwarning\n"]
     stream.write("error\n")  # nothing pending: written as it is
     assert recorder.writes[-1] == "error\n"
+
+
+def test_lines_made_at_send_time_keep_their_place_and_one_that_fails_loses_only_itself():
+    recorder = Recorder()
+    stream = BatchedStream(recorder, interval=600)
+
+    def broken() -> str:
+        raise ValueError("a maker must not raise")
+
+    stream.write_later("started\n")
+    stream.write_later(lambda: "made later\n")
+    stream.write_later(broken)
+    stream.write_later("succeeded\n")
+    assert recorder.writes == []
+    stream.write("warning\n")
+    assert recorder.writes == ["started\nmade later\nsucceeded\nwarning\n"]
+
+
+def test_a_line_made_at_send_time_is_made_once_for_every_batched_stream():
+    recorders = [Recorder(), Recorder()]
+    handlers = [logging.StreamHandler(BatchedStream(r, interval=600)) for r in recorders]  # type: ignore[arg-type]
+    handlers[1].terminator = "\r\n"
+    made: list[str] = []
+    assert DirectLines.write_later(lambda: made.append("x") or "line", handlers)
+    for handler in handlers:
+        handler.stream.flush()
+    assert made == ["x"] and [r.writes for r in recorders] == [["line\n"], ["line\r\n"]]
+    plain = [logging.StreamHandler(Recorder())]  # type: ignore[arg-type]
+    assert not DirectLines.write_later(lambda: "line", [*handlers, *plain])  # made now, by the caller
 
 
 def test_lines_are_sent_when_they_pass_the_size():

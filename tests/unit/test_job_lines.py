@@ -122,6 +122,80 @@ def test_a_jobs_json_lines_are_the_ordinary_lines(emitted, bound):
         assert started["customer_email"] == "[email]" and started["tenant"] == "acme"  # bound before
 
 
+#: Bound values that cannot change (strings): a line holding only such values is made at send time.
+UNCHANGING = {key: value for key, value in BOUND.items() if type(value) is str}
+
+
+def _counted_scrubs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The events the installed job lines scrubbed (each line is scrubbed when it is made)."""
+    lines = job_lines._installed
+    assert lines is not None
+    made, mapping = [], lines.memo.mapping
+
+    def counted(event: Any, made_here: Any = ()) -> Any:
+        made.append(event["event"])
+        return mapping(event, made_here)
+
+    monkeypatch.setattr(lines.memo, "mapping", counted)
+    return made
+
+
+@pytest.mark.parametrize("bound", [None, UNCHANGING], ids=["job context", "personal data bound"])
+def test_lines_made_when_their_batch_is_sent_are_the_ordinary_lines(emitted, bound, monkeypatch):
+    """In a worker (its stream batched), a job's lines are scrubbed and rendered when the batch
+    leaves, not on the job's thread: the same lines as the ordinary path's, none leaking."""
+    batched, ordinary = io.StringIO(), io.StringIO()
+    handler, job = _configure(BatchedStream(batched, interval=600)), Job()
+    made = _counted_scrubs(monkeypatch)
+    job.run(bound)
+    assert made == [] and batched.getvalue() == ""  # queued as what makes them
+    handler.stream.flush()
+    assert made == ["job_started", "job_succeeded"] and emitted == []
+    _ordinary_handler(handler, ordinary)
+    job.lifecycle.write_line = None
+    job.run(bound)
+    assert _json_pairs(batched.getvalue()) == _json_pairs(ordinary.getvalue())
+    assert leaks(batched.getvalue()) == []
+    if bound:
+        started = json.loads(batched.getvalue().splitlines()[0])
+        assert started["customer_email"] == "[email]" and started["tenant"] == "acme"
+
+
+def test_a_line_holding_a_value_that_can_change_is_made_at_once(monkeypatch):
+    """A container bound (it could change before the batch leaves) is scrubbed as it is now."""
+    batched = io.StringIO()
+    handler = _configure(BatchedStream(batched, interval=600))
+    made = _counted_scrubs(monkeypatch)
+    customer: dict[str, Any] = {"tier": "gold"}
+    Job().run({"customer": customer, "tenant": "acme"})  # the customer bound before the job starts
+    assert made == ["job_started", "job_succeeded"]
+    customer["email"] = "ana.lopez@example.com"  # changed after the lines were made
+    handler.stream.flush()
+    customers = [json.loads(line)["customer"] for line in batched.getvalue().splitlines()]
+    assert customers == [{"tier": "gold"}] * 2
+
+
+def test_a_scrubber_that_fails_when_the_batch_leaves_scrubs_the_event_whole_as_the_chain_would(
+    monkeypatch,
+):
+    batched, ordinary = io.StringIO(), io.StringIO()
+    handler, job = _configure(BatchedStream(batched, interval=600)), Job()
+    job.run(UNCHANGING)
+    lines = job_lines._installed
+    assert lines is not None
+
+    def failing(key: Any, value: Any) -> Any:
+        raise RecursionError("odd value")
+
+    monkeypatch.setattr(lines.memo.scrubber, "item", failing)  # after the lines were queued
+    handler.stream.flush()
+    _ordinary_handler(handler, ordinary)
+    job.lifecycle.write_line = None
+    job.run(UNCHANGING)
+    assert _json_pairs(batched.getvalue()) == _json_pairs(ordinary.getvalue())
+    assert leaks(batched.getvalue()) == []
+
+
 def test_a_jobs_console_lines_are_the_ordinary_lines(emitted):
     short, ordinary = io.StringIO(), io.StringIO()
     handler, job = _configure(short, "console"), Job()
