@@ -55,6 +55,7 @@ AnyMessage = Message[Any] | MessageProxy
 REGISTERED = "idempotency_registered"
 #: Message option counting how often a message found its key held by another worker in a row.
 HELD_WAITS = "idempotency_held_waits"
+_UNKEYED = "no STATE_KEY_SECRET set, so idempotency keys are hashed under a public key"
 
 
 class DuplicateMessage(MiddlewareError):
@@ -253,6 +254,10 @@ class Idempotency(FailClosed):
                 return ClaimRequest(key, message.message_id, new_owner(), self.lease_ms, ttl)
         return None
 
+    def on_caught_up(self, broker: Broker) -> None:
+        """The consumer handed out all it had: the last burst's answers are read before it reads more."""
+        self.ahead.settle()
+
     def on_dropped(self, broker: Broker, message: MessageProxy) -> None:
         """A delivery claimed ahead was dropped before it reached the worker threads (its consumer
         closed first; RabbitMQ redelivers it): its claim, if granted, is given back through the
@@ -381,12 +386,7 @@ class Idempotency(FailClosed):
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         if not self.hasher.keyed:
-            logger.warning(
-                "state_keys_unkeyed",
-                extra={
-                    "detail": "no STATE_KEY_SECRET set, so idempotency keys are hashed under a public key"
-                },
-            )
+            logger.warning("state_keys_unkeyed", extra={"detail": _UNKEYED})
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self.writes.stop()

@@ -142,6 +142,11 @@ class BatchedStream:
         if self._flusher is None:
             self._start_flusher()
 
+    @property
+    def pending(self) -> bool:
+        """Whether lines wait for the next batch."""
+        return bool(self._pending)
+
     def write(self, text: str) -> int:
         """Send what is pending and ``text`` now, in one write."""
         with self._lock:

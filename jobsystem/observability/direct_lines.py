@@ -94,9 +94,11 @@ class DirectLines:
     @staticmethod
     def write_later(make_line: Callable[[], str], handlers: list[logging.StreamHandler[Any]]) -> bool:
         """Queue a line made when its batch is sent (``make_line``, called once whatever the number
-        of streams), where every one of ``handlers``' streams is a :class:`BatchedStream`; else
-        ``False``, and nothing is queued."""
-        if any(type(handler.stream) is not BatchedStream for handler in handlers):
+        of streams), where every one of ``handlers``' streams is a :class:`BatchedStream` with
+        nothing pending: the first line of a batch (an idle worker's ``job_started``, on the way
+        to its actor). Else ``False``, and nothing is queued: under load, lines made at send time
+        cost 60-90 µs more worker CPU per job than lines made at once."""
+        if any(type(h.stream) is not BatchedStream or h.stream.pending for h in handlers):
             return False
         made: list[str] = []
 

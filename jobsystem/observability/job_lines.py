@@ -16,12 +16,14 @@ the scrubber over every entry of every event. :class:`JobLines` makes the same l
 - rendered by the chain's renderer and written by ``DirectLines`` (the same streams, in order).
 
 In a worker process, whose streams batch lines (``jobsystem.observability.batched_stream``), the
-last two steps wait for the batch's send: the line is queued in its place, as what makes it, and
-scrubbed and rendered when the batch leaves (on the flusher thread, 50 ms later at most, or on the
-thread that sends it sooner). ``job_started`` then costs the job's start only the event dict. On an
-idle worker, where every step runs with cold caches, scrubbing and rendering it took about a fifth
-of a millisecond of the send -> start latency. Only events whose values cannot change meanwhile
-(strings, numbers, booleans, ``None``) wait; the others are made at once.
+first line of a batch waits for the last two steps until the batch's send: it is queued as what
+makes it, and scrubbed and rendered when the batch leaves (on the flusher thread, 50 ms later at
+most, or on the thread that sends it sooner). That is an idle worker's ``job_started``, which then
+costs the job's start only the event dict: with every step running on cold caches, scrubbing and
+rendering it took about a fifth of a millisecond of the send -> start latency. Lines that join a
+batch already pending (a busy worker's) are made at once: made at send time they cost 60-90 µs
+more worker CPU per job. Only events whose values cannot change meanwhile (strings, numbers,
+booleans, ``None``) wait; the others are made at once.
 
 What the scrubber sees: everything but the timestamp. The message id comes with the message (any
 producer may put any text there): scanned once per job, on its first line. Actor and queue names

@@ -113,7 +113,9 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         # The middleware that want each burst of deliveries as it arrives (claims made ahead),
         # looked up once per consumer rather than on every message.
         self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
-        # ... and those that undo what they started for a delivery dropped before it was handed out.
+        # ... those that want to know when every delivery received has been handed out (before more
+        # are read), and those that undo what they started for a delivery dropped before it was.
+        self.caught_up_hooks = [m.on_caught_up for m in broker.middleware if hasattr(m, "on_caught_up")]
         self.drop_hooks = [m.on_dropped for m in broker.middleware if hasattr(m, "on_dropped")]
         self.acks = AckBatch(self.connection, self.channel, hold_s=ACK_HOLD_S, young_s=ACK_HOLD_BEHIND_S)
         #: The rest of the last burst, handed out one by one before the next delivery is read.
@@ -135,6 +137,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
     def __next__(self) -> ProjectMessage | None:
         if self.ready:
             return self.ready.popleft()
+        self._caught_up()
         delivery = self._next_delivery()
         if delivery is None:
             return None
@@ -181,6 +184,13 @@ class DeadLetteringConsumer(RabbitmqConsumer):
                 on_receive(self.broker, burst)
             except Exception:  # an optimisation only: the hook's before_process_message decides
                 logger.exception("receive_hook_failed", extra={"messages": len(burst)})
+
+    def _caught_up(self) -> None:
+        for on_caught_up in self.caught_up_hooks:
+            try:
+                on_caught_up(self.broker)
+            except Exception:  # an optimisation only, as the receive hooks
+                logger.exception("caught_up_hook_failed")
 
     def _dropped(self, message: ProjectMessage) -> None:
         for on_dropped in self.drop_hooks:

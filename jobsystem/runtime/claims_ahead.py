@@ -1,8 +1,14 @@
 """Claims made at receipt, for a whole burst of deliveries in one store call, so that the claims of a
 burst share one round trip (the issue's "one admission per job, batched across the deliveries
-prefetched"), and a keyed job's worker thread finds its claim sent, its answer on the way or
-already there, when it takes the job. The receiving thread does not wait for the answer: the
-first thread to need one of the burst's answers reads them all."""
+prefetched"), and a keyed job's worker thread finds its claim sent, and its answer on the way or
+already there, when it takes the job.
+
+A burst of one delivery (an idle worker's) is handed out without waiting for its answer: the store's
+round trip then overlaps the hand-off to a worker thread and the hooks before Idempotency's, and the
+first thread that needs the answer reads it. A larger burst (a busy worker's) is answered before
+any of it is handed out: the worker threads taking its deliveries at once would otherwise wait on
+each other for the one answer (measured: 15-25% more worker CPU per keyed job). Either way the
+consumer reads every answer before it reads more deliveries (:meth:`ClaimsAhead.settle`)."""
 
 from __future__ import annotations
 
@@ -27,19 +33,21 @@ FRESH_S = 0.1
 class _Burst:
     """The answers to one burst's claims, read once, by the first thread that needs one."""
 
-    __slots__ = ("_answers", "_lock", "_owner", "_reply", "sent_at")
+    __slots__ = ("_answers", "_lock", "_owner", "_reply", "count", "sent_at")
 
-    def __init__(self, owner: ClaimsAhead, reply: Callable[[], list[Claim]], sent_at: float) -> None:
-        self._owner, self._reply, self.sent_at = owner, reply, sent_at
+    def __init__(
+        self, owner: ClaimsAhead, reply: Callable[[], list[Claim]], count: int, sent_at: float
+    ) -> None:
+        self._owner, self._reply, self.count, self.sent_at = owner, reply, count, sent_at
         self._answers: list[Claim | None] | None = None
         self._lock = threading.Lock()
 
-    def answers(self, count: int) -> list[Claim | None]:
+    def answers(self) -> list[Claim | None]:
         """The answers, in order (each None where the call failed: granted or not, unknown)."""
         with self._lock:
             if self._answers is None:
-                self._answers = [None] * count  # kept as they are if the read is interrupted
-                self._answers = self._owner.read(self._reply, self.sent_at, count)
+                self._answers = [None] * self.count  # kept as they are if the read is interrupted
+                self._answers = self._owner.read(self._reply, self.sent_at, self.count)
             return self._answers
 
 
@@ -51,7 +59,6 @@ class Ahead:
     request: ClaimRequest
     burst: _Burst
     index: int
-    size: int
 
     @property
     def sent_at(self) -> float:
@@ -61,7 +68,7 @@ class Ahead:
     def claim(self) -> Claim | None:
         """The answer, read if no thread has yet (None: the call failed, and the claim may or may
         not have been granted)."""
-        return self.burst.answers(self.size)[self.index]
+        return self.burst.answers()[self.index]
 
 
 class ClaimsAhead:
@@ -103,6 +110,7 @@ class ClaimsAhead:
         self.store_failed_at = float("-inf")
         self._unstarted: dict[tuple[str, str], Ahead] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()  # the last burst each consumer's thread sent
 
     def send(self, claims: list[tuple[MessageProxy, ClaimRequest]]) -> None:
         """Send the claims of each ``(message, request)`` in one store call and keep the claim on
@@ -115,12 +123,23 @@ class ClaimsAhead:
             reply = self.backend.send_claims([request for _, request in claims])
         except Exception as exc:  # unforeseen (the store's errors come with the reply)
             reply = partial(_raise, exc)
-        burst, size = _Burst(self, reply, sent_at), len(claims)
+        burst = self._local.last = _Burst(self, reply, len(claims), sent_at)
         with self._lock:
             for index, (message, request) in enumerate(claims):
-                ahead = Ahead(request, burst, index, size)
+                ahead = Ahead(request, burst, index)
                 self._unstarted[(request.message_id, request.owner)] = ahead
                 send_claim_ahead(message, ahead)
+        if len(claims) > 1:  # a busy worker: answered before any is handed out (see the module)
+            burst.answers()
+
+    def settle(self) -> None:
+        """Read the answers to the last burst this thread sent, if no thread has yet. A consumer
+        calls it once it has handed out every delivery it had, before it reads more: on an idle
+        worker the answer is in by then, and under load the deliveries that arrive meanwhile make
+        the next burst (and its one store call) larger."""
+        burst, self._local.last = getattr(self._local, "last", None), None
+        if burst is not None:
+            burst.answers()
 
     def read(self, reply: Callable[[], list[Claim]], sent_at: float, count: int) -> list[Claim | None]:
         """A burst's answers from ``reply``. One that fails (the store's error, a reply of the

@@ -85,6 +85,8 @@ def test_a_line_made_at_send_time_is_made_once_for_every_batched_stream():
     assert made == ["x"] and [r.writes for r in recorders] == [["line\n"], ["line\r\n"]]
     plain = [logging.StreamHandler(Recorder())]  # type: ignore[arg-type]
     assert not DirectLines.write_later(lambda: "line", [*handlers, *plain])  # made now, by the caller
+    handlers[0].stream.write_later("pending\n")
+    assert not DirectLines.write_later(lambda: "line", handlers)  # a batch pending: made now
 
 
 def test_lines_are_sent_when_they_pass_the_size():

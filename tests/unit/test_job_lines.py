@@ -142,15 +142,16 @@ def _counted_scrubs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.mark.parametrize("bound", [None, UNCHANGING], ids=["job context", "personal data bound"])
 def test_lines_made_when_their_batch_is_sent_are_the_ordinary_lines(emitted, bound, monkeypatch):
-    """In a worker (its stream batched), a job's lines are scrubbed and rendered when the batch
-    leaves, not on the job's thread: the same lines as the ordinary path's, none leaking."""
+    """In a worker (its stream batched), the first line of a batch (an idle worker's job_started)
+    is scrubbed and rendered when the batch leaves, not on the job's thread; a line joining a
+    pending batch is made at once. The same lines as the ordinary path's, none leaking."""
     batched, ordinary = io.StringIO(), io.StringIO()
     handler, job = _configure(BatchedStream(batched, interval=600)), Job()
     made = _counted_scrubs(monkeypatch)
     job.run(bound)
-    assert made == [] and batched.getvalue() == ""  # queued as what makes them
+    assert made == ["job_succeeded"] and batched.getvalue() == ""  # job_started queued as its maker
     handler.stream.flush()
-    assert made == ["job_started", "job_succeeded"] and emitted == []
+    assert made == ["job_succeeded", "job_started"] and emitted == []
     _ordinary_handler(handler, ordinary)
     job.lifecycle.write_line = None
     job.run(bound)
