@@ -42,6 +42,11 @@ class _Burst:
         self._answers: list[Claim | None] | None = None
         self._lock = threading.Lock()
 
+    @property
+    def answered(self) -> bool:
+        """Whether the answers have been read (or given up on)."""
+        return self._answers is not None
+
     def answers(self) -> list[Claim | None]:
         """The answers, in order (each None where the call failed: granted or not, unknown)."""
         with self._lock:

@@ -190,6 +190,25 @@ def test_the_claims_of_a_burst_go_to_the_store_in_one_call(idem):
     assert [idem.state(token) for token in ("a", "b", "c")] == ["done"] * 3
 
 
+def test_a_burst_of_one_leaves_before_its_answer_and_a_larger_one_waits_for_it(idem):
+    """An idle worker's single delivery is handed out with its claim on its way; the consumer
+    reads the answer once caught up, before reading more. A busy worker's burst is answered
+    before any of it is handed out (its threads would otherwise wait on each other)."""
+    middleware = idem.middleware
+    one = delivery(idem.message("one"))
+    middleware.on_receive(idem.broker, [one])
+    assert not one.claim_ahead.burst.answered
+    middleware.on_caught_up(idem.broker)
+    assert one.claim_ahead.burst.answered and one.claim_ahead.claim.status == "claimed"
+    several = [delivery(idem.message(token)) for token in ("a", "b")]
+    middleware.on_receive(idem.broker, several)
+    assert all(proxy.claim_ahead.burst.answered for proxy in several)
+    middleware.on_caught_up(idem.broker)  # nothing left to read
+    for proxy in (one, *several):
+        run(idem, proxy)
+    assert [idem.state(token) for token in ("one", "a", "b")] == ["done"] * 3
+
+
 def test_a_store_down_at_receipt_leaves_each_claim_to_the_job_and_pauses_the_claims_ahead():
     """The burst's call fails: each job claims again at its start (and is deferred, the store
     being down), as the owner it had; the next bursts make no call until the pause is over."""
