@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import orjson
@@ -44,6 +44,10 @@ def dumps(obj: Any, default: Callable[[Any], Any] | None = None, **_: Any) -> st
 def json_renderer() -> Processor:
     """structlog's JSON renderer with :func:`dumps` as its serializer."""
     return structlog.processors.JSONRenderer(serializer=dumps)
+
+
+def _terminated(line: Callable[[], str], terminator: str) -> str:
+    return f"{line()}{terminator}"
 
 
 class DirectLines:
@@ -100,15 +104,9 @@ class DirectLines:
         cost 60-90 µs more worker CPU per job than lines made at once."""
         if any(type(h.stream) is not BatchedStream or h.stream.pending for h in handlers):
             return False
-        made: list[str] = []
-
-        def line_for(terminator: str) -> str:
-            if not made:
-                made.append(make_line())
-            return f"{made[0]}{terminator}"
-
+        once = cache(make_line)
         for handler in handlers:
-            handler.stream.write_later(partial(line_for, handler.terminator))
+            handler.stream.write_later(partial(_terminated, once, handler.terminator))
         return True
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:

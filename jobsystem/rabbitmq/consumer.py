@@ -179,25 +179,22 @@ class DeadLetteringConsumer(RabbitmqConsumer):
 
     def _received(self, burst: list[ProjectMessage]) -> None:
         """Run the receive hooks (claims made ahead) on a burst, before any of it is handed out."""
-        for on_receive in self.receive_hooks:
-            try:
-                on_receive(self.broker, burst)
-            except Exception:  # an optimisation only: the hook's before_process_message decides
-                logger.exception("receive_hook_failed", extra={"messages": len(burst)})
+        # An optimisation only: the hook's before_process_message decides.
+        self._call_each(self.receive_hooks, burst, failed="receive_hook_failed", messages=len(burst))
 
     def _caught_up(self) -> None:
-        for on_caught_up in self.caught_up_hooks:
-            try:
-                on_caught_up(self.broker)
-            except Exception:  # an optimisation only, as the receive hooks
-                logger.exception("caught_up_hook_failed")
+        self._call_each(self.caught_up_hooks, failed="caught_up_hook_failed")  # an optimisation only
 
     def _dropped(self, message: ProjectMessage) -> None:
-        for on_dropped in self.drop_hooks:
+        self._call_each(self.drop_hooks, message, failed="drop_hook_failed", message_id=message.message_id)
+
+    def _call_each(self, hooks: list[Callable[..., None]], *args: Any, failed: str, **fields: Any) -> None:
+        """Call each hook with the broker and ``args``; one that raises is logged as ``failed``."""
+        for hook in hooks:
             try:
-                on_dropped(self.broker, message)
+                hook(self.broker, *args)
             except Exception:
-                logger.exception("drop_hook_failed", extra={"message_id": message.message_id})
+                logger.exception(failed, extra=fields)
 
     def _due_beyond_horizon(self, message: Message[Any]) -> bool:
         eta = message.options.get("eta")

@@ -16,12 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from dramatiq.broker import MessageProxy
 
 from jobsystem.dramatiq_internals import send_claim_ahead, take_claim_ahead
-from jobsystem.store.idempotency import Claim, ClaimRequest, IdempotencyBackend
+from jobsystem.store.idempotency import Claim, ClaimRequest, IdempotencyBackend, failed_claims
 
 __all__ = ["FRESH_S", "Ahead", "ClaimsAhead"]
 
@@ -127,7 +126,7 @@ class ClaimsAhead:
         try:
             reply = self.backend.send_claims([request for _, request in claims])
         except Exception as exc:  # unforeseen (the store's errors come with the reply)
-            reply = partial(_raise, exc)
+            reply = failed_claims(exc)
         burst = self._local.last = _Burst(self, reply, len(claims), sent_at)
         with self._lock:
             for index, (message, request) in enumerate(claims):
@@ -204,7 +203,3 @@ class ClaimsAhead:
         with self._lock:
             unstarted, self._unstarted = list(self._unstarted.values()), {}
         return [ahead.request for ahead in unstarted if self.granted(ahead)]
-
-
-def _raise(exc: Exception) -> list[Claim]:
-    raise exc

@@ -75,7 +75,7 @@ class IdempotencyBackend(ABC):
         try:
             claims = self.claim_many(requests)
         except Exception as exc:
-            return partial(_reraise, exc)
+            return failed_claims(exc)
         return lambda: claims
 
     def claim(self, key: str, message_id: str, owner: str, lease_ms: int, ttl_ms: int) -> Claim:
@@ -276,6 +276,11 @@ def _claims(replies: list[bytes]) -> list[Claim]:
         Claim(_claim_status(status), int(wait), _text(result), _text(mid))
         for status, wait, result, mid in zip(fields, fields, fields, fields, strict=True)
     ]
+
+
+def failed_claims(exc: Exception) -> Callable[[], list[Claim]]:
+    """What gives the answers of claims whose call failed with ``exc``: it raises ``exc``."""
+    return partial(_reraise, exc)
 
 
 def _reraise(exc: Exception) -> list[Claim]:

@@ -71,13 +71,17 @@ class ReplyLine:
         """Send ``command``; its reply is read when the returned :class:`LaterReply` is called."""
         reply = LaterReply(self)
         with self._lock:
-            try:
-                conn = self._connection()
-                conn.send_command(*command, check_health=False)
-            except BaseException as exc:
-                self._fail(reply, exc)
-                return reply
+            if self._pid != os.getpid():  # first use, or a forked child: the parent's are not its own
+                self._conn, self._waiting, self._pid = None, deque(), os.getpid()
             self._waiting.append(reply)
+            try:
+                if self._conn is None:
+                    self._conn = self.store.client.connection_pool.make_connection()
+                self._conn.send_command(*command, check_health=False)
+            except BaseException as exc:
+                self._fail(exc)
+                if not isinstance(exc, redis.RedisError):
+                    raise  # an interruption: its own thread sees it
         return reply
 
     def read_until(self, reply: LaterReply) -> None:
@@ -87,40 +91,33 @@ class ReplyLine:
                 if not self._waiting or self._pid != os.getpid():  # sent by a parent before a fork
                     reply._settle(error=StoreUnavailable("redis: reply lost: sent by another process"))
                     return
-                first = self._waiting[0]
                 try:
                     value = self._conn.read_response()
                 except redis.ResponseError as exc:  # an error reply: the connection itself is fine
-                    self._waiting.popleft()._settle(error=_kept_error(exc, redis_error(exc)))
+                    self._waiting.popleft()._settle(error=_kept_error(exc))
                 except BaseException as exc:
-                    self._fail(first, exc)
+                    self._fail(exc)
                     if not isinstance(exc, redis.RedisError):
                         raise  # an interruption (a time limit): its own thread sees it
                 else:
                     self._waiting.popleft()._settle(value)
 
-    def _connection(self) -> Any:
-        if self._conn is None or self._pid != os.getpid():
-            self._conn, self._pid = self.store.client.connection_pool.make_connection(), os.getpid()
-            self._waiting.clear()  # a forked child's copy: the replies are its parent's
-        return self._conn
-
-    def _fail(self, reply: LaterReply, exc: BaseException) -> None:
-        """The connection failed: ``reply`` and every reply still waiting get the store's error;
-        the next command connects afresh."""
+    def _fail(self, exc: BaseException) -> None:
+        """The connection failed (sending or reading): every reply still waiting gets the store's
+        error; the next command connects afresh."""
         error: StoreUnavailable
         if isinstance(exc, redis.RedisError):
             error = redis_error(exc)
         else:
-            error = StoreUnavailable(f"redis: reply lost: {type(exc).__name__} while reading")
-        for waiting in (reply, *self._waiting):
+            error = StoreUnavailable(f"redis: reply lost: {type(exc).__name__} on the connection")
+        for waiting in self._waiting:
             waiting._settle(error=error)
         self._waiting.clear()
         if self._conn is not None:
             self._conn.disconnect()
 
 
-def _kept_error(exc: redis.ResponseError, error: StoreUnavailable) -> BaseException:
+def _kept_error(exc: redis.ResponseError) -> BaseException:
     """``NOSCRIPT`` stays redis-py's error, so the script's caller can load the script and retry;
     every other error reply is the store's error."""
-    return exc if isinstance(exc, redis.exceptions.NoScriptError) else error
+    return exc if isinstance(exc, redis.exceptions.NoScriptError) else redis_error(exc)

@@ -105,3 +105,21 @@ def test_threads_sending_and_reading_at_once_each_get_their_own_replies(redis_st
     for thread in threads:
         thread.join(30)
     assert errors == [] and not any(thread.is_alive() for thread in threads)
+
+
+def test_a_send_interrupted_fails_the_replies_waiting_and_raises_in_its_own_thread(redis_store, monkeypatch):
+    line = ReplyLine(redis_store)
+    waiting = line.send("ECHO", "sent before")
+    conn = line._conn
+    send = conn.send_command
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(conn, "send_command", send)
+        raise Interrupted
+
+    monkeypatch.setattr(conn, "send_command", interrupted)
+    with pytest.raises(Interrupted):
+        line.send("ECHO", "interrupted")
+    with pytest.raises(StoreUnavailable, match="reply lost"):
+        waiting()  # whether the second command went out is unknown: nothing after it is trusted
+    assert line.send("ECHO", "after")() == b"after"
