@@ -5,7 +5,8 @@ and accuracy, dead letters and the dashboard.
 Throughput runs are described in ``bench.throughput``, the cost table in ``bench.costs``, the
 latency probe in ``bench.latency``. ``--repeat N`` repeats the cost table and the latency probes and
 prints medians (3 by default); ``--costs-only`` stops after them. ``--profile ROW`` instead runs
-one row of the cost table under py-spy and prints where its workers' time went (``bench.profile``).
+one row of the cost table under py-spy and prints where its workers' time went (``bench.profile``);
+``--only steps`` where an idle probe's send -> start time goes, step by step (``bench.latency_steps``).
 What the store's scripts cost Redis per job is counted in instructions, on a Redis of its own under
 callgrind (``bench.store_instructions``; ``--only instructions``): within about 1.5% from run to
 run, where CPU time on a small shared machine scatters by +-20%. Each part runs under a
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument(
         "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
     )
-    parser.add_argument("--only", choices=["delays", "instructions"], help="run only this bench")
+    parser.add_argument("--only", choices=["delays", "instructions", "steps"], help="run only this bench")
     parser.add_argument("--delay-count", type=int, default=10_000, help="delays bench: messages")
     parser.add_argument("--profile", metavar="ROW", help="py-spy one cost-table row (start of its label)")
     parser.add_argument("--profile-seconds", type=float, default=10.0, help="--profile: seconds sampled")
@@ -124,6 +125,9 @@ def main() -> None:
     with scratch.environment(STORES["redis"]):
         if args.profile:
             profile_report(args)
+            return
+        if args.only == "steps":
+            steps_report(args)
             return
         stack_figures(args)
     if not args.costs_only:
@@ -168,6 +172,14 @@ def profile_report(args: argparse.Namespace) -> None:
     out, profile = profile_row(args.profile, run, args.profile_seconds, gil=args.profile_gil)
     print(f"profile of {args.profile!r}, {count:,} jobs, raw samples in {out}")
     for line in profile.lines():
+        print(line)
+
+
+def steps_report(args: argparse.Namespace) -> None:
+    """``--only steps``: where an idle probe's send -> start time goes (``bench.latency_steps``)."""
+    from bench.latency_steps import report
+
+    for line in report(max(args.latency_count * 2 // 3, 1), args.processes, args.threads):
         print(line)
 
 
