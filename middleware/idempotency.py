@@ -254,10 +254,6 @@ class Idempotency(FailClosed):
                 return ClaimRequest(key, message.message_id, new_owner(), self.lease_ms, ttl)
         return None
 
-    def on_caught_up(self, broker: Broker) -> None:
-        """The consumer handed out all it had: the last burst's answers are read before it reads more."""
-        self.ahead.settle()
-
     def on_dropped(self, broker: Broker, message: MessageProxy) -> None:
         """A delivery claimed ahead was dropped before it reached the worker threads (its consumer
         closed first; RabbitMQ redelivers it): its claim, if granted, is given back through the

@@ -113,9 +113,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         # The middleware that want each burst of deliveries as it arrives (claims made ahead),
         # looked up once per consumer rather than on every message.
         self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]
-        # ... those that want to know when every delivery received has been handed out (before more
-        # are read), and those that undo what they started for a delivery dropped before it was.
-        self.caught_up_hooks = [m.on_caught_up for m in broker.middleware if hasattr(m, "on_caught_up")]
+        # ... and those that undo what they started for a delivery dropped before it was handed out.
         self.drop_hooks = [m.on_dropped for m in broker.middleware if hasattr(m, "on_dropped")]
         self.acks = AckBatch(self.connection, self.channel, hold_s=ACK_HOLD_S, young_s=ACK_HOLD_BEHIND_S)
         #: The rest of the last burst, handed out one by one before the next delivery is read.
@@ -137,7 +135,6 @@ class DeadLetteringConsumer(RabbitmqConsumer):
     def __next__(self) -> ProjectMessage | None:
         if self.ready:
             return self.ready.popleft()
-        self._caught_up()
         delivery = self._next_delivery()
         if delivery is None:
             return None
@@ -181,9 +178,6 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         """Run the receive hooks (claims made ahead) on a burst, before any of it is handed out."""
         # An optimisation only: the hook's before_process_message decides.
         self._call_each(self.receive_hooks, burst, failed="receive_hook_failed", messages=len(burst))
-
-    def _caught_up(self) -> None:
-        self._call_each(self.caught_up_hooks, failed="caught_up_hook_failed")  # an optimisation only
 
     def _dropped(self, message: ProjectMessage) -> None:
         self._call_each(self.drop_hooks, message, failed="drop_hook_failed", message_id=message.message_id)

@@ -191,21 +191,23 @@ def test_the_claims_of_a_burst_go_to_the_store_in_one_call(idem):
 
 
 def test_a_burst_of_one_leaves_before_its_answer_and_a_larger_one_waits_for_it(idem):
-    """An idle worker's single delivery is handed out with its claim on its way; the consumer
-    reads the answer once caught up, before reading more. A busy worker's burst is answered
-    before any of it is handed out (its threads would otherwise wait on each other)."""
+    """An idle worker's single delivery is handed out with its claim on its way, and its job reads
+    the answer; a later burst sent meanwhile is not mistaken for it. A busy worker's burst is
+    answered before any of it is handed out (its threads would otherwise wait on each other)."""
     middleware = idem.middleware
+    calls = counted_calls(middleware)
     one = delivery(idem.message("one"))
     middleware.on_receive(idem.broker, [one])
-    assert not one.claim_ahead.burst.answered
-    middleware.on_caught_up(idem.broker)
-    assert one.claim_ahead.burst.answered and one.claim_ahead.claim.status == "claimed"
+    burst_of_one = one.claim_ahead.burst
+    assert not burst_of_one.answered
     several = [delivery(idem.message(token)) for token in ("a", "b")]
     middleware.on_receive(idem.broker, several)
     assert all(proxy.claim_ahead.burst.answered for proxy in several)
-    middleware.on_caught_up(idem.broker)  # nothing left to read
+    assert not burst_of_one.answered  # its reply was read on the way, and kept for it
     for proxy in (one, *several):
         run(idem, proxy)
+    assert burst_of_one.answered  # by its job
+    assert [kind for kind, _ in calls] == ["ahead", "ahead"]  # every job started on its answer
     assert [idem.state(token) for token in ("one", "a", "b")] == ["done"] * 3
 
 
