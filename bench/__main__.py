@@ -122,14 +122,18 @@ def main() -> None:
     if args.only == "instructions":
         instructions_report()
         return
-    with scratch.environment(STORES["redis"]):
-        if args.profile:
-            profile_report(args)
-            return
-        if args.only == "steps":
-            steps_report(args)
-            return
-        stack_figures(args)
+    with scratch.environment(STORES["redis"]) as prefix:
+        print(f"scratch environment {prefix} (its queues, exchanges and state keys deleted at the end)")
+        try:
+            if args.profile:
+                profile_report(args)
+                return
+            if args.only == "steps":
+                steps_report(args)
+                return
+            stack_figures(args)
+        finally:
+            delete_scratch_topology()
     if not args.costs_only:
         dashboard_report(STORES["redis"], args.dashboard_records)
         delay_report(args.delay_count)
@@ -137,7 +141,7 @@ def main() -> None:
 
 def stack_figures(args: argparse.Namespace) -> None:
     """The cost table and latency, then (unless ``--costs-only``) the per-store, rate-limit, send
-    and dead-letter figures; in a scratch environment whose queues are deleted at the end."""
+    and dead-letter figures."""
     from jobsystem.system import get_system
 
     brokers = bare_brokers(get_system().settings.rabbitmq_url)
@@ -159,7 +163,14 @@ def stack_figures(args: argparse.Namespace) -> None:
     finally:
         for broker in brokers.values():
             broker.close()
-        scratch.delete_topology(get_system().broker, get_system().settings)
+
+
+def delete_scratch_topology() -> None:
+    """Delete the scratch environment's queues and exchanges, whichever part of the bench ran."""
+    from jobsystem.system import get_system
+
+    system = get_system()
+    scratch.delete_topology(system.broker, system.settings)
 
 
 def profile_report(args: argparse.Namespace) -> None:

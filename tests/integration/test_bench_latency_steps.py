@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+from jobsystem.ops.migration import existing_queues
+from jobsystem.settings import load_settings
 from tests.support import run_bench
 
 SENT = "send hooks (full stack: key registered)"
@@ -25,6 +29,8 @@ def test_each_stacks_steps_are_noted_in_the_order_a_probe_takes_them():
     done = run_bench("--only", "steps", "--latency-count", "15", "-p", "1", "-t", "2", timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
+    prefix = re.search(r"^scratch environment (bench[0-9a-f]{6}\.) ", done.stdout, re.M)[1]  # type: ignore[index]
+    assert not [name for name in existing_queues(load_settings()) if name.startswith(prefix)]
     head = next(i for i, line in enumerate(lines) if line.startswith("where an idle probe's"))
     assert "10 probes 100 ms apart" in lines[head]
     rows = {line[:54].strip(): cells(line) for line in lines[head + 2 :]}
