@@ -43,12 +43,10 @@ class Steps:
     label: str
     ended: dict[str, list[float]] = field(default_factory=dict)
     took: dict[str, list[float]] = field(default_factory=dict)
-    probes: int = 0
 
     def add_probe(self, sent: float, marks: Iterable[Mark]) -> None:
         """One probe's marks (a step noted twice counts once: its first time). A step that began
         before the send (a wait) or took no time (an instant) counts its end only."""
-        self.probes += 1
         seen: set[str] = set()
         for step, began, ended in marks:
             if step in seen:
@@ -76,7 +74,7 @@ def probe_steps(
 ) -> Steps:
     """``count`` idle probes through ``broker`` to a ``bench.step_worker`` of ``stack`` (``bare``
     or ``project``); the steps of those after the warm-up."""
-    client = redis.Redis.from_url("redis://127.0.0.1:6379/14")
+    client = redis.Redis.from_url(STORES["redis"])
     steps_key = f"bench:steps:{uuid.uuid4().hex[:8]}"
     sends: dict[str, Mark] = {}
     emit_before = broker.emit_before

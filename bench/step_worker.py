@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from dramatiq import Actor, Broker
+from dramatiq import Actor, Broker, get_broker
 from dramatiq.middleware import Middleware
 
 __all__ = ["MARKS", "Mark", "install"]
@@ -102,10 +102,8 @@ def install(stack: str, steps_key: str, redis_url: str) -> None:
         consumer_class = DeadLetteringConsumer
     else:
         raise ValueError(f"BENCH_STACK must be bare or project, not {stack!r}")
-    import dramatiq
-
     _mark_consumer(consumer_class)
-    _mark_hooks(dramatiq.get_broker())
+    _mark_hooks(get_broker())
     _push_marks(module.latency_probe, steps_key, redis.Redis.from_url(redis_url))
 
 

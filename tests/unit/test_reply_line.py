@@ -60,18 +60,22 @@ class Interrupted(BaseException):
     """What a time limit or a cancellation raises in a worker thread, mid-read."""
 
 
+def interrupt_once(monkeypatch: pytest.MonkeyPatch, conn: Any, method: str) -> None:
+    """Make the connection's next ``method`` call raise :class:`Interrupted`, and only that one."""
+    original = getattr(conn, method)
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(conn, method, original)
+        raise Interrupted
+
+    monkeypatch.setattr(conn, method, interrupted)
+
+
 def test_a_read_interrupted_fails_the_replies_after_it_and_raises_in_its_own_thread(redis_store, monkeypatch):
     line = ReplyLine(redis_store)
     assert line.send("PING")() == b"PONG"  # connected
     first, second = line.send("ECHO", "one"), line.send("ECHO", "two")
-    conn = line._conn
-    read = conn.read_response
-
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(conn, "read_response", read)
-        raise Interrupted
-
-    monkeypatch.setattr(conn, "read_response", interrupted)
+    interrupt_once(monkeypatch, line._conn, "read_response")
     with pytest.raises(Interrupted):
         first()
     with pytest.raises(StoreUnavailable, match="reply lost"):
@@ -110,14 +114,7 @@ def test_threads_sending_and_reading_at_once_each_get_their_own_replies(redis_st
 def test_a_send_interrupted_fails_the_replies_waiting_and_raises_in_its_own_thread(redis_store, monkeypatch):
     line = ReplyLine(redis_store)
     waiting = line.send("ECHO", "sent before")
-    conn = line._conn
-    send = conn.send_command
-
-    def interrupted(*args: Any, **kwargs: Any) -> Any:
-        monkeypatch.setattr(conn, "send_command", send)
-        raise Interrupted
-
-    monkeypatch.setattr(conn, "send_command", interrupted)
+    interrupt_once(monkeypatch, line._conn, "send_command")
     with pytest.raises(Interrupted):
         line.send("ECHO", "interrupted")
     with pytest.raises(StoreUnavailable, match="reply lost"):
