@@ -149,9 +149,14 @@ def test_redis_down_mid_run_runs_nothing_unguarded(start_worker, queues, store, 
     server["proc"].wait(10)
     down_at = time.time()
     # The worker goes on taking messages and defers each one: wait until it has deferred several.
-    wait_for(
-        lambda: len(worker.events("idempotency_store_unavailable")) >= 4, what="deferrals while it is down"
-    )
+    try:
+        wait_for(
+            lambda: len(worker.events("idempotency_store_unavailable")) >= 4,
+            what="deferrals while it is down",
+        )
+    except AssertionError as timed_out:  # seen once in CI: show where the worker stood
+        tail = "\n".join(worker.output().splitlines()[-60:])
+        raise AssertionError(f"{timed_out}; the worker's last lines:\n{tail}") from None
     up_at = time.time()
     server["proc"] = start()
     outcomes = wait_for_final_events([worker], {message_id: 1 for message_id in ids}, timeout=120)
