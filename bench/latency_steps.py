@@ -3,14 +3,17 @@
 ``python -m bench --only steps`` sends idle latency probes (as ``bench.latency`` does, each
 :data:`~bench.latency.IDLE_PAUSE_S` after the last started) to a ``bench.step_worker`` of each
 stack, which notes when each step of a probe's way through the worker began and ended; the bench
-notes its own send hooks (the full stack's register the probe's idempotency key before the
-publish). For each step it prints when the step ended and how long it took, in ms from the send,
-medians over the probes, the two stacks side by side. A step that began before the send (the
-consumer was already waiting for a delivery), or that is an instant (the actor started), shows when
-it ended only.
+notes its own send hooks (the full stack's register the probe's idempotency key before the publish).
+For each step it prints when the step ended and how long it took, in wall-clock time and in CPU time
+of its thread, in ms from the send, medians over the probes, the two stacks side by side. A step
+whose CPU time is close to its wall time was computing; one well short of it waited. A step that
+began before the send (the consumer was already waiting for a delivery), or that is an instant (the
+actor started), shows when it ended only.
 
-The marks cost a few µs each, so the traced probes are a little slower than ``bench.latency``'s:
-these figures say where the time goes, that bench how much there is.
+Each figure is a median of its own: the difference between two steps' ends is not a duration (in
+one probe, one hook follows another within a few µs; a step's own time is in brackets). The marks
+cost a few µs each, so the traced probes are a little slower than ``bench.latency``'s: these figures
+say where the time goes, that bench how much there is.
 """
 
 from __future__ import annotations
@@ -43,30 +46,34 @@ class Steps:
     label: str
     ended: dict[str, list[float]] = field(default_factory=dict)
     took: dict[str, list[float]] = field(default_factory=dict)
+    cpu: dict[str, list[float]] = field(default_factory=dict)
 
     def add_probe(self, sent: float, marks: Iterable[Mark]) -> None:
         """One probe's marks (a step noted twice counts once: its first time). A step that began
         before the send (a wait) or took no time (an instant) counts its end only."""
         seen: set[str] = set()
-        for step, began, ended in marks:
+        for step, began, ended, cpu in marks:
             if step in seen:
                 continue
             seen.add(step)
             self.ended.setdefault(step, []).append((ended - sent) * 1000)
             if began >= sent and ended > began:
                 self.took.setdefault(step, []).append((ended - began) * 1000)
+                self.cpu.setdefault(step, []).append(cpu * 1000)
 
     def in_order(self) -> list[str]:
         """The steps, by the median of when they ended."""
         return sorted(self.ended, key=lambda step: statistics.median(self.ended[step]))
 
     def cell(self, step: str) -> str:
-        """``ended (took)``, medians in ms; ``-`` for a step this stack does not have."""
+        """``ended (took/cpu)``, medians in ms; ``-`` for a step this stack does not have."""
         if step not in self.ended:
             return "-"
         ended = statistics.median(self.ended[step])
-        took = self.took.get(step)
-        return f"{ended:6.2f} ({statistics.median(took):4.2f})" if took else f"{ended:6.2f}       "
+        if step not in self.took:
+            return f"{ended:6.2f}" + " " * 12
+        took, cpu = statistics.median(self.took[step]), statistics.median(self.cpu[step])
+        return f"{ended:6.2f} ({took:4.2f}/{cpu:4.2f})"
 
 
 def probe_steps(
@@ -80,10 +87,10 @@ def probe_steps(
     emit_before = broker.emit_before
 
     def noted(signal: str, *args: Any, **kwargs: Any) -> None:
-        began = time.time()
+        began, cpu = time.time(), time.thread_time()
         emit_before(signal, *args, **kwargs)
         if signal == "enqueue":
-            sends[args[0].args[1]] = (SENT, began, time.time())
+            sends[args[0].args[1]] = (SENT, began, time.time(), time.thread_time() - cpu)
 
     broker.emit_before = noted  # type: ignore[method-assign]
     try:
@@ -106,7 +113,7 @@ def probe_steps(
         client.close()
     steps = Steps(label)
     for record in records[WARM_UP:]:
-        started = (STARTED, record["started"], record["started"])
+        started = (STARTED, record["started"], record["started"], 0.0)
         steps.add_probe(record["sent"], [sends[record["key"]], *map(tuple, record["marks"]), started])
     return steps
 
@@ -120,8 +127,8 @@ def steps_table(bare: Steps, full: Steps) -> list[str]:
         if step not in order and step != STARTED:
             shared = [order.index(earlier) for earlier in bare_order[:place] if earlier in order]
             order.insert(max(shared, default=-1) + 1, step)
-    out = [f"  {'step':<52} {bare.label:>14} {full.label:>14}"]
-    out += [f"  {step:<52} {bare.cell(step):>14} {full.cell(step):>14}" for step in [*order, STARTED]]
+    out = [f"  {'step':<52} {bare.label:>19} {full.label:>19}"]
+    out += [f"  {step:<52} {bare.cell(step):>19} {full.cell(step):>19}" for step in [*order, STARTED]]
     return out
 
 
@@ -141,6 +148,6 @@ def report(count: int, processes: int, threads: int) -> list[str]:
             broker.close()
     head = (
         f"where an idle probe's send -> start time goes, {count} probes {IDLE_PAUSE_S * 1000:.0f} ms apart:"
-        " ms from the send when each step ended (how long it took), medians"
+        " ms from the send when each step ended (how long it took: wall/thread CPU), medians"
     )
     return [head, *steps_table(bare, project)]

@@ -4,10 +4,12 @@
 ``bare`` or ``project``) and wraps, in this process only, the steps ``bench.latency_steps`` reports:
 the consumer's (the delivery read, decoded, its receive hooks run, handed over) and each
 middleware's ``before_process_message``. When a probe's actor starts, the marks noted since the
-probe was sent are pushed, as one JSON record, to the Redis list ``BENCH_STEPS_KEY``.
+probe was sent are pushed, as one JSON record, to the Redis list ``BENCH_STEPS_KEY``. Each mark
+holds the thread CPU time the step took as well as its wall-clock times: a step that took longer
+than its CPU time waited (for a reply, for the GIL, for a core).
 
-Each mark costs two clock reads and a call (a few µs), so a traced probe is a little slower than an
-untraced one: the steps say where the time goes, ``bench.latency`` how much there is.
+Each mark costs four clock reads and a call (a few µs), so a traced probe is a little slower than
+an untraced one: the steps say where the time goes, ``bench.latency`` how much there is.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from dramatiq.middleware import Middleware
 
 __all__ = ["MARKS", "Mark", "install"]
 
-#: ``(step, began, ended)``, wall-clock seconds (the sender's clock: same host).
-Mark = tuple[str, float, float]
+#: ``(step, began, ended, cpu)``: wall-clock seconds (the sender's clock: same host), and the CPU
+#: seconds of its thread the step took.
+Mark = tuple[str, float, float, float]
 #: The marks noted since the last probe started (appended by any thread: atomic under the GIL).
 MARKS: list[Mark] = []
 
@@ -47,10 +50,10 @@ def _marked(step: str, call: Callable[..., Any], *, none_counts: bool = True) ->
 
     @functools.wraps(call)
     def marked(*args: Any, **kwargs: Any) -> Any:
-        began = time.time()
+        began, cpu = time.time(), time.thread_time()
         result = call(*args, **kwargs)
         if none_counts or result is not None:
-            MARKS.append((step, began, time.time()))
+            MARKS.append((step, began, time.time(), time.thread_time() - cpu))
         return result
 
     return marked

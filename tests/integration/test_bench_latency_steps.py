@@ -14,14 +14,18 @@ FULL_ONLY = ["delivery read (pika)", "delivery decoded and checked", "receive ho
 HOOKS = ["JobLifecycle.before_process_message", "Idempotency.before_process_message"]
 
 
-def cells(line: str) -> list[tuple[float | None, float | None]]:
-    """A row's cells, bare's then the full stack's: (ended, took), None where not shown."""
-    found: list[tuple[float | None, float | None]] = []
+Cell = tuple[float | None, float | None, float | None]
+
+
+def cells(line: str) -> list[Cell]:
+    """A row's cells, bare's then the full stack's: (ended, took, CPU), None where not shown."""
+    found: list[Cell] = []
     for token in line[54:].split():
         if token.startswith("("):
-            found[-1] = (found[-1][0], float(token.strip("()")))
+            took, cpu = token.strip("()").split("/")
+            found[-1] = (found[-1][0], float(took), float(cpu))
         else:
-            found.append((None if token == "-" else float(token), None))
+            found.append((None if token == "-" else float(token), None, None))
     return found
 
 
@@ -36,11 +40,13 @@ def test_each_stacks_steps_are_noted_in_the_order_a_probe_takes_them():
     rows = {line[:54].strip(): cells(line) for line in lines[head + 2 :]}
     assert list(rows)[-1] == "actor started"
     for step in FULL_ONLY:
-        assert rows[step][0] == (None, None), step  # bare Dramatiq's consumer has no such steps
+        assert rows[step][0] == (None, None, None), step  # bare Dramatiq's consumer has no such steps
     bare = [rows[step][0][0] for step in [SENT, HANDED, "AgeLimit.before_process_message", "actor started"]]
     full = [rows[step][1][0] for step in [SENT, *FULL_ONLY, HANDED, *HOOKS, "actor started"]]
     assert None not in bare and bare == sorted(bare)  # type: ignore[type-var]
     assert None not in full and full == sorted(full)  # type: ignore[type-var]
     # the full stack registers the probe's key (a store round trip) before it publishes
-    took = rows[SENT][1][1]
+    _, took, cpu = rows[SENT][1]
     assert took is not None and took > 0.05
+    # ... and part of that time it waits for the store's reply: its thread's CPU time is less
+    assert cpu is not None and 0 < cpu < took
