@@ -77,7 +77,13 @@ class Cancellation(FailClosed):
         confirm = not interruptible or self._outlived_watch(message)
         cancelled = self.watch.arrived(message_id, start=not confirm)
         if cancelled is None or (not cancelled and confirm):
-            cancelled = self.checks.call(message_id)  # the store's own answer
+            try:
+                cancelled = self.checks.call(message_id)  # the store's own answer
+            except StoreUnavailable as exc:  # foreseen (no answer): a warning, not guard_failed
+                logger.warning(
+                    "cancellation_store_unavailable", extra={"message_id": message_id, "error": str(exc)}
+                )
+                self.defer(broker, message, reason="store_unavailable")
             if not cancelled and interruptible:
                 self.watch.started(message_id)
         if cancelled:

@@ -293,19 +293,22 @@ def test_a_message_older_than_the_pollers_memory_is_checked_against_the_store(st
     cancellation.watch.stop()
 
 
-def test_a_store_that_errs_on_arrival_defers_the_message(store):
+def test_a_store_that_errs_on_arrival_defers_the_message(store, caplog):
     broker, cancellation, job = cancellation_broker(store)
 
     def down(*args: Any) -> Any:
         raise StoreUnavailable("redis: ResponseError: OOM command not allowed")
 
-    # The poller cannot read the marks, so the arrival asks the store, which errs: deferred.
+    # The poller cannot read the marks, so the arrival asks the store, which errs: deferred, as a
+    # store that is down (a warning), not as a guard that failed unexpectedly (an error).
     cancellation.backend.cancelled_among = down  # type: ignore[method-assign]
     cancellation.watch.cancelled_since = down
-    with pytest.raises(SkipMessage, match="deferred"):
+    with pytest.raises(SkipMessage, match="deferred: store_unavailable"):
         cancellation.before_process_message(broker, delivery(job.message()))
     (copy, delay), *_ = broker.enqueued
     assert delay is not None and delay > 0 and copy.options["cancellation_store_waits"] == 1
+    assert "cancellation_store_unavailable" in [r.msg for r in caplog.records if r.levelname == "WARNING"]
+    assert "guard_failed" not in caplog.text
     cancellation.watch.stop()
 
 
