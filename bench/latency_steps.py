@@ -41,7 +41,8 @@ STARTED = "actor started"
 
 @dataclass
 class Steps:
-    """A stack's steps: for each, when it ended and how long it took (ms from the send), by probe."""
+    """A stack's steps: for each, when it ended and how long it took, wall and thread CPU time (ms),
+    by probe."""
 
     label: str
     ended: dict[str, list[float]] = field(default_factory=dict)
