@@ -2,7 +2,8 @@
 
 Every row runs the same processes x threads as bare Dramatiq, in the same invocation, on the
 Redis state store; it reports jobs/s, the worker group's CPU per job and the CPU per job of the
-RabbitMQ and Redis servers, which share the cores (see ``bench.throughput``), and two ratios of
+RabbitMQ and Redis servers, which share the cores (see ``bench.throughput``), the shares of the
+machine's CPU time left idle and stolen by the hypervisor over the window, and two ratios of
 jobs/s within the same repetition: ``/ bare``, to bare Dramatiq as it comes (plain queues), and
 ``/ same shape``, to bare Dramatiq on queues of the row's shape. The project's queues take
 priorities by default (``x-max-priority``, which costs RabbitMQ CPU per message), so bare Dramatiq
@@ -168,7 +169,7 @@ class CostTable:
     def lines(self) -> list[str]:
         out = [
             f"  {'configuration':<44} {'jobs/s':>8} {'/ bare':>7} {'/ same shape':>12} {'CPU us/job':>11}"
-            f" {'+ us':>7} {'RabbitMQ us':>12} {'Redis us':>9}"
+            f" {'+ us':>7} {'RabbitMQ us':>12} {'Redis us':>9} {'idle':>5} {'steal':>5}"
         ]
         cpus: dict[str, float] = {}
         previous: str | None = None
@@ -179,10 +180,12 @@ class CostTable:
             step = "" if base is None else f"{cpu - cpus[base]:>+7.0f}"
             rabbitmq = statistics.median(r.rabbitmq_micros_per_job for r in rates)
             redis = statistics.median(r.redis_micros_per_job for r in rates)
+            idle = statistics.median(r.idle_share for r in rates)
+            steal = statistics.median(r.steal_share for r in rates)
             out.append(
                 f"  {label:<44} {jobs:>8,.0f} {self.median_ratio(label):>7.2f}"
                 f" {self.median_ratio(label, same_shape=True):>12.2f} {cpu:>11.0f} {step:>7}"
-                f" {rabbitmq:>12.0f} {redis:>9.0f}"
+                f" {rabbitmq:>12.0f} {redis:>9.0f} {idle:>5.0%} {steal:>5.0%}"
             )
             previous = label
         out.append(f"  {'issue 15 table (jobs/s / bare, medians)':<44} {'/ bare':>16} {'/ same shape':>12}")
@@ -246,7 +249,8 @@ def cost_table(run: Run, bare: dict[bool, RabbitmqBroker], repeat: int) -> CostT
             print(
                 f"  [{i + 1}/{repeat}] {row.label:<42} {rate.per_second:>8,.0f} /s"
                 f" {rate.per_second / done[BARE].per_second:>6.2f} {rate.cpu_micros_per_job:>7.0f} us"
-                f" (RabbitMQ {rate.rabbitmq_micros_per_job:.0f}, Redis {rate.redis_micros_per_job:.0f})",
+                f" (RabbitMQ {rate.rabbitmq_micros_per_job:.0f}, Redis {rate.redis_micros_per_job:.0f};"
+                f" machine idle {rate.idle_share:.0%}, stolen {rate.steal_share:.0%})",
                 flush=True,
             )
     return table

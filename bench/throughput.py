@@ -12,7 +12,9 @@ within a fraction of a percent at the default N. Worker CPU is the sum of
 utime + stime of the worker group (the ``dramatiq`` process and its descendants, from
 ``/proc/PID/stat``) over the same window, divided by the jobs taken in it; so are the CPU of
 RabbitMQ's and Redis's server processes (found by name in ``/proc``; 0 when not on this host), which
-share the machine's cores with the workers.
+share the machine's cores with the workers. How busy the machine was over the window comes from
+``/proc/stat``: the share of its CPU time left idle (a row that leaves much idle is waiting, not
+computing) and the share stolen by the hypervisor for other guests (a noisy neighbour).
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 __all__ = [
     "BIN",
     "ROOT",
+    "MachineTimes",
     "Rate",
     "Run",
     "delete_queues",
     "group_cpu_seconds",
     "keyed_messages",
+    "machine_times",
     "messages_of",
     "metered_messages",
     "noop_messages",
@@ -63,6 +67,9 @@ class Rate:
     #: CPU seconds of the RabbitMQ and Redis servers over the same window.
     rabbitmq_cpu_seconds: float = 0.0
     redis_cpu_seconds: float = 0.0
+    #: Shares of the machine's CPU time over the same window left idle, and stolen by the hypervisor.
+    idle_share: float = 0.0
+    steal_share: float = 0.0
 
     @property
     def per_second(self) -> float:
@@ -82,6 +89,44 @@ class Rate:
 
     def line(self) -> str:
         return f"  {self.label:<44} {self.per_second:>9,.0f} /s   ({self.count:,} in {self.seconds:.2f} s)"
+
+
+@dataclass(frozen=True)
+class MachineTimes:
+    """The machine's CPU time so far (all cores, clock ticks): idle (with I/O wait), stolen by
+    the hypervisor for other guests, and in all; differences of two give a window's shares."""
+
+    idle: int
+    steal: int
+    total: int
+
+    def __sub__(self, earlier: MachineTimes) -> MachineTimes:
+        return MachineTimes(self.idle - earlier.idle, self.steal - earlier.steal, self.total - earlier.total)
+
+    @property
+    def idle_share(self) -> float:
+        return self.idle / self.total if self.total > 0 else 0.0
+
+    @property
+    def steal_share(self) -> float:
+        return self.steal / self.total if self.total > 0 else 0.0
+
+    @classmethod
+    def parse(cls, stat: str) -> MachineTimes:
+        """From ``/proc/stat``'s first line: ``cpu user nice system idle iowait irq softirq steal
+        guest guest_nice`` (guest time is counted in user and nice already, so left out of the total)."""
+        fields = [int(value) for value in stat.split()[1:9]]
+        fields += [0] * (8 - len(fields))  # older kernels give fewer fields
+        return cls(idle=fields[3] + fields[4], steal=fields[7], total=sum(fields))
+
+
+def machine_times() -> MachineTimes:
+    """The machine's CPU times so far (zeros where ``/proc/stat`` cannot be read)."""
+    try:
+        with open("/proc/stat") as stat:
+            return MachineTimes.parse(stat.readline())
+    except (OSError, ValueError):
+        return MachineTimes(0, 0, 0)
 
 
 def delete_queues(broker: RabbitmqBroker, queue: str) -> None:
@@ -248,13 +293,14 @@ def throughput(
     try:
         left = _wait_for_boot(label, worker, broker, queue, run, env_overrides.get("PROMETHEUS_PORT", "0"))
         started, at_start, cpu_start = time.perf_counter(), left, group_cpu_seconds(worker.pid)
-        servers_start = servers_cpu_seconds()
+        servers_start, machine_start = servers_cpu_seconds(), machine_times()
         if watch is not None:
             watch(worker.pid)
         while depth(broker, queue) > 0:
             time.sleep(0.02)
         elapsed, cpu = time.perf_counter() - started, group_cpu_seconds(worker.pid) - cpu_start
         servers = [end - begin for begin, end in zip(servers_start, servers_cpu_seconds(), strict=True)]
+        machine = machine_times() - machine_start
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
@@ -262,7 +308,8 @@ def throughput(
         # Idle until the broker's next row, its connection would miss RabbitMQ's heartbeats
         # (a blocking connection answers them only while used) and be reset: reconnect then.
         del broker.connection
-    return Rate(label, at_start, elapsed, cpu, *servers)
+    rabbitmq, redis = servers
+    return Rate(label, at_start, elapsed, cpu, rabbitmq, redis, machine.idle_share, machine.steal_share)
 
 
 @dataclass(frozen=True)
