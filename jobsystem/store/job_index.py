@@ -46,30 +46,32 @@ __all__ = [
 INDEX_LUA = """
 local ADDS, REMOVES = {}, {}
 
+local function file_in(set, score, id)
+  local members = ADDS[set] or {}
+  ADDS[set] = members
+  members[#members + 1] = score
+  members[#members + 1] = id
+end
+
+local function take_from(set, id)
+  local members = REMOVES[set] or {}
+  REMOVES[set] = members
+  members[#members + 1] = id
+end
+
 local function index(id, state, q, a, score, ix)
-  local function put(set)
-    local members = ADDS[set] or {}
-    ADDS[set] = members
-    members[#members + 1] = score
-    members[#members + 1] = id
-  end
-  local function take(set)
-    local members = REMOVES[set] or {}
-    REMOVES[set] = members
-    members[#members + 1] = id
-  end
   if not ix then
-    put(NS .. 'jobs:all')
-    put(NS .. 'jobs:q:' .. q)
-    put(NS .. 'jobs:a:' .. a)
+    file_in(NS .. 'jobs:all', score, id)
+    file_in(NS .. 'jobs:q:' .. q, score, id)
+    file_in(NS .. 'jobs:a:' .. a, score, id)
   else
-    take(NS .. 'jobs:s:' .. ix)
-    take(NS .. 'jobs:qs:' .. q .. '|' .. ix)
-    take(NS .. 'jobs:as:' .. a .. '|' .. ix)
+    take_from(NS .. 'jobs:s:' .. ix, id)
+    take_from(NS .. 'jobs:qs:' .. q .. '|' .. ix, id)
+    take_from(NS .. 'jobs:as:' .. a .. '|' .. ix, id)
   end
-  put(NS .. 'jobs:s:' .. state)
-  put(NS .. 'jobs:qs:' .. q .. '|' .. state)
-  put(NS .. 'jobs:as:' .. a .. '|' .. state)
+  file_in(NS .. 'jobs:s:' .. state, score, id)
+  file_in(NS .. 'jobs:qs:' .. q .. '|' .. state, score, id)
+  file_in(NS .. 'jobs:as:' .. a .. '|' .. state, score, id)
 end
 
 local function in_chunks(command, set, members)

@@ -17,7 +17,15 @@ from typing import Any
 
 import orjson
 
-__all__ = ["REPLAY_STRIDE", "STATE_RANKS", "JobStatus", "StatusUpdate", "encode_updates", "order_of"]
+__all__ = [
+    "LOADED_FIELDS",
+    "REPLAY_STRIDE",
+    "STATE_RANKS",
+    "JobStatus",
+    "StatusUpdate",
+    "encode_updates",
+    "order_of",
+]
 
 #: The states a job goes through, and the rank of each within one attempt.
 STATE_RANKS: dict[str, int] = {
@@ -35,6 +43,23 @@ STATE_RANKS: dict[str, int] = {
 }
 
 
+#: The fields the Redis script reads with each record: what the updates test, what a new attempt
+#: deletes (no HDEL when absent), and the only names a once-field may have.
+LOADED_FIELDS = (
+    "ord",
+    "state",
+    "queue",
+    "actor",
+    "enqueued_at",
+    "ix",
+    "timeline",
+    "progress",
+    "note",
+    "retry_at",
+    "due_at",
+)
+_ONCE_NAMES = frozenset(LOADED_FIELDS)
+
 #: Orders of one replay of a message come after every order of the one before (attempts <= 101).
 REPLAY_STRIDE = 10_000
 
@@ -49,7 +74,8 @@ def order_of(attempt: int, state: str, replays: int = 0) -> int:
 class StatusUpdate:
     """A change to one message's record.
 
-    ``fields`` are set, ``once`` fields only when the record has none yet (actor, queue),
+    ``fields`` are set, ``once`` fields only when the record has none yet (actor, queue; names
+    among :data:`LOADED_FIELDS`),
     ``delete`` fields removed (a new attempt clears the last one's progress). Treat it as
     immutable; it is not frozen because a frozen dataclass takes ~4x longer to build (two per job).
     """
@@ -66,34 +92,39 @@ class StatusUpdate:
         """True for a progress report: a newer one for the same message replaces it before it is written."""
         return "state" not in self.fields and not self.once and not self.delete
 
-    def payload(self, once_as_before: bool = False) -> dict[str, Any]:
-        """The update as the Redis script reads it (:mod:`jobsystem.store.status_fold`): without
-        ``n`` when ``once_as_before`` (the once-fields are those of the message's update before it
-        in the batch), without ``d`` when nothing is deleted."""
-        payload: dict[str, Any] = {"m": self.message_id, "q": self.queue, "o": self.order, "f": self.fields}
-        if not once_as_before:
-            payload["n"] = self.once
-        if self.delete:
-            payload["d"] = self.delete
-        return payload
-
 
 def encode_updates(updates: list[StatusUpdate]) -> bytes:
-    """``updates`` as one JSON array of UTF-8: orjson, ~10x faster than one ``json.dumps`` per
-    update. A message's once-fields are sent with its first update in the batch only (the script
-    decodes each field it is sent, at a cost above applying it). A lone surrogate
-    (``str(exception)`` of undecodable bytes) is not UTF-8, and Redis's cjson refuses its
-    ``\\ud800`` escape: it becomes ``?`` instead of failing the whole batch (which the writer
-    would retry forever)."""
-    payloads: list[dict[str, Any]] = []
+    """``updates`` as one flat JSON array of UTF-8, as the Redis script reads them
+    (:data:`jobsystem.store.status_fold.APPLY_LUA`): per update, its message id, queue, order,
+    the number of its fields then their names and their values, the same for its once-fields (``-1``:
+    those of the message's update before in the batch, not sent again), the number of deleted
+    fields then their names. Flat, because the script's JSON decoder builds a Lua table for each
+    object or array it reads: one table per batch costs Redis less than four per update.
+    orjson, ~10x faster than ``json.dumps``. A lone surrogate (``str(exception)`` of undecodable
+    bytes) is not UTF-8, and Redis's cjson refuses its ``\\ud800`` escape: it becomes ``?``
+    instead of failing the whole batch (which the writer would retry forever)."""
+    flat: list[Any] = []
     once_before: dict[str, Mapping[str, str]] = {}
     for update in updates:
-        payloads.append(update.payload(once_before.get(update.message_id) == update.once))
-        once_before[update.message_id] = update.once
+        fields, once, message_id = update.fields, update.once, update.message_id
+        flat += (message_id, update.queue, update.order, len(fields))
+        flat += fields  # the names, then the values: ~2x faster than pair by pair
+        flat += fields.values()
+        if once_before.get(message_id) == once:
+            flat.append(-1)
+        else:
+            if not once.keys() <= _ONCE_NAMES:
+                raise ValueError(f"once-fields must be among {LOADED_FIELDS}, not {sorted(once)}")
+            flat.append(len(once))
+            flat += once
+            flat += once.values()
+            once_before[message_id] = once
+        flat.append(len(update.delete))
+        flat += update.delete
     try:
-        return orjson.dumps(payloads, option=orjson.OPT_PASSTHROUGH_SUBCLASS, default=dict)
+        return orjson.dumps(flat)
     except orjson.JSONEncodeError:
-        return json.dumps(payloads, ensure_ascii=False, default=dict).encode(errors="replace")
+        return json.dumps(flat, ensure_ascii=False).encode(errors="replace")
 
 
 @dataclass(frozen=True)

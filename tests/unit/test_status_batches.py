@@ -203,7 +203,7 @@ def test_text_that_is_not_utf_8_does_not_hold_up_the_batch(store):
 
 
 def test_a_message_once_fields_leave_with_its_first_update_of_the_batch():
-    """The script takes a missing ``n`` for the once-fields of the message's update before it
+    """The script takes ``-1`` for the once-fields of the message's update before it
     (the batch tests above check it applies them alike); other messages' and changed ones are sent."""
     now = int(time.time() * 1000)
     updates = [
@@ -213,9 +213,41 @@ def test_a_message_once_fields_leave_with_its_first_update_of_the_batch():
         change("m1", None, 1, now + 2, progress="0.5"),  # a progress report: no once-fields
         change("m1", "succeeded", 1, now + 3),
     ]
-    payloads = json.loads(encode_updates(updates))
-    assert ["n" in p for p in payloads] == [True, False, True, True, True]
-    assert ["d" in p for p in payloads] == [False, True, False, False, False]
+    sent = sent_updates(json.loads(encode_updates(updates)))
+    assert [once for _, once, _ in sent] == [ONCE_M1, None, ONCE_M2, {}, ONCE_M1]
+    assert [deleted for _, _, deleted in sent] == [[], list(updates[1].delete), [], [], []]
+    assert [fields for fields, _, _ in sent] == [dict(u.fields) for u in updates]
+
+
+ONCE_M1 = {"actor": "a1", "queue": "q1"}
+ONCE_M2 = {"actor": "a2", "queue": "q1"}
+
+
+def sent_updates(flat: list[Any]) -> list[tuple[dict[str, str], dict[str, str] | None, list[str]]]:
+    """The flat array the script reads, walked back into each update's fields, once-fields (None:
+    not sent again; ``enqueued_at`` left out) and deleted names."""
+
+    def named(at: int) -> dict[str, Any]:  # the count at ``at``, then the names, then the values
+        names = flat[at + 1 : at + 1 + flat[at]]
+        return dict(zip(names, flat[at + 1 + len(names) : at + 1 + 2 * len(names)], strict=True))
+
+    sent: list[tuple[dict[str, str], dict[str, str] | None, list[str]]] = []
+    at = 0
+    while at < len(flat):
+        fields = named(at + 3)
+        at += 4 + 2 * flat[at + 3]
+        once = None if flat[at] < 0 else {n: v for n, v in named(at).items() if n != "enqueued_at"}
+        at += 1 + 2 * max(flat[at], 0)
+        sent.append((fields, once, flat[at + 1 : at + 1 + flat[at]]))
+        at += 1 + flat[at]
+    return sent
+
+
+def test_once_fields_outside_those_the_script_reads_are_refused():
+    """The script reads a once-field with its record: a name it does not read cannot be tested."""
+    update = StatusUpdate("m1", "q1", 0, {"state": "queued"}, once={"tenant": "t1"})
+    with pytest.raises(ValueError, match="once-fields"):
+        encode_updates([update])
 
 
 def test_a_batch_larger_than_one_index_call_files_every_job(store):
@@ -228,6 +260,17 @@ def test_a_batch_larger_than_one_index_call_files_every_job(store):
     assert backend.total(JobFilter()) == (1201, True)
     assert backend.total(JobFilter(state="queued")) == (600, True)
     assert backend.total(JobFilter(state="running")) == (601, True)
+
+
+def test_a_record_changed_more_often_than_one_write_call_takes_keeps_the_last_values(store):
+    """Hundreds of changes to one record in a batch are written in several calls, in order."""
+    backend = status_backend(store)
+    now = int(time.time() * 1000)
+    reports = [change("m1", None, 1, now + i, progress=f"{i / 2000:.4f}") for i in range(1, 1601)]
+    backend.apply([change("m1", "running", 1, now, attempts="1"), *reports], TTL_MS)
+    record = backend.get("m1")
+    assert record is not None and record.state == "running"
+    assert (record.progress, record.updated_at) == (0.8, now + 1600)
 
 
 def retried_history(message_id: str, now: int, attempts: int) -> list[StatusUpdate]:
