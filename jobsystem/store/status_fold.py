@@ -95,9 +95,16 @@ local function load(id)
   return r
 end
 
--- A once-field's value: all of them are loaded (``encode_updates`` refuses others).
+-- A field's value as the updates so far left it (false: absent): a loaded one is in ``has``;
+-- another is the last value the batch set, absent if the batch deleted it since, else as stored.
 local function field(r, name)
-  return r.has[AT[name]]
+  local at = AT[name]
+  if at then return r.has[at] end
+  if r.del and r.del[name] then return false end
+  for j = r.n - 1, 1, -2 do
+    if r.args[j] == name then return r.args[j + 1] end
+  end
+  return redis.call('HGET', r.key, name)
 end
 
 local function put(r, name, value)

@@ -243,11 +243,21 @@ def sent_updates(flat: list[Any]) -> list[tuple[dict[str, str], dict[str, str] |
     return sent
 
 
-def test_once_fields_outside_those_the_script_reads_are_refused():
-    """The script reads a once-field with its record: a name it does not read cannot be tested."""
-    update = StatusUpdate("m1", "q1", 0, {"state": "queued"}, once={"tenant": "t1"})
-    with pytest.raises(ValueError, match="once-fields"):
-        encode_updates([update])
+def test_a_once_field_the_script_does_not_read_with_the_record_sees_the_batch_before_it(store):
+    """``error_type`` is not read with the record: the batch's own earlier value keeps a once-field
+    from replacing it, and the batch's deletion lets one in, as applied one at a time."""
+    backend = status_backend(store)
+    now = int(time.time() * 1000)
+
+    def update(order: int, once: dict[str, str], delete: tuple[str, ...] = (), **fields: str) -> StatusUpdate:
+        return StatusUpdate("m1", "q1", order, {"updated_at": str(now + order), **fields}, once, delete)
+
+    set_then_kept = [update(11, {}, state="running", error_type="E1"), update(12, {"error_type": "E2"})]
+    backend.apply(set_then_kept, TTL_MS)
+    assert (record := backend.get("m1")) is not None and record.error_type == "E1"
+    deleted_then_set = [update(13, {}, ("error_type",)), update(14, {"error_type": "E3"})]
+    backend.apply(deleted_then_set, TTL_MS)
+    assert (record := backend.get("m1")) is not None and record.error_type == "E3"
 
 
 def test_a_batch_larger_than_one_index_call_files_every_job(store):
