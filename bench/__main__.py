@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import time
 import uuid
@@ -40,7 +39,6 @@ from bench.costs import BARE, STORES, bare_brokers, cost_table, store_broker
 from bench.dashboard import add_dashboard_arguments, dashboard_report
 from bench.dead_letters import dead_letter_figures
 from bench.delays import delay_figures
-from bench.latency import PACES, send_to_start
 from bench.scrub import scrub_costs
 from bench.throughput import (
     BIN,
@@ -104,7 +102,9 @@ def main() -> None:
     parser.add_argument(
         "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
     )
-    parser.add_argument("--only", choices=["delays", "instructions", "steps"], help="run only this bench")
+    parser.add_argument(
+        "--only", choices=["delays", "instructions", "latency", "steps"], help="run only this bench"
+    )
     parser.add_argument("--delay-count", type=int, default=10_000, help="delays bench: messages")
     parser.add_argument("--profile", metavar="ROW", help="py-spy one cost-table row (start of its label)")
     parser.add_argument("--profile-seconds", type=float, default=10.0, help="--profile: seconds sampled")
@@ -130,6 +130,9 @@ def main() -> None:
                 return
             if args.only == "steps":
                 steps_report(args)
+                return
+            if args.only == "latency":
+                only_latency(args)
                 return
             stack_figures(args)
         finally:
@@ -160,6 +163,18 @@ def stack_figures(args: argparse.Namespace) -> None:
         print("dead letters, 10,000")
         for label, figure in dead_letter_figures(10_000):
             print(f"  {label:<52} {figure:>12}")
+    finally:
+        for broker in brokers.values():
+            broker.close()
+
+
+def only_latency(args: argparse.Namespace) -> None:
+    """``--only latency``: the send -> start latency lines alone (no cost table)."""
+    from jobsystem.system import get_system
+
+    brokers = bare_brokers(get_system().settings.rabbitmq_url)
+    try:
+        latency_report(Run(args.count, args.processes, args.threads), brokers, args)
     finally:
         for broker in brokers.values():
             broker.close()
@@ -223,49 +238,16 @@ def costs_and_latency(run: Run, brokers: dict[bool, RabbitmqBroker], args: argpa
     table = cost_table(run, brokers, args.repeat)
     for line in table.lines():
         print(line)
-    print("send -> start latency, one probe at a time, median of runs")
-    full = store_broker(STORES["redis"])
-    probes = {
-        "bare Dramatiq": ("bench.bare", brokers[False]),
-        "full stack (defaults + key + limit)": ("bench.project", full),
-    }
-    for pace, pause in PACES.items():
-        # Fewer idle probes: each costs its pause (200 of the default 300 take 20 s a run).
-        count = args.latency_count if not pause else max(args.latency_count * 2 // 3, 1)
-        print(f"  {pace}, {count} probes")
-        latency_lines(probes, run, args.repeat, count, pause)
-    load = os.getloadavg()
-    print(f"  load averages at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    latency_report(run, brokers, args)
     return table.rates[BARE][-1]
 
 
-def latency_lines(
-    probes: dict[str, tuple[str, RabbitmqBroker]], run: Run, repeat: int, count: int, pause: float
-) -> None:
-    """Print each probe's median and p99 send -> start latency (medians of ``repeat`` runs,
-    alternating), and the full stack's median over bare Dramatiq's."""
-    figures: dict[str, list[tuple[float, float]]] = {}
-    for _ in range(repeat):
-        for label, (module, broker) in probes.items():
-            found = send_to_start(
-                label,
-                module,
-                broker,
-                count,
-                run.processes,
-                run.threads,
-                pause=pause,
-                STATE_URL=STORES["redis"],
-                LOG_LEVEL="INFO",
-                LOG_FORMAT="json",
-            )
-            figures.setdefault(label, []).append((found.median_ms, found.p99_ms))
-    for label, runs in figures.items():
-        median = statistics.median(m for m, _ in runs)
-        p99 = statistics.median(p for _, p in runs)
-        print(f"    {label:<42} median {median:>6.2f} ms   p99 {p99:>6.2f} ms")
-    bare, full = (statistics.median(m for m, _ in runs) for runs in figures.values())
-    print(ratio("  ratio full / bare (median)", full / bare))
+def latency_report(run: Run, brokers: dict[bool, RabbitmqBroker], args: argparse.Namespace) -> None:
+    """The send -> start latency of bare Dramatiq and the full stack (``bench.latency``)."""
+    from bench.latency import report
+
+    for line in report(brokers[False], store_broker(STORES["redis"]), run, args.repeat, args.latency_count):
+        print(line, flush=True)
 
 
 def ratio(label: str, value: float, digits: int = 2) -> str:
