@@ -22,7 +22,7 @@ def test_both_paces_give_each_stacks_median_and_p99_and_their_ratio():
     paces = [i for i, line in enumerate(lines) if re.match(r"  (back to back|idle)", line)]
     assert [lines[i].split(",")[1:] for i in paces] == [
         [" 6 probes", " one worker after the other"],
-        [" 4 probes", " both workers running", " probes to each in turn"],
+        [" 4 probes", " both workers running", " probes to each in turn (each worker's 200 ms apart)"],
     ]
     for head in paces:
         figures = lines[head + 1 : head + 4]

@@ -33,15 +33,15 @@ def fake_workers(sent: list[tuple[str, bool]]) -> Any:
     return workers
 
 
-def test_the_workers_take_the_probes_in_turn_the_order_reversed_each_round(monkeypatch: pytest.MonkeyPatch):
+def test_the_workers_take_the_probes_in_turn_always_in_the_same_order(monkeypatch: pytest.MonkeyPatch):
     sent: list[tuple[str, bool]] = []
     monkeypatch.setattr(latency, "_workers", fake_workers(sent))
     monkeypatch.setattr(latency, "WARM_UP", 2)
-    targets = [Target("bare", "bench.bare", None), Target("full", "bench.project", None)]  # type: ignore[arg-type]
-    found = interleaved(targets, 3, 1, 1)
-    assert [label for label, _ in sent] == ["bare", "full", "full", "bare"] * 2 + ["bare", "full"]
-    assert [counted for _, counted in sent] == [False] * 4 + [True] * 6  # the warm-up is not counted
-    assert [(f.label, len(f.delays)) for f in found] == [("bare", 3), ("full", 3)]
+    targets = [Target(label, "bench.bare", None) for label in "abc"]  # type: ignore[arg-type]
+    found = interleaved(targets, 4, 1, 1)
+    assert "".join(label for label, _ in sent) == "abc" * 6
+    assert [counted for _, counted in sent] == [False] * 6 + [True] * 12  # the warm-up is not counted
+    assert [(f.label, len(f.delays)) for f in found] == [("a", 4), ("b", 4), ("c", 4)]
 
 
 def test_the_lines_give_each_stacks_medians_over_the_runs_and_their_ratio():
