@@ -11,6 +11,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -21,7 +22,13 @@ from jobsystem.store.base import Backends, Operations, StateStore, StoreMisconfi
 if TYPE_CHECKING:
     from jobsystem.store.redis_replies import ReplyLine
 
-__all__ = ["RedisScript", "RedisStore", "delete_matching", "redis_error", "reply_text"]
+hiredis: ModuleType | None
+try:
+    import hiredis
+except ImportError:  # installed with redis[hiredis]; without it, redis-py packs commands itself
+    hiredis = None
+
+__all__ = ["RedisScript", "RedisStore", "delete_matching", "redis_error", "reply_text", "send_packed"]
 
 #: Redis error replies (first word) that no amount of waiting fixes.
 _REDIS_MISCONFIGURED = ("NOAUTH", "WRONGPASS", "NOPERM")
@@ -31,6 +38,24 @@ _REDIS_MISCONFIGURED_TEXT = ("DB index is out of range", "unknown command", "inv
 def reply_text(value: Any) -> str:
     """A Redis reply (bytes from a script or a client without decoding) as text."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def send_packed(conn: Any, command: tuple[Any, ...], *, check_health: bool = True) -> None:
+    """Send ``command`` on redis-py connection ``conn``, packed by hiredis in one call.
+
+    redis-py's own packer passes each argument through its encoder in Python: a burst of 12 claims
+    (63 arguments) took 60 us to pack, against 8 here, on the consumer thread that limits a loaded
+    worker. The bytes are the same. Arguments are ``str``, ``bytes``, ``int`` or ``float``, as
+    redis-py takes them; anything else is refused with redis-py's error, before anything is sent.
+    """
+    if hiredis is None:
+        conn.send_command(*command, check_health=check_health)
+        return
+    try:
+        packed = hiredis.pack_command(command)
+    except TypeError as exc:
+        raise redis.DataError(str(exc)) from exc
+    conn.send_packed_command([packed], check_health=check_health)
 
 
 def redis_error(exc: redis.RedisError) -> StoreUnavailable:
@@ -128,7 +153,7 @@ class RedisScript:
         return read
 
     def _evalsha(self, conn: Any, keys: list[str], args: list[Any]) -> Any:
-        conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        send_packed(conn, ("EVALSHA", self.sha, len(keys), *keys, *args))
         return conn.read_response()
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from jobsystem.store.base import StoreUnavailable
-from jobsystem.store.redis import RedisStore, redis_error
+from jobsystem.store.redis import RedisStore, redis_error, send_packed
 
 __all__ = ["LaterReply", "ReplyLine"]
 
@@ -77,7 +77,7 @@ class ReplyLine:
             try:
                 if self._conn is None:
                     self._conn = self.store.client.connection_pool.make_connection()
-                self._conn.send_command(*command, check_health=False)
+                send_packed(self._conn, command, check_health=False)
             except BaseException as exc:
                 self._fail(exc)
                 if not isinstance(exc, redis.RedisError):

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+import jobsystem.store.redis as redis_module
 from jobsystem.store.base import StoreUnavailable
-from jobsystem.store.redis import RedisScript, RedisStore
+from jobsystem.store.redis import RedisScript, RedisStore, hiredis, send_packed
 from jobsystem.store.redis_replies import ReplyLine
 from tests.support import fresh_store
 
@@ -114,9 +116,37 @@ def test_threads_sending_and_reading_at_once_each_get_their_own_replies(redis_st
 def test_a_send_interrupted_fails_the_replies_waiting_and_raises_in_its_own_thread(redis_store, monkeypatch):
     line = ReplyLine(redis_store)
     waiting = line.send("ECHO", "sent before")
-    interrupt_once(monkeypatch, line._conn, "send_command")
+    interrupt_once(monkeypatch, line._conn, "send_packed_command")
     with pytest.raises(Interrupted):
         line.send("ECHO", "interrupted")
     with pytest.raises(StoreUnavailable, match="reply lost"):
         waiting()  # whether the second command went out is unknown: nothing after it is trusted
     assert line.send("ECHO", "after")() == b"after"
+
+
+#: Arguments of every type the store's commands pass: text (not only ASCII), bytes, numbers.
+ARGUMENTS = ("EVALSHA", "0" * 40, 2, "k", b"\x00\xff", "n\u00e4me \U0001f600", -7, 10**20, 0.25, 1e-07, "")
+
+
+def test_commands_are_packed_byte_for_byte_as_redis_py_packs_them(redis_store):
+    conn = redis_store.raw_connection()
+    assert hiredis is not None  # installed with redis[hiredis]
+    assert hiredis.pack_command(ARGUMENTS) == b"".join(conn.pack_command(*ARGUMENTS))
+
+
+@pytest.mark.parametrize("value", [None, True, ["a list"]])
+def test_an_argument_redis_py_refuses_is_refused_before_anything_is_sent(redis_store, value):
+    line, key = ReplyLine(redis_store), redis_store.key("refused")
+    with pytest.raises(redis.DataError):
+        send_packed(redis_store.raw_connection(), ("SET", key, value))
+    with pytest.raises(StoreUnavailable):
+        line.send("SET", key, value)()
+    assert redis_store.client.exists(key) == 0
+    assert line.send("ECHO", "after")() == b"after"  # the line carries on
+
+
+def test_without_hiredis_redis_py_packs_the_commands(redis_store, monkeypatch):
+    monkeypatch.setattr(redis_module, "hiredis", None)
+    script = RedisScript(redis_store, "return ARGV[1] .. ARGV[2]")
+    assert script([], ["n\u00e4me ", 7]) == "n\u00e4me 7".encode()
+    assert ReplyLine(redis_store).send("ECHO", "plain")() == b"plain"
