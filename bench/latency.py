@@ -182,7 +182,8 @@ def report(bare: RabbitmqBroker, full: RabbitmqBroker, run: Run, repeat: int, co
         # Fewer idle probes: each costs its pause (200 of the default 300 take 20 s a run).
         probes = count if not pause else max(count * 2 // 3, 1)
         how = (
-            f"both workers running, probes to each in turn (each worker's {2 * pause * 1000:.0f} ms apart)"
+            f"both workers running, probes to each in turn"
+            f" (each worker's {len(targets) * pause * 1000:.0f} ms apart)"
             if pause
             else "one worker after the other"
         )
