@@ -9,9 +9,25 @@ from pathlib import Path
 import pytest
 import redis
 
+from jobsystem.rabbitmq.delays import DelayCascade
 from jobsystem.system import get_system
 from tests.dashboard_server import DASHBOARD_ADMIN, DASHBOARD_VIEWER, Dashboard
 from tests.support import TEST_REDIS_URL, Queues, Worker, drop_closed, sender_broker, worker_env
+
+
+@pytest.fixture(autouse=True)
+def _cascades_prefixed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests share a vhost with whatever else runs on it: a test that sends through the
+    unprefixed default broker (``send_bulk`` without ``broker=``) would declare the unprefixed
+    delay cascade, a production name, and leave it there. Refused here, so such a test fails."""
+    declare = DelayCascade.declare
+
+    def declare_prefixed(cascade: DelayCascade, channel: object) -> None:
+        if not cascade.prefix:
+            raise AssertionError("a test declared the unprefixed delay cascade: pass the test's broker")
+        declare(cascade, channel)
+
+    monkeypatch.setattr(DelayCascade, "declare", declare_prefixed)
 
 
 @pytest.fixture

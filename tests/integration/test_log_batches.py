@@ -20,7 +20,7 @@ def test_every_job_logs_started_and_succeeded_once_after_a_sigterm_stop(start_wo
     # shutdown flush can send their lines.
     worker = start_worker(processes=2, threads=8, LOG_LEVEL="INFO", TEST_LOG_BATCH_INTERVAL="600")
     records = [queues.message(workload.record, f"r{i}") for i in range(500)]
-    assert len(send_bulk(records)) == 500
+    assert len(send_bulk(records, broker=queues.broker)) == 500
     wait_for(lambda: store.get(f"test:{prefix}count:record") == "500", timeout=60, what="500 records")
     slow = [queues.send(workload.slow, f"s{i}", seconds=1.5) for i in range(4)]
     started = [f"test:{prefix}started:s{i}" for i in range(4)]

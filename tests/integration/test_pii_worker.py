@@ -20,7 +20,6 @@ from typing import Any
 import redis
 from dramatiq import Message
 
-from jobsystem.system import get_system
 from tests import workload
 from tests.pii_corpus import free_text, keyed, leaks
 from tests.servers import sentry_events, sentry_server
@@ -65,15 +64,15 @@ def _send_everything(queues: Queues, prefix: str) -> Run:
     queue = queues.name(workload.record)
     # Too old for its max_age: AgeLimit skips it to the dead letters.
     old = workload.record.message_with_options(args=("Marta Kowalska",), max_age=1000)
-    skipped = get_system().broker.enqueue(
+    skipped = queues.broker.enqueue(
         old.copy(queue_name=queue, message_timestamp=int(time.time() * 1000) - 60_000)
     )
     unknown = Message(
         queue_name=queue, actor_name="no_such_actor", args=(free_text(),), kwargs=keyed(), options={}
     )
-    get_system().broker.enqueue(unknown)
+    queues.broker.enqueue(unknown)
     for body in (b"\xff\xfe" + free_text().encode(), b"{'not json': '" + free_text().encode() + b"'}"):
-        get_system().broker.channel.basic_publish(exchange="", routing_key=queue, body=body)
+        queues.broker.channel.basic_publish(exchange="", routing_key=queue, body=body)
     return Run(prefix, customer.message_id, leaky.message_id, skipped.message_id)
 
 

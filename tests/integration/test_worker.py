@@ -78,7 +78,7 @@ def test_sigterm_lets_the_running_job_finish_and_loses_nothing(start_worker, que
 
 def test_bulk_send_of_ten_thousand_delivers_exactly_ten_thousand(start_worker, queues, store, prefix):
     messages = [queues.message(workload.record, f"b{i}") for i in range(10_000)]
-    confirmed = send_bulk(messages)
+    confirmed = send_bulk(messages, broker=queues.broker)
     assert len(confirmed) == 10_000
     assert queues.depth(queues.name(workload.record)) == 10_000
     worker = start_worker(processes=2, threads=8)
@@ -98,7 +98,7 @@ def test_priority_puts_premium_messages_first(queues):
     premium = workload.record.message_with_options(args=("premium",), broker_priority=9).copy(
         queue_name=queue
     )
-    get_system().broker.enqueue(premium)
+    queues.broker.enqueue(premium)
     first = json.loads(queues.peek(queue, count=1)[0]["payload"])
     assert first["args"] == ["premium"]
 
