@@ -64,7 +64,7 @@ def delete_topology(broker: ProjectBroker, settings: Settings) -> list[str]:
     channel, cascade = broker.channel, broker.delays
     for name in names:
         channel.queue_delete(name)
-    for name in (*cascade.queues(), cascade.deliver, cascade.unroutable):
+    for name in cascade.exchanges():
         channel.exchange_delete(name)
     return names
 

@@ -75,7 +75,8 @@ def _print_summary(console: Console, summary: dict[str, Any], cleaned: dict[str,
     for name, value in lines:
         console.print(f"  {name:<{width}}  {value}")
     console.print(
-        f"\nCleaned up: {len(cleaned.get('queues_deleted', []))} queues and "
+        f"\nCleaned up: {len(cleaned.get('queues_deleted', []))} queues, "
+        f"{len(cleaned.get('exchanges_deleted', []))} exchanges and "
         f"{cleaned.get('state_keys_deleted', 0)} state keys under {prefix!r}"
         + (f"; {cleaned['queues_error']}" if "queues_error" in cleaned else "")
         + (f"; {cleaned['state_error']}" if "state_error" in cleaned else "")

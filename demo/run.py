@@ -309,7 +309,8 @@ class Demo(Watching):
     # -- the end ---------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop the children (SIGTERM to each main process), then delete the demo's queues and keys."""
+        """Stop the children (SIGTERM to each main process), then delete what the demo made in
+        RabbitMQ and the state store."""
         if self.system is not None:
             services.abandon_connection(self.system.broker)
         for child in reversed(self.children):
@@ -327,7 +328,8 @@ class Demo(Watching):
         else:
             declared = []
         try:
-            self.cleaned["queues_deleted"] = services.delete_queues(self.settings, self.prefix, declared)
+            queues, exchanges = services.delete_topology(self.settings, self.prefix, declared)
+            self.cleaned["queues_deleted"], self.cleaned["exchanges_deleted"] = queues, exchanges
         except Exception as exc:
             self.cleaned["queues_error"] = f"{type(exc).__name__}: {exc}"
         try:

@@ -1,5 +1,5 @@
 """What the demo runs around the workload: a mail server, a flaky partner API, the worker and the
-scheduler as child processes, and the clean-up of its queues and state keys."""
+scheduler as child processes, and the clean-up of its queues, exchanges and state keys."""
 
 from __future__ import annotations
 
@@ -231,30 +231,34 @@ def abandon_connection(broker: Any) -> None:
         broker.connections.discard(connection)
 
 
-def delete_queues(settings: Settings, prefix: str, declared: list[str]) -> list[str]:
+def delete_topology(settings: Settings, prefix: str, declared: list[str]) -> tuple[list[str], list[str]]:
     """Delete the demo's queues: those the management API lists under ``prefix``, else (API down)
-    the declared ones with their ``.DQ``/``.DLQ`` over AMQP. Returns the names deleted."""
+    the declared ones with their ``.DQ``/``.DLQ``; then its delay cascade's exchanges, which
+    deleting the queues leaves behind. Returns the names of the queues and of the exchanges."""
     import pika
 
     from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, connection_urls
+    from jobsystem.rabbitmq.delays import DelayCascade
 
     _check_prefix(settings, prefix)
     try:
-        names = prefixed_queues(settings, prefix)
-        for name in names:
+        queues, left = prefixed_queues(settings, prefix), []
+        for name in queues:
             requests.delete(f"{_queues_api(settings)}/{quote(name, safe='')}", timeout=10).raise_for_status()
-        return names
     except requests.RequestException:
-        pass
-    names = [n for q in declared if q.startswith(prefix) for n in (q, f"{q}.DQ", f"{q}{DEAD_LETTER_SUFFIX}")]
+        suffixes = ("", ".DQ", DEAD_LETTER_SUFFIX)
+        queues = left = [f"{q}{suffix}" for q in declared if q.startswith(prefix) for suffix in suffixes]
+    exchanges = DelayCascade(prefix).exchanges()
     connection = pika.BlockingConnection(pika.URLParameters(connection_urls(settings)[0]))
     try:
         channel = connection.channel()
-        for name in names:
+        for name in left:
             channel.queue_delete(name)
+        for name in exchanges:
+            channel.exchange_delete(name)  # none there (a demo stopped early) is no error
     finally:
         connection.close()
-    return names
+    return queues, exchanges
 
 
 def delete_state_keys(settings: Settings, prefix: str) -> int:

@@ -174,3 +174,8 @@ class DelayCascade:
     def queues(self) -> list[str]:
         """The cascade's queues, top level first."""
         return [self.level(level) for level in range(LEVELS - 1, -1, -1)]
+
+    def exchanges(self) -> list[str]:
+        """The cascade's exchanges (deleting its queues leaves them): the levels', the exit's and
+        the unroutable's."""
+        return [*self.queues(), self.deliver, self.unroutable]

@@ -41,10 +41,13 @@ def _demo(tmp_path: Path, *arguments: str) -> subprocess.Popen[bytes]:
 
 
 def _leftovers(prefix: str) -> tuple[list[str], list[bytes]]:
-    queues = Queues(prefix)
-    response = requests.get(queues.api(""), params={"columns": "name"}, timeout=10)
-    response.raise_for_status()
-    names = [q["name"] for q in response.json() if q["name"].startswith(prefix)]
+    """The queues and exchanges (by the management API) and the state keys under ``prefix``."""
+    api = Queues(prefix).api("")
+    names = []
+    for kind in ("queues", "exchanges"):
+        response = requests.get(api.replace("/queues/", f"/{kind}/"), params={"columns": "name"}, timeout=10)
+        response.raise_for_status()
+        names += [q["name"] for q in response.json() if q["name"].startswith(prefix)]
     keys = list(redis.Redis.from_url(TEST_REDIS_URL).scan_iter(f"jobs:{prefix}*", count=1000))
     return names, keys
 
@@ -78,7 +81,8 @@ def test_the_demo_reports_what_happened_and_leaves_nothing_behind(tmp_path):
     assert len(media["result"]) == 4  # four renditions
     # Stopped cleanly, and nothing of its own left behind.
     assert summary["cleanup"]["worker_exit"] == 0 and summary["cleanup"]["scheduler_exit"] == 0
-    assert summary["cleanup"]["queues_deleted"] and summary["cleanup"]["state_keys_deleted"] > 0
+    cleanup = summary["cleanup"]
+    assert cleanup["queues_deleted"] and cleanup["exchanges_deleted"] and cleanup["state_keys_deleted"] > 0
     assert _leftovers(summary["prefix"]) == ([], [])
     assert "Summary" in output and "jobctl dlq list" in output
 
