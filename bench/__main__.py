@@ -6,7 +6,8 @@ Throughput runs are described in ``bench.throughput``, the cost table in ``bench
 latency probe in ``bench.latency``. ``--repeat N`` repeats the cost table and the latency probes and
 prints medians (3 by default); ``--costs-only`` stops after them. ``--profile ROW`` instead runs
 one row of the cost table under py-spy and prints where its workers' time went (``bench.profile``);
-``--only steps`` where an idle probe's send -> start time goes, step by step (``bench.latency_steps``).
+``--only steps`` where an idle probe's send -> start time goes, step by step (``bench.latency_steps``);
+``--only latency-features`` what each default feature costs it (``bench.latency_features``).
 What the store's scripts cost Redis per job is counted in instructions, on a Redis of its own under
 callgrind (``bench.store_instructions``; ``--only instructions``): within about 1.5% from run to
 run, where CPU time on a small shared machine scatters by +-20%. Each part runs under a
@@ -29,6 +30,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from dramatiq import Message
@@ -103,7 +105,9 @@ def main() -> None:
         "--rate-duration", type=float, default=30.0, help="seconds of paced jobs for the accuracy run"
     )
     parser.add_argument(
-        "--only", choices=["delays", "instructions", "latency", "steps"], help="run only this bench"
+        "--only",
+        choices=["delays", "instructions", "latency", "latency-features", "steps"],
+        help="run only this bench",
     )
     parser.add_argument("--delay-count", type=int, default=10_000, help="delays bench: messages")
     parser.add_argument("--profile", metavar="ROW", help="py-spy one cost-table row (start of its label)")
@@ -131,7 +135,7 @@ def main() -> None:
             if args.only == "steps":
                 steps_report(args)
                 return
-            if args.only == "latency":
+            if args.only in ("latency", "latency-features"):
                 only_latency(args)
                 return
             stack_figures(args)
@@ -169,12 +173,21 @@ def stack_figures(args: argparse.Namespace) -> None:
 
 
 def only_latency(args: argparse.Namespace) -> None:
-    """``--only latency``: the send -> start latency lines alone (no cost table)."""
+    """``--only latency``: the send -> start latency lines alone (no cost table); ``--only
+    latency-features``: what each default feature adds to the idle one."""
+    from bench import latency_features
     from jobsystem.system import get_system
 
     brokers = bare_brokers(get_system().settings.rabbitmq_url)
+    run = Run(args.count, args.processes, args.threads)
     try:
-        latency_report(Run(args.count, args.processes, args.threads), brokers, args)
+        if args.only == "latency":
+            latency_report(run, brokers, args)
+            return
+        sender = partial(store_broker, STORES["redis"])
+        count = max(args.latency_count * 2 // 3, 1)  # as the latency lines' idle probes
+        for line in latency_features.report(brokers[False], sender, run, args.repeat, count):
+            print(line, flush=True)
     finally:
         for broker in brokers.values():
             broker.close()

@@ -44,6 +44,7 @@ __all__ = [
     "Row",
     "bare_brokers",
     "cost_table",
+    "free_port",
     "rows",
     "run_row",
     "store_broker",
@@ -63,7 +64,8 @@ LOGS = {"LOG_LEVEL": "INFO", "LOG_FORMAT": "json"}
 PRIORITY_LEVELS: int = Settings.model_fields["rabbitmq_max_priority"].default
 
 
-def _free_port() -> str:
+def free_port() -> str:
+    """A TCP port free on this host now (a worker's Prometheus endpoint)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return str(probe.getsockname()[1])
@@ -99,7 +101,7 @@ def rows() -> list[Row]:
     on_priority = {"RABBITMQ_MAX_PRIORITY": str(PRIORITY_LEVELS)}
     off = {**OFF, **on_priority}
     logs = {**off, **LOGS}
-    defaults = {**logs, "JOB_STATUS": "true", "PROMETHEUS_PORT": _free_port()}
+    defaults = {**logs, "JOB_STATUS": "true", "PROMETHEUS_PORT": free_port()}
     plain_defaults = {**defaults, "RABBITMQ_MAX_PRIORITY": "0"}
     keyed_metered = partial(keyed_messages, actor="keyed_metered_noop")
     project = "bench.project"

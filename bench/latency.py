@@ -38,13 +38,24 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from bench.costs import STORES
 from bench.throughput import BIN, ROOT, Run, delete_queues
 
-__all__ = ["IDLE_PAUSE_S", "PACES", "Latency", "Target", "interleaved", "report", "send_to_start"]
+__all__ = [
+    "FULL_STACK_ENV",
+    "IDLE_PAUSE_S",
+    "PACES",
+    "Latency",
+    "Target",
+    "interleaved",
+    "report",
+    "send_to_start",
+]
 
 WARM_UP = 20
 #: Long enough for everything the last job left behind to be done (see the module's docstring).
 IDLE_PAUSE_S = 0.1
 #: The paces at which the probes are sent: the pause after the last probe started, by name.
 PACES = {"back to back": 0.0, f"idle ({IDLE_PAUSE_S * 1000:.0f} ms apart)": IDLE_PAUSE_S}
+#: The settings of the full stack's latency workers: the project's defaults, lines in JSON.
+FULL_STACK_ENV = {"STATE_URL": STORES["redis"], "LOG_LEVEL": "INFO", "LOG_FORMAT": "json"}
 
 
 class Latency:
@@ -177,7 +188,6 @@ def report(bare: RabbitmqBroker, full: RabbitmqBroker, run: Run, repeat: int, co
         Target("bare Dramatiq", "bench.bare", bare),
         Target("full stack (defaults + key + limit)", "bench.project", full),
     ]
-    env = {"STATE_URL": STORES["redis"], "LOG_LEVEL": "INFO", "LOG_FORMAT": "json"}
     for pace, pause in PACES.items():
         # Fewer idle probes: each costs its pause (200 of the default 300 take 20 s a run).
         probes = count if not pause else max(count * 2 // 3, 1)
@@ -193,7 +203,7 @@ def report(bare: RabbitmqBroker, full: RabbitmqBroker, run: Run, repeat: int, co
             found
             for _ in range(repeat)
             for group in groups
-            for found in interleaved(group, probes, run.processes, run.threads, pause=pause, **env)
+            for found in interleaved(group, probes, run.processes, run.threads, pause=pause, **FULL_STACK_ENV)
         )
         yield from _medians(runs)
     load = os.getloadavg()
