@@ -241,18 +241,19 @@ def delete_topology(settings: Settings, prefix: str, declared: list[str]) -> tup
     from jobsystem.rabbitmq.delays import DelayCascade
 
     _check_prefix(settings, prefix)
+    over_amqp: list[str] = []  # the queues to delete over AMQP: all of them when the API is down
     try:
-        queues, left = prefixed_queues(settings, prefix), []
+        queues = prefixed_queues(settings, prefix)
         for name in queues:
             requests.delete(f"{_queues_api(settings)}/{quote(name, safe='')}", timeout=10).raise_for_status()
     except requests.RequestException:
         suffixes = ("", ".DQ", DEAD_LETTER_SUFFIX)
-        queues = left = [f"{q}{suffix}" for q in declared if q.startswith(prefix) for suffix in suffixes]
+        queues = over_amqp = [f"{q}{suffix}" for q in declared if q.startswith(prefix) for suffix in suffixes]
     exchanges = DelayCascade(prefix).exchanges()
     connection = pika.BlockingConnection(pika.URLParameters(connection_urls(settings)[0]))
     try:
         channel = connection.channel()
-        for name in left:
+        for name in over_amqp:
             channel.queue_delete(name)
         for name in exchanges:
             channel.exchange_delete(name)  # none there (a demo stopped early) is no error

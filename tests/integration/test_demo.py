@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 import requests
@@ -42,10 +43,12 @@ def _demo(tmp_path: Path, *arguments: str) -> subprocess.Popen[bytes]:
 
 def _leftovers(prefix: str) -> tuple[list[str], list[bytes]]:
     """The queues and exchanges (by the management API) and the state keys under ``prefix``."""
-    api = Queues(prefix).api("")
+    settings = Queues(prefix).settings
+    vhost = quote(settings.rabbitmq_vhost, safe="")
     names = []
     for kind in ("queues", "exchanges"):
-        response = requests.get(api.replace("/queues/", f"/{kind}/"), params={"columns": "name"}, timeout=10)
+        url = f"{settings.management_url}/api/{kind}/{vhost}"
+        response = requests.get(url, params={"columns": "name"}, timeout=10)
         response.raise_for_status()
         names += [q["name"] for q in response.json() if q["name"].startswith(prefix)]
     keys = list(redis.Redis.from_url(TEST_REDIS_URL).scan_iter(f"jobs:{prefix}*", count=1000))
