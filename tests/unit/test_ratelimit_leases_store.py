@@ -10,31 +10,36 @@ from jobsystem.store.base import StateStore
 from jobsystem.store.buckets import TakeRequest, bucket_backend
 
 
+#: A refill slow enough to leave a peek's tokens within 0.1 of the take's even when a loaded machine
+#: stalls the test for seconds (at 1 token/s, a 190 ms stall under CI's load failed the bound).
+SLOW = 0.01
+
+
 def leasing(lease=10.0, *, rate=1_000.0, burst=100.0, cost=1.0, lease_ms=1_000, slot_ms=None, key="h"):
     return TakeRequest(key, rate, burst, cost, 60_000, slot_ms, lease, lease_ms)
 
 
 def test_a_bucket_far_from_empty_grants_the_lease_with_the_take(store: StateStore):
     buckets = bucket_backend(store)
-    answer = buckets.take(leasing(10, rate=1))  # rate 1/s: the refill is negligible during the test
+    answer = buckets.take(leasing(10, rate=SLOW))
     assert answer.status == "run" and answer.leased == 10
     assert 900 <= answer.lease_left_ms <= 1_000
-    level = buckets.peek("h", 1, 100)
+    level = buckets.peek("h", SLOW, 100)
     assert 89 <= level.tokens < 89.1  # the take's token and the lease left the bucket at once
     # A later lease in the same period ends with it: every lease of a period ends together.
-    second = buckets.take(leasing(10, rate=1))
+    second = buckets.take(leasing(10, rate=SLOW))
     assert second.leased == 10 and second.lease_left_ms <= answer.lease_left_ms
 
 
 def test_no_lease_unless_the_bucket_holds_twice_the_lease_after_the_take(store: StateStore):
     buckets = bucket_backend(store)
     for key in ("at", "below"):
-        buckets.take_many([leasing(0, rate=1, key=key) for _ in range(79 if key == "at" else 80)])
-    at = buckets.take(leasing(10, rate=1, key="at"))  # 20 left after the take: 2 x 10
+        buckets.take_many([leasing(0, rate=SLOW, key=key) for _ in range(79 if key == "at" else 80)])
+    at = buckets.take(leasing(10, rate=SLOW, key="at"))  # 20 left after the take: 2 x 10
     assert at.status == "run" and at.leased == 10
-    below = buckets.take(leasing(10, rate=1, key="below"))  # 19 left after the take
+    below = buckets.take(leasing(10, rate=SLOW, key="below"))  # 19 left after the take
     assert below.status == "run" and below.leased == 0
-    assert 19 <= buckets.peek("below", 1, 100).tokens < 19.1  # the take itself went through
+    assert 19 <= buckets.peek("below", SLOW, 100).tokens < 19.1  # the take itself went through
 
 
 def test_the_tokens_out_on_lease_in_a_period_stay_within_a_quarter_of_the_burst(store: StateStore):
