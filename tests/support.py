@@ -223,6 +223,10 @@ def wait_for_final_events(
     return result
 
 
+#: The brokers :func:`sender_broker` built on the test Redis since :func:`flush_senders` last ran.
+_SENDERS: list[dramatiq.Broker] = []
+
+
 def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
     """A broker with the project's middleware on ``state_url``, as an application would build it,
     knowing the project's actors (without rebinding them)."""
@@ -233,7 +237,20 @@ def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
         load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})
     ).broker
     broker.actors.update(get_system().broker.actors)
+    if state_url == TEST_REDIS_URL:  # what goes elsewhere (a file, a private Redis) is not shared
+        _SENDERS.append(broker)
     return broker
+
+
+def flush_senders(timeout: float = 10.0) -> None:
+    """Wait until what the brokers :func:`sender_broker` built on the test Redis still have to
+    write (status records, key completions: written from a background thread after the call that
+    made them returned) is there, so that a test's clean-up comes after it; then forget them."""
+    while _SENDERS:
+        for middleware in _SENDERS.pop().middleware:
+            writes = getattr(middleware, "writes", None)
+            if writes is not None:
+                writes.flush(timeout)
 
 
 def drop_closed(broker: Any) -> None:

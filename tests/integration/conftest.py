@@ -1,5 +1,5 @@
 """Fixtures of the integration tier: the test's queues on the real RabbitMQ, worker subprocesses,
-and the clean-up of both (queues and the test's keys in the test Redis)."""
+and the clean-up of the queues (the test's keys in the test Redis: the ``prefix`` fixture)."""
 
 from __future__ import annotations
 
@@ -38,20 +38,14 @@ def queues(prefix: str) -> Iterator[Queues]:
     yield q
     q.delete_all()
     drop_closed(get_system().broker)
-    client = redis.Redis.from_url(TEST_REDIS_URL)
-    keys = list(client.scan_iter(f"jobs:{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
 
 
 @pytest.fixture
-def store(prefix: str) -> Iterator[redis.Redis]:
-    """The Redis the test actors write to; the test's keys are deleted afterwards."""
+def store() -> Iterator[redis.Redis]:
+    """The Redis the test actors write to (the ``prefix`` fixture deletes the test's keys)."""
     client = redis.Redis.from_url(TEST_REDIS_URL, decode_responses=True)
     yield client
-    keys = list(client.scan_iter(f"test:{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
+    client.close()
 
 
 @pytest.fixture(params=["redis", "sqlite"])
@@ -60,7 +54,7 @@ def state_url(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> It
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/state.db"
         return
-    yield TEST_REDIS_URL  # the ``queues`` fixture deletes the test's keys
+    yield TEST_REDIS_URL  # the ``prefix`` fixture deletes the test's keys
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import time
 from jobsystem.store.base import StateStore
 from jobsystem.store.buckets import TakeRequest, bucket_backend
 
-
 #: A refill slow enough to leave a peek's tokens within 0.1 of the take's even when a loaded machine
 #: stalls the test for seconds (at 1 token/s, a 190 ms stall under CI's load failed the bound).
 SLOW = 0.01
