@@ -272,6 +272,28 @@ def drop_closed(broker: Any) -> None:
         del broker.channel
 
 
+#: What a test's prefix (``t`` and 10 hex digits) or a whole run's mark (``t`` and 4) looks like.
+_TEST_PREFIX = re.compile(r"t[0-9a-f]{4,10}-?")
+
+
+def delete_prefixed(management_url: str, vhost: str, prefix: str) -> list[str]:
+    """Delete the queues and exchanges (the delay cascade's carry the prefix too) whose names start
+    with ``prefix``, a test's or a run's, through the management API; returns their names. Any
+    other prefix is refused: the vhost may be shared."""
+    if not _TEST_PREFIX.fullmatch(prefix):
+        raise ValueError(f"not a test prefix: {prefix!r}")
+    deleted = []
+    for kind in ("queues", "exchanges"):
+        url = f"{management_url}/api/{kind}/{quote(vhost, safe='')}"
+        response = requests.get(url, params={"columns": "name"}, timeout=10)
+        response.raise_for_status()
+        for item in response.json():
+            if item["name"].startswith(prefix):
+                requests.delete(f"{url}/{quote(item['name'], safe='')}", timeout=10)
+                deleted.append(item["name"])
+    return deleted
+
+
 class Queues:
     """The per-test queues: send to them, count them, and delete them at the end of the test."""
 
@@ -453,15 +475,4 @@ class Queues:
             requests.delete(url, timeout=10)
 
     def delete_all(self) -> None:
-        response = requests.get(self.api(""), params={"columns": "name"}, timeout=10)
-        response.raise_for_status()
-        for queue in response.json():
-            if queue["name"].startswith(self.prefix):
-                requests.delete(self.api(f"/{quote(queue['name'], safe='')}"), timeout=10)
-        # The delay cascade's exchanges carry the prefix too.
-        exchanges = self.api("").replace("/api/queues/", "/api/exchanges/")
-        response = requests.get(exchanges, params={"columns": "name"}, timeout=10)
-        response.raise_for_status()
-        for exchange in response.json():
-            if exchange["name"].startswith(self.prefix):
-                requests.delete(f"{exchanges}/{quote(exchange['name'], safe='')}", timeout=10)
+        delete_prefixed(self.settings.management_url, self.settings.rabbitmq_vhost, self.prefix)
