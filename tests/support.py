@@ -276,22 +276,28 @@ def drop_closed(broker: Any) -> None:
 _TEST_PREFIX = re.compile(r"t[0-9a-f]{4,10}-?")
 
 
-def delete_prefixed(management_url: str, vhost: str, prefix: str) -> list[str]:
-    """Delete the queues and exchanges (the delay cascade's carry the prefix too) whose names start
-    with ``prefix``, a test's or a run's, through the management API; returns their names. Any
-    other prefix is refused: the vhost may be shared."""
-    if not _TEST_PREFIX.fullmatch(prefix):
-        raise ValueError(f"not a test prefix: {prefix!r}")
-    deleted = []
+def prefixed_topology(management_url: str, vhost: str, prefix: str) -> list[tuple[str, str]]:
+    """``(url, name)`` of each queue and exchange (the delay cascade's carry the prefix too) whose
+    name starts with ``prefix``, from the management API."""
+    found = []
     for kind in ("queues", "exchanges"):
         url = f"{management_url}/api/{kind}/{quote(vhost, safe='')}"
         response = requests.get(url, params={"columns": "name"}, timeout=10)
         response.raise_for_status()
-        for item in response.json():
-            if item["name"].startswith(prefix):
-                requests.delete(f"{url}/{quote(item['name'], safe='')}", timeout=10)
-                deleted.append(item["name"])
-    return deleted
+        names = [item["name"] for item in response.json() if item["name"].startswith(prefix)]
+        found += [(f"{url}/{quote(name, safe='')}", name) for name in names]
+    return found
+
+
+def delete_prefixed(management_url: str, vhost: str, prefix: str) -> list[str]:
+    """Delete the queues and exchanges whose names start with ``prefix``, a test's or a run's;
+    returns their names. Any other prefix is refused: the vhost may be shared."""
+    if not _TEST_PREFIX.fullmatch(prefix):
+        raise ValueError(f"not a test prefix: {prefix!r}")
+    found = prefixed_topology(management_url, vhost, prefix)
+    for url, _ in found:
+        requests.delete(url, timeout=10)
+    return [name for _, name in found]
 
 
 class Queues:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from urllib.parse import quote
 
 import redis
 import requests
@@ -19,7 +18,7 @@ import requests
 from demo.main import EXIT_INTERRUPTED
 from demo.run import SHORT
 from tests.servers import smtp_server
-from tests.support import ROOT, TEST_REDIS_URL, Queues, wait_for
+from tests.support import ROOT, TEST_REDIS_URL, Queues, prefixed_topology, wait_for
 
 
 def _demo(tmp_path: Path, *arguments: str) -> subprocess.Popen[bytes]:
@@ -44,13 +43,7 @@ def _demo(tmp_path: Path, *arguments: str) -> subprocess.Popen[bytes]:
 def _leftovers(prefix: str) -> tuple[list[str], list[bytes]]:
     """The queues and exchanges (by the management API) and the state keys under ``prefix``."""
     settings = Queues(prefix).settings
-    vhost = quote(settings.rabbitmq_vhost, safe="")
-    names = []
-    for kind in ("queues", "exchanges"):
-        url = f"{settings.management_url}/api/{kind}/{vhost}"
-        response = requests.get(url, params={"columns": "name"}, timeout=10)
-        response.raise_for_status()
-        names += [q["name"] for q in response.json() if q["name"].startswith(prefix)]
+    names = [name for _, name in prefixed_topology(settings.management_url, settings.rabbitmq_vhost, prefix)]
     keys = list(redis.Redis.from_url(TEST_REDIS_URL).scan_iter(f"jobs:{prefix}*", count=1000))
     return names, keys
 
