@@ -3,25 +3,29 @@
 :class:`~middleware.metrics.Metrics` names :func:`serve_metrics` as its fork. The fork starts
 from the ``dramatiq`` main process, which never built the system, so the function reads the
 settings itself. It serves the counters of every worker process of the group (their sample files)
-and queue depths asked from RabbitMQ at scrape time, for the queues the workers consume.
+and queue depths asked from RabbitMQ at scrape time, for the queues the workers consume. While its
+port is in use it keeps trying to bind it (:func:`bind_endpoint`); the workers run meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
+from jobsystem.observability.logs import configure_logging
 from jobsystem.ops.health import queue_depths
 from jobsystem.settings import load_settings
 from jobsystem.store import open_store
 from middleware.metrics import group_directory
 
-__all__ = ["QueueDepths", "serve", "serve_metrics"]
+__all__ = ["QueueDepths", "bind_endpoint", "serve", "serve_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +35,10 @@ QueueDepths = Callable[[list[str]], dict[str, dict[str, int | None]]]
 
 
 def serve_metrics() -> int:
-    """Serve ``/metrics`` on ``PROMETHEUS_HOST:PROMETHEUS_PORT``: the group's counters, queue depths."""
+    """Serve ``/metrics`` on ``PROMETHEUS_HOST:PROMETHEUS_PORT``: the group's counters, queue depths.
+    Its lines are the project's events, as the worker processes' are (fields kept, scrubbed)."""
     settings = load_settings()
+    configure_logging(settings)
     state = open_store(settings.state_url, namespace=settings.state_namespace, timeout=settings.state_timeout)
     return serve(
         settings.prometheus_dir,
@@ -113,10 +119,41 @@ def serve(directory: Path, host: str, port: int, depths: QueueDepths | None = No
             return  # one line per scrape is noise
 
     try:
-        server = HTTPServer((host, port), Handler)
+        server = bind_endpoint(host, port, Handler)
     except OSError as exc:
         logger.error("metrics_server_failed", extra={"host": host, "port": port, "error": str(exc)})
         return 1
     logger.info("metrics_server_started", extra={"host": host, "port": port})
     server.serve_forever()
     return 0
+
+
+def bind_endpoint(
+    host: str,
+    port: int,
+    handler: type[BaseHTTPRequestHandler],
+    *,
+    first_retry_s: float = 1.0,
+    max_retry_s: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> HTTPServer:
+    """The endpoint's server, bound once ``host:port`` is free.
+
+    A port in use is usually held for a while only: the last worker group's endpoint still
+    stopping, or a client connection of this host that the kernel gave the port as its own
+    end. The fork keeps trying (every ``first_retry_s``, doubling up to ``max_retry_s``),
+    logging each failure, rather than leave the group without metrics until its restart. Any
+    other error (an address not of this host, a port the process may not open) is raised.
+    """
+    delay, attempt = first_retry_s, 0
+    while True:
+        try:
+            return HTTPServer((host, port), handler)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            attempt += 1
+            fields = {"host": host, "port": port, "error": str(exc), "attempt": attempt, "retry_in_s": delay}
+            logger.error("metrics_server_failed", extra=fields)
+        sleep(delay)
+        delay = min(delay * 2, max_retry_s)

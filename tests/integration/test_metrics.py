@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -80,3 +82,25 @@ def test_counts_are_exact_once_the_worker_stopped(start_worker, queues, prefix, 
         registry.get_sample_value("dramatiq_message_duration_milliseconds_bucket", {**labels, "le": "+Inf"})
         == 40
     )
+
+
+def test_endpoint_binds_once_its_port_is_free(start_worker, queues, tmp_path):
+    """A port still held (the last group's endpoint stopping, a client connection given the port)
+    does not leave the group without metrics: the endpoint keeps trying, and the jobs run meanwhile."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        worker = start_worker(PROMETHEUS_PORT=str(port), PROMETHEUS_DIR=str(tmp_path / "metrics"))
+        sent = queues.send(workload.record, "while-held")
+        assert queues.wait_finished([sent])[sent.message_id].state == "succeeded"
+        failed = wait_for(lambda: worker.events("metrics_server_failed"), what="the failed bind logged")
+        assert failed[0]["port"] == port
+        assert failed[0]["attempt"] == 1
+        assert worker.proc.poll() is None
+    finally:
+        holder.close()
+    wait_for(lambda: worker.events("metrics_server_started", port=port), what="the endpoint bound")
+    metrics = wait_for(lambda: scrape(port), what="the endpoint answering")
+    assert metrics[("jobs_queue_stats_up", frozenset())] == 1
