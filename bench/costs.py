@@ -21,7 +21,6 @@ What the table showed at each step of issue 15, before and after, with the load 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
+from bench.ports import free_port
 from bench.throughput import ROOT, Rate, Run, keyed_messages, noop_messages
 from jobsystem.settings import Settings
 
@@ -44,7 +44,6 @@ __all__ = [
     "Row",
     "bare_brokers",
     "cost_table",
-    "free_port",
     "rows",
     "run_row",
     "store_broker",
@@ -62,13 +61,6 @@ LOGS = {"LOG_LEVEL": "INFO", "LOG_FORMAT": "json"}
 
 #: ``x-max-priority`` of the project's queues by default (``RABBITMQ_MAX_PRIORITY``).
 PRIORITY_LEVELS: int = Settings.model_fields["rabbitmq_max_priority"].default
-
-
-def free_port() -> str:
-    """A TCP port free on this host now (a worker's Prometheus endpoint)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -101,7 +93,7 @@ def rows() -> list[Row]:
     on_priority = {"RABBITMQ_MAX_PRIORITY": str(PRIORITY_LEVELS)}
     off = {**OFF, **on_priority}
     logs = {**off, **LOGS}
-    defaults = {**logs, "JOB_STATUS": "true", "PROMETHEUS_PORT": free_port()}
+    defaults = {**logs, "JOB_STATUS": "true", "PROMETHEUS_PORT": str(free_port())}
     plain_defaults = {**defaults, "RABBITMQ_MAX_PRIORITY": "0"}
     keyed_metered = partial(keyed_messages, actor="keyed_metered_noop")
     project = "bench.project"

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-from bench.costs import free_port
 from bench.latency import FULL_STACK_ENV, IDLE_PAUSE_S, Target, interleaved
+from bench.ports import free_port
 from bench.throughput import Run
 
 __all__ = ["VARIANTS", "report"]
@@ -51,8 +51,8 @@ def report(bare: RabbitmqBroker, make_sender: MakeSender, run: Run, repeat: int,
                 sender = make_sender(**env)
                 targets = [
                     Target("bare Dramatiq", "bench.bare", bare),
-                    Target("full stack", "bench.project", full, {"PROMETHEUS_PORT": free_port()}),
-                    Target(name, "bench.project", sender, {"PROMETHEUS_PORT": free_port(), **env}),
+                    Target("full stack", "bench.project", full, {"PROMETHEUS_PORT": str(free_port())}),
+                    Target(name, "bench.project", sender, {"PROMETHEUS_PORT": str(free_port()), **env}),
                 ]
                 try:
                     found = interleaved(

@@ -4,37 +4,12 @@ endpoint, and a free port for anything else."""
 from __future__ import annotations
 
 import contextlib
-import random
-import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+from bench.ports import free_port
 
-def _ephemeral_ports() -> range:
-    """The ports the kernel hands to outgoing connections (every test's client sockets)."""
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return range(int(low), int(high) + 1)
-    except (OSError, ValueError):
-        return range(32768, 61000)  # Linux's default
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on (right now), chosen below the ephemeral
-    range: a port the kernel picked for a listener and released can be taken by any outgoing
-    connection before the server under test binds it (seen: a dashboard's "address in use")."""
-    ephemeral = _ephemeral_ports()
-    low, high = (10_000, ephemeral.start - 1) if ephemeral.start > 11_000 else (ephemeral.stop, 65_535)
-    for _ in range(200):
-        port = random.randint(low, high)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError(f"no free port found in {low}-{high}")
+__all__ = ["free_port", "sentry_events", "sentry_server", "smtp_server"]
 
 
 @contextlib.contextmanager
