@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
+
+from bench.ports import free_port
 
 __all__ = ["CallgrindRedis", "callgrind_redis"]
 
@@ -61,13 +62,6 @@ class CallgrindRedis:
 
     def _control(self, option: str) -> None:
         subprocess.run(["callgrind_control", option, str(self.pid)], check=True, capture_output=True)
-
-
-def _unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _start(out: Path, port: int, boot_timeout: float) -> subprocess.Popen[bytes] | None:
@@ -114,7 +108,7 @@ def callgrind_redis(boot_timeout: float = 60.0, attempts: int = 5) -> Iterator[C
     out = Path(tempfile.mkdtemp(prefix="bench-callgrind-"))
     try:
         for _ in range(attempts):
-            port = _unused_port()
+            port = free_port()
             server = _start(out, port, boot_timeout)
             if server is not None:
                 break

@@ -5,7 +5,6 @@ boot or exits stops the run with the reason."""
 from __future__ import annotations
 
 import http.server
-import socket
 import subprocess
 import threading
 import uuid
@@ -16,6 +15,7 @@ import pytest
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from bench import throughput
+from bench.ports import free_port
 from bench.throughput import Run, _answers, _wait_for_boot
 
 URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -53,12 +53,6 @@ def _consumer(queue: str) -> pika.BlockingConnection:
     return connection
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_the_clock_starts_once_every_worker_process_consumes(queue, idle_worker, monkeypatch):
     broker, name = queue
     for i in range(5):
@@ -79,7 +73,7 @@ def test_the_clock_starts_once_every_worker_process_consumes(queue, idle_worker,
 
 
 def test_metrics_count_as_up_once_they_answer_even_with_an_error():
-    port = _free_port()
+    port = free_port()
     assert not _answers(str(port))  # nothing listens there yet
     server = http.server.HTTPServer(("127.0.0.1", port), http.server.BaseHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
