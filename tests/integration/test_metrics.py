@@ -87,10 +87,10 @@ def test_counts_are_exact_once_the_worker_stopped(start_worker, queues, prefix, 
 def test_endpoint_binds_once_its_port_is_free(start_worker, queues, tmp_path):
     """A port still held (the last group's endpoint stopping, a client connection given the port)
     does not leave the group without metrics: the endpoint keeps trying, and the jobs run meanwhile."""
+    port = free_port()  # outside the ephemeral range: no client connection takes it once freed
     holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
+    holder.bind(("127.0.0.1", port))
     holder.listen()
-    port = holder.getsockname()[1]
     try:
         worker = start_worker(PROMETHEUS_PORT=str(port), PROMETHEUS_DIR=str(tmp_path / "metrics"))
         sent = queues.send(workload.record, "while-held")

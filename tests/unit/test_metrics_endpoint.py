@@ -8,14 +8,15 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
+from bench.ports import free_port
 from jobsystem.observability.metrics import bind_endpoint
 
 
 def test_a_port_in_use_is_tried_again_with_a_growing_pause_until_it_is_free():
+    port = free_port()  # outside the ephemeral range: no client connection takes it once freed
     holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
+    holder.bind(("127.0.0.1", port))
     holder.listen()
-    port = holder.getsockname()[1]
     pauses: list[float] = []
 
     def pause(seconds: float) -> None:
