@@ -170,13 +170,19 @@ class BatchedStream:
         """Send what is queued and ``text`` in one write; under ``_lock``, which keeps sends in order."""
         self._wake.clear()  # before taking the lines: see write_later
         pending = self._pending
-        if pending:
+        taken = len(pending)  # those queued from now wait for the next send
+        if taken:
             self._chars = 0
-            lines = [pending.popleft() for _ in range(len(pending))]  # those queued from now wait
+            # Read, not yet removed: a job's time limit or cancellation is an exception raised in
+            # its thread at any moment, here too, and would lose the lines taken out of the queue.
+            # (Only this lock's holder removes lines, from the left; others append on the right.)
+            lines = [pending[i] for i in range(taken)]
             text = "".join(line if isinstance(line, str) else _made(line) for line in lines) + text
         if text:
             with contextlib.suppress(OSError, ValueError):  # the pipe is closed: as logging does, carry on
                 self.stream.write(text)
+        for _ in range(taken):
+            pending.popleft()
 
     def _start_flusher(self) -> None:
         with self._flusher_lock:

@@ -182,6 +182,31 @@ def _many_threads_queue_and_send() -> None:
         assert [line for line in sent if line.startswith(f"t{n} ")] == [f"t{n} {i}" for i in range(2000)]
 
 
+def test_an_interrupt_while_a_batch_is_made_loses_none_of_its_lines():
+    """A job's time limit or cancellation is raised in its thread wherever it is, also while that
+    thread sends the batch its log line filled: the lines stay queued for the next send."""
+    from dramatiq.threading import Interrupt
+
+    recorder = Recorder()
+    stream = BatchedStream(recorder, interval=600)
+    interrupted: list[bool] = []
+
+    def made_later() -> str:
+        if not interrupted:
+            interrupted.append(True)
+            raise Interrupt("the time limit, landing here")
+        return "made\n"
+
+    stream.write_later("first\n")
+    stream.write_later(made_later)
+    stream.write_later("last\n")
+    with pytest.raises(Interrupt):
+        stream.send_pending()
+    assert recorder.writes == [] and stream.pending
+    stream.send_pending()
+    assert recorder.writes == ["first\nmade\nlast\n"] and not stream.pending
+
+
 def test_worker_shutdown_sends_what_is_pending():
     recorder = Recorder()
     stream = BatchedStream(recorder, interval=600)
