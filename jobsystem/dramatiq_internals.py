@@ -148,6 +148,9 @@ class ProjectMessage(_RabbitmqMessage):
       dead_letter_error: the error a rejecting middleware names as the cause (the dead letter
         records it rather than the ``SkipMessage``).
       claim_ahead: the claim the idempotency middleware made for this delivery at receipt.
+      delivered_on: the consumer whose channel delivered it. A delivery tag names a delivery on
+        that channel only: a consumer restarted after a lost connection numbers its deliveries
+        from 1 again, so an older delivery's tag can name one of the new channel's.
     """
 
     def __init__(self, redelivered: bool, tag: int, message: Message[Any]) -> None:
@@ -158,6 +161,7 @@ class ProjectMessage(_RabbitmqMessage):
         self.dead_letter_reason: str | None = None
         self.dead_letter_error: BaseException | None = None
         self.claim_ahead: object | None = None
+        self.delivered_on: object | None = None
 
     @property
     def tag(self) -> int:

@@ -171,6 +171,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             self._reschedule(method.delivery_tag, decoded)
             return None
         message = ProjectMessage(method.redelivered, method.delivery_tag, decoded)
+        message.delivered_on = self
         self.known_tags.add(method.delivery_tag)
         return message
 
@@ -305,12 +306,25 @@ class DeadLetteringConsumer(RabbitmqConsumer):
 
     def _ack(self, message: MessageProxy) -> None:
         """Ack a delivery with the others finished meanwhile (:mod:`jobsystem.rabbitmq.acks`)."""
-        try:
-            self.known_tags.remove(message._tag)
-        except KeyError:  # the consumer reconnected since: RabbitMQ redelivers it anyway
+        if not self._forget(message):  # the consumer reconnected since: RabbitMQ redelivers it anyway
             logger.warning("ack_unknown_delivery", extra={"message_id": message.message_id})
             return
         self.acks.add(message._tag)
+
+    def _forget(self, message: MessageProxy) -> bool:
+        """Whether ``message`` is one of this channel's open deliveries, no longer counted open.
+
+        Its tag alone does not tell: Dramatiq settles through its consumer thread's current
+        consumer, and one restarted after a lost connection numbers its deliveries from 1 again,
+        so the tag of a job that ran across the restart may name another delivery, still running
+        or queued, which an ack would lose."""
+        if getattr(message, "delivered_on", None) is not self:
+            return False
+        try:
+            self.known_tags.remove(message._tag)
+        except KeyError:
+            return False
+        return True
 
     def nack(self, proxy: MessageProxy) -> None:
         broker, message = self.broker, project_message(proxy)
@@ -342,9 +356,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         delay = self.broker.refused_follow_ups.refused(
             message.message_id, kind=kind, queue=q_name(self.queue_name), follow_up=follow_up, error=error
         )
-        try:
-            self.known_tags.remove(message.tag)
-        except KeyError:  # the consumer reconnected since: RabbitMQ redelivers it anyway
+        if not self._forget(message):  # the consumer reconnected since: RabbitMQ redelivers it anyway
             return
         self._requeue_later(message.tag, delay)
 

@@ -140,3 +140,30 @@ def test_a_delivery_requeued_by_the_hold_path_is_not_covered_by_the_cumulative_a
                 consumer.ack(message)
         wait_sent(consumer, frames)
         assert frames == [(messages[-1]._tag, True)]  # covers the five, below the redelivered copy
+
+
+def test_an_ack_from_before_a_reconnect_does_not_settle_the_new_channels_delivery(queues: Queues):
+    """A consumer restarted after a lost connection numbers its deliveries from 1 again, and
+    Dramatiq settles a job that ran across the restart through the new consumer: its tag names
+    one of the new channel's deliveries, which an ack would lose."""
+    queue = queues.name(workload.record)
+    for i in range(3):
+        queues.send(workload.record, f"tag-{i}")
+    before = queues.broker.consume(queue, prefetch=3, timeout=100)
+    stale = received(before, 3)
+    before.close()  # the connection lost: RabbitMQ requeues the three
+    after = queues.broker.consume(queue, prefetch=3, timeout=100)
+    assert isinstance(after, DeadLetteringConsumer)
+    try:
+        fresh = received(after, 3)
+        assert {m._tag for m in fresh} == {m._tag for m in stale}  # the same numbers
+        frames = noting_acks(after)
+        for message in stale:
+            after.ack(message)
+        first = min(fresh, key=lambda m: m._tag)
+        after.ack(first)
+        wait_sent(after, frames)
+        assert frames[0][0] == first._tag and len(frames) == 1  # the stale acks sent nothing
+    finally:
+        after.close()
+    wait_for(lambda: queues.depth(queue) == 2, what="the two deliveries not acked back in the queue")
