@@ -33,6 +33,7 @@ from dramatiq.middleware import SkipMessage
 from jobsystem.dramatiq_internals import reject
 from jobsystem.limits import Limit, RateLimitConfigError
 from jobsystem.privacy.keyhash import KeyHasher
+from jobsystem.runtime.attempts import DeferringSkip
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.requeue import postpone
 from jobsystem.runtime.token_leases import TokenLeases
@@ -60,7 +61,7 @@ def _slot_of(option: object, bucket: str) -> int | None:
     return None
 
 
-class RateLimited(SkipMessage):
+class RateLimited(DeferringSkip):
     """Raise from an actor when the upstream says "slow down" (HTTP 429, ``Retry-After``).
 
     The job is re-enqueued to run again after at least ``retry_after`` seconds, without spending a

@@ -214,7 +214,19 @@ class Status(Middleware):
         retries = int(message.options.get("retries", 0))
         eta = message.options.get("eta")
         fields = {"retry_at": str(eta)} if kind == "retry" and eta else {}
-        if delay is not None and delay > self.scheduled_after_ms and eta:
+        far = bool(delay is not None and delay > self.scheduled_after_ms and eta)
+        running = self.attempts.running(message.message_id) if kind == "delayed" else None
+        if running is not None:
+            # Put back by its own attempt (the actor raised RateLimited): it waits to run that
+            # attempt again, in the place of its ``running`` state, which the re-run writes again.
+            self._update(
+                message,
+                "scheduled" if far else "queued",
+                running,
+                {"due_at": str(eta)} if far else None,
+                rank="running",
+            )
+        elif far:
             # Waits in RabbitMQ's delay cascade: scheduled until it runs (a ``queued`` written
             # when it leaves the cascade, or late by its sender, does not hide it), in the place
             # of its retrying state for a retry.
@@ -234,6 +246,7 @@ class Status(Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         _ACTIVE.set(self)
         attempt = message.options.get("retries", 0) + 1
+        self.attempts.started(message.message_id, attempt)
         now = _now_ms()
         self._update(
             message,

@@ -9,7 +9,12 @@ was retried before carries ``retries`` too), but the moment does, per worker thr
 - a middleware placed after Retries sees ``after_process_message`` first, notes a failed attempt
   with :meth:`AttemptTracker.failed`, and a re-enqueue of that id with a delay is then the retry;
 - any other re-enqueue of a message id with a delay that is followed by a skip of the same id is
-  a deferral: the message waits in the delay queue and will be tried again, it was not skipped.
+  a deferral: the message waits in the delay queue and will be tried again, it was not skipped;
+- so is a :class:`DeferringSkip`, whose middleware re-enqueues the message in its own
+  ``after_skip_message``: Dramatiq calls ``after_*`` hooks in reverse order, so the middleware
+  placed after it see the skip before the re-enqueue;
+- a re-enqueue with a delay of the message whose attempt this thread is running (noted with
+  :meth:`AttemptTracker.started`), not its retry, is such a deferral: the attempt ran again later.
 
 The notes are cleared when the message is acked or nacked, the last thing that happens to it in
 the worker thread.
@@ -17,8 +22,18 @@ the worker thread.
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, Literal
+
+from dramatiq.middleware import SkipMessage
+
+__all__ = ["AttemptTracker", "DeferringSkip"]
+
+
+class DeferringSkip(SkipMessage):
+    """A skip whose message the middleware handling it re-enqueues with a delay, from its
+    ``after_skip_message`` (an actor's ``RateLimited``): it is a deferral, not a final skip."""
 
 
 class AttemptTracker:
@@ -26,6 +41,15 @@ class AttemptTracker:
 
     def __init__(self) -> None:
         self._local = threading.local()
+
+    def started(self, message_id: str, attempt: int) -> None:
+        """This thread runs attempt number ``attempt`` of ``message_id``."""
+        self._local.running = (message_id, attempt)
+
+    def running(self, message_id: str) -> int | None:
+        """The attempt of ``message_id`` this thread runs, if it runs one."""
+        running: tuple[str, int] | None = getattr(self._local, "running", None)
+        return running[1] if running is not None and running[0] == message_id else None
 
     def failed(self, message_id: str) -> None:
         """The attempt of ``message_id`` failed: a re-enqueue of it now is the retry."""
@@ -43,10 +67,14 @@ class AttemptTracker:
         return "delayed"
 
     def deferred(self, message_id: str) -> bool:
-        """Whether ``message_id``, being skipped, was re-enqueued with a delay by this thread."""
-        return getattr(self._local, "delayed", None) == message_id
+        """Whether ``message_id``, being skipped, was re-enqueued with a delay by this thread, or
+        will be by the middleware whose :class:`DeferringSkip` is being handled."""
+        if getattr(self._local, "delayed", None) == message_id:
+            return True
+        return isinstance(sys.exc_info()[1], DeferringSkip)
 
     def done(self) -> None:
         """The message was acked or nacked: forget the notes."""
         self._local.failed = None
         self._local.delayed = None
+        self._local.running = None

@@ -12,6 +12,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Retries
 
 from jobsystem.dramatiq_internals import request_redelivery
+from middleware.ratelimit import RateLimited
 from middleware.status import Status, progress
 from tests.unit.stub import RecordingBroker, delivery
 
@@ -117,6 +118,31 @@ def test_a_deferred_message_stays_queued_and_a_skipped_duplicate_shows_skipped(t
     duplicate = actor.message()
     status.after_skip_message(broker, delivery(duplicate))
     assert state_of(status, duplicate.message_id).state == "skipped"
+
+
+def test_a_job_put_back_by_an_upstream_429_waits_queued_then_runs_its_attempt_again(tracked):
+    """The actor raised RateLimited: Status sees the skip before RateLimits (placed before it)
+    re-enqueues the message, so the skip must not count as final; the re-run is the same attempt."""
+    status, broker, actor = tracked
+    message = actor.message()
+    first = delivery(message)
+    status.before_process_message(broker, first)
+    try:
+        raise RateLimited(retry_after=2)
+    except RateLimited:  # Dramatiq emits the skip hooks inside its except block, in reverse order
+        status.after_skip_message(broker, first)
+        status.after_enqueue(broker, message.copy(options={"eta": 123}), 2_000)  # RateLimits' hook
+    status.after_ack(broker, first)
+    waiting = state_of(status, message.message_id)
+    assert (waiting.state, waiting.finished) == ("queued", False)
+    again = delivery(message)
+    status.before_process_message(broker, again)
+    assert state_of(status, message.message_id).state == "running"
+    status.after_process_message(broker, again, exception=ValueError("upstream down"))
+    failed = state_of(status, message.message_id)
+    assert (failed.state, failed.attempts) == ("failed", 1)
+    assert [entry[0] for entry in failed.timeline] == ["running", "queued", "running", "failed"]
+    assert status.backend.counts(["q"])["q"].get("skipped") is None
 
 
 def test_a_nacked_message_is_dead_unless_its_dead_letter_was_refused(tracked):
