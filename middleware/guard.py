@@ -13,8 +13,9 @@ define is wrapped when the class is created, and the unexpected becomes
   :attr:`FailClosed.send_error` and nothing is published;
 - **logged, then** :meth:`FailClosed.after_hook_failed` in ``after_process_message`` and
   ``after_skip_message``, where a subclass makes sure the message is not lost;
-- **logged** in ``on_receive`` (the consumer thread, which must keep consuming) and
-  ``on_dropped`` (the claims' pump, which must keep answering).
+- **logged** in ``on_receive`` (the consumer thread, which must keep consuming),
+  ``on_dropped`` (the claims' pump, which must keep answering) and ``on_unsent`` (the sender
+  gets the publish's own error).
 
 ``MiddlewareError`` subclasses (``SkipMessage`` among them) pass through unchanged: they are the
 hooks' deliberate answers.
@@ -118,6 +119,7 @@ _GUARDS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "after_skip_message": _guard_after,
     "on_receive": _guard_quiet,
     "on_dropped": _guard_quiet,
+    "on_unsent": _guard_quiet,
 }
 
 

@@ -14,7 +14,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.idempotency_keys import IdempotencyKeyError, message_key, scoped_key
 from jobsystem.runtime.leases import HeldLeases, new_owner
 from jobsystem.runtime.options import key_ttl_ms, option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
@@ -74,10 +75,6 @@ def as_duplicate(message: Message[Any], original_message_id: str) -> Message[Any
 
 class IdempotencyStoreError(MiddlewareError):
     """The state store could not be asked at send: the caller sees it and nothing is published."""
-
-
-class IdempotencyKeyError(MiddlewareError):
-    """The actor's ``idempotency_key`` function raised or gave something that is not a key."""
 
 
 @dataclass
@@ -149,39 +146,12 @@ class Idempotency(FailClosed):
 
     def scoped(self, actor_name: str, key: str) -> str:
         """The name a key has in the store and the logs: ``actor:<hash of actor:key>``."""
-        return f"{actor_name}:{self.hasher(f'{actor_name}:{key}')}"
+        return scoped_key(self.hasher, actor_name, key)
 
     def key_of(self, broker: Broker, message: AnyMessage) -> str | None:
-        """The message's scoped, hashed key (:meth:`scoped`), from its option or its actor's callable.
-
-        Raises :class:`IdempotencyKeyError` when the callable raises or the key is not a string or
-        number: such a message can be neither checked nor safely run.
-        """
-        # Each attribute of a MessageProxy is a __getattr__ call: read those needed once.
-        options, actor_name = message.options, message.actor_name
-        key = options.get("idempotency_key")
-        if key is None:
-            try:
-                actor = broker.get_actor(actor_name)
-            except dramatiq.errors.ActorNotFound:
-                return None
-            make_key: Callable[..., Any] | None = actor.options.get("idempotency_key")
-            if make_key is None:
-                return None
-            try:
-                key = make_key(*message.args, **message.kwargs)
-            except Exception as exc:
-                raise IdempotencyKeyError(
-                    f"actor {actor_name!r}: idempotency_key raised {type(exc).__name__}: {exc}"
-                ) from exc
-            if key is None:
-                return None
-        if isinstance(key, bool) or not isinstance(key, str | int | float) or key == "":
-            raise IdempotencyKeyError(
-                f"actor {actor_name!r}: idempotency_key gave {type(key).__name__}, not a key"
-            )
-        options["idempotency_key"] = text = str(key)
-        return self.scoped(actor_name, text)
+        """The message's scoped, hashed key, or None (see :func:`message_key`, which may raise
+        :class:`IdempotencyKeyError`)."""
+        return message_key(broker, message, self.hasher)
 
     def lookup(self, actor_name: str, key: str) -> KeyRecord | None:
         """What the store knows of ``key`` for ``actor_name`` (state, first message id, result)."""
@@ -190,11 +160,35 @@ class Idempotency(FailClosed):
     # -- send ------------------------------------------------------------------------------------
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        duplicates = self.before_enqueue_batch(broker, [message])
+        duplicates, registered = self._register(broker, [message])
         if message.message_id in duplicates:
             raise DuplicateMessage(
                 str(message.options.get("idempotency_key")), duplicates[message.message_id]
             )
+        if registered:
+            self._local.sent = registered[0]  # until published: see on_unsent
+
+    def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        sent: tuple[str, str] | None = getattr(self._local, "sent", None)
+        if sent is not None and sent[1] == message.message_id:
+            self._local.sent = None
+
+    def on_unsent(self, broker: Broker, message: Message[Any]) -> None:
+        """The project's broker could not publish ``message``: forget the key this thread
+        registered for it, so that a new send of the key is published, not dropped as a duplicate
+        of a message RabbitMQ never had (had it gone through, the claim at run lets one run)."""
+        sent: tuple[str, str] | None = getattr(self._local, "sent", None)
+        if sent is None or sent[1] != message.message_id:
+            return
+        self._local.sent = None
+        fields = {"key": sent[0], "message_id": sent[1]}
+        try:
+            self.backend.unregister_many([sent])
+        except StoreUnavailable as exc:
+            # The key stays pending until IDEMPOTENCY_TTL_MS: a new send of it is dropped.
+            logger.error("idempotency_unregister_failed", extra={**fields, "error": str(exc)})
+        else:
+            logger.info("idempotency_unregistered", extra=fields)
 
     def before_enqueue_batch(self, broker: Broker, messages: Iterable[Message[Any]]) -> dict[str, str]:
         """Register the keys of many messages in one store operation (bulk send uses it).
@@ -203,6 +197,13 @@ class Idempotency(FailClosed):
         published. The others are marked registered, so a later ``before_enqueue`` of the same
         message (a retry, a delayed move) passes without asking the store.
         """
+        return self._register(broker, messages)[0]
+
+    def _register(
+        self, broker: Broker, messages: Iterable[Message[Any]]
+    ) -> tuple[dict[str, str], list[tuple[str, str]]]:
+        """The duplicates (``{message_id: original_message_id}``), and ``(key, message_id)`` of
+        the messages whose keys this call registered."""
         to_register: list[tuple[Message[Any], str, int]] = []
         for message in messages:
             if message.options.get(REGISTERED):
@@ -215,19 +216,22 @@ class Idempotency(FailClosed):
             else:
                 message.options[REGISTERED] = True
         if not to_register:
-            return {}
+            return {}, []
         try:
             originals = self.backend.register_many([(key, m.message_id, ttl) for m, key, ttl in to_register])
         except StoreUnavailable as exc:
             raise IdempotencyStoreError(str(exc)) from exc
         duplicates: dict[str, str] = {}
+        registered: list[tuple[str, str]] = []
         for (message, key, _), original in zip(to_register, originals, strict=True):
             if original is not None and original != message.message_id:
                 logger.info("duplicate_dropped", extra={"key": key, "original_message_id": original})
                 duplicates[message.message_id] = original
             else:
                 message.options[REGISTERED] = True
-        return duplicates
+                if original is None:
+                    registered.append((key, message.message_id))
+        return duplicates, registered
 
     # -- run -------------------------------------------------------------------------------------
 
@@ -360,12 +364,9 @@ class Idempotency(FailClosed):
             return "null"
         try:
             encoded = json.dumps(result)
-        except (TypeError, ValueError):
+        except Exception:  # not JSON (TypeError, ValueError), or nested too deep (RecursionError)
             return None
         return encoded if len(encoded) <= self.result_max_bytes else None
-
-    def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        self.leases.stop()
 
     def before_consumer_thread_shutdown(self, broker: Broker, thread: Any) -> None:
         """Give back the claims made ahead for messages that will not start here (RabbitMQ redelivers
@@ -385,6 +386,9 @@ class Idempotency(FailClosed):
             logger.warning("state_keys_unkeyed", extra={"detail": _UNKEYED})
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        # Not before: Dramatiq lets the running jobs finish first (up to its shutdown timeout),
+        # and a job whose lease lapsed meanwhile could run a second time beside a copy.
+        self.leases.stop()
         self.writes.stop()
 
 

@@ -4,7 +4,8 @@ timeouts, and dead letters routed through an exchange of the project's."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -109,12 +110,9 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
         return DeadLetteringConsumer
 
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
-        try:
-            if delay is not None and delay > self.delay_horizon_ms:
-                return self._schedule(message, delay)
-            return super().enqueue(message, delay=delay)
-        except DuplicateMessage as duplicate:
-            return as_duplicate(message, duplicate.original_message_id)
+        if delay is not None and delay > self.delay_horizon_ms:
+            return self._sent(message, partial(self._schedule, message, delay))
+        return self._sent(message, partial(super().enqueue, message, delay=delay))
 
     def schedule_at(self, message: Message[Any], eta: int) -> Message[Any]:
         """Enqueue ``message`` due at ``eta`` (ms since 1970) exactly: a delay moved out of a delay
@@ -122,10 +120,21 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
         delay = max(0, eta - current_millis())
         if delay <= self.delay_horizon_ms:
             return self.enqueue(message, delay=delay)
+        return self._sent(message, partial(self._schedule, message, delay, eta=eta))
+
+    def _sent(self, message: Message[Any], publish: Callable[[], Message[Any]]) -> Message[Any]:
+        """``publish()``'s message; for a duplicate, a copy carrying the original id. A publish
+        that raises is raised after the middleware's ``on_unsent`` hooks (a key registered for
+        ``message`` is forgotten, so the sender's next send of it is not dropped as a duplicate)."""
         try:
-            return self._schedule(message, delay, eta=eta)
+            return publish()
         except DuplicateMessage as duplicate:
             return as_duplicate(message, duplicate.original_message_id)
+        except Exception:
+            for middleware in self.middleware:
+                if hasattr(middleware, "on_unsent"):
+                    middleware.on_unsent(self, message)
+            raise
 
     def _schedule(self, message: Message[Any], delay: int, *, eta: int | None = None) -> Message[Any]:
         """Publish ``message`` into the delay cascade, bound for its delay queue at ``eta`` (default:

@@ -96,6 +96,12 @@ class IdempotencyBackend(ABC):
         them; the keys stay pending."""
 
     @abstractmethod
+    def unregister_many(self, items: list[tuple[str, str]]) -> None:
+        """Delete each ``(key, message_id)`` still pending as that message's registration: its send
+        failed, so the caller's next send of the key must be published, not dropped. A key whose
+        job was claimed since (the publish went through after all) is kept."""
+
+    @abstractmethod
     def forget_many(self, keys: list[str]) -> None:
         """Delete each key unless it is done: its job was cancelled, so a deliberate re-send runs."""
 
@@ -176,6 +182,14 @@ end
 return 0
 """
 
+_UNREGISTER = """
+for i, key in ipairs(KEYS) do
+  local h = redis.call('HMGET', key, 'state', 'mid')
+  if h[1] == 'pending' and h[2] == ARGV[i] then redis.call('DEL', key) end
+end
+return 0
+"""
+
 _FORGET = """
 for _, key in ipairs(KEYS) do
   if redis.call('HGET', key, 'state') ~= 'done' then redis.call('DEL', key) end
@@ -199,6 +213,7 @@ class RedisIdempotency(IdempotencyBackend):
         self._renew = store.script(_NOW + _RENEW)
         self._complete = store.script(_COMPLETE)
         self._release = store.script(_RELEASE)
+        self._unregister = store.script(_UNREGISTER)
         self._forget = store.script(_FORGET)
         self._line: ReplyLine | None = None  # made on the first claims sent ahead
 
@@ -251,6 +266,11 @@ class RedisIdempotency(IdempotencyBackend):
         if claims:
             with self.store.errors():
                 self._release(keys=[self._key(k) for k, _ in claims], args=[o for _, o in claims])
+
+    def unregister_many(self, items: list[tuple[str, str]]) -> None:
+        if items:
+            with self.store.errors():
+                self._unregister(keys=[self._key(k) for k, _ in items], args=[mid for _, mid in items])
 
     def forget_many(self, keys: list[str]) -> None:
         if keys:

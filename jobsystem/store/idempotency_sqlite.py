@@ -116,6 +116,13 @@ class SqliteIdempotency(IdempotencyBackend):
                 [(self.store.key(KEY_PREFIX + key), owner) for key, owner in claims],
             )
 
+    def unregister_many(self, items: list[tuple[str, str]]) -> None:
+        with self.store.transaction() as conn:
+            conn.executemany(
+                "DELETE FROM idempotency WHERE key = ? AND message_id = ? AND state = 'pending'",
+                [(self.store.key(KEY_PREFIX + key), message_id) for key, message_id in items],
+            )
+
     def forget_many(self, keys: list[str]) -> None:
         with self.store.transaction() as conn:
             conn.executemany(

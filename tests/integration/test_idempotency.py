@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 
+import pika.exceptions
 import pytest
 import redis as redis_lib
+from dramatiq.errors import ConnectionClosed
+from pika.adapters.blocking_connection import BlockingChannel
 
 from jobsystem.rabbitmq.bulk import send_bulk
+from middleware.idempotency import Idempotency
 from tests import workload
 from tests.servers import free_port
 from tests.support import final_events, sender_broker, wait_for, wait_for_final_events
@@ -180,6 +185,56 @@ def test_redis_down_mid_run_runs_nothing_unguarded(start_worker, queues, store, 
     # Every delivery, deferred or run, was the first attempt: deferrals never burn a retry.
     deliveries = [e for e in worker.events("job_started") if e.get("message_id") in ids]
     assert len(deliveries) > 12 and {e["attempt"] for e in deliveries} == {1}
+
+
+def test_a_job_still_running_at_a_clean_stop_keeps_its_claim_until_it_ends(
+    start_worker, keyed, store, prefix, state_url
+):
+    """Dramatiq lets running jobs finish at a stop (up to WORKER_SHUTDOWN_TIMEOUT_MS): their
+    leases are renewed meanwhile, or a copy could run beside them once one lapsed."""
+    lease_ms = 2_000
+    worker = start_worker(STATE_URL=state_url, IDEMPOTENCY_LEASE_MS=str(lease_ms))
+    message = keyed.send(workload.effect, "k-stop", seconds=4.0)
+    wait_for(lambda: starts(store, prefix, "k-stop") == 1, what="the start")
+    worker.proc.send_signal(signal.SIGTERM)
+    stop_sent = time.monotonic()
+    idempotency = next(m for m in keyed.broker.middleware if isinstance(m, Idempotency))
+    key = idempotency.scoped(message.actor_name, "k-stop")
+
+    def renewed_after_the_stop() -> bool:
+        # A claim by another owner: "held" tells how long the holder's lease still runs.
+        claim = idempotency.backend.claim(key, message.message_id, "probe", lease_ms, 60_000)
+        assert claim.status == "held", claim  # not "claimed": the lease had lapsed
+        return time.monotonic() + claim.wait_ms / 1000 > stop_sent + lease_ms / 1000 + 0.3
+
+    wait_for(renewed_after_the_stop, timeout=3, interval=0.1, what="a renewal after the stop")
+    worker.proc.wait(30)  # the job ends, then the worker (a second signal would mean "stop now")
+    assert worker.stop() == 0
+    assert effects(store, prefix, "k-stop") == 1
+    record = idempotency.lookup(message.actor_name, "k-stop")
+    assert record is not None and record.state == "done"
+
+
+def test_a_send_whose_publish_failed_is_published_when_sent_again(
+    start_worker, keyed, store, prefix, state_url, monkeypatch
+):
+    """The key is registered before the publish. A publish that fails gives it back, so the
+    sender's retry (a new message) is published, not dropped as a duplicate of a message RabbitMQ
+    never had."""
+    worker = start_worker(STATE_URL=state_url)
+
+    def lost(*args: object, **kwargs: object) -> None:
+        raise pika.exceptions.AMQPConnectionError("connection lost while publishing")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(BlockingChannel, "basic_publish", lost)
+        with pytest.raises(ConnectionClosed):
+            keyed.send(workload.effect, "k-unsent")
+    again = keyed.send(workload.effect, "k-unsent")
+    assert again.options.get("duplicate") is not True
+    (record,) = keyed.wait_finished([again]).values()
+    assert record.state == "succeeded" and effects(store, prefix, "k-unsent") == 1
+    assert keyed.left_after_stop([worker], keyed.name(workload.effect)) == 0
 
 
 def test_a_claim_sent_ahead_goes_stale_and_is_renewed_by_its_own_owner(

@@ -97,6 +97,44 @@ def test_a_claimed_run_that_succeeds_completes_the_key_with_its_result(idem):
     assert record.message_id == proxy.message_id
 
 
+def test_a_result_that_cannot_be_encoded_still_completes_the_key(idem):
+    """Too deep for ``json.dumps`` (RecursionError, not a TypeError): the key completes without
+    it, rather than the hook failing and the key staying ``running`` until its lease lapses."""
+    nested: list[Any] = []
+    for _ in range(100_000):
+        nested = [nested]
+    run(idem, delivery(idem.message()), result=nested)
+    record = idem.middleware.lookup("job", "t1")
+    assert record is not None and (record.state, record.result) == ("done", None)
+
+
+def test_a_key_registered_by_a_send_that_failed_is_forgotten_so_the_next_send_goes(idem):
+    first = idem.message()
+    idem.middleware.before_enqueue(idem.broker, first, None)
+    idem.middleware.on_unsent(idem.broker, first)  # the publish raised to the sender
+    assert idem.state() is None
+    second = idem.message()
+    idem.middleware.before_enqueue(idem.broker, second, None)  # not a duplicate
+    idem.middleware.after_enqueue(idem.broker, second, None)
+    idem.middleware.on_unsent(idem.broker, second)  # published: a later failure is not this send's
+    record = idem.middleware.lookup("job", "t1")
+    assert record is not None and (record.state, record.message_id) == ("pending", second.message_id)
+
+
+def test_unregistering_keeps_a_key_that_is_another_messages_or_that_ran(idem):
+    backend = idem.middleware.backend
+    backend.register_many([("other", "m1", 60_000), ("claimed", "m2", 60_000), ("mine", "m3", 60_000)])
+    backend.claim("claimed", "m2", "owner", 10_000, 60_000)  # the publish went through after all
+    backend.unregister_many([("other", "m9"), ("claimed", "m2"), ("mine", "m3")])
+    assert [
+        (r.state, r.message_id) if r else None for r in map(backend.lookup, ["other", "claimed", "mine"])
+    ] == [
+        ("pending", "m1"),
+        ("running", "m2"),
+        None,
+    ]
+
+
 def test_a_duplicate_of_a_completed_key_is_skipped_not_deferred(idem):
     run(idem, delivery(idem.message()))
     with pytest.raises(SkipMessage, match="duplicate"):

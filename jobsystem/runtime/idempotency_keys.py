@@ -1,0 +1,64 @@
+"""What a message's idempotency key is, and the name it has in the store and the logs.
+
+A key comes from the message option ``idempotency_key`` or from its actor's ``idempotency_key``
+callable. Keys are job data (``ana@example.com|welcome``), so a key names nothing until it is
+scoped by actor and hashed: ``actor:<keyed hash of actor:key>``, the same at send, at run and in
+lookups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import dramatiq
+from dramatiq import Message
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.middleware import MiddlewareError
+
+__all__ = ["IdempotencyKeyError", "message_key", "scoped_key"]
+
+
+class IdempotencyKeyError(MiddlewareError):
+    """The actor's ``idempotency_key`` function raised or gave something that is not a key."""
+
+
+def scoped_key(hasher: Callable[[str], str], actor_name: str, key: str) -> str:
+    """The name ``key`` of ``actor_name`` has in the store and the logs."""
+    return f"{actor_name}:{hasher(f'{actor_name}:{key}')}"
+
+
+def message_key(
+    broker: Broker, message: Message[Any] | MessageProxy, hasher: Callable[[str], str]
+) -> str | None:
+    """The message's scoped, hashed key (:func:`scoped_key`), from its option or its actor's
+    callable; None when it has none. The key as given is kept in the option ``idempotency_key``.
+
+    Raises :class:`IdempotencyKeyError` when the callable raises or the key is not a string or
+    number: such a message can be neither checked nor safely run.
+    """
+    # Each attribute of a MessageProxy is a __getattr__ call: read those needed once.
+    options, actor_name = message.options, message.actor_name
+    key = options.get("idempotency_key")
+    if key is None:
+        try:
+            actor = broker.get_actor(actor_name)
+        except dramatiq.errors.ActorNotFound:
+            return None
+        make_key: Callable[..., Any] | None = actor.options.get("idempotency_key")
+        if make_key is None:
+            return None
+        try:
+            key = make_key(*message.args, **message.kwargs)
+        except Exception as exc:
+            raise IdempotencyKeyError(
+                f"actor {actor_name!r}: idempotency_key raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if key is None:
+            return None
+    if isinstance(key, bool) or not isinstance(key, str | int | float) or key == "":
+        raise IdempotencyKeyError(
+            f"actor {actor_name!r}: idempotency_key gave {type(key).__name__}, not a key"
+        )
+    options["idempotency_key"] = text = str(key)
+    return scoped_key(hasher, actor_name, text)
