@@ -19,6 +19,7 @@ APScheduler 3's cron trigger differs from standard cron in three ways, corrected
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -92,7 +93,7 @@ def zone(name: str) -> ZoneInfo:
     """The IANA time zone ``name``; ValueError when it is unknown."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: "US" is a directory of zones
         raise ValueError(f"unknown time zone {name!r} (use an IANA name such as Europe/Paris)") from None
 
 
@@ -192,7 +193,7 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
         after, start = previous_fire_time, now
         while True:
-            candidates = [t.get_next_fire_time(after, start) for t in self._triggers]
+            candidates = [_next_within_offset(t, after, start) for t in self._triggers]
             found = [c for c in candidates if c is not None]
             if not found:
                 return None
@@ -208,6 +209,37 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"<CronSchedule {self.expression!r} {self.timezone_name}>"
+
+
+def _next_within_offset(trigger: CronTrigger, previous: datetime | None, now: datetime) -> datetime | None:
+    """``trigger.get_next_fire_time(previous, now)``, without APScheduler 3's error across a UTC
+    offset change: it steps a field by its wall-clock difference added in UTC, so a step over a
+    spring-forward change lands an hour late and skips a fire (``0 0 * * *`` in New York skipped
+    2024-03-11). When the fire found lies past a change, the search starts again at the change,
+    and the earlier of the two fires is the one."""
+    fire = trigger.get_next_fire_time(previous, now)
+    origin = _utc(now if previous is None else min(now, previous))
+    zone = trigger.timezone
+    while fire is not None and origin.astimezone(zone).utcoffset() != fire.utcoffset():
+        origin = _first_offset_change(zone, origin, _utc(fire))
+        again = trigger.get_next_fire_time(None, origin)
+        if again is not None and _utc(again) < _utc(fire):
+            fire = again
+    return fire
+
+
+def _first_offset_change(zone: tzinfo, start: datetime, end: datetime) -> datetime:
+    """The first whole second after ``start`` whose offset in ``zone`` is not ``start``'s (offsets
+    change on whole seconds); there is one at or before ``end``."""
+    before = start.astimezone(zone).utcoffset()
+    low, high = math.floor(start.timestamp()), math.ceil(end.timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, zone).utcoffset() == before:
+            low = middle
+        else:
+            high = middle
+    return datetime.fromtimestamp(high, UTC)
 
 
 def next_fires(trigger: BaseTrigger, after: datetime, count: int) -> Iterator[datetime]:

@@ -17,7 +17,7 @@ from jobsystem.system import get_system
 from scheduler.checkins import CheckIns, monitor_config, sentry_checkins
 from scheduler.plan import plan_fires
 from scheduler.schedules import DEFAULT_FILE, ScheduleError, load_schedules
-from scheduler.triggers import CronSchedule, interval_trigger, next_fires, parse_duration
+from scheduler.triggers import CronSchedule, fires_between, interval_trigger, next_fires, parse_duration
 from tests import workload  # noqa: F401 - declares the test actors
 
 NEW_YORK = "America/New_York"
@@ -63,6 +63,34 @@ def test_nine_am_stays_nine_am_local_across_both_changes():
         fires = list(next_fires(CronSchedule("0 9 * * *", NEW_YORK), start, 5))
         assert {f"{f.astimezone(ZoneInfo(NEW_YORK)):%H:%M}" for f in fires} == {"09:00"}
         assert len({f.astimezone(UTC).hour for f in fires}) == 2  # 14:00Z in winter, 13:00Z in summer
+
+
+def wall_clock_fires(expression: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
+    """The fires of a fixed-time ``expression`` (minute, hour, and a day of month or a day of the
+    week, or ``*``) found by reading the zone's clock every quarter hour: each time it exists."""
+    minute, hour, day, _, weekday = expression.split()
+    zone, fires, moment = ZoneInfo(tz), [], start
+    while moment < end:
+        wall = moment.astimezone(zone)
+        if (
+            (wall.minute, wall.hour) == (int(minute), int(hour))
+            and day in ("*", str(wall.day))
+            and weekday in ("*", str(wall.isoweekday() % 7))
+            and wall.fold == 0
+        ):
+            fires.append(moment)
+        moment += timedelta(minutes=15)
+    return fires
+
+
+@pytest.mark.parametrize("tz", [NEW_YORK, "Europe/Paris", "Australia/Sydney", "Pacific/Auckland"])
+@pytest.mark.parametrize("expression", ["0 0 * * *", "30 0 * * *", "0 0 1 * *", "0 0 * * 1", "15 4 * * *"])
+def test_fixed_times_fire_on_each_day_they_exist_through_a_year_of_changes(expression, tz):
+    """APScheduler 3 alone skips the midnight after clocks go forward (New York 2024-03-11,
+    Paris 04-01 for ``@monthly``): a step over the change lands an hour late."""
+    start, end = utc(2024, 1, 1), utc(2025, 1, 1)
+    found = [f.astimezone(UTC) for f in fires_between(CronSchedule(expression, tz), start, end)]
+    assert found == wall_clock_fires(expression, tz, start + timedelta(minutes=15), end)
 
 
 def test_a_wildcard_hour_runs_by_elapsed_time_through_the_changes():
@@ -244,6 +272,10 @@ every = "1h"
         (
             'id = "c"\nactor = "purge_exports"\ncron = "0 9 * * *"\ntimezone = "Mars/Olympus"',
             "schedule 'c': timezone: unknown time zone 'Mars/Olympus'",
+        ),
+        (  # a directory of zones, not a zone: ZoneInfo raises IsADirectoryError
+            'id = "c2"\nactor = "purge_exports"\ncron = "0 9 * * *"\ntimezone = "US"',
+            "schedule 'c2': timezone: unknown time zone 'US'",
         ),
         (
             'id = "d"\nactor = "purge_exports"\nevery = "1h"\ncolour = "red"',
