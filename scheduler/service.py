@@ -15,6 +15,7 @@ the worker's run guard would skip it anyway.
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -54,6 +55,13 @@ def parse_utc_iso(text: str) -> datetime:
 def fire_key(schedule_id: str, fire_time: datetime) -> str:
     """The idempotency key of one fire: the same on every replica, unique per fire."""
     return f"schedule:{schedule_id}:{utc_iso(fire_time)}"
+
+
+def fire_message_id(schedule_id: str, fire_time: datetime) -> str:
+    """The message id of one fire, derived from its key: a fire sent again (a failed send tried
+    again, a new leader catching up) is the same message, which its own pending key lets through,
+    where a new id would be dropped as a duplicate of a message RabbitMQ may never have had."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, fire_key(schedule_id, fire_time)))
 
 
 def last_fire_key(schedule_id: str) -> str:
@@ -212,8 +220,8 @@ class Scheduler:
             options["broker_priority"] = schedule.priority
         actor = self.broker.get_actor(schedule.actor)
         message = actor.message_with_options(args=schedule.args, kwargs=schedule.kwargs, **options)
-        if schedule.queue is not None:
-            message = message.copy(queue_name=self.settings.queue(schedule.queue))
+        queue = message.queue_name if schedule.queue is None else self.settings.queue(schedule.queue)
+        message = message.copy(queue_name=queue, message_id=fire_message_id(schedule.id, fire_time))
         late_ms = int((datetime.now(UTC) - fire_time).total_seconds() * 1000)
         try:
             sent = self.broker.enqueue(message)

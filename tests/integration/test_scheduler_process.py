@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.service import parse_utc_iso
+from scheduler.service import fire_key, fire_message_id, parse_utc_iso
 from tests import workload
-from tests.support import BIN, ROOT, sender_broker, wait_for, worker_env
+from tests.support import BIN, ROOT, TEST_REDIS_URL, sender_broker, wait_for, worker_env
 
 LEASE_MS = 2_000
 
@@ -213,3 +213,26 @@ def test_a_restart_within_the_grace_sends_the_missed_fire_once(
     assert catch_up["fire_time"] == coalesced["fire_time"] and catch_up["missed"] is True
     assert _seconds(catch_up["fire_time"]) == min(after)
     assert_consecutive(sorted(after))  # then every second again
+
+
+def test_a_fire_a_dead_leader_registered_but_never_published_is_sent(
+    start_worker, start_scheduler, queues, store, prefix
+):
+    """A leader killed between a fire's key registration and its publish leaves the key pending:
+    the fire's message id is derived from its key, so the next send of it is the same message,
+    which its own registration lets through, instead of a duplicate of a message never sent."""
+    worker = start_worker()
+    scheduler = start_scheduler(TICK)
+    scheduler.wait_event("schedule_loaded")
+    idempotency = next(m for m in sender_broker(prefix, TEST_REDIS_URL).middleware if hasattr(m, "lookup"))
+    first = int(time.time()) + 3
+    registered = range(first, first + 4)
+    for second in registered:
+        fire = datetime.fromtimestamp(second, UTC)
+        key = idempotency.scoped("scheduled", fire_key("tick", fire))
+        assert idempotency.backend.register(key, fire_message_id("tick", fire), 60_000) is None
+    wait_for(lambda: max(fires(store, prefix), default=0) >= first + 5, timeout=30, what="the fires after")
+    assert scheduler.stop() == 0
+    settle(queues, worker, scheduler)
+    assert set(registered) <= set(fires(store, prefix))
+    assert not scheduler.events("schedule_fire_duplicate")
