@@ -217,12 +217,12 @@ def _next_within_offset(trigger: CronTrigger, previous: datetime | None, now: da
     spring-forward change lands an hour late and skips a fire (``0 0 * * *`` in New York skipped
     2024-03-11). When the fire found lies past a change, the search starts again at the change,
     and the earlier of the two fires is the one."""
-    fire = trigger.get_next_fire_time(previous, now)
+    fire: datetime | None = trigger.get_next_fire_time(previous, now)
     origin = _utc(now if previous is None else min(now, previous))
-    zone = trigger.timezone
+    zone: tzinfo = trigger.timezone
     while fire is not None and origin.astimezone(zone).utcoffset() != fire.utcoffset():
         origin = _first_offset_change(zone, origin, _utc(fire))
-        again = trigger.get_next_fire_time(None, origin)
+        again: datetime | None = trigger.get_next_fire_time(None, origin)
         if again is not None and _utc(again) < _utc(fire):
             fire = again
     return fire
