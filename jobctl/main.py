@@ -78,11 +78,13 @@ def migrate_queues(queues: tuple[str, ...]) -> None:
     Dramatiq's old .XQ dead letters move into the project's .DLQ queues.
     """
     system = load_system()
+    from jobsystem.ops.health import own_queue
     from jobsystem.ops.migration import MigrationError, migrate
 
-    require_queues(system.settings, {queue: f"--queue {queue!r}" for queue in queues})
+    named = {own_queue(system.settings, queue): f"--queue {queue!r}" for queue in queues}
+    require_queues(system.settings, named)
     try:
-        report = migrate(system.broker, system.settings, list(queues) or None)
+        report = migrate(system.broker, system.settings, list(named) or None)
     except (MigrationError, requests.RequestException) as exc:
         click.echo(f"jobctl: {exc}", err=True)
         sys.exit(EXIT_DEGRADED)

@@ -29,6 +29,7 @@ from dramatiq import Message
 from dramatiq.common import q_name
 
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
+from jobsystem.ops.health import own_queue
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.settings import Settings
@@ -76,9 +77,10 @@ class Filters:
 
 def dead_letter_queues(settings: Settings, broker: ProjectBroker, queue: str | None = None) -> list[str]:
     """The dead-letter queues of this environment (``QUEUE_PREFIX``), from the management API,
-    or from the queues this process declared when the API does not answer."""
+    or from the queues this process declared when the API does not answer. A ``queue`` named is
+    one of this environment's (the prefix added unless present), never another's on the vhost."""
     if queue is not None:
-        return [q_name(queue) + DEAD_LETTER_SUFFIX]
+        return [own_queue(settings, q_name(queue)) + DEAD_LETTER_SUFFIX]
     vhost = quote(settings.rabbitmq_vhost, safe="")
     try:
         response = requests.get(

@@ -38,6 +38,7 @@ __all__ = [
     "check",
     "measure",
     "missing_queues",
+    "own_queue",
     "queue_depths",
     "resolve_queues",
 ]
@@ -96,11 +97,17 @@ class HealthReport:
         return data
 
 
+def own_queue(settings: Settings, name: str) -> str:
+    """The queue ``name`` of this environment: ``QUEUE_PREFIX`` added unless present, so that an
+    operator's name never reaches another environment's queue on the same vhost."""
+    return name if name.startswith(settings.queue_prefix) else settings.queue(name)
+
+
 def resolve_queues(settings: Settings, broker: Broker, names: list[str] | None = None) -> list[str]:
-    """The queues to check: ``names`` (``QUEUE_PREFIX`` added unless present), else every queue
+    """The queues to check: ``names`` (this environment's, :func:`own_queue`), else every queue
     the actors declared on ``broker``."""
     if names:
-        return sorted({n if n.startswith(settings.queue_prefix) else settings.queue(n) for n in names})
+        return sorted({own_queue(settings, n) for n in names})
     return sorted(broker.get_declared_queues())
 
 

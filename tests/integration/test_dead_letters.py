@@ -219,6 +219,59 @@ def test_priority_queues_migrate_to_plain_ones_without_losing_a_message(queues, 
     assert bodies == [f"p{i}" for i in range(5)]
 
 
+def test_a_queue_named_on_the_command_line_is_never_another_environments(queues, prefix):
+    """Two environments on one vhost: ``--queue`` names one of this QUEUE_PREFIX's queues, so an
+    operator of the other cannot purge this one's dead letters nor migrate its queue."""
+    queue = queues.name(workload.record)  # this test's prefix: the environment not to touch
+    queues.broker.declare_queue(queue, ensure=True)
+    queues.broker.channel.basic_publish("", queue + ".DLQ", b'{"not": "theirs"}')
+    other = prefix + "staging."
+    purge = jobctl(other, "dlq", "purge", "--all", "--yes", "--queue", queue, check=False)
+    assert purge.returncode != 0 and f"--queue {queue!r}" in purge.stderr
+    migrate = jobctl(other, "migrate-queues", "--queue", queue, check=False, RABBITMQ_MAX_PRIORITY="0")
+    assert migrate.returncode != 0 and f"--queue {queue!r}" in migrate.stderr
+    assert queues.depth(queue + ".DLQ") == 1
+    assert queues.info(queue)["arguments"]["x-max-priority"] == 10  # not recreated
+
+
+def test_ids_that_match_no_dead_letter_are_named_and_fail(queues, prefix):
+    queues.broker.declare_queue(queues.name(workload.record), ensure=True)
+    retried = jobctl(prefix, "dlq", "retry", "no-such-id", check=False)
+    purged = jobctl(prefix, "dlq", "purge", "no-such-id", "--yes", check=False)
+    for result in (retried, purged):
+        assert result.returncode == 1 and "no dead letter no-such-id" in result.stderr
+
+
+def test_a_message_routed_to_a_queue_while_it_is_migrated_is_not_lost(queues, prefix, monkeypatch):
+    """Draining a queue then deleting it would destroy a message published in between: the delete
+    is refused while the queue is not empty, and the next run finishes the move."""
+    from jobsystem.ops import migration
+    from jobsystem.settings import load_settings
+    from jobsystem.system import build_system
+
+    queue = queues.name(workload.record)
+    for i in range(3):
+        queues.send(workload.record, f"m{i}")
+    system = build_system(load_settings({**os.environ, "QUEUE_PREFIX": prefix, "RABBITMQ_MAX_PRIORITY": "0"}))
+    move = migration._move
+
+    def move_then_a_producer(channel, source, publish):  # type: ignore[no-untyped-def]
+        moved = move(channel, source, publish)
+        if source == queue:
+            queues.send(workload.record, "late")
+        return moved
+
+    monkeypatch.setattr(migration, "_move", move_then_a_producer)
+    with pytest.raises(migration.MigrationError, match="nothing was lost"):
+        migration.migrate(system.broker, system.settings, [queue])
+    monkeypatch.undo()
+    migration.migrate(system.broker, system.settings, [queue])
+    assert "x-max-priority" not in queues.info(queue)["arguments"]
+    bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=10))
+    assert bodies == ["late", "m0", "m1", "m2"]
+    system.broker.close()
+
+
 def test_a_retry_that_cannot_be_published_is_redelivered_not_lost(start_worker, queues, store, prefix):
     """Dramatiq's PR #545 hole: a failed retry publish used to ack, and so lose, the message."""
     queue = queues.name(workload.flaky)
