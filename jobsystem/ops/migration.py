@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import pika
 import pika.adapters.blocking_connection
+import pika.exceptions
 import requests
 
 from jobsystem.rabbitmq.broker import ProjectBroker
@@ -92,6 +93,22 @@ def _move(
         moved += 1
 
 
+def _delete_empty(
+    channel: pika.adapters.blocking_connection.BlockingChannel, name: str, moved_to: str
+) -> None:
+    """Delete the drained queue ``name``, only if it is still empty: a producer still running, or
+    the delay cascade, may have routed a message to it since (RabbitMQ refuses: nothing is lost)."""
+    try:
+        channel.queue_delete(name, if_empty=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != 406:
+            raise
+        raise MigrationError(
+            f"queue {name!r} received messages while it was moved to {moved_to!r} (stop whatever "
+            "publishes to it): nothing was lost; run migrate-queues again"
+        ) from None
+
+
 def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None = None) -> list[str]:
     """Migrate ``names`` (default: every work queue of this environment); returns what was done."""
     existing = existing_queues(settings)
@@ -114,10 +131,10 @@ def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None =
                 twin = f"{name}.migrating"
                 channel.queue_declare(twin, durable=True, arguments=wanted)
                 out = _move(channel, name, _publisher(channel, "", twin))
-                channel.queue_delete(name)
+                _delete_empty(channel, name, twin)
                 channel.queue_declare(name, durable=True, arguments=wanted)
                 back = _move(channel, twin, _publisher(channel, "", name))
-                channel.queue_delete(twin)
+                _delete_empty(channel, twin, name)
                 report.append(
                     f"{name}: recreated with the project's arguments ({out} moved out, {back} back)"
                 )
@@ -126,7 +143,7 @@ def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None =
             old_dead = f"{queue}.XQ"
             if old_dead in existing:
                 moved = _move(channel, old_dead, _publisher(channel, broker.dead_letter_exchange, queue))
-                channel.queue_delete(old_dead)
+                _delete_empty(channel, old_dead, f"{queue}.DLQ")
                 report.append(f"{old_dead}: {moved} dead letter(s) moved to {queue}.DLQ, queue deleted")
     finally:
         connection.close()
