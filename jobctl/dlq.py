@@ -183,7 +183,7 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
         )
     notes = f" ({'; '.join(outcome.notes)})" if outcome.notes else ""
     click.echo(f"retried {outcome.done} of {outcome.matched} matching, {outcome.failed} failed{notes}")
-    sys.exit(1 if outcome.failed else 0)
+    sys.exit(1 if outcome.failed or _not_found(message_ids, outcome.found) else 0)
 
 
 @dlq.command()
@@ -200,6 +200,15 @@ def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: boo
     with ctx.progress("purging") as progress:
         outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
     click.echo(f"purged {outcome.done} dead letter(s)")
+    sys.exit(1 if _not_found(message_ids, outcome.found) else 0)
+
+
+def _not_found(message_ids: tuple[str, ...], found: set[str]) -> bool:
+    """Name the ids given that matched no dead letter (a typo, or one already retried or purged)."""
+    missing = [m for m in dict.fromkeys(message_ids) if m not in found]
+    if missing:
+        click.echo(f"no dead letter {', '.join(missing)}", err=True)
+    return bool(missing)
 
 
 @dlq.command()

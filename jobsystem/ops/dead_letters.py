@@ -102,6 +102,13 @@ class Outcome:
     skipped: int = 0
     failed: int = 0
     notes: list[str] = field(default_factory=list)
+    #: The message ids matched, when the filters name ids (so a caller can name those not found).
+    found: set[str] = field(default_factory=set)
+
+    def matched_one(self, dead: DeadLetter, filters: Filters) -> None:
+        self.matched += 1
+        if filters.message_ids:
+            self.found.add(dead.message_id)
 
 
 Progress = Callable[[int], None]
@@ -128,7 +135,7 @@ def replay(
                 progress(1)
                 if not filters.match(dead):
                     continue
-                outcome.matched += 1
+                outcome.matched_one(dead, filters)
                 if dead.reason in NOT_REPLAYABLE:
                     outcome.skipped += 1
                     continue
@@ -193,7 +200,7 @@ def purge(
                 if filters.match(dead):
                     reader.ack(tag)
                     removed.append(dead)
-                    outcome.matched += 1
+                    outcome.matched_one(dead, filters)
                     outcome.done += 1
                 if len(removed) >= 500:
                     forget(broker, removed)
