@@ -28,10 +28,16 @@ from jobsystem.privacy.keyhash import KeyHasher
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
-from jobsystem.runtime.idempotency_keys import IdempotencyKeyError, message_key, scoped_key
+from jobsystem.runtime.idempotency_keys import (
+    CompletedDuplicate,
+    IdempotencyKeyError,
+    message_key,
+    scoped_key,
+)
 from jobsystem.runtime.leases import HeldLeases, new_owner
 from jobsystem.runtime.options import key_ttl_ms, option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
+from jobsystem.runtime.result_json import result_json
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest, KeyRecord, idempotency_backend
 from middleware.guard import FailClosed
@@ -360,13 +366,7 @@ class Idempotency(FailClosed):
                 self.writes.submit(_release_many, (held.key, held.owner))
 
     def _encode_result(self, result: Any) -> str | None:
-        if result is None:  # most jobs
-            return "null"
-        try:
-            encoded = json.dumps(result)
-        except Exception:  # not JSON (TypeError, ValueError), or nested too deep (RecursionError)
-            return None
-        return encoded if len(encoded) <= self.result_max_bytes else None
+        return "null" if result is None else result_json(result, self.result_max_bytes)  # most: None
 
     def before_consumer_thread_shutdown(self, broker: Broker, thread: Any) -> None:
         """Give back the claims made ahead for messages that will not start here (RabbitMQ redelivers

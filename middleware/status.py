@@ -45,6 +45,7 @@ from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.runtime.options import option_of
+from jobsystem.runtime.result_json import result_json
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.status import StatusBackend, status_backend
 from jobsystem.store.status_records import JobStatus, StatusUpdate, order_of
@@ -321,13 +322,7 @@ class Status(Middleware):
         return scrubbed
 
     def _encode_result(self, result: Any) -> str | None:
-        if result is None:
-            return None
-        try:
-            encoded = json.dumps(result)
-        except (TypeError, ValueError):
-            return None
-        return encoded if len(encoded) <= self.result_max_bytes else None
+        return None if result is None else result_json(result, self.result_max_bytes)
 
 
 def find_status(broker: Broker) -> Status | None:

@@ -26,7 +26,9 @@ from typing import Any
 from dramatiq.broker import Broker, MessageProxy
 
 from jobsystem.dramatiq_internals import request_redelivery, wants_redelivery
+from jobsystem.runtime.idempotency_keys import CompletedDuplicate
 from jobsystem.runtime.options import option_of
+from jobsystem.runtime.result_json import result_json
 from jobsystem.runtime.workflow_steps import WORKFLOW, next_messages
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import CancelMarks, cancel_marks
@@ -166,17 +168,23 @@ class Workflows(FailClosed):
                 broker, message, "idempotency_key"
             ):
                 message.options["idempotency_key"] = f"workflow-step:{message.message_id}"
-            broker.enqueue(message, delay=message.options.get("delay"))
+            sent = broker.enqueue(message, delay=message.options.get("delay"))
+            if sent.options.get("duplicate"):  # dropped at send: it will not run, so not end
+                self.member_finished(broker, message, "succeeded", None)
         logger.info(
             "workflow_step_sent", extra={"workflow_id": option["id"], "step": int(option["step"]) + 1}
         )
 
     def _encode(self, result: Any) -> str:
-        try:
-            encoded = json.dumps(result)
-        except (TypeError, ValueError):
-            return "null"
-        return encoded if len(encoded) <= self.result_max_bytes else "null"
+        return result_json(result, self.result_max_bytes) or "null"
+
+
+def _decoded(result: str | None) -> Any:
+    """A result as its run recorded it (JSON), or None."""
+    try:
+        return json.loads(result) if result else None
+    except ValueError:
+        return None
 
 
 def find_workflows(broker: Broker) -> Workflows:

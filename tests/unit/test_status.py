@@ -145,6 +145,18 @@ def test_a_job_put_back_by_an_upstream_429_waits_queued_then_runs_its_attempt_ag
     assert status.backend.counts(["q"])["q"].get("skipped") is None
 
 
+def test_a_result_too_deep_for_json_still_records_the_success(tracked):
+    status, broker, actor = tracked
+    message = actor.message()
+    nested: list[Any] = []
+    for _ in range(100_000):
+        nested = [nested]
+    status.before_process_message(broker, delivery(message))
+    status.after_process_message(broker, delivery(message), result=nested)
+    record = state_of(status, message.message_id)
+    assert (record.state, record.result) == ("succeeded", None)
+
+
 def test_a_nacked_message_is_dead_unless_its_dead_letter_was_refused(tracked):
     status, broker, actor = tracked
     dead, held = actor.message(), actor.message()
