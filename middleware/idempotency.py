@@ -9,7 +9,6 @@ receipt included, is in ``docs/architecture.md`` ("Idempotency keys").
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import random
 import threading
@@ -295,7 +294,7 @@ class Idempotency(FailClosed):
                 self.defer(broker, message, reason="store_unavailable")
         if claim.status == "completed":
             logger.info("duplicate_skipped", extra={"key": key, "original_message_id": claim.message_id})
-            raise SkipMessage("duplicate of a completed message")
+            raise CompletedDuplicate(claim.result or None)
         if claim.status == "held":
             # Ask again soon, then less and less often, never later than the holder's lease
             # lapses: the holder usually finishes long before its lease would.

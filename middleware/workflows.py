@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -83,8 +84,14 @@ class Workflows(FailClosed):
             self._finish(broker, message, "cancelled", None)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        skipped = sys.exc_info()[1]
         if is_cancelled(message):
             self._finish(broker, message, "cancelled", None)
+        elif isinstance(skipped, CompletedDuplicate):
+            # Its key was completed by an earlier run: that run's end may not have been counted,
+            # or the next step it completed not sent (its publish failed and the delivery came
+            # back). Counting again is a no-op once counted, and sends the step if still due.
+            self._finish(broker, message, "succeeded", _decoded(skipped.result))
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         if wants_redelivery(message) or not isinstance(message.options.get(WORKFLOW), dict):

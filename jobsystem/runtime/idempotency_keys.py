@@ -14,13 +14,23 @@ from typing import Any
 import dramatiq
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.middleware import MiddlewareError
+from dramatiq.middleware import MiddlewareError, SkipMessage
 
-__all__ = ["IdempotencyKeyError", "message_key", "scoped_key"]
+__all__ = ["CompletedDuplicate", "IdempotencyKeyError", "message_key", "scoped_key"]
 
 
 class IdempotencyKeyError(MiddlewareError):
     """The actor's ``idempotency_key`` function raised or gave something that is not a key."""
+
+
+class CompletedDuplicate(SkipMessage):
+    """A message skipped because an earlier run completed its key: its effect happened. Hooks
+    that count ends (a workflow's members) count it as succeeded, with ``result``, the JSON the
+    completing run recorded (None when it recorded none)."""
+
+    def __init__(self, result: str | None) -> None:
+        super().__init__("duplicate of a completed message")
+        self.result = result
 
 
 def scoped_key(hasher: Callable[[str], str], actor_name: str, key: str) -> str:

@@ -439,16 +439,7 @@ def test_the_member_that_completed_the_step_sends_it_again_if_its_worker_died_be
 
 def test_a_member_dropped_as_a_duplicate_at_send_counts_as_finished(store):
     from jobsystem.workflows import group as workflow_group
-    from middleware.idempotency import DuplicateMessage, Idempotency, as_duplicate
-
-    class DedupingBroker(RecordingBroker):
-        """Answers a duplicate send as the project's broker does."""
-
-        def enqueue(self, message: Any, *, delay: Any = None) -> Any:
-            try:
-                return super().enqueue(message, delay=delay)
-            except DuplicateMessage as duplicate:
-                return as_duplicate(message, duplicate.original_message_id)
+    from middleware.idempotency import Idempotency
 
     workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
     broker = DedupingBroker(middleware=[Idempotency(store), workflows])
@@ -465,6 +456,78 @@ def test_a_member_dropped_as_a_duplicate_at_send_counts_as_finished(store):
     assert [(m.actor_name, m.args) for m, _ in broker.enqueued[2:]] == [
         ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},))
     ]
+
+
+class DedupingBroker(RecordingBroker):
+    """Answers a duplicate send as the project's broker does."""
+
+    def enqueue(self, message: Any, *, delay: Any = None) -> Any:
+        from middleware.idempotency import DuplicateMessage, as_duplicate
+
+        try:
+            return super().enqueue(message, delay=delay)
+        except DuplicateMessage as duplicate:
+            return as_duplicate(message, duplicate.original_message_id)
+
+
+def keyed_workflow_broker(store: StateStore) -> tuple[DedupingBroker, Any, Workflows, Any, Any]:
+    """Idempotency and Workflows in the stack's order; ``square`` keyed by its argument."""
+    from middleware.idempotency import Idempotency
+
+    idempotency, workflows = Idempotency(store), Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
+    broker = DedupingBroker(middleware=[idempotency, workflows])
+    square = dramatiq.actor(
+        broker=broker, actor_name="square", queue_name="q", idempotency_key=lambda i: f"square-{i}"
+    )(lambda i: i * i)
+    total = dramatiq.actor(
+        broker=broker, actor_name="total", queue_name="q", idempotency_key=lambda results: "total"
+    )(lambda results: None)
+    return broker, idempotency, workflows, square, total
+
+
+def test_a_keyed_member_whose_next_step_was_refused_sends_it_when_it_comes_back_a_duplicate(store):
+    """The member's run completed its key while its next step's publish failed (the delivery was
+    put back): when it comes back, its key skips it as a duplicate, and that skip sends the step."""
+    from jobsystem.dramatiq_internals import wants_redelivery
+    from jobsystem.runtime.idempotency_keys import CompletedDuplicate
+
+    broker, idempotency, workflows, square, total = keyed_workflow_broker(store)
+    record, first = annotate("chord", [Step([square.message(2)], pipe="list"), Step([total.message()])])
+    workflows.backend.create(record, TTL)
+    publish = broker.enqueue
+
+    def refused(message: Any, *, delay: Any = None) -> Any:
+        raise ConnectionError("RabbitMQ refused the publish")
+
+    ran = delivery(first[0])
+    idempotency.before_process_message(broker, ran)
+    broker.enqueue = refused  # type: ignore[method-assign]
+    workflows.after_process_message(broker, ran, result=4)  # after hooks: in reverse order
+    idempotency.after_process_message(broker, ran, result=4)
+    assert wants_redelivery(ran) and idempotency.writes.flush(10)
+    broker.enqueue = publish  # type: ignore[method-assign]
+    again = delivery(first[0], redelivered=True)
+    with pytest.raises(CompletedDuplicate) as skipped:
+        idempotency.before_process_message(broker, again)
+    try:
+        raise skipped.value
+    except CompletedDuplicate:  # Dramatiq calls the skip hooks inside its except block
+        workflows.after_skip_message(broker, again)
+        idempotency.after_skip_message(broker, again)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", ([4],))]
+    idempotency.writes.stop()
+
+
+def test_a_next_step_dropped_as_a_duplicate_at_send_counts_as_finished(store):
+    broker, idempotency, workflows, square, total = keyed_workflow_broker(store)
+    broker.enqueue(total.message([0]))  # sent before, with the same key: the step will not run here
+    record, first = annotate("chord", [Step([square.message(3)], pipe="list"), Step([total.message()])])
+    workflows.backend.create(record, TTL)
+    workflows.after_process_message(broker, delivery(first[0]), result=9)
+    assert [m.actor_name for m, _ in broker.enqueued] == ["total"]  # the one sent before
+    found = workflows.backend.get(record["id"])
+    assert found is not None and found.state == "succeeded"
+    idempotency.writes.stop()
 
 
 def test_a_mark_on_a_job_scheduled_past_its_ttl_lives_until_the_job_is_due(store):
