@@ -100,8 +100,10 @@ class SqliteCancelMarks(CancelMarks):
         store.ensure_schema(_SCHEMA)
 
     def mark_cancelled(self, ids: list[str], ttl_ms: int) -> None:
-        now = self.store.now_ms()
         with self.store.transaction() as conn:
+            # Read once the write lock is held: a mark dated before a wait for it (up to the busy
+            # timeout, longer than the pollers' overlap) could fall behind a poll made meanwhile.
+            now = self.store.now_ms()
             conn.executemany(
                 "INSERT OR REPLACE INTO cancel_marks (id, marked_at, expires_at) VALUES (?, ?, ?)",
                 [(self.store.key(i), now, now + ttl_ms) for i in ids],
