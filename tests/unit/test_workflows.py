@@ -134,6 +134,27 @@ def test_a_poller_reads_the_marks_made_since_a_time(store):
     assert set(backend.cancelled_since(now - 1_000)[0]) == {"a", "b"}
 
 
+def test_a_mark_made_after_a_wait_for_the_sqlite_write_lock_is_dated_after_it(tmp_path):
+    """A mark dated before its wait for the lock (up to the busy timeout, longer than the pollers'
+    overlap) could fall behind a poll made meanwhile, and never be seen."""
+    import sqlite3
+
+    from jobsystem.store.sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path / "state.db")
+    backend = cancel_marks(store)
+    blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    released = threading.Timer(0.5, blocker.execute, ("COMMIT",))
+    released.start()
+    asked = store.now_ms()
+    backend.mark_cancelled(["late"], TTL)
+    released.join()
+    marks, _ = backend.cancelled_since(asked + 400)
+    assert "late" in marks  # dated once the lock was taken, ~0.5 s after it was asked for
+    store.close()
+
+
 def test_a_workflow_moves_to_cancelled_only_while_it_runs(store):
     backend = workflow_backend(store)
     record, _ = chord(store)
