@@ -18,6 +18,7 @@ from typing import Any
 
 import pika
 import pika.adapters.blocking_connection
+import pika.exceptions
 import pika.spec
 from dramatiq import Message
 from dramatiq.common import q_name
@@ -206,6 +207,19 @@ class Reader:
 
     def ack(self, tag: int) -> None:
         self.channel.basic_ack(tag)
+
+    def queue_exists(self, name: str) -> bool:
+        """Whether RabbitMQ has queue ``name``, asked on a channel of its own (a missing queue
+        closes the channel that asked)."""
+        channel = self.connection.channel()
+        try:
+            channel.queue_declare(name, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404:
+                raise
+            return False
+        channel.close()
+        return True
 
     def close(self) -> None:
         # Closing the channel hands every unacked dead letter back to its queue, in place.

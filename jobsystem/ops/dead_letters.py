@@ -16,6 +16,7 @@ builds a queue's index again from the queue itself.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -126,9 +127,12 @@ def replay(
     batch_size: int = 500,
     progress: Progress = _noop,
 ) -> Outcome:
-    """Publish the matching dead letters back to their queues, then remove them."""
+    """Publish the matching dead letters back to their queues, then remove them. One whose queue
+    is gone stays (publishing would declare the queue again, where no worker reads it)."""
     outcome = Outcome()
+    gone: set[str] = set()
     with Reader(broker) as reader:
+        exists = functools.cache(reader.queue_exists)
         for dead_letter_queue in queues:
             batch: list[tuple[Message[Any], int, DeadLetter]] = []
             for dead, tag in reader.stream(dead_letter_queue):
@@ -139,7 +143,12 @@ def replay(
                 if dead.reason in NOT_REPLAYABLE:
                     outcome.skipped += 1
                     continue
-                batch.append((dead.replay_message(), tag, dead))
+                message = dead.replay_message()
+                if not exists(message.queue_name):
+                    gone.add(message.queue_name)
+                    outcome.failed += 1
+                    continue
+                batch.append((message, tag, dead))
                 if len(batch) >= batch_size:
                     _publish_then_ack(broker, reader, batch, outcome)
                     batch = []
@@ -147,6 +156,10 @@ def replay(
     if outcome.skipped:
         outcome.notes.append(
             f"{outcome.skipped} malformed, not replayed (fix the sender; export or purge them)"
+        )
+    if gone:
+        outcome.notes.append(
+            f"not replayed, their queue is gone: {', '.join(sorted(gone))} (start a worker that declares it)"
         )
     return outcome
 

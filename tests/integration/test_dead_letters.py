@@ -234,6 +234,20 @@ def test_a_queue_named_on_the_command_line_is_never_another_environments(queues,
     assert queues.info(queue)["arguments"]["x-max-priority"] == 10  # not recreated
 
 
+def test_a_dead_letter_whose_queue_is_gone_stays_rather_than_recreate_it(start_worker, queues, prefix):
+    """Publishing the replay would declare the queue again, where no worker reads it and no
+    dlq command finds it: the dead letter stays, the queue is named, the exit code says so."""
+    worker = start_worker()
+    queue = queues.name(workload.record)
+    queues.send(workload.permanent, "orphan")
+    wait_for(lambda: queues.depth(queue + ".DLQ") == 1, what="the dead letter")
+    assert worker.stop() == 0
+    queues.broker.channel.queue_delete(queue)  # the actor moved to another queue, this one deleted
+    result = jobctl(prefix, "dlq", "retry", "--all", check=False)
+    assert result.returncode == 1 and f"their queue is gone: {queue}" in result.stdout
+    assert queues.depth(queue + ".DLQ") == 1 and queues.declared(queue) is None
+
+
 def test_ids_that_match_no_dead_letter_are_named_and_fail(queues, prefix):
     queues.broker.declare_queue(queues.name(workload.record), ensure=True)
     retried = jobctl(prefix, "dlq", "retry", "no-such-id", check=False)
