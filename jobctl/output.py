@@ -44,7 +44,9 @@ class ScrubbedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):  # click probes for a binary stream with write(b"")
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        self.stream.write(self.scrub(text))
+        # Line by line: the scrubber cuts a text past its length limit, and a cut through a
+        # newline would join two lines (two JSON records of `jobctl dlq export`) into one.
+        self.stream.write("\n".join(map(self.scrub, text.split("\n"))))
         return len(text)
 
     def flush(self) -> None:

@@ -271,3 +271,17 @@ def test_stdlib_filter_scrubs_message_arguments_and_extras_in_place():
     bad = logging.makeLogRecord({"msg": "two %s %s", "args": ("ana.lopez@example.com",)})
     scrub.filter(bad)
     assert bad.getMessage() == "two %s %s [arguments dropped: they do not fit the format]"
+
+
+def test_the_cli_stream_keeps_each_line_apart_when_a_long_one_is_cut():
+    """`jobctl dlq export` to the terminal writes one JSON record a line through the scrubbed
+    stdout: a record past the scrubber's limit is cut, and its newline must stay."""
+    import io
+
+    from jobctl.output import ScrubbedStream
+
+    out = io.StringIO()
+    stream = ScrubbedStream(out, Scrubber(max_length=1_000).text)
+    stream.write('{"note": "' + "x" * 2_000 + '"}\n{"email": "ana.lopez@example.com"}\n')
+    first, second, last = out.getvalue().split("\n")
+    assert first.endswith("chars]") and second == '{"email": "[email]"}' and last == ""
