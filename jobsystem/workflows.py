@@ -45,7 +45,7 @@ def _launch(broker: dramatiq.Broker, kind: str, steps: list[Step], delay: int | 
     """
     workflows = find_workflows(broker)
     record, first = annotate(kind, steps)
-    workflows.backend.create(record, workflows.ttl_ms)
+    workflows.backend.create(record, workflows.ttl_ms + (delay or 0))  # outlives the delay
     if bulk and delay is None:
         sent = send_bulk(first, broker=broker)  # type: ignore[arg-type]
     else:

@@ -156,10 +156,12 @@ class Workflows(FailClosed):
             },
         )
         if progress.send_next and option.get("next"):
-            self._send_next(broker, option, result, progress)
-            self.backend.mark_sent(str(option["id"]), int(option["step"]), self.ttl_ms)
+            longest_delay = self._send_next(broker, option, result, progress)
+            # The record outlives the next step's delay, or its members would find it gone.
+            self.backend.mark_sent(str(option["id"]), int(option["step"]), self.ttl_ms + longest_delay)
 
-    def _send_next(self, broker: Broker, option: dict[str, Any], result: Any, progress: StepProgress) -> None:
+    def _send_next(self, broker: Broker, option: dict[str, Any], result: Any, progress: StepProgress) -> int:
+        """Send the next step's messages; returns the longest delay among them (ms)."""
         piped: Any = result
         if option.get("pipe") == "list":
             record = self.backend.get(str(option["id"]))
@@ -168,9 +170,11 @@ class Workflows(FailClosed):
             piped = record.step_results(int(option["step"]))
         elif option.get("pipe") == "counts":
             piped = dict(progress.counts)
+        longest_delay = 0
         for message in next_messages(
             option, piped, ignores_pipe=lambda m: option_of(broker, m, "pipe_ignore")
         ):
+            longest_delay = max(longest_delay, int(message.options.get("delay") or 0))
             if message.options.get("idempotency_key") is None and not option_of(
                 broker, message, "idempotency_key"
             ):
@@ -181,6 +185,7 @@ class Workflows(FailClosed):
         logger.info(
             "workflow_step_sent", extra={"workflow_id": option["id"], "step": int(option["step"]) + 1}
         )
+        return longest_delay
 
     def _encode(self, result: Any) -> str:
         return result_json(result, self.result_max_bytes) or "null"

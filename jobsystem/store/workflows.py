@@ -218,8 +218,12 @@ class RedisWorkflows(WorkflowBackend):
             raise StoreUnavailable(f"unexpected reply to finish: {exc}") from exc
 
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        key = self._key(workflow_id)
         with self.store.errors():
-            self.store.client.hset(self._key(workflow_id), f"sent:{step}", "1")
+            pipe = self.store.client.pipeline(transaction=True)
+            pipe.hset(key, f"sent:{step}", "1")
+            pipe.pexpire(key, ttl_ms, gt=True)  # the next step's delay: never shortened
+            pipe.execute()
 
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         with self.store.errors():

@@ -551,6 +551,26 @@ def test_a_next_step_dropped_as_a_duplicate_at_send_counts_as_finished(store):
     idempotency.writes.stop()
 
 
+def test_a_delayed_workflow_and_a_delayed_step_keep_their_record_past_its_ttl(store):
+    """The record lives the workflow's TTL after its last change: a launch, or a next step, delayed
+    longer would find it gone (a chord's callback never sent, a cancel that misses the members)."""
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    workflows.ttl_ms = 200
+    steps = [square.message(2), total.message_with_options(delay=600)]
+    flow = workflow_pipeline(steps, broker=broker).run(delay=600)
+    time.sleep(0.4)  # past the TTL, within the delay
+    assert workflows.backend.get(str(flow.workflow_id)) is not None
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=4)
+    time.sleep(0.4)
+    (_, delay) = broker.enqueued[1]
+    assert delay == 600 and workflows.backend.get(str(flow.workflow_id)) is not None
+    workflows.after_process_message(broker, delivery(broker.enqueued[1][0]), result=None)
+    found = workflows.backend.get(str(flow.workflow_id))
+    assert found is not None and found.state == "succeeded"
+
+
 def test_a_mark_on_a_job_scheduled_past_its_ttl_lives_until_the_job_is_due(store):
     status = Status(store, scheduled_after_ms=30_000)
     broker = RecordingBroker(middleware=[status])
