@@ -116,15 +116,27 @@ class Cancellation(FailClosed):
 
 
 class ForgetCancelledKeys(Middleware):
-    """Forget a cancelled job's idempotency key (delete it unless done) before anything says the
-    job was cancelled, so that a caller who sees the ``cancelled`` status or the ``JobCancelled``
-    result and re-sends with the same key is not told it is a duplicate.
+    """The first of the after hooks: end the job's cancellation watch, then forget a cancelled
+    job's idempotency key (delete it unless done) before anything says the job was cancelled.
 
     Dramatiq runs ``after_*`` hooks in reverse order: place it last, so that its hooks run before
-    those of StoreResults and Status. Idempotency's own give-back of the claim comes later and is
-    a no-op then (it only touches a claim its owner still holds). A key that cannot be forgotten
-    (store down) stays: a re-send is then reported as a duplicate, never run twice.
+    all the others. Ending the watch there keeps a cancel that arrives once the actor returned from
+    being raised into the other middleware's after hooks (a workflow's next step half sent, a
+    status half written); Cancellation's own ``ended`` comes later and is a no-op then. The key is
+    forgotten before StoreResults and Status say the job was cancelled, so that a caller who re-sends
+    with the same key is not told it is a duplicate. Idempotency's own give-back of the claim comes
+    later and is a no-op then (it only touches a claim its owner still holds). A key that cannot be
+    forgotten (store down) stays: a re-send is then reported as a duplicate, never run twice.
     """
+
+    def __init__(self) -> None:
+        self._watches: list[CancelWatch] | None = None  # looked up once, at the first job's end
+
+    def _end_watch(self, broker: Broker, message: MessageProxy) -> None:
+        if self._watches is None:
+            self._watches = [m.watch for m in broker.middleware if isinstance(m, Cancellation)]
+        for watch in self._watches:
+            watch.ended(message.message_id)
 
     def after_process_message(
         self,
@@ -134,10 +146,12 @@ class ForgetCancelledKeys(Middleware):
         result: Any | None = None,
         exception: BaseException | None = None,
     ) -> None:
+        self._end_watch(broker, message)
         if is_cancelled(message, exception):
             self._forget_key(broker, message)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        self._end_watch(broker, message)
         if is_cancelled(message):
             self._forget_key(broker, message)
 

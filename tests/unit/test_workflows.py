@@ -366,6 +366,22 @@ def test_a_running_job_is_interrupted_and_one_that_ended_is_not(store):
     assert running.poll_once() == []
 
 
+def test_a_cancel_after_the_actor_returned_is_not_raised_into_the_after_hooks(store):
+    """ForgetCancelledKeys' after hook runs first: from then on a cancel cannot interrupt the
+    others (a workflow's next step half sent), though Cancellation's own hook runs last."""
+    from middleware.cancellation import ForgetCancelledKeys
+
+    cancellation, first_after = Cancellation(store, keep_ms=TTL, poll_interval=60), ForgetCancelledKeys()
+    broker = RecordingBroker(middleware=[cancellation, first_after])
+    job = dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
+    message = delivery(job.message())
+    cancellation.before_process_message(broker, message)  # running, on this thread
+    first_after.after_process_message(broker, message, result=None)
+    cancellation.backend.mark_cancelled([message.message_id], TTL)
+    assert cancellation.watch.poll_once() == []
+    cancellation.after_process_message(broker, message, result=None)
+
+
 def test_an_arrival_is_registered_as_running_only_when_known_unmarked_and_asked(store):
     backend = cancel_marks(store)
     watch = CancelWatch(backend.cancelled_since, keep_ms=TTL, interval=60)
