@@ -249,12 +249,12 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
     ) -> None:
         """Publish one dead letter and wait for RabbitMQ's confirm; raise if it cannot be had.
         ``properties``: more AMQP properties (a malformed delivery's content type...)."""
-        self.declare_queue(q_name(queue_name), ensure=True)
         amqp = pika.BasicProperties(
             **{**(properties or {}), "delivery_mode": 2, "message_id": message_id, "headers": headers}
         )
         for attempt in range(1, DEAD_LETTER_PUBLISH_ATTEMPTS + 1):
             try:
+                self.declare_queue(q_name(queue_name), ensure=True)
                 self.channel.basic_publish(
                     exchange=self.dead_letter_exchange,
                     routing_key=q_name(queue_name),
@@ -267,6 +267,8 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
                 return
             except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
                 del self.connection
+                # The .DLQ or the exchange deleted under us (unroutable): declare them again.
+                self.queues_pending.add(q_name(queue_name))
                 if attempt == DEAD_LETTER_PUBLISH_ATTEMPTS:
                     raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 

@@ -286,6 +286,18 @@ def test_a_message_routed_to_a_queue_while_it_is_migrated_is_not_lost(queues, pr
     system.broker.close()
 
 
+def test_a_dead_letter_queue_deleted_under_a_running_worker_is_declared_again(start_worker, queues, prefix):
+    """The dead letter's publish is unroutable once its .DLQ is gone: the worker declares the
+    queue again on its next attempt, instead of holding the delivery until it restarts."""
+    start_worker()
+    dead = queues.name(workload.record) + ".DLQ"
+    queues.send(workload.permanent, "first")
+    wait_for(lambda: queues.depth(dead) == 1, what="the first dead letter")
+    queues.broker.channel.queue_delete(dead)  # an operator deleted it
+    queues.send(workload.permanent, "second")
+    wait_for(lambda: queues.declared(dead) is not None and queues.depth(dead) == 1, what="the second")
+
+
 def test_a_retry_that_cannot_be_published_is_redelivered_not_lost(start_worker, queues, store, prefix):
     """Dramatiq's PR #545 hole: a failed retry publish used to ack, and so lose, the message."""
     queue = queues.name(workload.flaky)
