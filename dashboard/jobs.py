@@ -104,6 +104,8 @@ def job_detail(project: Project, message_id: str, queue: str | None = None) -> d
     if record is None and dead is None:
         return None
     data: dict[str, Any] = record.to_dict() if record else {"message_id": message_id, "state": "dead"}
+    # The job's own error, renamed: a page's top-level "error" says the page itself failed.
+    data["job_error"] = data.pop("error", None)
     data["args_shown"] = record is not None and record.args is not None
     if not data["args_shown"]:
         data.pop("args", None)

@@ -223,9 +223,14 @@ def test_jobs_are_filtered_paged_and_found_by_id_or_idempotency_key(start_worker
     by_key = dashboard.get("/api/jobs?q=key-of-the-effect", ADMIN).json()["jobs"]
     assert [j["message_id"] for j in by_key] == [keyed.message_id]
 
-    job = dashboard.get(f"/api/jobs/{failing.message_id}", ADMIN).json()
+    answer = dashboard.get(f"/api/jobs/{failing.message_id}", ADMIN)
+    job = answer.json()
+    assert answer.status_code == 200  # its own error is not the page's
     assert [step[0] for step in job["timeline"]] == ["queued", "running", "failed", "dead"]
     assert job["error_type"] == "Permanent" and "this cannot succeed" in job["traceback"]
+    assert "this cannot succeed" in job["job_error"]
+    page = dashboard.get(f"/jobs/{failing.message_id}", ADMIN)
+    assert page.status_code == 200 and "Retry now" in page.text
     assert job["dead_letter"]["reason"] == "non_retryable" and job["can_retry"]
     assert "args" not in job and job["args_shown"] is False  # the actor did not opt in
 
