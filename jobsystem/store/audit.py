@@ -120,7 +120,7 @@ class SqliteAudit(AuditBackend):
         clauses, params = "ns = ?", list[Any]([self.store.namespace])
         if cursor is not None:
             clauses += " AND (at, id) < (?, ?)"
-            params += [cursor.at, int(cursor.id) if cursor.id.isdigit() else 0]
+            params += [cursor.at, cursor.seq]
         rows = self.store.rows(
             f"SELECT entry, at, id FROM audit_log WHERE {clauses} ORDER BY at DESC, id DESC LIMIT ?",
             (*params, limit + 1),

@@ -126,7 +126,7 @@ class SqliteIndex(IndexBackend):
             params.append(dl_filter.since)
         if cursor is not None:
             clauses.append("(failed_at, id) < (?, ?)")
-            params += [cursor.at, int(cursor.id) if cursor.id.isdigit() else 0]
+            params += [cursor.at, cursor.seq]
         rows = self.store.rows(
             f"SELECT {_COLUMNS}, id FROM dead_letter_index WHERE {' AND '.join(clauses)} "
             "ORDER BY failed_at DESC, id DESC LIMIT ?",

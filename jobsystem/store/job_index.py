@@ -179,7 +179,7 @@ def sqlite_page(store: SqliteStore, job_filter: JobFilter, cursor: Cursor | None
     clauses, params = _where(store, job_filter)
     if cursor is not None:
         clauses.append("(enqueued_at, id) < (?, ?)")
-        params += [cursor.at, int(cursor.id) if cursor.id.isdigit() else 0]
+        params += [cursor.at, cursor.seq]
     sql = (
         f"SELECT key, enqueued_at, id FROM job_index WHERE {' AND '.join(clauses)} "
         "ORDER BY enqueued_at DESC, id DESC LIMIT ?"

@@ -18,6 +18,7 @@ after it, so entries added meanwhile at the head never shift a page.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from jobsystem.store.redis import RedisStore, reply_text
@@ -36,16 +37,23 @@ class Cursor:
     def encode(self) -> str:
         return f"{self.at}.{self.id}"
 
+    @property
+    def seq(self) -> int:
+        """The id as SQLite's row number (0 when it is not one): the tie-breaker of its pages."""
+        return int(self.id) if _ROW_NUMBER.fullmatch(self.id) else 0
+
     @classmethod
     def decode(cls, text: str | None) -> Cursor | None:
-        """The cursor ``text`` names; None for none or one that is not a cursor (first page)."""
+        """The cursor ``text`` names; None for none or one that is not a cursor (first page). Its
+        time must fit SQLite's integers (a request's cursor is anyone's text)."""
         if not text:
             return None
         at, _, ident = text.partition(".")
-        try:
-            return cls(int(at), ident)
-        except ValueError:
-            return None
+        return cls(int(at), ident) if _TIME.fullmatch(at) else None
+
+
+_TIME = re.compile(r"-?[0-9]{1,18}")
+_ROW_NUMBER = re.compile(r"[0-9]{1,18}")
 
 
 @dataclass(frozen=True)

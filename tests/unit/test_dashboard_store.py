@@ -153,3 +153,19 @@ def test_heartbeats_audit_and_bucket_levels(store):
         buckets.take(TakeRequest("svc", 10.0, 20.0, 1, 60_000))
     level = buckets.peek("svc", 10.0, 20.0)
     assert level.tokens < 0 and 4.0 <= level.reserved <= 5.0  # five slots reserved ahead, refilling
+
+
+def test_a_cursor_from_a_request_that_is_not_one_reads_the_first_page(store):
+    """A page's cursor comes from the request: one whose time does not fit SQLite's integers, or
+    whose digits are not ASCII, is no cursor (it raised OverflowError or ValueError, a 500)."""
+    from jobsystem.store.sorted_index import Cursor
+
+    backend = status_backend(store)
+    backend.apply([update(f"m{i}", "queued", 0, 1_000 + i) for i in range(3)], 60_000)
+    first, _ = backend.page(JobFilter(), None, 10)
+    for text in ("99999999999999999999.1", "1.\u00b2", "\u00b9.1", "x.y"):
+        cursor = Cursor.decode(text)
+        assert [r.message_id for r in backend.page(JobFilter(), cursor, 10)[0]] in (
+            [r.message_id for r in first],
+            [],
+        )
