@@ -103,6 +103,7 @@ def build_middleware(
                 store,
                 ttl_ms=settings.job_status_ttl_ms,
                 scrub=scrubber.text,
+                scrub_value=scrubber,
                 writes=writes,
                 scheduled_after_ms=settings.delay_horizon_ms,
             )

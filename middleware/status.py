@@ -64,8 +64,8 @@ _ACTIVE: contextvars.ContextVar[Status | None] = contextvars.ContextVar("job_sta
 _NO_FIELDS: dict[str, str] = {}
 
 
-def _identity(text: str) -> str:
-    return text
+def _identity(value: Any) -> Any:
+    return value
 
 
 def _now_ms() -> str:
@@ -78,7 +78,11 @@ class Status(Middleware):
     Parameters:
       store: the shared state store.
       ttl_ms: how long a record is kept after its last change.
-      scrub: applied to error messages before they are stored (personal data stays out).
+      scrub: applied to error messages, tracebacks, progress notes and shown arguments before
+        they are stored (personal data stays out).
+      scrub_value: applied to the arguments an actor shows before they are encoded: a value under
+        a personal-data key (``address``, ``name``) is removed whole, which no text scrub of the
+        JSON can do for a dict or a list.
       result_max_bytes: a result larger than this once JSON-encoded, or not JSON, is not stored.
       error_max_chars: error messages are cut to this length.
       traceback_max_chars: tracebacks are cut to their last this many characters.
@@ -98,6 +102,7 @@ class Status(Middleware):
         *,
         ttl_ms: int = 86_400_000,
         scrub: Callable[[str], str] = _identity,
+        scrub_value: Callable[[Any], Any] = _identity,
         result_max_bytes: int = 4_096,
         error_max_chars: int = 1_000,
         traceback_max_chars: int = 4_000,
@@ -111,6 +116,7 @@ class Status(Middleware):
         self.backend: StatusBackend = status_backend(store)
         self.ttl_ms = ttl_ms
         self.scrub = scrub
+        self.scrub_value = scrub_value
         self.result_max_bytes = result_max_bytes
         self.error_max_chars = error_max_chars
         self.traceback_max_chars = traceback_max_chars
@@ -205,7 +211,7 @@ class Status(Middleware):
             return
         fields = {"progress": f"{min(max(value, 0.0), 1.0):.4g}"}
         if note is not None:
-            fields["note"] = note[:200]
+            fields["note"] = self.scrub(note[:200])
         self._update(message, None, message.options.get("retries", 0) + 1, fields)
 
     # -- hooks -----------------------------------------------------------------------------------
@@ -281,8 +287,7 @@ class Status(Middleware):
             return
         self.attempts.failed(message.message_id)
         error = self.scrub(str(exception))[: self.error_max_chars]
-        trace = "".join(traceback.format_exception(exception))[-self.traceback_max_chars :]
-        fields = {"error_type": type(exception).__name__, "error": error, "traceback": self.scrub(trace)}
+        fields = {"error_type": type(exception).__name__, "error": error, "traceback": self._trace(exception)}
         self._update(message, "failed", attempt, fields)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -308,13 +313,24 @@ class Status(Middleware):
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self.writes.stop()
 
+    def _trace(self, exception: BaseException) -> str:
+        """The traceback's last ``traceback_max_chars``, scrubbed before the cut: a value cut in
+        two (a card number, an IBAN) would no longer match its pattern. Whole lines of its tail
+        are scrubbed, then cut: what the cut splits then is already scrubbed."""
+        trace = "".join(traceback.format_exception(exception))
+        tail = trace[-(self.traceback_max_chars + 2_000) :]
+        if len(tail) < len(trace):
+            tail = tail.partition("\n")[2]
+        return self.scrub(tail)[-self.traceback_max_chars :]
+
     def _shown_args(self, broker: Broker, message: Message[Any]) -> str | None:
         """The scrubbed arguments of an actor that opted in with ``dashboard_args=True``, else None."""
         if not option_of(broker, message, "dashboard_args", False):
             return None
+        shown = self.scrub_value({"args": list(message.args), "kwargs": dict(message.kwargs)})
         try:
-            encoded = json.dumps({"args": list(message.args), "kwargs": dict(message.kwargs)}, default=repr)
-        except (TypeError, ValueError):
+            encoded = json.dumps(shown, default=repr)
+        except Exception:  # not JSON, or nested too deep
             return None
         scrubbed = self.scrub(encoded)
         if len(scrubbed) > self.args_max_chars:  # cut: no longer JSON, kept as text

@@ -3,6 +3,7 @@ records written to each state store backend."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import dramatiq
@@ -12,6 +13,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import CurrentMessage, Retries
 
 from jobsystem.dramatiq_internals import request_redelivery
+from middleware.heartbeat import Heartbeat
 from middleware.ratelimit import RateLimited
 from middleware.status import Status, progress
 from tests.unit.stub import RecordingBroker, delivery
@@ -155,6 +157,36 @@ def test_a_result_too_deep_for_json_still_records_the_success(tracked):
     status.after_process_message(broker, delivery(message), result=nested)
     record = state_of(status, message.message_id)
     assert (record.state, record.result) == ("succeeded", None)
+
+
+def test_notes_tracebacks_and_shown_arguments_keep_personal_data_out(store):
+    """A progress note is the actor's text; a traceback is cut to its tail, and a value cut in
+    two escapes its pattern; shown arguments hold structures, whose values under a personal-data
+    key a scrub of their JSON text leaves alone."""
+    from jobsystem.privacy.scrub import Scrubber
+
+    scrubber = Scrubber()
+    status = Status(store, scrub=scrubber.text, scrub_value=scrubber, traceback_max_chars=300)
+    broker = RecordingBroker(middleware=[Heartbeat(store), status])  # Heartbeat declares dashboard_args
+    ship = dramatiq.actor(broker=broker, actor_name="ship", queue_name="q", dashboard_args=True)(
+        lambda **kwargs: None
+    )
+    address = {"line1": "12 Rue Lepic", "city": "Paris"}
+    message = ship.message_with_options(kwargs={"address": address, "name": {"last": "Lopez"}})
+    status.after_enqueue(broker, message, None)
+    running = delivery(message)
+    status.before_process_message(broker, running)
+    status.report_progress(running, 0.5, "sending to ana.lopez@example.com")
+    assert "ana.lopez" not in state_of(status, message.message_id).note
+    iban = "DE89 3704 0044 0532 0130 00"
+    try:
+        raise ValueError(f"refund to IBAN {iban} refused: " + "x" * 275)
+    except ValueError as exc:  # the last 300 characters begin inside the IBAN
+        status.after_process_message(broker, running, exception=exc)
+    record = state_of(status, message.message_id)
+    assert "0532 0130" not in record.traceback and "Rue Lepic" not in json.dumps(record.args)
+    assert "Lopez" not in json.dumps(record.args)
+    status.writes.stop()
 
 
 def test_a_nacked_message_is_dead_unless_its_dead_letter_was_refused(tracked):
