@@ -118,10 +118,14 @@ def list_(selected: Selected, as_json: bool) -> None:
 
 def body_view(body: bytes) -> dict[str, Any] | str:
     """A body as the terminal shows it: the message with its positional arguments counted, not
-    shown (a name among them cannot be told from other words; the scrubbing output stream takes
-    care of the rest), or only the size of a body that is not a message."""
+    shown (a name among them cannot be told from other words), its keyword arguments scrubbed as
+    a structure (a dict or list under ``address`` goes whole; the scrubbing output stream, which
+    sees text line by line, takes care of the rest), or only the size of a body that is not a
+    message."""
     from dramatiq import Message
     from dramatiq.errors import DecodeError
+
+    from jobsystem.system import get_system
 
     try:
         message = Message.decode(body)
@@ -129,6 +133,7 @@ def body_view(body: bytes) -> dict[str, Any] | str:
         return f"({len(body)} bytes, not a message: not shown; `jobctl dlq export -o FILE` has it)"
     data: dict[str, Any] = message.asdict()
     data["args"] = f"<{len(message.args)} positional, hidden>"
+    data["kwargs"] = get_system().scrubber(dict(message.kwargs))
     return data
 
 

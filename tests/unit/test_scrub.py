@@ -285,3 +285,24 @@ def test_the_cli_stream_keeps_each_line_apart_when_a_long_one_is_cut():
     stream.write('{"note": "' + "x" * 2_000 + '"}\n{"email": "ana.lopez@example.com"}\n')
     first, second, last = out.getvalue().split("\n")
     assert first.endswith("chars]") and second == '{"email": "[email]"}' and last == ""
+
+
+def test_a_dead_letters_keyword_arguments_are_shown_scrubbed_as_a_structure():
+    """`jobctl dlq show` prints the body indented: a value under ``address`` spans lines the
+    line-by-line scrub of the output cannot tie to its key."""
+    import json as json_module
+
+    from dramatiq import Message
+
+    from jobctl.dlq import _shown
+
+    body = Message(
+        queue_name="q",
+        actor_name="ship",
+        args=(1042,),
+        kwargs={"address": {"line1": "12 Rue Lepic", "city": "Paris"}, "name": {"last": "Lopez"}},
+        options={},
+    ).encode()
+    shown = _shown(body)
+    assert "Rue Lepic" not in shown and "Lopez" not in shown
+    assert json_module.loads(shown)["kwargs"] == {"address": "[address]", "name": "[name]"}
