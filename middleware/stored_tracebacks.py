@@ -2,7 +2,8 @@
 
 Retries writes ``traceback.format_exc()`` (exception messages included) into
 ``options["traceback"]`` and re-enqueues the message; RabbitMQ keeps that body in the delay queue
-and, once retries run out, in the dead letters. ``before_enqueue`` runs just before the body is
+and, once retries run out, in the dead letters, and sends the failed message's dict, options and
+all, to an ``on_retry_exhausted`` hook actor. ``before_enqueue`` runs just before the body is
 encoded (also for the retry's copy), so scrubbing there keeps personal data out of the broker.
 """
 
@@ -34,7 +35,14 @@ class ScrubStoredTracebacks(Middleware):
         self.options = tuple(options)
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        self._scrub_options(message.options)
+        for argument in message.args:
+            # Retries' on_retry_exhausted hook is sent the failed message's dict, traceback included.
+            if isinstance(argument, dict) and isinstance(argument.get("options"), dict):
+                self._scrub_options(argument["options"])
+
+    def _scrub_options(self, options: dict[str, Any]) -> None:
         for name in self.options:
-            value = message.options.get(name)
+            value = options.get(name)
             if isinstance(value, str):
-                message.options[name] = self.scrub(value)
+                options[name] = self.scrub(value)

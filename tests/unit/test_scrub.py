@@ -306,3 +306,27 @@ def test_a_dead_letters_keyword_arguments_are_shown_scrubbed_as_a_structure():
     shown = _shown(body)
     assert "Rue Lepic" not in shown and "Lopez" not in shown
     assert json_module.loads(shown)["kwargs"] == {"address": "[address]", "name": "[name]"}
+
+
+def test_the_traceback_sent_to_an_on_retry_exhausted_hook_is_scrubbed():
+    """Retries sends the failed message's dict to the hook actor: its stored traceback (the
+    exception's message) would reach RabbitMQ in the hook's body."""
+    import dramatiq
+    from dramatiq.middleware import Retries
+
+    from middleware.stored_tracebacks import ScrubStoredTracebacks
+    from tests.unit.stub import RecordingBroker, delivery
+
+    broker = RecordingBroker(middleware=[Retries(max_retries=0), ScrubStoredTracebacks(Scrubber().text)])
+    dramatiq.actor(broker=broker, actor_name="hook", queue_name="q")(lambda message, retries: None)
+    charge = dramatiq.actor(broker=broker, actor_name="charge", queue_name="q", on_retry_exhausted="hook")(
+        lambda: None
+    )
+    failed = delivery(charge.message())
+    try:
+        raise ValueError("card 4111 1111 1111 1111 declined for ana.lopez@example.com")
+    except ValueError as exc:
+        broker.middleware[0].after_process_message(broker, failed, exception=exc)
+    ((hook, _),) = broker.enqueued
+    stored = hook.args[0]["options"]["traceback"]
+    assert "ValueError" in stored and "4111" not in stored and "ana.lopez" not in stored
