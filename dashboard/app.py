@@ -103,7 +103,6 @@ class Guard(BaseHTTPMiddleware):
             return "read-only: the viewer cannot act"
         headers = request.headers
         return cross_site_refusal(
-            scheme=request.url.scheme,
             host=headers.get("host", ""),
             content_type=headers.get("content-type"),
             origin=headers.get("origin"),

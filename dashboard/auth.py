@@ -102,14 +102,12 @@ class Credentials:
         return True
 
 
-def _origin(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    return parts.scheme.lower(), parts.netloc.lower()
+def _origin_host(url: str) -> str:
+    return urlsplit(url).netloc.lower()
 
 
 def cross_site_refusal(
     *,
-    scheme: str,
     host: str,
     content_type: str | None,
     origin: str | None,
@@ -120,9 +118,10 @@ def cross_site_refusal(
     """Why a POST must be refused as possibly cross-site, or None when it passes every check."""
     if (content_type or "").split(";")[0].strip().lower() != "application/json":
         return "a POST must be JSON (Content-Type: application/json)"
-    own = (scheme.lower(), host.lower())
+    # The host only, not the scheme: behind the TLS proxy the README recommends, the browser's
+    # origin is https while the server sees http. The token and Sec-Fetch-Site still hold.
     claimed = origin if origin and origin != "null" else referer
-    if origin == "null" or (claimed and _origin(claimed) != own):
+    if origin == "null" or (claimed and _origin_host(claimed) != host.lower()):
         return "the request comes from another origin"
     if fetch_site and fetch_site not in ("same-origin", "none"):
         return "the browser says the request is cross-site"
