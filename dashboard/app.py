@@ -241,9 +241,11 @@ class Dashboard:
     ) -> Response:
         try:
             body = json.loads(await request.body() or b"{}")
-            subject = parse(body)
+            subject = await run_in_threadpool(parse, body)  # it may read the store: not on the loop
         except (ValueError, ActionError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
+        except StoreUnavailable as exc:
+            return JSONResponse({"error": f"state store unreachable, nothing done ({exc})"}, status_code=503)
         user: User = request.state.user
         entry = {
             "user": user.name,
@@ -259,23 +261,27 @@ class Dashboard:
         try:
             outcome = await run_in_threadpool(run, subject)
         except ActionError as exc:
-            await run_in_threadpool(
-                self.project.audit.finish, entry_id, {"state": "refused", "error": str(exc)}
-            )
+            await self._audit_finish(entry_id, {"state": "refused", "error": str(exc)})
             return JSONResponse({"error": str(exc)}, status_code=400)
         except Exception as exc:
             logger.exception("dashboard_action_failed", extra={"action": action})
-            await run_in_threadpool(
-                self.project.audit.finish, entry_id, {"state": "failed", "error": type(exc).__name__}
-            )
+            await self._audit_finish(entry_id, {"state": "failed", "error": type(exc).__name__})
             return JSONResponse({"error": f"{action} failed ({type(exc).__name__})"}, status_code=500)
         counted = ("retried", "purged", "indexed", "cancelled")
         count = next((v for k, v in outcome.items() if k in counted), None)
         took_ms = int((time.monotonic() - started) * 1000)
         finished = {"state": "done", "count": count, "outcome": outcome, "took_ms": took_ms}
-        await run_in_threadpool(self.project.audit.finish, entry_id, finished)
+        await self._audit_finish(entry_id, finished)
         logger.info("dashboard_action", extra={"user": user.name, "action": action, "count": count})
         return JSONResponse(outcome)
+
+    async def _audit_finish(self, entry_id: Any, outcome: dict[str, Any]) -> None:
+        """Note how an action ended; a store that fails now does not turn what was done (or
+        refused) into an error for the client: the entry stays "started", and it is logged."""
+        try:
+            await run_in_threadpool(self.project.audit.finish, entry_id, outcome)
+        except StoreUnavailable as exc:
+            logger.error("dashboard_audit_unfinished", extra={"entry": entry_id, "error": str(exc)})
 
     async def retry_dead_letters(self, request: Request) -> Response:
         return await self._act(

@@ -260,3 +260,20 @@ def test_workers_schedules_and_rate_limits(start_worker, start_dashboard, queues
         assert worker is not None and worker.stop() == 0
         (stopped,) = dashboard.get("/api/workers", ADMIN).json()["workers"]
         assert stopped["state"] == "stopped"
+
+
+def test_a_job_action_while_the_store_is_down_answers_503_not_500(start_dashboard):
+    """Retrying or cancelling a job reads its record first: a store that does not answer then is
+    a 503 with a JSON error, as for every other page, not an unhandled 500."""
+    from tests.integration.test_store_faults import PrivateRedis
+
+    store = PrivateRedis()
+    try:
+        dashboard = start_dashboard(STATE_URL=store.url)
+        token = dashboard.get("/api/csrf", ADMIN).json()["token"]
+        store.stop()
+        for action in ("retry", "cancel"):
+            answer = dashboard.post(f"/api/jobs/some-job/{action}", ADMIN, {}, token=token)
+            assert answer.status_code == 503 and "unreachable" in answer.json()["error"], answer.text
+    finally:
+        store.stop()
