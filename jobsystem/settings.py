@@ -26,6 +26,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from sentry_sdk.utils import Dsn
 
 from jobsystem.limits import Limit, parse_limits
 from jobsystem.urls import check_amqp_url, check_redis_url, check_smtp_url, check_sqlite_url, check_url
@@ -216,6 +217,10 @@ class Settings(BaseModel):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname or not parts.username:
             raise ValueError("must be a Sentry DSN such as https://key@o0.ingest.sentry.io/0")
+        try:
+            Dsn(value)  # sentry_sdk's own parse (a project id, a port in range), as init would
+        except Exception:
+            raise ValueError("must be a Sentry DSN such as https://key@o0.ingest.sentry.io/0") from None
         return value
 
     @field_validator("pii_hash_key", "state_key_secret")

@@ -80,11 +80,21 @@ def check_url(value: str, schemes: tuple[str, ...]) -> SplitResult:
         raise ValueError(f"must be a URL starting with {' or '.join(s + '://' for s in schemes)}")
     if not parts.hostname:
         raise ValueError("must name a host")
+    if "@" in parts.path + parts.query + parts.fragment:
+        # A password with '?', '#' or '/' in it, not encoded: the rest of it was read as the path
+        # or the query (and a host before it, from the user name), and an error naming a query
+        # parameter would show part of it.
+        raise ValueError("has '@' after its host: percent-encode the password (? as %3F, # as %23, / as %2F)")
     try:
         parts.port  # noqa: B018 - parsing the port validates it
     except ValueError:
         raise ValueError("has an invalid port") from None
     return parts
+
+
+def _shown(name: str) -> str:
+    """A query parameter's name as an error may show it: a name, not a fragment of a secret."""
+    return name if re.fullmatch(r"[a-z_]{1,40}", name) else "(name not shown)"
 
 
 def _query(parts: SplitResult) -> dict[str, str]:
@@ -93,7 +103,7 @@ def _query(parts: SplitResult) -> dict[str, str]:
     query: dict[str, str] = {}
     for name, value in pairs:
         if name in query:
-            raise ValueError(f"repeats query parameter {name}")
+            raise ValueError(f"repeats query parameter {_shown(name)}")
         query[name] = value
     return query
 
@@ -117,7 +127,7 @@ def check_amqp_url(node: str) -> None:
         if name in _AMQP_NUMBERS:
             _AMQP_NUMBERS[name].check(name, value)
         if not _accepted_by(lambda q: pika.URLParameters(f"{parts.scheme}://localhost/?{q}"), name, value):
-            raise ValueError(f"query parameter {name} is unknown to pika or invalid")
+            raise ValueError(f"query parameter {_shown(name)} is unknown to pika or invalid")
 
 
 def check_redis_url(value: str) -> None:
@@ -137,7 +147,7 @@ def check_redis_url(value: str) -> None:
         if name in _REDIS_NUMBERS:
             _REDIS_NUMBERS[name].check(name, text)
         if not _accepted_by(_redis_connection(parts.scheme), name, text):
-            raise ValueError(f"query parameter {name} is unknown to redis-py or invalid")
+            raise ValueError(f"query parameter {_shown(name)} is unknown to redis-py or invalid")
 
 
 def _redis_connection(scheme: str) -> Callable[[str], object]:
@@ -159,7 +169,7 @@ def check_smtp_url(value: str) -> None:
     parts = check_url(value, ("smtp", "smtps"))
     for name, text in _query(parts).items():
         if name != "starttls":
-            raise ValueError(f"has an unknown query parameter {name} (only starttls)")
+            raise ValueError(f"has an unknown query parameter {_shown(name)} (only starttls)")
         if text.lower() not in _TRUE + _FALSE:
             raise ValueError("query parameter starttls must be 1/0, true/false or yes/no")
         if parts.scheme == "smtps":

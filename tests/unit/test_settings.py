@@ -46,6 +46,14 @@ def test_management_credentials_come_from_the_amqp_url_unless_given():
         ),
         ({"JOB_MIN_BACKOFF_MS": "900000", "JOB_MAX_BACKOFF_MS": "1000"}, "JOB_MIN_BACKOFF_MS"),
         ({"SENTRY_DSN": "not a dsn hunter2"}, "SENTRY_DSN"),
+        # Parsed by the check, refused by sentry_sdk.init at build time (a traceback before):
+        ({"SENTRY_DSN": "https://hunter2@o0.ingest.sentry.io/notanumber"}, "SENTRY_DSN"),
+        ({"SENTRY_DSN": "https://hunter2@o0.ingest.sentry.io:99999/1"}, "SENTRY_DSN"),
+        # A password with an unencoded '?': read as a port and a query (or a host), shown in part.
+        ({"SMTP_URL": "smtp://u:12?hunter2@h"}, "SMTP_URL"),
+        ({"RABBITMQ_URL": "amqp://user:1234?hunter2@host/%2F"}, "RABBITMQ_URL"),
+        ({"STATE_URL": "redis://u:12?hunter2@h/0"}, "STATE_URL"),
+        ({"RABBITMQ_URL": "amqp://u:p@h/%2F?hunter2=1"}, "RABBITMQ_URL"),
         ({"QUEUE_PREFIX": "a b"}, "QUEUE_PREFIX"),
         ({"PII_HASH_KEY": "hunter2"}, "PII_HASH_KEY"),
         ({"PII_EXTRA_KEYS": "loyalty_id, hunter2 pw"}, "PII_EXTRA_KEYS"),
