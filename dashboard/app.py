@@ -245,7 +245,8 @@ class Dashboard:
         except (ValueError, ActionError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         except StoreUnavailable as exc:
-            return JSONResponse({"error": f"state store unreachable, nothing done ({exc})"}, status_code=503)
+            error = f"state store unreachable, nothing done ({type(exc).__name__})"  # as the pages say it
+            return JSONResponse({"error": error}, status_code=503)
         user: User = request.state.user
         entry = {
             "user": user.name,

@@ -26,7 +26,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from sentry_sdk.utils import Dsn
 
 from jobsystem.limits import Limit, parse_limits
 from jobsystem.urls import check_amqp_url, check_redis_url, check_smtp_url, check_sqlite_url, check_url
@@ -217,6 +216,8 @@ class Settings(BaseModel):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname or not parts.username:
             raise ValueError("must be a Sentry DSN such as https://key@o0.ingest.sentry.io/0")
+        from sentry_sdk.utils import Dsn  # here: only a process given a DSN pays for the import
+
         try:
             Dsn(value)  # sentry_sdk's own parse (a project id, a port in range), as init would
         except Exception:

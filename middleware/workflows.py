@@ -174,12 +174,13 @@ class Workflows(FailClosed):
         for message in next_messages(
             option, piped, ignores_pipe=lambda m: option_of(broker, m, "pipe_ignore")
         ):
-            longest_delay = max(longest_delay, int(message.options.get("delay") or 0))
+            delay = message.options.get("delay")
+            longest_delay = max(longest_delay, int(delay or 0))
             if message.options.get("idempotency_key") is None and not option_of(
                 broker, message, "idempotency_key"
             ):
                 message.options["idempotency_key"] = f"workflow-step:{message.message_id}"
-            sent = broker.enqueue(message, delay=message.options.get("delay"))
+            sent = broker.enqueue(message, delay=delay)
             if sent.options.get("duplicate"):  # dropped at send: it will not run, so not end
                 self.member_finished(broker, message, "succeeded", None)
         logger.info(
