@@ -255,10 +255,11 @@ class Settings(BaseModel):
         if self.job_min_backoff_ms > self.job_max_backoff_ms:
             problems.append("JOB_MIN_BACKOFF_MS: must not exceed JOB_MAX_BACKOFF_MS")
         # A job running past consumer_timeout has its channel closed under it and is redelivered
-        # while it still runs: the time limit must stop it first.
-        if self.job_time_limit_ms >= self.rabbitmq_consumer_timeout_ms:
+        # while it still runs: the time limit must stop it first. It starts once the job's token
+        # came, which the worker may have waited RATE_LIMIT_WAIT_MS for.
+        if self.job_time_limit_ms + self.rate_limit_wait_ms >= self.rabbitmq_consumer_timeout_ms:
             problems.append(
-                "JOB_TIME_LIMIT_MS: must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
+                "JOB_TIME_LIMIT_MS: plus RATE_LIMIT_WAIT_MS, must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
                 "(RabbitMQ redelivers a job still running past it)"
             )
         # A worker holds a delay up to the horizon unacked (longer ones wait in RabbitMQ): keep

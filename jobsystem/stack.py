@@ -52,9 +52,9 @@ def build_middleware(
 ) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire:
     StoreCheck, ThreadWatchdog, Prefetch (``WORKER_PREFETCH``), Heartbeat, JobLifecycle, AgeLimit,
-    TimeLimit, ShutdownNotifications, Callbacks, QuickPipelines (Dramatiq's Pipelines), DeadLetters,
-    SafeRetries, CurrentMessage, Cancellation, RateLimits, Idempotency, StoreResults, Workflows,
-    Status (``JOB_STATUS``), Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks,
+    Callbacks, QuickPipelines (Dramatiq's Pipelines), DeadLetters, SafeRetries, CurrentMessage,
+    Cancellation, RateLimits, Idempotency, StoreResults, Workflows, Status (``JOB_STATUS``),
+    Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks, TimeLimit, ShutdownNotifications,
     ForgetCancelledKeys. Their ``after_*`` hooks fire in the reverse order."""
     # One background writer: a job's key completion and its final status leave in one batch.
     writes = DeferredWrites(store)
@@ -65,8 +65,6 @@ def build_middleware(
         Heartbeat(store),
         JobLifecycle(scrub=scrubber, flush_logs=flush_batched_streams, write_line=write_job_line),
         AgeLimit(max_age=settings.job_max_age_ms),
-        TimeLimit(time_limit=settings.job_time_limit_ms),
-        ShutdownNotifications(),
         Callbacks(),
         QuickPipelines(),
         DeadLetters(scrub=scrubber.text),
@@ -111,6 +109,11 @@ def build_middleware(
     if settings.prometheus_port:
         stack.append(Metrics(settings.prometheus_dir, exposition=serve_metrics))
     stack.append(ScrubStoredTracebacks(scrubber.text))
+    # Both raise an exception in the job's thread at any moment until their after hooks run: last
+    # but one, their deadline starts when the job does and ends before any other after hook, so
+    # no guard's hook (a deferral's re-enqueue, a completion) is cut off halfway.
+    stack.append(TimeLimit(time_limit=settings.job_time_limit_ms))
+    stack.append(ShutdownNotifications())
     stack.append(ForgetCancelledKeys())  # last: a cancelled key is gone before "cancelled" shows
     return stack
 

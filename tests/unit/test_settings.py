@@ -119,10 +119,18 @@ def test_waits_longer_than_the_consumer_timeout_are_accepted():
     assert settings.delay_horizon_ms == 30_000
 
 
+def test_the_time_limit_and_the_longest_token_wait_must_stay_below_the_consumer_timeout():
+    # The time limit starts once the token came: a worker may have slept RATE_LIMIT_WAIT_MS first.
+    limits = {"RABBITMQ_CONSUMER_TIMEOUT_MS": "60000", "JOB_TIME_LIMIT_MS": "50000"}
+    assert load_settings({**limits, "RATE_LIMIT_WAIT_MS": "9999"}).job_time_limit_ms == 50_000
+    with pytest.raises(SettingsError, match="JOB_TIME_LIMIT_MS: plus RATE_LIMIT_WAIT_MS"):
+        load_settings({**limits, "RATE_LIMIT_WAIT_MS": "10000"})
+
+
 def test_the_time_limit_must_still_stay_below_the_consumer_timeout():
     with pytest.raises(SettingsError) as caught:
         load_settings({"RABBITMQ_CONSUMER_TIMEOUT_MS": "60000"})  # the default time limit is 10 min
     assert caught.value.problems == [
-        "JOB_TIME_LIMIT_MS: must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
+        "JOB_TIME_LIMIT_MS: plus RATE_LIMIT_WAIT_MS, must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
         "(RabbitMQ redelivers a job still running past it)"
     ]
