@@ -282,7 +282,9 @@ class RateLimits(FailClosed):
         if not isinstance(raised, RateLimited) or message.failed:
             return
         self._local.upstream = message  # until re-enqueued; see after_hook_failed
-        pause_ms = math.ceil(raised.retry_after * 1000)
+        # Waits longer than max_delay_ms are not kept: the job would wait no longer, and an
+        # epoch timestamp passed as seconds would otherwise drain the bucket for decades.
+        pause_ms = math.ceil(min(raised.retry_after * 1000, self.max_delay_ms))
         if target is not None:
             self.leases.drop(target.bucket)  # the upstream wants less: no more jobs from leases
             try:

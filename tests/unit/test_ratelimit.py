@@ -5,6 +5,7 @@ deferral for a reserved slot, the upstream's "slow down", unusable buckets, the 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,6 +154,20 @@ def test_an_upstream_429_drains_the_bucket_and_requeues_the_job_without_a_retry(
     assert delay is not None and delay >= 5_000 - limited.middleware.slot_lead_ms
     with pytest.raises(SkipMessage):  # drained: every other job backs off too
         limited.before(limited.actor.message())
+
+
+def test_an_upstream_wait_longer_than_the_longest_delay_drains_the_bucket_no_longer(limited):
+    # X-RateLimit-Reset (an epoch timestamp) passed as retry_after: 55 years, or overflowing.
+    for retry_after in (1.7e9, 1e306):
+        proxy = limited.before(limited.actor.message())
+        try:
+            raise RateLimited(retry_after=retry_after)
+        except RateLimited:
+            limited.middleware.after_skip_message(limited.broker, proxy)
+        level = limited.middleware.backend.peek("api", 20, 1)
+        assert level.blocked_until_ms - time.time() * 1000 <= limited.middleware.max_delay_ms
+        assert limited.broker.enqueued[-1][1] <= limited.middleware.max_delay_ms
+        limited.middleware.backend.reset("api")
 
 
 def test_a_skip_that_is_not_the_upstreams_leaves_the_message_alone(limited):
