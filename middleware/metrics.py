@@ -231,7 +231,7 @@ class Metrics(Middleware):
         if self._instruments is None:
             return
         self._finish(message)
-        if self.attempts.deferred(message.message_id):
+        if self.attempts.deferred(message.message_id) or wants_redelivery(message):
             self.tally.count(self._instruments.deferred, _labels(message))
         elif not message.failed:
             self.tally.count(self._instruments.skipped, _labels(message))

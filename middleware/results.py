@@ -65,7 +65,7 @@ class StoreResults(Results):
         if is_cancelled(message):
             self._store_cancelled(broker, message)
             return
-        if message.failed or self.attempts.deferred(message.message_id):
+        if message.failed or self.attempts.deferred(message.message_id) or wants_redelivery(message):
             return  # nacked next (after_nack stores the error), or it runs later
         store_results, ttl = self._lookup_options(broker, message)  # type: ignore[no-untyped-call]
         if store_results and not self.backend.has_result(message):

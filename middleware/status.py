@@ -293,8 +293,8 @@ class Status(Middleware):
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         if message.failed:
             return  # nacked next: after_nack records it dead
-        if self.attempts.deferred(message.message_id):
-            return  # re-enqueued with a delay to be tried again: it stays queued (or retrying)
+        if self.attempts.deferred(message.message_id) or wants_redelivery(message):
+            return  # re-enqueued to be tried again, or requeued (its copy refused): it stays queued
         attempt = message.options.get("retries", 0) + 1
         state = "cancelled" if message.options.get(CANCELLED) else "skipped"
         self._update(message, state, attempt, {"finished_at": _now_ms()})

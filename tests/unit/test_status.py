@@ -10,11 +10,13 @@ import dramatiq
 import pytest
 from dramatiq import Worker
 from dramatiq.brokers.stub import StubBroker
-from dramatiq.middleware import CurrentMessage, Retries
+from dramatiq.middleware import CurrentMessage, Retries, SkipMessage
 
 from jobsystem.dramatiq_internals import request_redelivery
+from jobsystem.store.results import StoreResultBackend
 from middleware.heartbeat import Heartbeat
 from middleware.ratelimit import RateLimited
+from middleware.results import StoreResults
 from middleware.status import Status, progress
 from tests.unit.stub import RecordingBroker, delivery
 
@@ -187,6 +189,25 @@ def test_notes_tracebacks_and_shown_arguments_keep_personal_data_out(store):
     assert "0532 0130" not in record.traceback and "Rue Lepic" not in json.dumps(record.args)
     assert "Lopez" not in json.dumps(record.args)
     status.writes.stop()
+
+
+def test_a_deferral_refused_by_rabbitmq_leaves_the_job_queued_and_its_result_unset(tracked, store):
+    # The deferral's copy could not be published: the delivery is requeued, not the job's end.
+    status, broker, actor = tracked
+    results = StoreResults(StoreResultBackend(store, scrub=str), result_ttl=60_000)
+    broker.add_middleware(results)
+    stored = dramatiq.actor(broker=broker, actor_name="stored", queue_name="q", store_results=True)(lambda: 1)
+    for message in (actor.message(), stored.message()):
+        status.after_enqueue(broker, message, None)
+        refused = delivery(message)
+        request_redelivery(refused)
+        try:
+            raise SkipMessage("rate limited: deferred")
+        except SkipMessage:
+            status.after_skip_message(broker, refused)
+            results.after_skip_message(broker, refused)
+        assert state_of(status, message.message_id).state == "queued"
+    assert not results.backend.has_result(stored.message().copy(message_id=message.message_id))
 
 
 def test_a_nacked_message_is_dead_unless_its_dead_letter_was_refused(tracked):
