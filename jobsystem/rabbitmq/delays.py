@@ -65,11 +65,12 @@ def is_cascade_queue(name: str) -> bool:
     return bool(_CASCADE_QUEUE.fullmatch(name))
 
 
-def cascade_seconds(delay_ms: int) -> int:
-    """Whole seconds a message delayed ``delay_ms`` waits in the cascade (0: it need not)."""
+def cascade_seconds(delay_ms: float) -> int:
+    """Whole seconds a message delayed ``delay_ms`` waits in the cascade (0: it need not); a
+    float delay (``timedelta.total_seconds() * 1000``) is taken as Dramatiq takes it."""
     if delay_ms > MAX_DELAY_MS:
         raise ValueError(f"a delay may be at most {MAX_DELAY_MS} ms")
-    return max(0, (delay_ms - EXIT_LEAD_MS) // 1000)
+    return max(0, int((delay_ms - EXIT_LEAD_MS) // 1000))
 
 
 def bits_of(seconds: int) -> list[int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
@@ -99,6 +100,16 @@ def _absent(value: Any) -> bool:
     return False
 
 
+#: How far ahead an ``eta`` may lie: the delay cascade's reach (``jobsystem.rabbitmq.delays``),
+#: 17 years. One further off (an eta in microseconds) could never be scheduled, only refused
+#: forever, so it is malformed.
+ETA_REACH_MS = (2**29 - 1) * 1000
+
+
+def _eta(value: Any) -> bool:
+    return _is_number(value) and value - time.time() * 1000 <= ETA_REACH_MS
+
+
 #: A check and what it expects, as told in the dead letter's error.
 Shape = tuple[Callable[[Any], bool], str]
 
@@ -121,7 +132,7 @@ OPTION_SHAPES: Mapping[str, Shape] = {
     "max_backoff": _NON_NEGATIVE_NUMBER,
     "max_age": _NON_NEGATIVE_NUMBER,
     "time_limit": _NON_NEGATIVE_NUMBER,
-    "eta": _NUMBER,
+    "eta": (_eta, "a finite number of ms since 1970, at most 17 years ahead"),
     "requeue_timestamp": _INT,
     "traceback": _STR,
     "throws": (_absent, "absent (exception classes cannot travel in a message)"),

@@ -26,6 +26,7 @@ from jobsystem.rabbitmq.delays import (
     seconds_of,
     skip_binding,
 )
+from jobsystem.runtime.message_shape import ETA_REACH_MS
 from jobsystem.settings import MAX_DURATION_MS
 from middleware.status import Status
 from tests.support import wait_for
@@ -99,6 +100,17 @@ def test_the_cascade_covers_every_duration_a_setting_holds_and_refuses_longer():
         cascade_seconds(MAX_DELAY_MS + 1)
     with pytest.raises(ValueError):
         bits_of(2**LEVELS)
+
+
+def test_a_float_delay_waits_as_its_whole_milliseconds_would():
+    # send_with_options(delay=timedelta(...).total_seconds() * 1000) passes a float.
+    assert cascade_seconds(45_000.0) == cascade_seconds(45_000) == 44
+    assert routing_key(cascade_seconds(45_000.5), "q.DQ") == routing_key(44, "q.DQ")
+    assert DelayCascade().exchange_for(cascade_seconds(45_000.0)) == DelayCascade().level(5)
+
+
+def test_the_message_check_refuses_no_eta_the_cascade_can_hold():
+    assert ETA_REACH_MS == MAX_DELAY_MS
 
 
 def test_levels_have_power_of_two_ttls_within_rabbitmqs_limit_and_names_carry_the_prefix():

@@ -4,6 +4,7 @@ named by its field and problem, never its value, with the identifying fields sal
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -84,7 +85,12 @@ def test_a_body_that_is_not_a_message_object(raw, field, problem):
         (
             {"options": {"eta": float("inf")}},
             "options.eta",
-            "must be a finite number; got a non-finite number",
+            "must be a finite number of ms since 1970, at most 17 years ahead; got a non-finite number",
+        ),
+        (  # an eta in microseconds: the cascade could never hold it, only refuse it forever
+            {"options": {"eta": int(time.time() * 1_000_000)}},
+            "options.eta",
+            "must be a finite number of ms since 1970, at most 17 years ahead; got an integer",
         ),
         ({"options": {"throws": "ValueError"}}, "options.throws", "must be absent"),
         ({"options": {"rate_limit_slot": {"bucket": "api"}}}, "options.rate_limit_slot", "must be an object"),
