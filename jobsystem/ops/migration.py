@@ -52,18 +52,21 @@ def existing_queues(settings: Settings) -> dict[str, QueueState]:
     }
 
 
-def work_queues(settings: Settings, existing: dict[str, QueueState]) -> list[str]:
-    """Canonical queues of this environment (``QUEUE_PREFIX``) found on the broker (not the
-    delay cascade's, whose arguments are the cascade's own)."""
+def is_work_queue(settings: Settings, name: str) -> bool:
+    """Whether ``name`` is a canonical queue of this environment (``QUEUE_PREFIX``): not a delay,
+    dead-letter or temporary twin, nor one of the delay cascade's, whose arguments are its own."""
     suffixes = (".DQ", ".XQ", ".DLQ", ".migrating")
-    return sorted(
-        n
-        for n in existing
-        if n.startswith(settings.queue_prefix)
-        and not n.endswith(suffixes)
-        and "amq." not in n
-        and not is_cascade_queue(n)
+    return (
+        name.startswith(settings.queue_prefix)
+        and not name.endswith(suffixes)
+        and "amq." not in name
+        and not is_cascade_queue(name)
     )
+
+
+def work_queues(settings: Settings, existing: dict[str, QueueState]) -> list[str]:
+    """The work queues (:func:`is_work_queue`) found on the broker."""
+    return sorted(n for n in existing if is_work_queue(settings, n))
 
 
 def _publisher(
@@ -110,7 +113,12 @@ def _delete_empty(
 
 
 def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None = None) -> list[str]:
-    """Migrate ``names`` (default: every work queue of this environment); returns what was done."""
+    """Migrate ``names`` (default: every work queue of this environment); returns what was done.
+    A name that is not a work queue (``delay.L3``: rebuilt as one, its messages would never move
+    on) is refused before anything changes."""
+    refused = [name for name in names or () if not is_work_queue(settings, name)]
+    if refused:
+        raise MigrationError(f"not a work queue, left as it is: {', '.join(map(repr, refused))}")
     existing = existing_queues(settings)
     report: list[str] = []
     parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters

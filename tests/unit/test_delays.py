@@ -226,6 +226,17 @@ def test_migration_leaves_the_cascades_queues_alone():
     assert work_queues(load_settings({"QUEUE_PREFIX": "t1-"}), existing) == ["t1-delays", "t1-emails"]
 
 
+def test_migration_refuses_a_named_queue_of_the_cascade_before_changing_anything():
+    from jobsystem.ops.migration import MigrationError, migrate
+    from jobsystem.settings import load_settings
+
+    # Rebuilt as a work queue, a level would keep its messages forever: refused before any call
+    # to RabbitMQ (this broker object has none to make).
+    with pytest.raises(MigrationError, match=r"not a work queue.*'t1-delay\.L3'.*'t1-emails\.DLQ'"):
+        names = ["t1-delay.L3", "t1-emails", "t1-emails.DLQ"]
+        migrate(object(), load_settings({"QUEUE_PREFIX": "t1-"}), names)  # type: ignore[arg-type]
+
+
 def test_a_delayed_sends_idempotency_key_stays_pending_until_due_and_its_ttl_after(tracked):
     from jobsystem.runtime.options import key_ttl_ms
 
