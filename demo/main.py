@@ -100,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         console.print(exc.report("demo").rstrip("\n"), markup=False)
         return EXIT_CONFIG
-    # SIGTERM (a `timeout`, a closed terminal) stops the run as Ctrl-C does: with the clean-up.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM (a `timeout`) and SIGHUP (a closed terminal, a dropped SSH session) stop the run as
+    # Ctrl-C does: with the clean-up.
+    for stop in _STOP_SIGNALS[1:]:
+        signal.signal(stop, signal.default_int_handler)
     outcome, error = EXIT_FAILED, ""
     summary: dict[str, Any] = {}
     try:
@@ -140,14 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     return outcome
 
 
+#: The signals that stop the demo with its clean-up: Ctrl-C, then those ``main`` maps onto it.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class _no_interrupts:
-    """Ctrl-C is ignored while the demo cleans up: the clean-up must finish to leave nothing behind."""
+    """The stop signals are ignored while the demo cleans up: the clean-up must finish to leave
+    nothing behind (a second SIGTERM would otherwise cut it off halfway)."""
 
     def __enter__(self) -> None:
-        self._previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._previous = {stop: signal.signal(stop, signal.SIG_IGN) for stop in _STOP_SIGNALS}
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+        for stop, handler in self._previous.items():
+            signal.signal(stop, handler)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import redis
 import requests
 
@@ -83,7 +84,8 @@ def test_the_demo_reports_what_happened_and_leaves_nothing_behind(tmp_path):
     assert "Summary" in output and "jobctl dlq list" in output
 
 
-def test_ctrl_c_stops_the_demo_and_still_cleans_up(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
+def test_ctrl_c_or_a_closed_terminal_stops_the_demo_and_still_cleans_up(tmp_path, stop):
     known = {q["name"] for q in requests.get(Queues("").api(""), timeout=10).json()}
 
     def demo_queue() -> str | None:
@@ -93,7 +95,7 @@ def test_ctrl_c_stops_the_demo_and_still_cleans_up(tmp_path):
 
     demo = _demo(tmp_path)
     queue = wait_for(demo_queue, timeout=60, interval=0.2, what="the demo's queues")
-    demo.send_signal(signal.SIGINT)  # Ctrl-C in the middle of the workload
+    demo.send_signal(stop)  # in the middle of the workload
     # The demo gives each of its two children 30 s to stop and 10 s more once killed: 80 s at
     # worst on a loaded machine, then its clean-up.
     assert demo.wait(150) == EXIT_INTERRUPTED, (tmp_path / "demo.out").read_text(errors="replace")
