@@ -14,8 +14,8 @@ define is wrapped when the class is created, and the unexpected becomes
 - **logged, then** :meth:`FailClosed.after_hook_failed` in ``after_process_message`` and
   ``after_skip_message``, where a subclass makes sure the message is not lost;
 - **logged** in ``on_receive`` (the consumer thread, which must keep consuming),
-  ``on_dropped`` (the claims' pump, which must keep answering) and ``on_unsent`` (the sender
-  gets the publish's own error).
+  ``on_dropped`` (the claims' pump, which must keep answering), ``on_unsent`` and
+  ``on_unsent_batch`` (the sender gets the publish's own error).
 
 ``MiddlewareError`` subclasses (``SkipMessage`` among them) pass through unchanged: they are the
 hooks' deliberate answers.
@@ -120,6 +120,7 @@ _GUARDS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "on_receive": _guard_quiet,
     "on_dropped": _guard_quiet,
     "on_unsent": _guard_quiet,
+    "on_unsent_batch": _guard_quiet,
 }
 
 

@@ -37,6 +37,7 @@ from jobsystem.runtime.leases import HeldLeases, new_owner
 from jobsystem.runtime.options import key_ttl_ms, option_of
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
 from jobsystem.runtime.result_json import result_json
+from jobsystem.runtime.unpublished_keys import UnpublishedKeys
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.idempotency import Claim, ClaimRequest, KeyRecord, idempotency_backend
 from middleware.guard import FailClosed
@@ -139,6 +140,7 @@ class Idempotency(FailClosed):
         self._local = threading.local()
         self.leases = HeldLeases(self.backend.renew, lease_ms)
         self.ahead = ClaimsAhead(self.backend, lease_ms, pause_after_failure_s=2 * store.timeout)
+        self.unpublished = UnpublishedKeys(self.backend, REGISTERED)
 
     send_error = IdempotencyStoreError
     defer_option = "idempotency_store_waits"
@@ -171,38 +173,33 @@ class Idempotency(FailClosed):
                 str(message.options.get("idempotency_key")), duplicates[message.message_id]
             )
         if registered:
-            self._local.sent = registered[0]  # until published: see on_unsent
+            self.unpublished.hold(registered)  # until published: see on_unsent
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        sent: tuple[str, str] | None = getattr(self._local, "sent", None)
-        if sent is not None and sent[1] == message.message_id:
-            self._local.sent = None
+        self.unpublished.published(message.message_id)
 
     def on_unsent(self, broker: Broker, message: Message[Any]) -> None:
         """The project's broker could not publish ``message``: forget the key this thread
         registered for it, so that a new send of the key is published, not dropped as a duplicate
         of a message RabbitMQ never had (had it gone through, the claim at run lets one run)."""
-        sent: tuple[str, str] | None = getattr(self._local, "sent", None)
-        if sent is None or sent[1] != message.message_id:
-            return
-        self._local.sent = None
-        fields = {"key": sent[0], "message_id": sent[1]}
-        try:
-            self.backend.unregister_many([sent])
-        except StoreUnavailable as exc:
-            # The key stays pending until IDEMPOTENCY_TTL_MS: a new send of it is dropped.
-            logger.error("idempotency_unregister_failed", extra={**fields, "error": str(exc)})
-        else:
-            logger.info("idempotency_unregistered", extra=fields)
+        self.unpublished.give_back([message])
 
     def before_enqueue_batch(self, broker: Broker, messages: Iterable[Message[Any]]) -> dict[str, str]:
         """Register the keys of many messages in one store operation (bulk send uses it).
 
         Returns ``{message_id: original_message_id}`` for the duplicates, which are not to be
         published. The others are marked registered, so a later ``before_enqueue`` of the same
-        message (a retry, a delayed move) passes without asking the store.
+        message (a retry, a delayed move) passes without asking the store; the keys registered
+        are held until published (``after_enqueue``) or given back (``on_unsent_batch``).
         """
-        return self._register(broker, messages)[0]
+        duplicates, registered = self._register(broker, messages)
+        self.unpublished.hold(registered)
+        return duplicates
+
+    def on_unsent_batch(self, broker: Broker, messages: Iterable[Message[Any]]) -> None:
+        """A bulk send did not publish ``messages``: forget, in one store call, the keys this
+        thread's last batch registered for them (as :meth:`on_unsent` does for one send)."""
+        self.unpublished.give_back(messages)
 
     def _register(
         self, broker: Broker, messages: Iterable[Message[Any]]

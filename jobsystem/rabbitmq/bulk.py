@@ -4,11 +4,13 @@
 :func:`send_bulk` keeps up to ``window`` publishes in flight on one dedicated connection and counts
 RabbitMQ's (possibly ``multiple``) acks, so a campaign fan-out of thousands of messages costs one
 round trip per window instead of one per message. It returns only when every message is confirmed,
-and raises :class:`BulkSendError` naming the messages that were not.
+and raises :class:`BulkSendError` naming the messages that were not; the idempotency keys of the
+messages not published are given back whatever the failure.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +25,16 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
 from middleware.idempotency import as_duplicate
 
+logger = logging.getLogger(__name__)
+
 
 class BulkSendError(RuntimeError):
     """Some messages of a bulk send were not confirmed by RabbitMQ.
 
     ``failed`` holds them (nacked, returned as unroutable, or unconfirmed when the connection
-    dropped); ``confirmed`` holds the others. Re-sending ``failed`` is safe for keyed messages.
+    dropped or timed out); ``confirmed`` holds the others. The idempotency keys of ``failed``
+    were given back: sending them again (or new messages with their keys) publishes them, and one
+    RabbitMQ had after all still runs once (the claim at run).
     """
 
     def __init__(self, reason: str, failed: list[Message[Any]], confirmed: list[Message[Any]]) -> None:
@@ -43,7 +49,7 @@ class BulkSendError(RuntimeError):
 
 @dataclass
 class _Publisher:
-    """One bulk send's state, driven by pika's asynchronous connection callbacks."""
+    """One bulk send's state on one node, driven by pika's asynchronous connection callbacks."""
 
     messages: list[Message[Any]]
     parameters: pika.connection.Parameters
@@ -163,7 +169,9 @@ def send_bulk(
     Middleware ``before_enqueue``/``after_enqueue`` hooks run for each message as for ``send()``;
     a middleware with a ``before_enqueue_batch(broker, messages)`` hook (idempotency) first sees
     them all at once and names the duplicates, which are not published: in the result they are
-    replaced, as ``send()`` does, by a copy carrying the original message id.
+    replaced, as ``send()`` does, by a copy carrying the original message id. Whatever the
+    failure, the middleware's ``on_unsent_batch(broker, messages)`` hooks then get the messages
+    not confirmed (idempotency gives their keys back, so sending them again publishes them).
 
     Raises:
       BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
@@ -172,35 +180,69 @@ def send_bulk(
     target = broker or dramatiq.get_broker()
     if not isinstance(target, RabbitmqBroker):
         raise TypeError("send_bulk needs a RabbitmqBroker")
-    broker = target
     requested = list(messages)
+    confirmed: list[Message[Any]] = []
+    try:
+        duplicates = _register(target, requested)
+        pending = [m for m in requested if m.message_id not in duplicates]
+        if pending:
+            confirmed, reason = _publish(target, pending, window=window, timeout=timeout)
+            if reason is not None:
+                raise BulkSendError(reason, _other_than(pending, confirmed), confirmed)
+            for message in confirmed:
+                target.emit_after("enqueue", message, None)
+    except BaseException:
+        _unsent(target, _other_than(requested, confirmed))
+        raise
+    return [as_duplicate(m, duplicates[m.message_id]) if m.message_id in duplicates else m for m in requested]
+
+
+def _register(broker: RabbitmqBroker, messages: list[Message[Any]]) -> dict[str, str]:
+    """The ``before_enqueue_batch`` hooks' duplicates: ``{message_id: original_message_id}``."""
     duplicates: dict[str, str] = {}
     for middleware in broker.middleware:
         hook = getattr(middleware, "before_enqueue_batch", None)
         if hook is not None:
-            duplicates.update(hook(broker, requested))
-    pending = [m for m in requested if m.message_id not in duplicates]
+            duplicates.update(hook(broker, messages))
+    return duplicates
+
+
+def _publish(
+    broker: RabbitmqBroker, pending: list[Message[Any]], *, window: int, timeout: float
+) -> tuple[list[Message[Any]], str | None]:
+    """Run the ``before_enqueue`` hooks, declare the queues, and publish. Returns the confirmed
+    messages and, unless all were, why not."""
     for message in pending:
         broker.emit_before("enqueue", message, None)
     for queue_name in {m.queue_name for m in pending}:
         broker.declare_queue(queue_name, ensure=True)
-
-    if not pending:
-        return [as_duplicate(m, duplicates[m.message_id]) for m in requested]
     parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
-    publisher = _Publisher(messages=pending, parameters=parameters, window=window, timeout=timeout)
+    publisher = _Publisher(pending, parameters=parameters, window=window, timeout=timeout)
     publisher.run()
-
     confirmed = [
         m
         for i, m in enumerate(pending)
         if i in publisher.confirmed and m.message_id not in publisher.returned_ids
     ]
-    if len(confirmed) != len(pending):
-        confirmed_ids = {m.message_id for m in confirmed}
-        failed = [m for m in pending if m.message_id not in confirmed_ids]
-        reason = publisher.error or ("unroutable" if publisher.returned_ids else "nacked by RabbitMQ")
-        raise BulkSendError(reason, failed, confirmed)
-    for message in confirmed:
-        broker.emit_after("enqueue", message, None)
-    return [as_duplicate(m, duplicates[m.message_id]) if m.message_id in duplicates else m for m in requested]
+    if len(confirmed) == len(pending):
+        return confirmed, None
+    return confirmed, publisher.error or ("unroutable" if publisher.returned_ids else "nacked by RabbitMQ")
+
+
+def _other_than(messages: list[Message[Any]], confirmed: list[Message[Any]]) -> list[Message[Any]]:
+    confirmed_ids = {m.message_id for m in confirmed}
+    return [m for m in messages if m.message_id not in confirmed_ids]
+
+
+def _unsent(broker: RabbitmqBroker, messages: list[Message[Any]]) -> None:
+    """Hand the messages not published to the middleware's ``on_unsent_batch`` hooks; one that
+    raises is logged, and the send's own error is raised."""
+    for middleware in broker.middleware:
+        hook = getattr(middleware, "on_unsent_batch", None)
+        if hook is not None:
+            try:
+                hook(broker, messages)
+            except Exception:
+                logger.exception(
+                    "bulk_send_unsent_hook_failed", extra={"middleware": type(middleware).__name__}
+                )

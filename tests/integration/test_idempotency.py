@@ -5,14 +5,18 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from typing import Any
 
+import dramatiq
+import pika
 import pika.exceptions
 import pytest
 import redis as redis_lib
 from dramatiq.errors import ConnectionClosed
+from dramatiq.middleware import MiddlewareError
 from pika.adapters.blocking_connection import BlockingChannel
 
-from jobsystem.rabbitmq.bulk import send_bulk
+from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from middleware.idempotency import Idempotency
 from tests import workload
 from tests.servers import free_port
@@ -117,6 +121,55 @@ def test_bulk_send_drops_duplicates_and_names_the_originals(keyed, state_url):
     originals = {m.message_id for m in first}
     assert [m.message_id in originals for m in result] == [True] * 10 + [False] * 10
     assert keyed.depth(keyed.name(workload.effect)) == 110
+
+
+def test_a_failed_bulk_send_gives_back_the_keys_of_the_messages_not_confirmed(keyed, state_url):
+    """RabbitMQ refuses 15 of 20: the sender's retry with new messages carrying the same keys
+    finds the 5 confirmed as duplicates and publishes the 15 others."""
+    queue = keyed.name(workload.effect)
+    keyed.broker.declare_queue(queue, ensure=True)
+    first = [keyed.message(workload.effect, f"f{i}") for i in range(20)]
+    with keyed.capped(queue, 5), pytest.raises(BulkSendError):
+        send_bulk(first, broker=keyed.broker)
+    again = [keyed.message(workload.effect, f"f{i}") for i in range(20)]
+    result = send_bulk(again, broker=keyed.broker)
+    assert [m.options.get("duplicate", False) for m in result] == [True] * 5 + [False] * 15
+    assert [m.message_id for m in result[:5]] == [m.message_id for m in first[:5]]
+    assert keyed.depth(queue) == 20
+
+
+class Refused(MiddlewareError):
+    pass
+
+
+class RefuseOne(dramatiq.Middleware):
+    """Refuses the send of the message whose first argument is ``e10``."""
+
+    def before_enqueue(self, broker: dramatiq.Broker, message: dramatiq.Message[Any], delay: Any) -> None:
+        if message.args[0] == "e10":
+            raise Refused("refused")
+
+
+@pytest.mark.parametrize("cause", ["refused", "unreachable"])
+def test_a_bulk_send_that_fails_before_publishing_publishes_nothing_and_gives_every_key_back(
+    keyed, state_url, monkeypatch, cause
+):
+    """A ``before_enqueue`` hook refusing the 11th message, a node that cannot be reached."""
+    queue = keyed.name(workload.effect)
+    keyed.broker.declare_queue(queue, ensure=True)
+    first = [keyed.message(workload.effect, f"e{i}") for i in range(20)]
+    expected: type[BaseException] = Refused if cause == "refused" else BulkSendError
+    with monkeypatch.context() as patched, pytest.raises(expected):
+        if cause == "refused":
+            patched.setattr(keyed.broker, "middleware", [*keyed.broker.middleware, RefuseOne()])
+        else:
+            closed = pika.ConnectionParameters(host="127.0.0.1", port=free_port(), connection_attempts=1)
+            patched.setattr(keyed.broker, "parameters", [closed])
+        send_bulk(first, broker=keyed.broker)
+    assert keyed.depth(queue) == 0
+    again = [keyed.message(workload.effect, f"e{i}") for i in range(20)]
+    assert not any(m.options.get("duplicate") for m in send_bulk(again, broker=keyed.broker))
+    assert keyed.depth(queue) == 20
 
 
 @pytest.fixture

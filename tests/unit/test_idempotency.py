@@ -17,7 +17,7 @@ from dramatiq.middleware import SkipMessage
 from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
 from jobsystem.privacy.keyhash import UNKEYED, KeyHasher
 from jobsystem.runtime.coalesce import Coalescer
-from jobsystem.store.base import StateStore
+from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
 from middleware.idempotency import (
     HELD_WAITS,
@@ -119,6 +119,37 @@ def test_a_key_registered_by_a_send_that_failed_is_forgotten_so_the_next_send_go
     idem.middleware.on_unsent(idem.broker, second)  # published: a later failure is not this send's
     record = idem.middleware.lookup("job", "t1")
     assert record is not None and (record.state, record.message_id) == ("pending", second.message_id)
+
+
+def test_a_failed_bulk_send_gives_back_the_keys_of_its_unpublished_messages_in_one_call(idem, monkeypatch):
+    messages = [idem.message(token) for token in ("a", "b", "c")]
+    idem.middleware.before_enqueue_batch(idem.broker, messages)
+    idem.middleware.after_enqueue(idem.broker, messages[0], None)  # confirmed
+    calls: list[list[tuple[str, str]]] = []
+    unregister = idem.middleware.backend.unregister_many
+    monkeypatch.setattr(idem.middleware.backend, "unregister_many", lambda items: calls.append(items))
+    idem.middleware.on_unsent_batch(idem.broker, messages)  # as send_bulk: every message not confirmed
+    assert [len(items) for items in calls] == [2]
+    unregister(calls[0])
+    assert [idem.state(token) for token in ("a", "b", "c")] == ["pending", None, None]
+    # Sent again as they are, the messages not published register their keys again.
+    assert [REGISTERED in m.options for m in messages] == [True, False, False]
+    assert idem.middleware.before_enqueue_batch(idem.broker, messages[1:]) == {}
+    assert [idem.state(token) for token in ("b", "c")] == ["pending", "pending"]
+
+
+def test_a_store_down_while_giving_keys_back_is_logged_and_the_keys_stay(idem, monkeypatch, caplog):
+    messages = [idem.message(token) for token in ("a", "b")]
+    idem.middleware.before_enqueue_batch(idem.broker, messages)
+
+    def down(items: list[tuple[str, str]]) -> None:
+        raise StoreUnavailable("store down")
+
+    monkeypatch.setattr(idem.middleware.backend, "unregister_many", down)
+    idem.middleware.on_unsent_batch(idem.broker, messages)  # does not raise: the send's error is
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "idempotency_unregister_failed" in errors
+    assert [idem.state(token) for token in ("a", "b")] == ["pending", "pending"]
 
 
 def test_unregistering_keeps_a_key_that_is_another_messages_or_that_ran(idem):
