@@ -47,11 +47,13 @@ class BulkSendError(RuntimeError):
         self.confirmed = confirmed
 
 
-@dataclass
+@dataclass(repr=False)  # pika logs a failed callback with its object: not every message's arguments
 class _Publisher:
     """One bulk send's state on one node, driven by pika's asynchronous connection callbacks."""
 
     messages: list[Message[Any]]
+    #: The messages' bodies, encoded before connecting.
+    bodies: list[bytes]
     parameters: pika.connection.Parameters
     window: int
     timeout: float
@@ -67,6 +69,9 @@ class _Publisher:
     connection: pika.SelectConnection | None = None
 
     def run(self) -> None:
+        """Connect, publish and count the confirms until every message is answered or the send
+        fails (``error``); the connection is closed when it returns. A callback that raises fails
+        the send, its error named in ``error``, instead of escaping."""
         self.connection = pika.SelectConnection(
             parameters=self.parameters,
             on_open_callback=self._on_connection_open,
@@ -74,16 +79,22 @@ class _Publisher:
             on_close_callback=self._on_connection_closed,
         )
         self.connection.ioloop.call_later(self.timeout, self._on_timeout)
-        self.connection.ioloop.start()
+        while True:
+            try:
+                self.connection.ioloop.start()  # until a close (or open error) callback stops it
+                return
+            except Exception as exc:  # from a callback pika does not guard (a timer's): close, go on
+                logger.error("bulk_send_callback_failed", exc_info=True)
+                self._fail(f"{type(exc).__name__} while publishing: {exc}")
 
     def _fail(self, reason: str) -> None:
         if self.error is None:
             self.error = reason
         assert self.connection is not None
-        if self.connection.is_open:
-            self.connection.close()
-        elif self.connection.is_closed:
+        if self.connection.is_closed:
             self.connection.ioloop.stop()
+        elif not self.connection.is_closing:
+            self.connection.close()  # while opening too: pika then calls _on_open_error
 
     def _on_timeout(self) -> None:
         self._fail(f"no confirm within {self.timeout:g} s")
@@ -125,12 +136,14 @@ class _Publisher:
 
     def _publish(self) -> None:
         assert self.channel is not None
+        if self.error is not None:  # failed: the connection is closing
+            return
         while self.next_index < len(self.messages) and len(self.in_flight) < self.window:
             message = self.messages[self.next_index]
             self.channel.basic_publish(
                 exchange="",
                 routing_key=message.queue_name,
-                body=message.encode(),
+                body=self.bodies[self.next_index],
                 properties=pika.BasicProperties(
                     delivery_mode=pika.DeliveryMode.Persistent,
                     priority=message.options.get("broker_priority"),
@@ -176,6 +189,9 @@ def send_bulk(
     Raises:
       BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
         dropped or ``timeout`` seconds passed; the error lists them.
+      Exception: any error before the first publish (a ``before_enqueue`` hook refusing, a body
+        that cannot be encoded, a queue that cannot be declared) is raised as it is: nothing was
+        published.
     """
     target = broker or dramatiq.get_broker()
     if not isinstance(target, RabbitmqBroker):
@@ -210,14 +226,16 @@ def _register(broker: RabbitmqBroker, messages: list[Message[Any]]) -> dict[str,
 def _publish(
     broker: RabbitmqBroker, pending: list[Message[Any]], *, window: int, timeout: float
 ) -> tuple[list[Message[Any]], str | None]:
-    """Run the ``before_enqueue`` hooks, declare the queues, and publish. Returns the confirmed
-    messages and, unless all were, why not."""
+    """Run the ``before_enqueue`` hooks, encode, declare the queues, and publish. Returns the
+    confirmed messages and, unless all were, why not."""
     for message in pending:
         broker.emit_before("enqueue", message, None)
+    # Every body before the first publish (the hooks may change options): nothing goes out if one fails.
+    bodies = [message.encode() for message in pending]
     for queue_name in {m.queue_name for m in pending}:
         broker.declare_queue(queue_name, ensure=True)
     parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
-    publisher = _Publisher(pending, parameters=parameters, window=window, timeout=timeout)
+    publisher = _Publisher(pending, bodies, parameters=parameters, window=window, timeout=timeout)
     publisher.run()
     confirmed = [
         m

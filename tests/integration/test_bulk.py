@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pika
 import pytest
 
-from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
+from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
 from tests import workload
 
 
@@ -19,3 +22,28 @@ def test_nacked_messages_are_named(queues):
     assert {m.message_id for m in error.failed} == {m.message_id for m in messages[5:]}
     assert queues.depth(queue) == 5
     assert "15 of 20 messages not confirmed" in str(error)
+
+
+@pytest.mark.parametrize("where", ["frame", "timer"])
+def test_an_error_in_a_publisher_callback_fails_the_send_and_closes_its_connection(
+    queues, monkeypatch, caplog, where
+):
+    """pika turns an error in a frame's callback into a lost connection, and lets one in a timer's
+    out of its loop: either way the send fails naming the error, its connection closed, and no
+    message's arguments reach the logs."""
+    connections: list[pika.SelectConnection] = []
+
+    def broken(publisher: _Publisher, *args: Any) -> None:
+        assert publisher.connection is not None
+        connections.append(publisher.connection)
+        raise RuntimeError("a bug in a callback")
+
+    if where == "timer":
+        monkeypatch.setattr(_Publisher, "_on_confirm", lambda publisher, frame: None)
+    monkeypatch.setattr(_Publisher, "_on_timeout" if where == "timer" else "_on_confirm", broken)
+    messages = [queues.message(workload.record, f"private-{i}") for i in range(20)]
+    with pytest.raises(BulkSendError, match=r"RuntimeError.*a bug in a callback") as caught:
+        send_bulk(messages, broker=queues.broker, timeout=0.2 if where == "timer" else 120.0)
+    assert len(caught.value.failed) == 20
+    assert connections and connections[0].is_closed
+    assert "private-" not in caplog.text

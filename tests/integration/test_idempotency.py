@@ -150,22 +150,26 @@ class RefuseOne(dramatiq.Middleware):
             raise Refused("refused")
 
 
-@pytest.mark.parametrize("cause", ["refused", "unreachable"])
+@pytest.mark.parametrize("cause", ["refused", "unencodable", "unreachable"])
 def test_a_bulk_send_that_fails_before_publishing_publishes_nothing_and_gives_every_key_back(
     keyed, state_url, monkeypatch, cause
 ):
-    """A ``before_enqueue`` hook refusing the 11th message, a node that cannot be reached."""
+    """A ``before_enqueue`` hook refusing the 11th message, an 11th message whose argument JSON
+    cannot encode (raised as it is; with a window of 5, the first ones would be out by then were
+    the bodies not all encoded first), a node that cannot be reached."""
     queue = keyed.name(workload.effect)
     keyed.broker.declare_queue(queue, ensure=True)
     first = [keyed.message(workload.effect, f"e{i}") for i in range(20)]
-    expected: type[BaseException] = Refused if cause == "refused" else BulkSendError
+    expected: type[BaseException] = {"refused": Refused, "unencodable": TypeError}.get(cause, BulkSendError)
     with monkeypatch.context() as patched, pytest.raises(expected):
         if cause == "refused":
             patched.setattr(keyed.broker, "middleware", [*keyed.broker.middleware, RefuseOne()])
+        elif cause == "unencodable":
+            first[10] = keyed.message(workload.effect, "e10", seconds={0.5})
         else:
             closed = pika.ConnectionParameters(host="127.0.0.1", port=free_port(), connection_attempts=1)
             patched.setattr(keyed.broker, "parameters", [closed])
-        send_bulk(first, broker=keyed.broker)
+        send_bulk(first, broker=keyed.broker, window=5)
     assert keyed.depth(queue) == 0
     again = [keyed.message(workload.effect, f"e{i}") for i in range(20)]
     assert not any(m.options.get("duplicate") for m in send_bulk(again, broker=keyed.broker))
