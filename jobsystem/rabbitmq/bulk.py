@@ -179,12 +179,13 @@ def send_bulk(
 ) -> list[Message[Any]]:
     """Publish ``messages`` and return them once RabbitMQ has confirmed every one.
 
-    Middleware ``before_enqueue``/``after_enqueue`` hooks run for each message as for ``send()``;
-    a middleware with a ``before_enqueue_batch(broker, messages)`` hook (idempotency) first sees
-    them all at once and names the duplicates, which are not published: in the result they are
-    replaced, as ``send()`` does, by a copy carrying the original message id. Whatever the
-    failure, the middleware's ``on_unsent_batch(broker, messages)`` hooks then get the messages
-    not confirmed (idempotency gives their keys back, so sending them again publishes them).
+    Middleware ``before_enqueue``/``after_enqueue`` hooks run for each message as for ``send()``
+    (``after_enqueue`` for each confirmed one, also when others failed); a middleware with a
+    ``before_enqueue_batch(broker, messages)`` hook (idempotency) first sees them all at once and
+    names the duplicates, which are not published: in the result they are replaced, as ``send()``
+    does, by a copy carrying the original message id. Whatever the failure, the middleware's
+    ``on_unsent_batch(broker, messages)`` hooks then get the messages not confirmed (idempotency
+    gives their keys back, so sending them again publishes them).
 
     Raises:
       BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
@@ -203,10 +204,10 @@ def send_bulk(
         pending = [m for m in requested if m.message_id not in duplicates]
         if pending:
             confirmed, reason = _publish(target, pending, window=window, timeout=timeout)
-            if reason is not None:
-                raise BulkSendError(reason, _other_than(pending, confirmed), confirmed)
             for message in confirmed:
                 target.emit_after("enqueue", message, None)
+            if reason is not None:
+                raise BulkSendError(reason, _other_than(pending, confirmed), confirmed)
     except BaseException:
         _unsent(target, _other_than(requested, confirmed))
         raise

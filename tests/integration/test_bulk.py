@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import dramatiq
 import pika
 import pytest
 
@@ -11,9 +12,21 @@ from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
 from tests import workload
 
 
-def test_nacked_messages_are_named(queues):
+class Enqueued(dramatiq.Middleware):
+    """Notes the message id of each ``after_enqueue``."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def after_enqueue(self, broker: dramatiq.Broker, message: dramatiq.Message[Any], delay: Any) -> None:
+        self.ids.append(message.message_id)
+
+
+def test_nacked_messages_are_named_and_the_confirmed_ones_enqueued(queues, monkeypatch):
     queue = queues.name(workload.record)
     queues.broker.declare_queue(queue, ensure=True)
+    enqueued = Enqueued()
+    monkeypatch.setattr(queues.broker, "middleware", [*queues.broker.middleware, enqueued])
     messages = [queues.message(workload.record, f"c{i}") for i in range(20)]
     with queues.capped(queue, 5), pytest.raises(BulkSendError) as caught:
         send_bulk(messages, broker=queues.broker)
@@ -22,6 +35,8 @@ def test_nacked_messages_are_named(queues):
     assert {m.message_id for m in error.failed} == {m.message_id for m in messages[5:]}
     assert queues.depth(queue) == 5
     assert "15 of 20 messages not confirmed" in str(error)
+    # The confirmed ones had their after_enqueue hooks (job status "queued", the lifecycle log).
+    assert enqueued.ids == [m.message_id for m in messages[:5]]
 
 
 @pytest.mark.parametrize("where", ["frame", "timer"])
