@@ -11,6 +11,7 @@ messages not published are given back whatever the failure.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ class BulkSendError(RuntimeError):
     """Some messages of a bulk send were not confirmed by RabbitMQ.
 
     ``failed`` holds them (nacked, returned as unroutable, or unconfirmed when the connection
-    dropped or timed out); ``confirmed`` holds the others. The idempotency keys of ``failed``
+    dropped or went silent); ``confirmed`` holds the others. The idempotency keys of ``failed``
     were given back: sending them again (or new messages with their keys) publishes them, and one
     RabbitMQ had after all still runs once (the claim at run).
     """
@@ -56,6 +57,7 @@ class _Publisher:
     bodies: list[bytes]
     parameters: pika.connection.Parameters
     window: int
+    #: The longest wait for a confirm (reset by each one), not a deadline for the whole batch.
     timeout: float
     next_index: int = 0
     published: int = 0
@@ -65,6 +67,7 @@ class _Publisher:
     rejected: set[int] = field(default_factory=set)
     returned_ids: set[str] = field(default_factory=set)
     error: str | None = None
+    progress_at: float = 0.0
     channel: pika.channel.Channel | None = None
     connection: pika.SelectConnection | None = None
 
@@ -78,6 +81,7 @@ class _Publisher:
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_connection_closed,
         )
+        self.progress_at = time.monotonic()
         self.connection.ioloop.call_later(self.timeout, self._on_timeout)
         while True:
             try:
@@ -97,7 +101,12 @@ class _Publisher:
             self.connection.close()  # while opening too: pika then calls _on_open_error
 
     def _on_timeout(self) -> None:
-        self._fail(f"no confirm within {self.timeout:g} s")
+        assert self.connection is not None
+        idle = time.monotonic() - self.progress_at
+        if idle < self.timeout:  # confirms came meanwhile: wait from the last one
+            self.connection.ioloop.call_later(self.timeout - idle, self._on_timeout)
+        else:
+            self._fail(f"no confirm within {self.timeout:g} s")
 
     def _on_open_error(self, connection: pika.SelectConnection, error: BaseException | str) -> None:
         self.error = self.error or f"connection failed: {error}"
@@ -158,6 +167,7 @@ class _Publisher:
             self.channel.close()
 
     def _on_confirm(self, frame: pika.frame.Method) -> None:
+        self.progress_at = time.monotonic()
         method = frame.method
         tag = method.delivery_tag
         tags = [t for t in self.in_flight if t <= tag] if method.multiple else [tag]
@@ -189,7 +199,7 @@ def send_bulk(
 
     Raises:
       BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
-        dropped or ``timeout`` seconds passed; the error lists them.
+        dropped or no confirm came for ``timeout`` seconds; the error lists them.
       Exception: any error before the first publish (a ``before_enqueue`` hook refusing, a body
         that cannot be encoded, a queue that cannot be declared) is raised as it is: nothing was
         published.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import dramatiq
 import pika
+import pika.frame
 import pytest
 
 from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
@@ -37,6 +39,32 @@ def test_nacked_messages_are_named_and_the_confirmed_ones_enqueued(queues, monke
     assert "15 of 20 messages not confirmed" in str(error)
     # The confirmed ones had their after_enqueue hooks (job status "queued", the lifecycle log).
     assert enqueued.ids == [m.message_id for m in messages[:5]]
+
+
+def test_the_timeout_is_the_longest_wait_for_a_confirm_not_a_deadline(queues, monkeypatch):
+    """One confirm at a time, each handled 50 ms late: the batch takes over a second, twice the
+    timeout, and goes through, for each wait for the next confirm is far shorter."""
+    on_confirm = _Publisher._on_confirm
+
+    def slow(publisher: _Publisher, frame: pika.frame.Method) -> None:
+        time.sleep(0.05)
+        on_confirm(publisher, frame)
+
+    monkeypatch.setattr(_Publisher, "_on_confirm", slow)
+    queue = queues.name(workload.record)
+    messages = [queues.message(workload.record, f"t{i}") for i in range(20)]
+    started = time.monotonic()
+    assert len(send_bulk(messages, broker=queues.broker, window=1, timeout=0.5)) == 20
+    assert time.monotonic() - started > 1.0
+    assert queues.depth(queue) == 20
+
+
+def test_a_send_that_hears_no_confirm_fails_after_the_timeout(queues, monkeypatch):
+    monkeypatch.setattr(_Publisher, "_on_confirm", lambda publisher, frame: None)
+    messages = [queues.message(workload.record, f"s{i}") for i in range(5)]
+    with pytest.raises(BulkSendError, match=r"no confirm within 0\.3 s") as caught:
+        send_bulk(messages, broker=queues.broker, timeout=0.3)
+    assert len(caught.value.failed) == 5
 
 
 @pytest.mark.parametrize("where", ["frame", "timer"])
