@@ -67,6 +67,8 @@ class _Publisher:
     rejected: set[int] = field(default_factory=set)
     returned_ids: set[str] = field(default_factory=set)
     error: str | None = None
+    #: The connection could not be opened (nothing was published): another node may be tried.
+    unreachable: bool = False
     progress_at: float = 0.0
     channel: pika.channel.Channel | None = None
     connection: pika.SelectConnection | None = None
@@ -109,7 +111,9 @@ class _Publisher:
             self._fail(f"no confirm within {self.timeout:g} s")
 
     def _on_open_error(self, connection: pika.SelectConnection, error: BaseException | str) -> None:
-        self.error = self.error or f"connection failed: {error}"
+        if self.error is None:  # not closed by _fail: the node could not be reached
+            self.unreachable = True
+            self.error = f"connection failed: {error!r}"  # its str() is often empty
         connection.ioloop.stop()
 
     def _on_connection_closed(self, connection: pika.SelectConnection, reason: BaseException) -> None:
@@ -195,7 +199,8 @@ def send_bulk(
     names the duplicates, which are not published: in the result they are replaced, as ``send()``
     does, by a copy carrying the original message id. Whatever the failure, the middleware's
     ``on_unsent_batch(broker, messages)`` hooks then get the messages not confirmed (idempotency
-    gives their keys back, so sending them again publishes them).
+    gives their keys back, so sending them again publishes them). Each node of the broker's URL
+    is tried in turn until one accepts the connection.
 
     Raises:
       BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
@@ -237,17 +242,23 @@ def _register(broker: RabbitmqBroker, messages: list[Message[Any]]) -> dict[str,
 def _publish(
     broker: RabbitmqBroker, pending: list[Message[Any]], *, window: int, timeout: float
 ) -> tuple[list[Message[Any]], str | None]:
-    """Run the ``before_enqueue`` hooks, encode, declare the queues, and publish. Returns the
-    confirmed messages and, unless all were, why not."""
+    """Run the ``before_enqueue`` hooks, encode, declare the queues, and publish on the first node
+    that accepts a connection. Returns the confirmed messages and, unless all were, why not."""
     for message in pending:
         broker.emit_before("enqueue", message, None)
     # Every body before the first publish (the hooks may change options): nothing goes out if one fails.
     bodies = [message.encode() for message in pending]
     for queue_name in {m.queue_name for m in pending}:
         broker.declare_queue(queue_name, ensure=True)
-    parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
-    publisher = _Publisher(pending, bodies, parameters=parameters, window=window, timeout=timeout)
-    publisher.run()
+    nodes = broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]
+    for node in nodes:
+        publisher = _Publisher(pending, bodies, parameters=node, window=window, timeout=timeout)
+        publisher.run()
+        if not publisher.unreachable:
+            break
+        logger.warning(
+            "bulk_send_node_unreachable", extra={"node": f"{node.host}:{node.port}", "error": publisher.error}
+        )
     confirmed = [
         m
         for i, m in enumerate(pending)

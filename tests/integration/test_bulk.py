@@ -12,6 +12,7 @@ import pytest
 
 from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
 from tests import workload
+from tests.servers import free_port
 
 
 class Enqueued(dramatiq.Middleware):
@@ -90,3 +91,14 @@ def test_an_error_in_a_publisher_callback_fails_the_send_and_closes_its_connecti
     assert len(caught.value.failed) == 20
     assert connections and connections[0].is_closed
     assert "private-" not in caplog.text
+
+
+def test_a_node_that_cannot_be_reached_is_passed_over(queues, monkeypatch):
+    broker = queues.broker
+    nodes = broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]
+    closed = pika.ConnectionParameters(host="127.0.0.1", port=free_port(), connection_attempts=1)
+    monkeypatch.setattr(broker, "parameters", [closed, *nodes])
+    queue = queues.name(workload.record)
+    messages = [queues.message(workload.record, f"n{i}") for i in range(20)]
+    assert len(send_bulk(messages, broker=broker)) == 20
+    assert queues.depth(queue) == 20
