@@ -30,6 +30,7 @@ from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.runtime.idempotency_keys import (
     CompletedDuplicate,
     IdempotencyKeyError,
+    key_kept_through_wait,
     message_key,
     scoped_key,
 )
@@ -188,10 +189,8 @@ class Idempotency(FailClosed):
         """Register the keys of many messages in one store operation (bulk send uses it).
 
         Returns ``{message_id: original_message_id}`` for the duplicates, which are not to be
-        published. The others are marked registered, so a later ``before_enqueue`` of the same
-        message (a retry, a delayed move) passes without asking the store; the keys registered
-        are held until published (``after_enqueue``) or given back (``on_unsent_batch``).
-        """
+        published. The others are marked registered (a retry or delayed move of the message is not
+        a duplicate); their keys are held until published or given back (``on_unsent_batch``)."""
         duplicates, registered = self._register(broker, messages)
         self.unpublished.hold(registered)
         return duplicates
@@ -207,8 +206,10 @@ class Idempotency(FailClosed):
         """The duplicates (``{message_id: original_message_id}``), and ``(key, message_id)`` of
         the messages whose keys this call registered."""
         to_register: list[tuple[Message[Any], str, int]] = []
+        to_keep: list[tuple[str, int]] = []  # re-enqueued to wait longer than their keys live
         for message in messages:
             if message.options.get(REGISTERED):
+                to_keep += filter(None, [key_kept_through_wait(broker, message, self.hasher, self.ttl_ms)])
                 continue
             key = self.key_of(broker, message)
             if key is None:
@@ -217,10 +218,13 @@ class Idempotency(FailClosed):
                 to_register.append((message, key, key_ttl_ms(broker, message, self.ttl_ms)))
             else:
                 message.options[REGISTERED] = True
-        if not to_register:
+        if not to_register and not to_keep:
             return {}, []
+        items = [(key, m.message_id, ttl) for m, key, ttl in to_register]
         try:
-            originals = self.backend.register_many([(key, m.message_id, ttl) for m, key, ttl in to_register])
+            if to_keep:
+                self.backend.keep_many(to_keep)
+            originals = self.backend.register_many(items) if items else []
         except StoreUnavailable as exc:
             raise IdempotencyStoreError(str(exc)) from exc
         duplicates: dict[str, str] = {}

@@ -16,7 +16,9 @@ from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
-__all__ = ["CompletedDuplicate", "IdempotencyKeyError", "message_key", "scoped_key"]
+from jobsystem.runtime.options import option_of, wait_ms
+
+__all__ = ["CompletedDuplicate", "IdempotencyKeyError", "key_kept_through_wait", "message_key", "scoped_key"]
 
 
 class IdempotencyKeyError(MiddlewareError):
@@ -72,3 +74,22 @@ def message_key(
         )
     options["idempotency_key"] = text = str(key)
     return scoped_key(hasher, actor_name, text)
+
+
+def key_kept_through_wait(
+    broker: Broker, message: Message[Any], hasher: Callable[[str], str], default_ttl_ms: int
+) -> tuple[str, int] | None:
+    """``(key, ttl_ms)`` to keep the key of ``message``, re-enqueued to wait (a retry's backoff, a
+    deferral for a slot), for as long as the wait and its TTL after; None when its TTL (from its
+    last claim) still covers twice the wait, or it has no valid key (it is dead-lettered when it
+    runs). A key that expired during the wait would let a duplicate sent in the gap run, and then
+    this message too once that one's completed key expired."""
+    wait = wait_ms(message)
+    ttl = int(option_of(broker, message, "idempotency_ttl", default_ttl_ms))
+    if wait * 2 <= ttl:
+        return None
+    try:
+        key = message_key(broker, message, hasher)
+    except IdempotencyKeyError:
+        return None
+    return None if key is None else (key, ttl + wait)

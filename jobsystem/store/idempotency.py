@@ -102,6 +102,12 @@ class IdempotencyBackend(ABC):
         job was claimed since (the publish went through after all) is kept."""
 
     @abstractmethod
+    def keep_many(self, items: list[tuple[str, int]]) -> None:
+        """Keep each ``(key, ttl_ms)`` at least ``ttl_ms`` from now (never shorter than it is): its
+        job waits that long to run again, and a key that expired meanwhile would let a duplicate
+        sent in the gap run beside it."""
+
+    @abstractmethod
     def forget_many(self, keys: list[str]) -> None:
         """Delete each key unless it is done: its job was cancelled, so a deliberate re-send runs."""
 
@@ -190,6 +196,11 @@ end
 return 0
 """
 
+_KEEP = """
+for i, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ARGV[i], 'GT') end
+return 0
+"""
+
 _FORGET = """
 for _, key in ipairs(KEYS) do
   if redis.call('HGET', key, 'state') ~= 'done' then redis.call('DEL', key) end
@@ -214,6 +225,7 @@ class RedisIdempotency(IdempotencyBackend):
         self._complete = store.script(_COMPLETE)
         self._release = store.script(_RELEASE)
         self._unregister = store.script(_UNREGISTER)
+        self._keep = store.script(_KEEP)
         self._forget = store.script(_FORGET)
         self._line: ReplyLine | None = None  # made on the first claims sent ahead
 
@@ -271,6 +283,11 @@ class RedisIdempotency(IdempotencyBackend):
         if items:
             with self.store.errors():
                 self._unregister(keys=[self._key(k) for k, _ in items], args=[mid for _, mid in items])
+
+    def keep_many(self, items: list[tuple[str, int]]) -> None:
+        if items:
+            with self.store.errors():
+                self._keep(keys=[self._key(k) for k, _ in items], args=[ttl for _, ttl in items])
 
     def forget_many(self, keys: list[str]) -> None:
         if keys:

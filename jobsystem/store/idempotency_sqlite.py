@@ -123,6 +123,14 @@ class SqliteIdempotency(IdempotencyBackend):
                 [(self.store.key(KEY_PREFIX + key), message_id) for key, message_id in items],
             )
 
+    def keep_many(self, items: list[tuple[str, int]]) -> None:
+        now = self.store.now_ms()
+        with self.store.transaction() as conn:
+            conn.executemany(
+                "UPDATE idempotency SET expires_at = MAX(expires_at, ?) WHERE key = ? AND expires_at > ?",
+                [(now + ttl, self.store.key(KEY_PREFIX + key), now) for key, ttl in items],
+            )
+
     def forget_many(self, keys: list[str]) -> None:
         with self.store.transaction() as conn:
             conn.executemany(

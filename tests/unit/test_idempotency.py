@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import threading
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import dramatiq
@@ -164,6 +165,29 @@ def test_unregistering_keeps_a_key_that_is_another_messages_or_that_ran(idem):
         ("running", "m2"),
         None,
     ]
+
+
+def ms_left(store: StateStore, key: str) -> int:
+    """How long the store keeps ``key`` (an Idempotency-scoped key) from now."""
+    name = store.key("idem2:" + key)
+    if isinstance(store, RedisStore):
+        return int(store.client.pttl(name))
+    (expires_at,) = (
+        store.connection().execute("SELECT expires_at FROM idempotency WHERE key = ?", (name,)).fetchone()
+    )
+    return int(expires_at - store.now_ms())
+
+
+def test_a_job_re_enqueued_to_wait_longer_than_half_its_keys_ttl_keeps_its_key_through_the_wait(idem, store):
+    # A retry backing off (or a deferral for a slot) past the key's TTL would let the key expire:
+    # a duplicate sent in the gap would run, then this one too once that one's record expired.
+    sent = idem.broker.enqueue(idem.message("long"))  # registered: kept 60 s
+    short = idem.broker.enqueue(idem.message("short"))
+    key_of = partial(idem.middleware.scoped, "job")
+    idem.broker.enqueue(sent, delay=10 * 60_000)  # the retry, ten minutes later
+    idem.broker.enqueue(short, delay=20_000)  # within half the TTL: the key lives long enough
+    assert 10 * 60_000 + 60_000 - 5_000 <= ms_left(store, key_of("long")) <= 11 * 60_000
+    assert 55_000 <= ms_left(store, key_of("short")) <= 60_000  # not asked: the TTL it had
 
 
 def test_a_duplicate_of_a_completed_key_is_skipped_not_deferred(idem):
