@@ -4,11 +4,10 @@ Used by ``jobctl health`` (exit 0 healthy, 1 degraded, 2 broker unreachable), by
 ``check_health`` actor and by the metrics endpoint's queue gauges. Waiting, consumers and dead
 letters come from AMQP passive declares (exact, current); unacked, delayed messages held by
 workers and rates from the management API (samples refreshed every 5 s); the oldest waiting
-message's age by peeking at the head message (``requeue_timestamp`` for a retry, else
-``message_timestamp``); succeeded and failed totals from the job-status counters; jobs waiting in
-RabbitMQ's delay cascade (scheduled, and the next one's due time) from the state store's
-scheduled index, since the cascade's queues are shared by every queue. When the
-management API does not answer, the verdict rests on the AMQP counts.
+message's age by peeking at the head message (:func:`_ready_since`); succeeded and failed totals
+from the job-status counters; jobs waiting in RabbitMQ's delay cascade (scheduled, and the next
+one's due time) from the state store's scheduled index, since the cascade's queues are shared by
+every queue. When the management API does not answer, the verdict rests on the AMQP counts.
 """
 
 from __future__ import annotations
@@ -182,8 +181,32 @@ def missing_queues(config: Settings, queues: list[str], timeout: float = 5.0) ->
             connection.close()
 
 
+class _Undated(ValueError):
+    """A head message whose ready time cannot be read (not the project's nor Dramatiq's)."""
+
+
+def _ready_since(peeked: dict[str, Any]) -> float:
+    """When a message peeked through the management API became ready in its queue (epoch s).
+
+    The project's publishes carry that time as the AMQP ``timestamp`` property, set on every
+    publish into a work queue (a delayed message and a retry are published again when due), and
+    read whatever the body's size. Without it (a message of plain Dramatiq): the body's
+    ``requeue_timestamp`` or ``message_timestamp``, which predate any delay or backoff.
+    """
+    stamp = (peeked.get("properties") or {}).get("timestamp")
+    if isinstance(stamp, int) and not isinstance(stamp, bool):
+        return float(stamp)
+    try:
+        body = json.loads(peeked["payload"])
+        sent = max(int(body["message_timestamp"]), int(body.get("options", {}).get("requeue_timestamp", 0)))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise _Undated("not a Dramatiq message, or cut by the truncation") from exc
+    return sent / 1000
+
+
 def _oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
-    """Seconds since the head message of ``queue`` was sent (or re-enqueued for a retry)."""
+    """Seconds since the head message of ``queue`` became ready; None when none is waiting.
+    Raises _Undated when its ready time cannot be read."""
     response = requests.post(
         f"{_vhost_api(config)}/{quote(queue, safe='')}/get",
         json={"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 65_536},
@@ -193,12 +216,17 @@ def _oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
     peeked = response.json()
     if not peeked:
         return None
+    return max(0.0, time.time() - _ready_since(peeked[0]))
+
+
+def _peek_age(config: Settings, health: QueueHealth, timeout: float, notes: list[str]) -> None:
+    """Fill in ``health``'s oldest age, or note why it could not be measured."""
     try:
-        body = json.loads(peeked[0]["payload"])
-        stamp = max(int(body["message_timestamp"]), int(body.get("options", {}).get("requeue_timestamp", 0)))
-    except (KeyError, TypeError, ValueError):
-        return None  # not a Dramatiq message, or cut by the truncation
-    return max(0.0, time.time() - stamp / 1000)
+        health.oldest_age_s = _oldest_age_s(config, health.queue, timeout)
+    except requests.RequestException:
+        notes.append(f"{health.queue}: could not peek at the oldest message")
+    except _Undated:
+        notes.append(f"{health.queue}: the oldest message carries no time health can read")
 
 
 def measure(
@@ -243,10 +271,7 @@ def measure(
         health.delayed = (health.delayed or 0) + int(delayed.get("messages_unacknowledged", 0))
         health.publish_rate, health.ack_rate = _rate(main, "publish"), _rate(main, "ack")
         if peek and health.waiting:
-            try:
-                health.oldest_age_s = _oldest_age_s(config, health.queue, timeout)
-            except requests.RequestException:
-                notes.append(f"{health.queue}: could not peek at the oldest message")
+            _peek_age(config, health, timeout, notes)
     return measured, "management", notes
 
 

@@ -4,6 +4,7 @@ timeouts, and dead letters routed through an exchange of the project's."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -37,8 +38,8 @@ DEAD_LETTER_EXCHANGE = "jobs.dead-letters"
 DEAD_LETTER_PUBLISH_ATTEMPTS = 3
 
 
-#: Publish attempts of a delayed message into the cascade (as Dramatiq's own ``enqueue``).
-SCHEDULE_PUBLISH_ATTEMPTS = 6
+#: Publish attempts of a message (as Dramatiq's own ``enqueue``).
+PUBLISH_ATTEMPTS = 6
 
 #: Delays up to this long wait in the delay queue, held by a worker; longer ones in the cascade.
 DEFAULT_DELAY_HORIZON_MS = 30_000
@@ -76,6 +77,9 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
     - A delay longer than ``delay_horizon_ms`` waits in RabbitMQ's delay cascade
       (:mod:`jobsystem.rabbitmq.delays`), not in a worker: the message, carrying its ``eta``,
       reaches ``<queue>.DQ`` about a second before it is due and the worker releases it then.
+    - Every publish carries its time as the AMQP ``timestamp`` property (seconds): for a message
+      in a work queue, when it became ready there (a delayed message and a retry are published
+      again when due), which the health check reads as the waiting message's age.
     """
 
     def __init__(
@@ -112,7 +116,7 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
     def enqueue(self, message: Message[Any], *, delay: int | None = None) -> Message[Any]:
         if delay is not None and delay > self.delay_horizon_ms:
             return self._sent(message, partial(self._schedule, message, delay))
-        return self._sent(message, partial(super().enqueue, message, delay=delay))
+        return self._sent(message, partial(self._enqueue, message, delay))
 
     def schedule_at(self, message: Message[Any], eta: int) -> Message[Any]:
         """Enqueue ``message`` due at ``eta`` (ms since 1970) exactly: a delay moved out of a delay
@@ -136,31 +140,47 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
                     middleware.on_unsent(self, message)
             raise
 
+    def _enqueue(self, message: Message[Any], delay: int | None) -> Message[Any]:
+        """Dramatiq's ``enqueue``: into the work queue, or with ``delay`` into its delay queue."""
+        canonical = q_name(message.queue_name)
+        if delay is not None:
+            options = {"eta": current_millis() + delay}
+            message = message.copy(queue_name=dq_name(canonical), options=options)
+        return self._publish(message, delay, "", message.queue_name, cascade=False)
+
     def _schedule(self, message: Message[Any], delay: int, *, eta: int | None = None) -> Message[Any]:
         """Publish ``message`` into the delay cascade, bound for its delay queue at ``eta`` (default:
-        now + ``delay``).
-
-        The same steps as Dramatiq's ``enqueue`` (the hooks see the delayed copy and ``delay``),
-        with a confirmed, persistent, mandatory publish into the cascade.
-        """
+        now + ``delay``)."""
         canonical = q_name(message.queue_name)
         seconds = cascade_seconds(delay)
         due = current_millis() + delay if eta is None else eta
         message = message.copy(queue_name=dq_name(canonical), options={"eta": due})
         key = routing_key(seconds, dq_name(canonical))
-        for attempt in range(1, SCHEDULE_PUBLISH_ATTEMPTS + 1):
+        return self._publish(message, delay, self.delays.exchange_for(seconds), key, cascade=True)
+
+    def _publish(
+        self, message: Message[Any], delay: int | None, exchange: str, key: str, *, cascade: bool
+    ) -> Message[Any]:
+        """The steps of Dramatiq's ``enqueue`` (the hooks see ``message`` and ``delay``; a lost
+        connection or channel is tried again): a persistent publish, mandatory and confirmed with
+        publisher confirms, stamped with its time, into ``exchange`` with routing key ``key``."""
+        canonical = q_name(message.queue_name)
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
                 self.declare_queue(canonical, ensure=True)
-                self.ensure_delays()
+                if cascade:
+                    self.ensure_delays()
                 self.emit_before("enqueue", message, delay)
+                priority = message.options.get("broker_priority")
+                properties = pika.BasicProperties(
+                    delivery_mode=2, priority=priority, timestamp=int(time.time())
+                )
                 self.channel.basic_publish(
-                    exchange=self.delays.exchange_for(seconds),
+                    exchange=exchange,
                     routing_key=key,
                     body=message.encode(),
-                    properties=pika.BasicProperties(
-                        delivery_mode=2, priority=message.options.get("broker_priority")
-                    ),
-                    mandatory=True,
+                    properties=properties,
+                    mandatory=self.confirm_delivery,
                 )
                 self.emit_after("enqueue", message, delay)
                 return message
@@ -168,8 +188,9 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
                 del self.connection
                 # A queue or exchange deleted under us (404, unroutable): declare them all again.
                 self.queues_pending.add(canonical)
-                self._cascade_declared = False
-                if attempt == SCHEDULE_PUBLISH_ATTEMPTS:
+                if cascade:
+                    self._cascade_declared = False
+                if attempt == PUBLISH_ATTEMPTS:
                     raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         raise AssertionError("unreachable")  # pragma: no cover
 

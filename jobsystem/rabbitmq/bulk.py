@@ -151,6 +151,7 @@ class _Publisher:
         assert self.channel is not None
         if self.error is not None:  # failed: the connection is closing
             return
+        now = int(time.time())  # when the messages become ready, as the broker's publishes say
         while self.next_index < len(self.messages) and len(self.in_flight) < self.window:
             message = self.messages[self.next_index]
             self.channel.basic_publish(
@@ -161,6 +162,7 @@ class _Publisher:
                     delivery_mode=pika.DeliveryMode.Persistent,
                     priority=message.options.get("broker_priority"),
                     message_id=message.message_id,
+                    timestamp=now,
                 ),
                 mandatory=True,
             )

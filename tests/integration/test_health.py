@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from urllib.parse import quote
 
+import requests
+
+from jobsystem.ops.health import measure
 from tests import workload
 from tests.servers import free_port
 from tests.support import BIN, ROOT, worker_env
@@ -78,3 +82,24 @@ def test_unreachable_broker_exits_2(prefix, tmp_path):
         prefix, tmp_path, "--json", RABBITMQ_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}/"
     )
     assert code == 2 and json.loads(out)["status"] == "unreachable"
+
+
+def test_a_message_ready_just_now_is_young_whatever_its_timestamps_and_size(queues):
+    """A delayed job or a retry is published into its queue again when due: its age counts from
+    then, not from its send or its failed attempt (``message_timestamp``, ``requeue_timestamp``), and
+    is read from its AMQP timestamp even when its body is larger than the peek shows."""
+    queue = queues.name(workload.record)
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    # What a worker publishes when a retry's backoff or a job's delay is over.
+    released = queues.message(workload.record, "late").copy(
+        message_timestamp=hour_ago, options={"retries": 1, "requeue_timestamp": hour_ago + 1_000}
+    )
+    queues.broker.enqueue(released)
+    ((health,), source, _) = measure(queues.settings, [queue])
+    assert source == "management" and health.waiting == 1
+    assert health.oldest_age_s is not None and health.oldest_age_s < 60, health.oldest_age_s
+
+    requests.delete(queues.api(f"/{quote(queue, safe='')}/contents"), timeout=10)
+    queues.broker.enqueue(queues.message(workload.record, "x" * 100_000))  # past the peek's 64 KiB
+    ((health,), _, notes) = measure(queues.settings, [queue])
+    assert health.oldest_age_s is not None and health.oldest_age_s < 60, notes
