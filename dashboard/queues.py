@@ -111,6 +111,7 @@ def overview(project: Project, sampler: HealthSampler) -> dict[str, Any]:
     if report is None:
         return {"status": "unknown", "queues": [], "notes": ["measuring the queues..."], "sampled_at": None}
     data = report.to_dict()
+    data["notes"][:0] = [p["detail"] for p in data["problems"]]  # the system's own (the store down)
     now_ms = int(time.time() * 1000)
     names = [q["queue"] for q in data["queues"]]
     try:

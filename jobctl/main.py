@@ -328,8 +328,9 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
     """Queue health: backlog, running, delayed, dead letters, consumers, rates, totals, verdicts.
 
     Checks the queues the project's actors declare (or those given with --queue) against the
-    HEALTH_* thresholds. Exit code 0 healthy, 1 degraded, 2 broker unreachable or a --queue
-    RabbitMQ does not have: usable as a container health check or a cron alert.
+    HEALTH_* thresholds. Exit code 0 healthy, 1 degraded (a state store that does not answer
+    too), 2 broker unreachable or a --queue RabbitMQ does not have: usable as a container health
+    check or a cron alert.
     """
     system = load_system()
     from jobsystem.ops.health import check, resolve_queues
@@ -375,6 +376,8 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
     source = "management API" if report.source == "management" else "AMQP (management API unreachable)"
     click.echo(f"\n{report.status}  (numbers from {source}; succeeded/failed from the job-status counters)")
+    for problem in report.problems:
+        click.echo(f"  {problem.detail}")
     for q in report.queues:
         for problem in q.problems:
             click.echo(f"  {q.queue}: {problem.detail}")

@@ -1,7 +1,9 @@
 """Alerts on queue health: each degraded condition logged and sent to Sentry once, when it opens.
 
 Open conditions are remembered in the state store (``health:open``), so a condition lasting an hour
-alerts once, not sixty times, and alerts again only after it cleared and came back.
+alerts once, not sixty times, and alerts again only after it cleared and came back. While the
+store is down nothing de-duplicates: every condition (the store's own among them) is sent at each
+check.
 """
 
 from __future__ import annotations
@@ -49,44 +51,66 @@ def _send_to_sentry(settings: Settings, condition: str, queue: str, kind: str, d
     client.flush(timeout=5)
 
 
+def _conditions(report: HealthReport) -> dict[str, dict[str, str]]:
+    """The degraded conditions of ``report`` by name (``kind:queue``; the system's by kind)."""
+    current = {p.kind: {"queue": "", "kind": p.kind, "detail": p.detail} for p in report.problems}
+    current.update(
+        {
+            f"{p.kind}:{h.queue}": {"queue": h.queue, "kind": p.kind, "detail": p.detail}
+            for h in report.queues
+            for p in h.problems
+        }
+    )
+    if report.status == "unreachable":
+        current["unreachable:broker"] = {"queue": "", "kind": "unreachable", "detail": report.error or ""}
+    return current
+
+
+def _record(
+    report: HealthReport, current: dict[str, dict[str, str]], state: StateStore
+) -> tuple[list[str], dict[str, str]] | None:
+    """Compare ``current`` with the open conditions in the store and remember it: the conditions
+    that opened and those that cleared (with their queue); None while another check holds the lease.
+    A condition clears only when its queue was checked (the system's: when the broker was reached)."""
+    checked = {h.queue for h in report.queues} | ({""} if report.status != "unreachable" else set())
+    owner = uuid.uuid4().hex
+    if not state.acquire_lease("health:check", owner, 60_000):
+        return None
+    try:
+        raw = state.get("health:open")
+        known: dict[str, dict[str, Any]] = json.loads(raw) if raw else {}
+        new = [c for c in current if c not in known]
+        cleared = {c: v["queue"] for c, v in known.items() if v["queue"] in checked and c not in current}
+        now = int(time.time() * 1000)
+        remembered = {c: v for c, v in known.items() if c not in cleared}
+        remembered.update({c: {**current[c], "since": now} for c in new})
+        state.set("health:open", json.dumps(remembered), ttl_ms=OPEN_CONDITIONS_TTL_MS)
+    finally:
+        state.release_lease("health:check", owner)
+    return new, cleared
+
+
 def alert(report: HealthReport, *, state: StateStore, settings: Settings) -> list[str]:
     """Log and send to Sentry each degraded condition of ``report`` that just opened; returns them.
 
     Checks of other queues leave their conditions alone. Concurrent checks take turns on a lease.
+    While the state store does not answer, every current condition is sent (nothing de-duplicates
+    them then), after an ERROR line.
     """
-    owner = uuid.uuid4().hex
-    checked = {h.queue for h in report.queues}
-    current: dict[str, dict[str, str]] = {
-        f"{p.kind}:{h.queue}": {"queue": h.queue, "kind": p.kind, "detail": p.detail}
-        for h in report.queues
-        for p in h.problems
-    }
-    if report.status == "unreachable":
-        current["unreachable:broker"] = {"queue": "", "kind": "unreachable", "detail": report.error or ""}
-    else:
-        checked.add("")
+    current = _conditions(report)
     try:
-        if not state.acquire_lease("health:check", owner, 60_000):
-            logger.info("health_check_concurrent")
-            return []
-        try:
-            raw = state.get("health:open")
-            known: dict[str, dict[str, Any]] = json.loads(raw) if raw else {}
-            new = [c for c in current if c not in known]
-            cleared = [c for c, v in known.items() if v["queue"] in checked and c not in current]
-            now = int(time.time() * 1000)
-            remembered = {c: v for c, v in known.items() if c not in cleared}
-            remembered.update({c: {**current[c], "since": now} for c in new})
-            state.set("health:open", json.dumps(remembered), ttl_ms=OPEN_CONDITIONS_TTL_MS)
-        finally:
-            state.release_lease("health:check", owner)
+        recorded = _record(report, current, state)
     except StoreUnavailable as exc:
-        logger.warning("health_alert_state_unavailable", conditions=sorted(current), error=str(exc))
+        logger.error("health_alert_state_unavailable", conditions=sorted(current), error=str(exc))
+        recorded = list(current), {}
+    if recorded is None:
+        logger.info("health_check_concurrent")
         return []
+    new, cleared = recorded
     for condition in new:
         info = current[condition]
         logger.warning("queue_degraded", condition=condition, queue=info["queue"], detail=info["detail"])
         _send_to_sentry(settings, condition, info["queue"], info["kind"], info["detail"])
-    for condition in cleared:
-        logger.info("queue_recovered", condition=condition, queue=known[condition]["queue"])
+    for condition, queue in cleared.items():
+        logger.info("queue_recovered", condition=condition, queue=queue)
     return new

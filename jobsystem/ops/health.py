@@ -7,7 +7,8 @@ workers and rates from the management API (samples refreshed every 5 s); the old
 message's age by peeking at the head message (:func:`_ready_since`); succeeded and failed totals
 from the job-status counters; jobs waiting in RabbitMQ's delay cascade (scheduled, and the next
 one's due time) from the state store's scheduled index, since the cascade's queues are shared by
-every queue. When the management API does not answer, the verdict rests on the AMQP counts.
+every queue. When the management API does not answer, the verdict rests on the AMQP counts. A
+state store that does not answer is a problem of the whole system.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Problem:
-    """One degraded condition of a queue: ``kind`` is backlog, dead_letters, oldest_age or no_consumers."""
+    """One degraded condition: of a queue, ``kind`` backlog, dead_letters, oldest_age or
+    no_consumers; of the system, ``state_store``."""
 
     kind: str
     detail: str
@@ -77,13 +79,15 @@ class QueueHealth:
 
 @dataclass
 class HealthReport:
-    """The verdict over all queues checked, with what could not be measured in ``notes``."""
+    """The verdict over all queues checked, the system's own ``problems`` (the state store down),
+    and what could not be measured in ``notes``."""
 
     status: Literal["healthy", "degraded", "unreachable"]
     queues: list[QueueHealth]
     source: Literal["management", "amqp"] | None = None
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    problems: list[Problem] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -321,7 +325,8 @@ def _judge(health: QueueHealth, config: Settings) -> None:
 
 
 def check(queues: list[str], *, config: Settings, state: StateStore, timeout: float = 5.0) -> HealthReport:
-    """Measure ``queues`` and judge each against the ``HEALTH_*`` thresholds."""
+    """Measure ``queues`` and judge each against the ``HEALTH_*`` thresholds; a state store that
+    does not answer degrades the report too (every guarded job is deferred meanwhile)."""
     try:
         measured, source, notes = measure(config, queues, timeout)
     except ConnectionError as exc:
@@ -334,9 +339,9 @@ def check(queues: list[str], *, config: Settings, state: StateStore, timeout: fl
             health.succeeded = counts[health.queue].get("succeeded", 0)
             health.failed = counts[health.queue].get("dead", 0)
     except StoreUnavailable as exc:
-        report.notes.append(f"state store unreachable, no totals ({exc})")
+        report.problems.append(Problem("state_store", f"state store unreachable, no totals ({exc})"))
     for health in report.queues:
         _judge(health, config)
-    if any(h.problems for h in report.queues):
+    if report.problems or any(h.problems for h in report.queues):
         report.status = "degraded"
     return report

@@ -1,0 +1,44 @@
+"""Health alerts: a store that does not answer never swallows an alert."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import structlog
+
+from jobsystem.ops import alerts
+from jobsystem.ops.health import HealthReport, Problem, QueueHealth
+from jobsystem.store.redis import RedisStore
+
+SETTINGS: Any = SimpleNamespace(sentry_dsn=None)
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The conditions sent to Sentry."""
+    conditions: list[str] = []
+    monkeypatch.setattr(alerts, "_send_to_sentry", lambda _s, condition, *_: conditions.append(condition))
+    return conditions
+
+
+def report(*queues: QueueHealth, problems: tuple[Problem, ...] = ()) -> HealthReport:
+    status = "degraded" if problems or any(q.problems for q in queues) else "healthy"
+    return HealthReport(status, list(queues), "management", problems=list(problems))
+
+
+def aged(queue: str = "q") -> QueueHealth:
+    problems = [Problem("oldest_age", "oldest waiting 900 s > 600 s")]
+    return QueueHealth(queue, waiting=1, consumers=1, oldest_age_s=900.0, problems=problems)
+
+
+def test_while_the_store_is_down_every_condition_is_sent_at_each_check(sent: list[str]):
+    down = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)
+    degraded = report(aged(), problems=(Problem("state_store", "state store unreachable"),))
+    for _ in range(2):
+        with structlog.testing.capture_logs() as logged:
+            sent_now = alerts.alert(degraded, state=down, settings=SETTINGS)
+        assert sorted(sent_now) == ["oldest_age:q", "state_store"]
+        assert logged[0]["event"] == "health_alert_state_unavailable" and logged[0]["log_level"] == "error"
+    assert sorted(sent) == ["oldest_age:q", "oldest_age:q", "state_store", "state_store"]
