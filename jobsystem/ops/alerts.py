@@ -1,9 +1,9 @@
 """Alerts on queue health: each degraded condition logged and sent to Sentry once, when it opens.
 
 Open conditions are remembered in the state store (``health:open``), so a condition lasting an hour
-alerts once, not sixty times, and alerts again only after it cleared and came back. While the
-store is down nothing de-duplicates: every condition (the store's own among them) is sent at each
-check.
+alerts once, not sixty times, and alerts again only after it cleared and came back. A condition
+this check could not measure is not taken as cleared. While the store is down nothing
+de-duplicates: every condition (the store's own among them) is sent at each check.
 """
 
 from __future__ import annotations
@@ -71,8 +71,11 @@ def _record(
 ) -> tuple[list[str], dict[str, str]] | None:
     """Compare ``current`` with the open conditions in the store and remember it: the conditions
     that opened and those that cleared (with their queue); None while another check holds the lease.
-    A condition clears only when its queue was checked (the system's: when the broker was reached)."""
+
+    A condition clears only when this check judged it: its queue checked (the system's: the broker
+    reached) and its kind measured (an age the peek could not read stays open)."""
     checked = {h.queue for h in report.queues} | ({""} if report.status != "unreachable" else set())
+    unjudged = {(h.queue, kind) for h in report.queues for kind in h.unjudged}
     owner = uuid.uuid4().hex
     if not state.acquire_lease("health:check", owner, 60_000):
         return None
@@ -80,7 +83,11 @@ def _record(
         raw = state.get("health:open")
         known: dict[str, dict[str, Any]] = json.loads(raw) if raw else {}
         new = [c for c in current if c not in known]
-        cleared = {c: v["queue"] for c, v in known.items() if v["queue"] in checked and c not in current}
+        cleared = {
+            c: v["queue"]
+            for c, v in known.items()
+            if v["queue"] in checked and c not in current and (v["queue"], v["kind"]) not in unjudged
+        }
         now = int(time.time() * 1000)
         remembered = {c: v for c, v in known.items() if c not in cleared}
         remembered.update({c: {**current[c], "since": now} for c in new})

@@ -7,8 +7,8 @@ workers and rates from the management API (samples refreshed every 5 s); the old
 message's age by peeking at the head message (:func:`_ready_since`); succeeded and failed totals
 from the job-status counters; jobs waiting in RabbitMQ's delay cascade (scheduled, and the next
 one's due time) from the state store's scheduled index, since the cascade's queues are shared by
-every queue. When the management API does not answer, the verdict rests on the AMQP counts. A
-state store that does not answer is a problem of the whole system.
+every queue. When the management API does not answer, the verdict rests on the AMQP counts, and
+the age is not judged. A state store that does not answer is a problem of the whole system.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class Problem:
 
 @dataclass
 class QueueHealth:
-    """The numbers of one queue (None: not measurable from the source at hand) and its problems."""
+    """The numbers of one queue (None: not measurable from the source at hand), its problems, and
+    the kinds of problem this check could not judge (``unjudged``: an unmeasured age)."""
 
     queue: str
     waiting: int | None = None
@@ -71,6 +72,7 @@ class QueueHealth:
     succeeded: int | None = None
     failed: int | None = None
     problems: list[Problem] = field(default_factory=list)
+    unjudged: list[str] = field(default_factory=list)
 
     @property
     def verdict(self) -> Literal["healthy", "degraded"]:
@@ -224,13 +226,15 @@ def _oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
 
 
 def _peek_age(config: Settings, health: QueueHealth, timeout: float, notes: list[str]) -> None:
-    """Fill in ``health``'s oldest age, or note why it could not be measured."""
+    """Fill in ``health``'s oldest age, or note why it could not be measured (then not judged)."""
     try:
         health.oldest_age_s = _oldest_age_s(config, health.queue, timeout)
+        return
     except requests.RequestException:
         notes.append(f"{health.queue}: could not peek at the oldest message")
     except _Undated:
         notes.append(f"{health.queue}: the oldest message carries no time health can read")
+    health.unjudged.append("oldest_age")
 
 
 def measure(
@@ -268,13 +272,17 @@ def measure(
         stats = _management_stats(config, timeout)
     except requests.RequestException as exc:
         notes.append(f"management API unreachable ({type(exc).__name__}): no unacked, rates or age")
+        for health in measured:
+            health.unjudged.append("oldest_age")
         return measured, "amqp", notes
     for health in measured:
         main, delayed = stats.get(health.queue, {}), stats.get(health.queue + ".DQ", {})
         health.in_progress = int(main.get("messages_unacknowledged", 0))
         health.delayed = (health.delayed or 0) + int(delayed.get("messages_unacknowledged", 0))
         health.publish_rate, health.ack_rate = _rate(main, "publish"), _rate(main, "ack")
-        if peek and health.waiting:
+        if not peek:
+            health.unjudged.append("oldest_age")
+        elif health.waiting:
             _peek_age(config, health, timeout, notes)
     return measured, "management", notes
 

@@ -54,6 +54,7 @@ def test_backed_up_queue_is_degraded_then_healthy_once_served(start_worker, queu
     )
     report = json.loads(out)
     assert (code, report["source"], report["queues"][0]["waiting"]) == (1, "amqp", 10)
+    assert report["queues"][0]["unjudged"] == ["oldest_age"]  # no age: an alert on it stays open
     assert {p["kind"] for p in report["queues"][0]["problems"]} == {"backlog", "no_consumers"}
 
     start_worker()

@@ -1,4 +1,5 @@
-"""Health alerts: a store that does not answer never swallows an alert."""
+"""Health alerts on the real store backends: what opens is sent once, what was not measured stays
+open, and a store that does not answer never swallows an alert."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import structlog
 
 from jobsystem.ops import alerts
 from jobsystem.ops.health import HealthReport, Problem, QueueHealth
+from jobsystem.store.base import StateStore
 from jobsystem.store.redis import RedisStore
 
 SETTINGS: Any = SimpleNamespace(sentry_dsn=None)
@@ -31,6 +33,21 @@ def report(*queues: QueueHealth, problems: tuple[Problem, ...] = ()) -> HealthRe
 def aged(queue: str = "q") -> QueueHealth:
     problems = [Problem("oldest_age", "oldest waiting 900 s > 600 s")]
     return QueueHealth(queue, waiting=1, consumers=1, oldest_age_s=900.0, problems=problems)
+
+
+def test_an_age_the_check_could_not_measure_is_not_taken_as_recovered(store: StateStore, sent: list[str]):
+    assert alerts.alert(report(aged()), state=store, settings=SETTINGS) == ["oldest_age:q"]
+    # The management API did not answer (or the peek failed): no age, which is not a young one.
+    unmeasured = QueueHealth("q", waiting=1, consumers=1)
+    unmeasured.unjudged = ["oldest_age"]
+    with structlog.testing.capture_logs() as logged:
+        assert alerts.alert(report(unmeasured), state=store, settings=SETTINGS) == []
+    assert [e["event"] for e in logged] == []
+    assert alerts.alert(report(aged()), state=store, settings=SETTINGS) == []  # still open: not again
+    with structlog.testing.capture_logs() as logged:
+        alerts.alert(report(QueueHealth("q", waiting=0, consumers=1)), state=store, settings=SETTINGS)
+    assert [(e["event"], e["condition"]) for e in logged] == [("queue_recovered", "oldest_age:q")]
+    assert sent == ["oldest_age:q"]
 
 
 def test_while_the_store_is_down_every_condition_is_sent_at_each_check(sent: list[str]):
