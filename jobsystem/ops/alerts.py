@@ -8,6 +8,7 @@ de-duplicates: every condition (the store's own among them) is sent at each chec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -93,7 +94,8 @@ def _record(
         remembered.update({c: {**current[c], "since": now} for c in new})
         state.set("health:open", json.dumps(remembered), ttl_ms=OPEN_CONDITIONS_TTL_MS)
     finally:
-        state.release_lease("health:check", owner)
+        with contextlib.suppress(StoreUnavailable):  # it expires: the conditions are recorded, send them
+            state.release_lease("health:check", owner)
     return new, cleared
 
 

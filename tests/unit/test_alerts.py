@@ -1,5 +1,5 @@
 """Health alerts on the real store backends: what opens is sent once, what was not measured stays
-open, and a store that does not answer never swallows an alert."""
+open, and a store that fails (down, or only when the lease is given back) never swallows an alert."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import structlog
 
 from jobsystem.ops import alerts
 from jobsystem.ops.health import HealthReport, Problem, QueueHealth
-from jobsystem.store.base import StateStore
+from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
 
 SETTINGS: Any = SimpleNamespace(sentry_dsn=None)
@@ -59,3 +59,27 @@ def test_while_the_store_is_down_every_condition_is_sent_at_each_check(sent: lis
         assert sorted(sent_now) == ["oldest_age:q", "state_store"]
         assert logged[0]["event"] == "health_alert_state_unavailable" and logged[0]["log_level"] == "error"
     assert sorted(sent) == ["oldest_age:q", "oldest_age:q", "state_store", "state_store"]
+
+
+class _LeaseNotReleased:
+    """A store that records everything but fails when the lease is given back."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def release_lease(self, name: str, owner: str) -> bool:
+        raise StoreUnavailable("connection lost")
+
+
+def test_conditions_recorded_as_open_are_sent_though_the_lease_could_not_be_given_back(
+    store: StateStore, sent: list[str]
+):
+    failing: Any = _LeaseNotReleased(store)
+    assert alerts.alert(report(aged()), state=failing, settings=SETTINGS) == ["oldest_age:q"]
+    assert sent == ["oldest_age:q"]
+    holder = store.lease_holder("health:check")  # it would expire within a minute
+    assert holder is not None and store.release_lease("health:check", holder)
+    assert alerts.alert(report(aged()), state=store, settings=SETTINGS) == []  # recorded as open
