@@ -3,12 +3,13 @@
 Unlike Dramatiq's ``Prometheus`` middleware, each worker group keeps its sample files in a
 directory of its own (``<directory>/group-<pid of the dramatiq main process>``, those of dead
 groups removed at boot) instead of one never-cleared folder; host and port are constructor
-arguments, not environment variables read at import; and only Retries' re-enqueue of a failed
-attempt counts as a retry (:mod:`jobsystem.runtime.attempts`), with skips and deferrals counted
-apart. prometheus_client's multiprocess mode is switched on in ``after_process_boot``, before the
-library is used. Worker threads add to a :class:`~jobsystem.runtime.tally.Tally`, applied to the
-sample files every ``flush_interval`` seconds and at shutdown, instead of four sample writes per
-job. The ``/metrics`` endpoint is a Dramatiq fork process (:mod:`jobsystem.observability.metrics`).
+arguments, not environment variables read at import; only Retries' re-enqueue of a failed attempt
+counts as a retry (:mod:`jobsystem.runtime.attempts`), with skips and deferrals counted apart; and
+a queue or actor the broker does not know is labelled ``unknown``. prometheus_client's
+multiprocess mode is switched on in ``after_process_boot``, before the library is used. Worker
+threads add to a :class:`~jobsystem.runtime.tally.Tally`, applied to the sample files every
+``flush_interval`` seconds and at shutdown, instead of four sample writes per job. The
+``/metrics`` endpoint is a Dramatiq fork process (:mod:`jobsystem.observability.metrics`).
 """
 
 from __future__ import annotations
@@ -109,8 +110,15 @@ class _Instruments:
         )
 
 
-def _labels(message: Message[Any] | MessageProxy) -> tuple[str, str]:
-    return q_name(message.queue_name), message.actor_name
+#: The label of a queue or an actor the broker does not know: names from a message body (anyone
+#: who may publish) would add series without bound, and could carry personal data.
+UNKNOWN = "unknown"
+
+
+def _labels(broker: Broker, message: Message[Any] | MessageProxy) -> tuple[str, str]:
+    """The queue and actor labels of ``message``: names declared on ``broker``, else UNKNOWN."""
+    queue, actor = q_name(message.queue_name), message.actor_name
+    return (queue if queue in broker.queues else UNKNOWN, actor if actor in broker.actors else UNKNOWN)
 
 
 class Metrics(Middleware):
@@ -178,12 +186,12 @@ class Metrics(Middleware):
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         if self._instruments is not None and self.attempts.enqueued(message, delay) == "retry":
-            self.tally.count(self._instruments.retries, _labels(message))
+            self.tally.count(self._instruments.retries, _labels(broker, message))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         if self._instruments is not None:
             self._local.started = (message.message_id, time.monotonic())
-            self.tally.level(self._instruments.in_progress, _labels(message), 1)
+            self.tally.level(self._instruments.in_progress, _labels(broker, message), 1)
 
     def _started(self, message: MessageProxy) -> float | None:
         """When this thread started ``message`` (monotonic seconds), forgotten once asked; None
@@ -194,11 +202,11 @@ class Metrics(Middleware):
             return None
         return started[1]
 
-    def _finish(self, message: MessageProxy) -> None:
+    def _finish(self, broker: Broker, message: MessageProxy) -> None:
         """A job that ends without running: out of the in-progress level if it entered it."""
         if self._started(message) is not None:
             assert self._instruments is not None
-            self.tally.level(self._instruments.in_progress, _labels(message), -1)
+            self.tally.level(self._instruments.in_progress, _labels(broker, message), -1)
 
     def after_process_message(
         self,
@@ -210,7 +218,7 @@ class Metrics(Middleware):
     ) -> None:
         if self._instruments is None:
             return
-        instruments, labels = self._instruments, _labels(message)
+        instruments, labels = self._instruments, _labels(broker, message)
         started = self._started(message)
         if started is not None:  # one lock acquisition for the level, the duration and the count
             duration = (time.monotonic() - started) * 1000
@@ -230,16 +238,16 @@ class Metrics(Middleware):
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         if self._instruments is None:
             return
-        self._finish(message)
+        self._finish(broker, message)
         if self.attempts.deferred(message.message_id) or wants_redelivery(message):
-            self.tally.count(self._instruments.deferred, _labels(message))
+            self.tally.count(self._instruments.deferred, _labels(broker, message))
         elif not message.failed:
-            self.tally.count(self._instruments.skipped, _labels(message))
+            self.tally.count(self._instruments.skipped, _labels(broker, message))
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()
         if self._instruments is not None and not wants_redelivery(message):  # counted once published
-            self.tally.count(self._instruments.rejects, _labels(message))
+            self.tally.count(self._instruments.rejects, _labels(broker, message))
 
     def after_ack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()

@@ -1,0 +1,48 @@
+"""The metrics middleware's labels, without a worker or sample files (the counts are read from a
+stand-in for the tally)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+
+from middleware.metrics import Metrics
+
+
+def counting(tmp_path: Path) -> Metrics:
+    """A metrics middleware as in a worker process, its counts going to a stand-in."""
+    metrics = Metrics(tmp_path)
+    metrics._instruments = mock.Mock()  # type: ignore[assignment]
+    metrics.tally = mock.Mock()  # type: ignore[assignment]
+    return metrics
+
+
+def labels_used(tally: mock.Mock) -> set[tuple[str, str]]:
+    """Every (queue, actor) label pair the tally was given."""
+    found = set()
+    for call in tally.mock_calls:
+        for argument in call.args:
+            if isinstance(argument, tuple) and len(argument) == 2:
+                found.add(argument)
+    return found
+
+
+def test_a_queue_or_actor_the_broker_does_not_know_is_labelled_unknown(tmp_path: Path):
+    """Anyone who may publish chooses the names in a body: they must not become series."""
+    broker = StubBroker()
+
+    @dramatiq.actor(broker=broker, queue_name="known")
+    def job() -> None: ...
+
+    metrics = counting(tmp_path)
+    stranger = dramatiq.Message("known", "jane.doe@example.com", (), {}, {})
+    for message in (stranger, dramatiq.Message("elsewhere", "job", (), {}, {})):
+        proxy = dramatiq.broker.MessageProxy(message)
+        metrics.before_process_message(broker, proxy)
+        metrics.after_process_message(broker, proxy, exception=RuntimeError("no such actor"))
+        metrics.after_enqueue(broker, message, 1_000)  # its retry
+        metrics.after_nack(broker, proxy)
+    assert labels_used(metrics.tally) == {("known", "unknown"), ("unknown", "job")}
