@@ -49,6 +49,7 @@ from jobsystem.dramatiq_internals import (
 )
 from jobsystem.rabbitmq.acks import AckBatch
 from jobsystem.rabbitmq.bursts import buffered_deliveries
+from jobsystem.runtime.attempts import enqueue_retry
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -261,7 +262,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         """Publish the follow-up a refused delivery had decided, then ack it (or hold it again)."""
         publish: Callable[[], Any]
         if isinstance(follow_up, RetryFollowUp):
-            publish = partial(self.broker.enqueue, follow_up.message, delay=follow_up.delay_ms)
+            publish = partial(enqueue_retry, self.broker, follow_up.message, follow_up.delay_ms)
         else:
             publish = partial(
                 self.broker.publish_dead_letter,

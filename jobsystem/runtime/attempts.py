@@ -14,7 +14,9 @@ was retried before carries ``retries`` too), but the moment does, per worker thr
   ``after_skip_message``: Dramatiq calls ``after_*`` hooks in reverse order, so the middleware
   placed after it see the skip before the re-enqueue;
 - a re-enqueue with a delay of the message whose attempt this thread is running (noted with
-  :meth:`AttemptTracker.started`), not its retry, is such a deferral: the attempt ran again later.
+  :meth:`AttemptTracker.started`), not its retry, is such a deferral: the attempt ran again later;
+- a retry RabbitMQ refused is published later by the consumer, on its own thread, through
+  :func:`enqueue_retry`: every tracker sees that re-enqueue as the retry.
 
 The notes are cleared when the message is acked or nacked, the last thing that happens to it in
 the worker thread.
@@ -26,9 +28,23 @@ import sys
 import threading
 from typing import Any, Literal
 
+from dramatiq import Broker, Message
 from dramatiq.middleware import SkipMessage
 
-__all__ = ["AttemptTracker", "DeferringSkip"]
+__all__ = ["AttemptTracker", "DeferringSkip", "enqueue_retry"]
+
+#: Per thread: the id of the retry :func:`enqueue_retry` is publishing, if any.
+_retrying = threading.local()
+
+
+def enqueue_retry(broker: Broker, message: Message[Any], delay: int) -> Message[Any]:
+    """Enqueue ``message``, the retry of an attempt that failed earlier (its first publish was
+    refused), so that the middleware count it as the retry, not as a delayed send."""
+    _retrying.message_id = message.message_id
+    try:
+        return broker.enqueue(message, delay=delay)
+    finally:
+        _retrying.message_id = None
 
 
 class DeferringSkip(SkipMessage):
@@ -62,6 +78,8 @@ class AttemptTracker:
             return "sent"
         if message.message_id == getattr(self._local, "failed", None):
             self._local.failed = None
+            return "retry"
+        if message.message_id == getattr(_retrying, "message_id", None):
             return "retry"
         self._local.delayed = message.message_id
         return "delayed"

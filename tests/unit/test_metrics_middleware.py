@@ -1,14 +1,18 @@
-"""The metrics middleware's labels, without a worker or sample files (the counts are read from a
-stand-in for the tally)."""
+"""The metrics middleware's labels and its retry count, without a worker or sample files (the
+counts are read from a stand-in for the tally)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 from unittest import mock
 
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 
+from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
+from jobsystem.runtime.follow_ups import RetryFollowUp
 from middleware.metrics import Metrics
 
 
@@ -46,3 +50,20 @@ def test_a_queue_or_actor_the_broker_does_not_know_is_labelled_unknown(tmp_path:
         metrics.after_enqueue(broker, message, 1_000)  # its retry
         metrics.after_nack(broker, proxy)
     assert labels_used(metrics.tally) == {("known", "unknown"), ("unknown", "job")}
+
+
+def test_a_retry_the_consumer_publishes_after_rabbitmq_refused_it_is_counted_as_a_retry(tmp_path: Path):
+    """The retry of a failed attempt whose first publish was refused is published on the
+    delivery's return by the consumer, on its own thread: still the retry, not a delayed send."""
+    metrics = counting(tmp_path)
+    broker = StubBroker(middleware=[metrics])
+
+    @dramatiq.actor(broker=broker, queue_name="q")
+    def flaky() -> None: ...
+
+    consumer: Any = object.__new__(DeadLetteringConsumer)  # no connection: only its decision
+    consumer.broker = SimpleNamespace(enqueue=broker.enqueue, refused_follow_ups=mock.Mock())
+    consumer.queue_name, consumer._settle = "q", mock.Mock()
+    retry = flaky.message_with_options(retries=1)
+    consumer._publish_decided(7, retry.message_id, RetryFollowUp(retry, 1_000))
+    assert metrics.tally.count.call_args_list == [mock.call(metrics._instruments.retries, ("q", "flaky"))]
