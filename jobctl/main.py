@@ -171,6 +171,11 @@ def worker(dramatiq_args: tuple[str, ...]) -> None:
     # Dramatiq releases a delayed message on its consumer threads' tick (1 s by default): 100 ms
     # keeps a delayed job within ~0.1 s of its due time, for ten idle wake-ups a second per queue.
     os.environ.setdefault("dramatiq_worker_timeout", str(WORKER_TICK_MS))
+    # dramatiq keeps this PID, so its group's metrics directory is named after it. In a container
+    # that is always 1: samples left by processes killed before a restart would count as live.
+    from middleware.metrics import group_directory
+
+    shutil.rmtree(group_directory(settings.prometheus_dir, os.getpid()), ignore_errors=True)
     os.execv(executable, argv)
 
 

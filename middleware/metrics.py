@@ -2,14 +2,15 @@
 
 Unlike Dramatiq's ``Prometheus`` middleware, each worker group keeps its sample files in a
 directory of its own (``<directory>/group-<pid of the dramatiq main process>``, those of dead
-groups removed at boot) instead of one never-cleared folder; host and port are constructor
-arguments, not environment variables read at import; only Retries' re-enqueue of a failed attempt
-counts as a retry (:mod:`jobsystem.runtime.attempts`), with skips and deferrals counted apart; and
-a queue or actor the broker does not know is labelled ``unknown``. prometheus_client's
-multiprocess mode is switched on in ``after_process_boot``, before the library is used. Worker
-threads add to a :class:`~jobsystem.runtime.tally.Tally`, applied to the sample files every
-``flush_interval`` seconds and at shutdown, instead of four sample writes per job. The
-``/metrics`` endpoint is a Dramatiq fork process (:mod:`jobsystem.observability.metrics`).
+groups removed at boot, and ``jobctl worker`` empties its own before it becomes that process)
+instead of one never-cleared folder; host and port are constructor arguments, not environment
+variables read at import; only Retries' re-enqueue of a failed attempt counts as a retry
+(:mod:`jobsystem.runtime.attempts`), with skips and deferrals counted apart; and a queue or actor
+the broker does not know is labelled ``unknown``. prometheus_client's multiprocess mode is
+switched on in ``after_process_boot``, before the library is used. Worker threads add to a
+:class:`~jobsystem.runtime.tally.Tally`, applied to the sample files every ``flush_interval``
+seconds and at shutdown, instead of four sample writes per job. The ``/metrics`` endpoint is a
+Dramatiq fork process (:mod:`jobsystem.observability.metrics`).
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def group_directory(base: Path) -> Path:
-    """The sample directory of this process's worker group (its parent is the ``dramatiq`` main process)."""
-    return base / f"group-{os.getppid()}"
+def group_directory(base: Path, main_pid: int | None = None) -> Path:
+    """The sample directory of the worker group whose ``dramatiq`` main process is ``main_pid``
+    (default: this process's parent, as for a worker process)."""
+    return base / f"group-{os.getppid() if main_pid is None else main_pid}"
 
 
 def _remove_dead_groups(base: Path) -> None:

@@ -1,18 +1,23 @@
-"""The metrics middleware's labels and its retry count, without a worker or sample files (the
-counts are read from a stand-in for the tally)."""
+"""The metrics middleware's labels, its retry count, its group directory: without a worker or
+sample files (the counts are read from a stand-in for the tally)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
 import dramatiq
+import pytest
+from click.testing import CliRunner
 from dramatiq.brokers.stub import StubBroker
 
+from jobctl.main import main
 from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from jobsystem.runtime.follow_ups import RetryFollowUp
+from jobsystem.settings import load_settings
 from middleware.metrics import Metrics
 
 
@@ -67,3 +72,27 @@ def test_a_retry_the_consumer_publishes_after_rabbitmq_refused_it_is_counted_as_
     retry = flaky.message_with_options(retries=1)
     consumer._publish_decided(7, retry.message_id, RetryFollowUp(retry, 1_000))
     assert metrics.tally.count.call_args_list == [mock.call(metrics._instruments.retries, ("q", "flaky"))]
+
+
+def test_jobctl_worker_empties_its_group_directory_before_it_becomes_dramatiq(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """dramatiq keeps jobctl's PID (1 in a container, every time): samples of a group by that PID
+    are a previous run's, whose processes may have been killed before marking themselves dead."""
+    settings = load_settings({"PROMETHEUS_DIR": str(tmp_path)})
+    stale, other = tmp_path / f"group-{os.getpid()}", tmp_path / "group-999999999"
+    for group in (stale, other):
+        group.mkdir()
+        (group / "gauge_livesum_7.db").write_bytes(b"\0" * 8)
+    monkeypatch.setattr("jobctl.main.load_system", lambda: SimpleNamespace(settings=settings))
+    monkeypatch.setenv("dramatiq_worker_timeout", "100")
+    seen: list[tuple[bool, bool]] = []
+
+    def execv(path: str, argv: list[str]) -> None:
+        seen.append((stale.exists(), other.exists()))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execv", execv)
+    result = CliRunner().invoke(main, ["worker"])
+    assert result.exit_code == 0, result.output
+    assert seen == [(False, True)]
