@@ -37,6 +37,9 @@ __all__ = ["Heartbeat"]
 
 logger = logging.getLogger(__name__)
 
+#: How long a stop waits for a beat in flight before it writes the final one.
+JOIN_TIMEOUT_S = 5.0
+
 
 def _version(distribution: str) -> str:
     try:
@@ -62,6 +65,7 @@ class Heartbeat(Middleware):
         self._running: set[int] = set()
         self._done: dict[int, int] = {}
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._worker: dramatiq.Worker | None = None
         self._record: dict[str, Any] = {}
         self._failing = False
@@ -87,10 +91,15 @@ class Heartbeat(Middleware):
             "dramatiq": _version("dramatiq"),
         }
         self._stop.clear()
-        threading.Thread(target=self._run, name="heartbeat", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
 
     def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        # A beat in flight, written after the final one, would hide ``stopped_at``: wait for it
+        # (bounded: a store that hangs only delays the stop).
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(JOIN_TIMEOUT_S)
         self._beat(stopped_at=int(time.time() * 1000))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
