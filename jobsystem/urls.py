@@ -165,12 +165,20 @@ def check_sqlite_url(value: str) -> None:
 
 
 def check_smtp_url(value: str) -> None:
-    """``SMTP_URL``: ``smtp://[user:pass@]host:port[?starttls=1]`` or ``smtps://...``."""
+    """``SMTP_URL``: ``smtp://[user:pass@]host:port[?starttls=1]`` or ``smtps://...``; credentials
+    only over TLS (``smtps://`` or ``starttls``): a login over plain text gives the password away."""
     parts = check_url(value, ("smtp", "smtps"))
-    for name, text in _query(parts).items():
+    query = _query(parts)
+    for name, text in query.items():
         if name != "starttls":
             raise ValueError(f"has an unknown query parameter {_shown(name)} (only starttls)")
         if text.lower() not in _TRUE + _FALSE:
             raise ValueError("query parameter starttls must be 1/0, true/false or yes/no")
         if parts.scheme == "smtps":
             raise ValueError("takes starttls with smtp:// only (smtps:// is TLS from the start)")
+    tls = parts.scheme == "smtps" or query.get("starttls", "").lower() in _TRUE
+    if (parts.username or parts.password) and not tls:
+        raise ValueError(
+            "has credentials but no TLS, so the password would cross the network in plain text: "
+            "add ?starttls=1 (port 587) or use smtps:// (port 465)"
+        )

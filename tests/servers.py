@@ -1,15 +1,25 @@
 """Stand-ins the tests run in-process for services the system talks to: an SMTP server, a Sentry
-endpoint, and a free port for anything else."""
+endpoint, a self-signed certificate, and a free port for anything else."""
 
 from __future__ import annotations
 
 import contextlib
+import ssl
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from bench.ports import free_port
 
-__all__ = ["free_port", "sentry_events", "sentry_server", "smtp_server"]
+__all__ = [
+    "free_port",
+    "self_signed_certificate",
+    "sentry_events",
+    "sentry_server",
+    "server_tls",
+    "smtp_server",
+]
 
 
 @contextlib.contextmanager
@@ -39,6 +49,22 @@ def smtp_server() -> Iterator[tuple[int, list[Any]]]:
         yield port, received
     finally:
         controller.stop()
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that no one trusts unless told to (``SSL_CERT_FILE``), and its key."""
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    command = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+    command += ["-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1"]
+    subprocess.run([*command, "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
+    """A server-side TLS context presenting ``cert``."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 @contextlib.contextmanager

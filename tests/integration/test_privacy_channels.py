@@ -23,7 +23,7 @@ import redis
 import requests
 
 from actors import emails
-from tests.servers import free_port, sentry_events, sentry_server
+from tests.servers import free_port, self_signed_certificate, sentry_events, sentry_server, server_tls
 from tests.support import BIN, ROOT, TEST_REDIS_URL, Worker, wait_for, worker_env
 
 
@@ -40,8 +40,9 @@ def _variants(secret: str) -> list[str]:
 
 
 @pytest.fixture
-def refusing_smtp() -> Iterator[int]:
-    """An SMTP server that offers AUTH and refuses every login (535)."""
+def refusing_smtp(tmp_path) -> Iterator[tuple[int, str]]:
+    """An SMTP server that offers STARTTLS, then AUTH, and refuses every login (535); yields its
+    port and the certificate file a client must trust (``SSL_CERT_FILE``)."""
     from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import AuthResult
 
@@ -52,13 +53,19 @@ def refusing_smtp() -> Iterator[int]:
     def refuse(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
         return AuthResult(success=False, handled=False)
 
+    cert, key = self_signed_certificate(tmp_path)
     port = free_port()
     controller = Controller(
-        Handler(), hostname="127.0.0.1", port=port, authenticator=refuse, auth_require_tls=False
+        Handler(),
+        hostname="127.0.0.1",
+        port=port,
+        authenticator=refuse,
+        tls_context=server_tls(cert, key),
+        require_starttls=True,
     )
     controller.start()
     try:
-        yield port
+        yield port, str(cert)
     finally:
         controller.stop()
 
@@ -67,9 +74,11 @@ def test_smtp_password_never_leaves_when_smtp_refuses_it(
     start_worker, queues, prefix, tmp_path, refusing_smtp
 ):
     password = f"Sm7p-{secrets.token_urlsafe(12)}"
+    port, cert = refusing_smtp  # credentials go over TLS only (SMTP_URL is checked)
     with sentry_server() as (dsn, envelopes):
         worker = start_worker(
-            SMTP_URL=f"smtp://mailer:{password}@127.0.0.1:{refusing_smtp}",
+            SMTP_URL=f"smtp://mailer:{password}@127.0.0.1:{port}?starttls=1",
+            SSL_CERT_FILE=cert,
             SENTRY_DSN=dsn,
             JOB_MAX_RETRIES="1",
             SMTP_TIMEOUT="5",
@@ -86,7 +95,9 @@ def test_smtp_password_never_leaves_when_smtp_refuses_it(
         assert worker.stop() == 0
         received = b"".join(envelopes).decode("utf-8", "replace")
     headers = json.dumps(queues.peek(dead)[0]["properties"]["headers"])
-    env = worker_env(prefix, tmp_path, SMTP_URL=f"smtp://mailer:{password}@127.0.0.1:1", LOG_LEVEL="WARNING")
+    env = worker_env(
+        prefix, tmp_path, SMTP_URL=f"smtp://mailer:{password}@127.0.0.1:1?starttls=1", LOG_LEVEL="WARNING"
+    )
     shown = _jobctl(env, "dlq", "show", message.message_id)
     operator = shown.stdout + shown.stderr + _jobctl(env, "dlq", "list").stdout
     assert "SMTPAuthenticationError" in headers and "SMTPAuthenticationError" in operator

@@ -134,3 +134,28 @@ def test_the_time_limit_must_still_stay_below_the_consumer_timeout():
         "JOB_TIME_LIMIT_MS: plus RATE_LIMIT_WAIT_MS, must be below RABBITMQ_CONSUMER_TIMEOUT_MS "
         "(RabbitMQ redelivers a job still running past it)"
     ]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "smtp://mailer:hunter2@relay:587",
+        "smtp://mailer:hunter2@relay:587?starttls=0",
+        "smtp://mailer@relay:25",
+        "smtp://:hunter2@relay",
+    ],
+)
+def test_smtp_credentials_without_tls_are_refused_saying_how_to_fix_it(url):
+    # login() would send them in plain text.
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"SMTP_URL": url})
+    (problem,) = caught.value.problems
+    assert problem.startswith("SMTP_URL: ") and "?starttls=1" in problem and "smtps://" in problem
+    assert "hunter2" not in str(caught.value) and "mailer" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["smtp://mailer:pw@relay:587?starttls=1", "smtps://mailer:pw@relay", "smtp://relay:25"]
+)
+def test_smtp_urls_with_tls_or_without_credentials_pass(url):
+    assert load_settings({"SMTP_URL": url}).smtp_url == url
