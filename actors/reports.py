@@ -61,13 +61,20 @@ def report_failed(
     args: list[Any],
     kwargs: dict[str, Any],
 ) -> None:
-    """The dead-letter hook of ``generate_report``: tell whoever asked for it that it failed."""
+    """The dead-letter hook of ``generate_report``: tell whoever asked for it that it failed.
+
+    The mail's idempotency key is the failed report's: one mail per failed report, however often
+    this hook runs for it, and a user's next failed report is mailed too.
+    """
     logger.warning("report_failed", report_message_id=message_id, reason=reason, exception=exception)
     if kwargs.get("email_to"):
-        send_email.send(
-            to=kwargs["email_to"],
-            template="report_failed",
-            context={"kind": kwargs.get("kind", args[0] if args else "report"), "job": message_id},
+        send_email.send_with_options(
+            kwargs={
+                "to": kwargs["email_to"],
+                "template": "report_failed",
+                "context": {"kind": kwargs.get("kind", args[0] if args else "report"), "job": message_id},
+            },
+            idempotency_key=f"report_failed:{message_id}",
         )
 
 

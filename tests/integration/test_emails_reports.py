@@ -105,17 +105,23 @@ def test_a_campaign_sent_twice_mails_nobody_twice(start_worker, queues, smtp, pr
     assert sorted(m["To"] for m in received) == sorted(recipients)
 
 
-def test_a_dead_lettered_report_tells_its_user(start_worker, queues, smtp):
+def test_each_dead_lettered_report_tells_its_user(start_worker, queues, smtp):
     port, received = smtp
     start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", JOB_MAX_RETRIES="0")
     bad_rows = [{"region": "north"}, {"unexpected": "column"}]  # DictWriter refuses the second row
-    message = queues.send(reports.generate_report, "sales", rows=bad_rows, email_to="boss@example.com")
-    (record,) = queues.wait_finished([message]).values()
-    assert record.state == "dead"
-    wait_for(lambda: received, what="the failure mail")
-    assert received[0]["Subject"] == "Your sales report could not be made"
-    assert message.message_id in received[0].get_payload(decode=True).decode()
-    assert queues.depth(queues.name(reports.generate_report) + ".DLQ") == 1
+    sent = [
+        queues.send(reports.generate_report, kind, rows=bad_rows, email_to="boss@example.com")
+        for kind in ("sales", "stock")
+    ]
+    assert {record.state for record in queues.wait_finished(sent).values()} == {"dead"}
+    wait_for(lambda: len(received) == 2, what="both failure mails")  # one user, two failed reports
+    assert sorted(mail["Subject"] for mail in received) == [
+        "Your sales report could not be made",
+        "Your stock report could not be made",
+    ]
+    bodies = "".join(mail.get_payload(decode=True).decode() for mail in received)
+    assert all(message.message_id in bodies for message in sent)
+    assert queues.depth(queues.name(reports.generate_report) + ".DLQ") == 2
 
 
 def test_campaign_ends_with_one_summary_mail_to_its_owner(start_worker, queues, smtp):
