@@ -3,9 +3,10 @@ with a summary mail to its owner once every recipient's job finished (a workflow
 
 The pattern to copy: classify failures. A recipient that can never receive (bad syntax, a 5xx
 refusal) raises :class:`InvalidRecipient`, listed in ``throws`` so it fails at once without
-burning retries; a refused connection or a 4xx answer is an ordinary exception and is retried
-with backoff. Every mail spends a token of the ``smtp`` rate limit (``RATE_LIMITS``), shared by all
-workers, so a campaign goes out at the relay's pace without spending retries.
+burning retries, as does an attachment outside ``REPORTS_DIR``; a refused connection or a 4xx
+answer is an ordinary exception and is retried with backoff. Every mail spends a token of the
+``smtp`` rate limit (``RATE_LIMITS``), shared by all workers, so a campaign goes out at the relay's
+pace without spending retries.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 import smtplib
 import ssl
 from email.message import EmailMessage
-from pathlib import Path
 from string import Template
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
+from actors.files import OutsideDirectory, inside
 from actors.workflows import group
 from jobsystem.observability.logs import get_logger
 from jobsystem.rabbitmq.bulk import send_bulk
@@ -98,7 +99,7 @@ def email_key(
 
 @dramatiq.actor(
     queue_name=settings.queue("emails"),
-    throws=(InvalidRecipient, ValueError),
+    throws=(InvalidRecipient, ValueError, OutsideDirectory),
     time_limit=120_000,
     idempotency_key=email_key,
     rate_limit="smtp",
@@ -110,7 +111,10 @@ def send_email(
     campaign: str | None = None,
     attachment: str | None = None,
 ) -> str:
-    """Send one email rendered from ``template``; returns the Message-ID header it was sent with."""
+    """Send one email rendered from ``template``; returns the Message-ID header it was sent with.
+
+    ``attachment``, a report's path, must lie inside ``REPORTS_DIR``.
+    """
     if not _ADDRESS.match(to):
         raise InvalidRecipient("recipient address is not valid")
     subject, body = render(template, context or {})
@@ -121,7 +125,7 @@ def send_email(
         mail["X-Campaign"] = campaign
     mail.set_content(body)
     if attachment:
-        path = Path(attachment)
+        path = inside(settings.reports_dir, attachment, what="attachment", setting="REPORTS_DIR")
         mail.add_attachment(path.read_bytes(), maintype="text", subtype="csv", filename=path.name)
     with _smtp_client() as client:
         try:

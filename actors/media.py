@@ -3,7 +3,8 @@
 The pattern to copy for "the user stares at a spinner": split the work into stages, call
 :func:`~middleware.status.progress` at each, and let the application poll
 ``actors.status.get_status(message_id)`` (see the README). Outputs are written atomically and
-named after the job, so a redelivered or retried job simply writes them again.
+named after the job, so a redelivered or retried job simply writes them again. The source and the
+output folder must lie inside ``MEDIA_DIR``.
 
 Long jobs need two limits to agree: the actor's ``time_limit`` (Dramatiq interrupts the actor
 past it) must stay below RabbitMQ's ``consumer_timeout`` (``RABBITMQ_CONSUMER_TIMEOUT_MS``): a
@@ -19,6 +20,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from actors.files import OutsideDirectory, inside
 from jobsystem.observability.logs import get_logger
 from jobsystem.system import get_system
 from middleware.status import progress
@@ -41,37 +43,51 @@ def _save(image: Image.Image, path: Path) -> None:
     partial.replace(path)
 
 
+def _decode(path: Path) -> Image.Image:
+    """The image at ``path``, turned upright; its errors do not name the path (the message's)."""
+    try:
+        with Image.open(path) as opened:
+            image = ImageOps.exif_transpose(opened)
+            image.load()
+    except FileNotFoundError:
+        raise FileNotFoundError("source does not exist") from None
+    except UnidentifiedImageError:
+        raise UnidentifiedImageError("source is not an image Pillow can read") from None
+    return image
+
+
 @dramatiq.actor(
     queue_name=settings.queue("media"),
     time_limit=TIME_LIMIT_MS,
-    throws=(UnidentifiedImageError, FileNotFoundError),
+    throws=(UnidentifiedImageError, FileNotFoundError, OutsideDirectory),
 )
 def make_renditions(
     source: str, sizes: list[int] | None = None, output_dir: str | None = None
 ) -> dict[str, str]:
     """Resize the image at ``source`` to each of ``sizes`` (longest edge); returns {size: path}.
 
-    Stages: decode, then one per size, each reported as progress. An unreadable or missing
-    source fails at once (``throws``): retrying would not help.
+    ``source`` and ``output_dir`` (default: a folder named after the job) are paths inside
+    ``MEDIA_DIR``, absolute or relative to it. Stages: decode, then one per size, each reported as
+    progress. An unreadable or missing source, or a path outside ``MEDIA_DIR``, fails at once
+    (``throws``): retrying would not help.
     """
     targets = sorted({int(s) for s in (sizes or SIZES)}, reverse=True)
     stages = len(targets) + 1
     message = CurrentMessage.get_current_message()
     job = message.message_id if message is not None else "local"
-    out = Path(output_dir) if output_dir else settings.media_dir / job
+    image_path = inside(settings.media_dir, source, what="source", setting="MEDIA_DIR")
+    out = inside(settings.media_dir, output_dir or job, what="output_dir", setting="MEDIA_DIR")
     out.mkdir(parents=True, exist_ok=True)
 
     progress(0.0, note="decoding")
-    with Image.open(source) as opened:
-        image = ImageOps.exif_transpose(opened)
-        image.load()
+    image = _decode(image_path)
     progress(1 / stages, note=f"decoded {image.width}x{image.height}")
 
     renditions: dict[str, str] = {}
     for done, size in enumerate(targets, start=2):
         rendition = image.copy()
         rendition.thumbnail((size, size), Image.Resampling.LANCZOS)
-        path = out / f"{Path(source).stem}-{size}.jpg"
+        path = out / f"{image_path.stem}-{size}.jpg"
         _save(rendition, path)
         renditions[str(size)] = str(path)
         progress(done / stages, note=f"{size}px written")

@@ -1,13 +1,16 @@
 """Reports: build a CSV from rows given or generated, store it, then enqueue the email that delivers it.
 
 The pattern to copy: a job does its slow work, writes its output somewhere durable, and hands the
-next step to another actor by message instead of doing everything in one long job.
+next step to another actor by message instead of doing everything in one long job. What the
+message holds is checked first: a bad ``kind`` fails at once (:class:`InvalidReport`, in
+``throws``), since a retry would meet the same data.
 """
 
 from __future__ import annotations
 
 import csv
 import random
+import re
 import time
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -17,11 +20,19 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from actors.emails import send_email
+from actors.files import OutsideDirectory, inside
 from jobsystem.observability.logs import get_logger
 from jobsystem.system import get_system
 
 logger = get_logger(__name__)
 settings = get_system().settings
+
+#: What a report's ``kind`` may be: it becomes part of a file name.
+KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+class InvalidReport(Exception):
+    """The message asks for a report that can never be written (its kind)."""
 
 
 def sample_rows(kind: str, day: date, count: int = 50) -> list[dict[str, Any]]:
@@ -78,19 +89,28 @@ def report_failed(
         )
 
 
-@dramatiq.actor(queue_name=settings.queue("reports"), time_limit=900_000, on_dead_letter="report_failed")
+@dramatiq.actor(
+    queue_name=settings.queue("reports"),
+    time_limit=900_000,
+    throws=(InvalidReport, OutsideDirectory),
+    on_dead_letter="report_failed",
+)
 def generate_report(
     kind: str,
     rows: list[dict[str, Any]] | None = None,
     email_to: str | None = None,
     day: str | None = None,
 ) -> str:
-    """Write the ``kind`` report as CSV and, with ``email_to``, enqueue its delivery; returns the path."""
+    """Write the ``kind`` report as CSV in ``REPORTS_DIR`` and, with ``email_to``, enqueue its
+    delivery; returns the path. ``kind`` is a name: letters, digits, ``_`` and ``-``."""
+    if not isinstance(kind, str) or not KIND.fullmatch(kind):
+        raise InvalidReport("kind must be a name of letters, digits, _ and - (at most 64)")
     report_day = date.fromisoformat(day) if day else datetime.now(UTC).date()
     data = rows if rows is not None else sample_rows(kind, report_day)
     message = CurrentMessage.get_current_message()
     job = message.message_id if message is not None else "local"
-    path = (settings.reports_dir / f"{kind}-{report_day.isoformat()}-{job}.csv").resolve()
+    name = f"{kind}-{report_day.isoformat()}-{job}.csv"  # the message id too comes from the message
+    path = inside(settings.reports_dir, name, what="the report", setting="REPORTS_DIR")
     write_csv(path, data)
     logger.info("report_written", kind=kind, rows=len(data), path=str(path))
     if email_to:

@@ -188,8 +188,8 @@ class Demo(Watching):
         from PIL import Image
 
         width, height = self.profile.image_size
-        folder = self.tmp / "uploads"
-        folder.mkdir(exist_ok=True)
+        folder = self.tmp / "media" / "uploads"  # make_renditions reads inside MEDIA_DIR only
+        folder.mkdir(parents=True, exist_ok=True)
         bands = (
             Image.linear_gradient("L").resize((width, height)),
             Image.radial_gradient("L").resize((width, height)),

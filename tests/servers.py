@@ -1,12 +1,15 @@
-"""Stand-ins the tests run in-process for services the system talks to: an SMTP server, a Sentry
-endpoint, a self-signed certificate, and a free port for anything else."""
+"""Stand-ins the tests run in-process for services the system talks to: SMTP servers (aiosmtpd, and
+a scripted one whose every reply a test chooses), a Sentry endpoint, a self-signed certificate, and
+a free port for anything else."""
 
 from __future__ import annotations
 
 import contextlib
+import socketserver
 import ssl
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ from bench.ports import free_port
 
 __all__ = [
     "free_port",
+    "scripted_smtp",
     "self_signed_certificate",
     "sentry_events",
     "sentry_server",
@@ -65,6 +69,58 @@ def server_tls(cert: Path, key: Path) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     return context
+
+
+@contextlib.contextmanager
+def scripted_smtp(
+    replies: Mapping[str, str] | None = None, *, tls: ssl.SSLContext | None = None
+) -> Iterator[tuple[int, list[bytes]]]:
+    """An SMTP server answering each command with the reply ``replies`` gives for its verb (``RCPT``,
+    ``DATA`` for the end of the mail, ``QUIT``, ...), else a success; ``"hang"`` answers nothing.
+    With ``tls``, TLS from the start (``smtps://``). Yields its port and the mails it accepted."""
+    script, received, stop = dict(replies or {}), [], threading.Event()
+    defaults = {"EHLO": "250 scripted", "DATA": "250 accepted", "QUIT": "221 bye"}
+
+    class Handler(socketserver.StreamRequestHandler):
+        def answer(self, verb: str) -> bool:
+            reply = script.get(verb, defaults.get(verb, "250 ok"))
+            if reply == "hang":
+                stop.wait(30)
+                return False
+            self.wfile.write(reply.encode() + b"\r\n")
+            return verb != "QUIT"
+
+        def handle(self) -> None:
+            self.wfile.write(b"220 scripted ESMTP\r\n")
+            while line := self.rfile.readline():
+                verb = line.split(b" ", 1)[0].split(b":", 1)[0].strip().upper().decode()
+                if verb == "DATA":
+                    self.wfile.write(b"354 go on\r\n")
+                    mail = b""
+                    while (data := self.rfile.readline()) not in (b".\r\n", b""):
+                        mail += data
+                    if script.get("DATA", "2").startswith("2"):
+                        received.append(mail)
+                if not self.answer(verb):
+                    return
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        block_on_close = False
+
+        def get_request(self) -> tuple[Any, Any]:
+            connection, address = super().get_request()
+            return (tls.wrap_socket(connection, server_side=True) if tls else connection), address
+
+    server = Server(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], received
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()
 
 
 @contextlib.contextmanager

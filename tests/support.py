@@ -51,6 +51,7 @@ def worker_env(prefix: str, tmp_path: Path, **overrides: str) -> dict[str, str]:
         QUEUE_PREFIX=prefix,
         LOG_FORMAT="json",
         REPORTS_DIR=str(tmp_path / "reports"),
+        MEDIA_DIR=str(tmp_path / "media"),
         JOB_MIN_BACKOFF_MS="200",
         JOB_MAX_BACKOFF_MS="2000",
         TEST_REDIS_URL=TEST_REDIS_URL,

@@ -13,12 +13,13 @@ from tests.support import TEST_REDIS_URL, wait_for
 def test_renditions_report_progress_per_stage_and_the_application_polls_them(
     start_worker, queues, prefix, tmp_path
 ):
-    source = tmp_path / "photo.png"
+    source = tmp_path / "media" / "uploads" / "photo.png"  # inside the worker's MEDIA_DIR
+    source.parent.mkdir(parents=True)
     Image.effect_mandelbrot((2400, 1600), (-2.0, -1.2, 1.0, 1.2), 100).save(source)
     read = status_backend(open_store(TEST_REDIS_URL, namespace=f"jobs:{prefix}")).get
     start_worker()
     sent = queues.send(
-        media.make_renditions, str(source), sizes=[1280, 640, 160], output_dir=str(tmp_path / "out")
+        media.make_renditions, str(source), sizes=[1280, 640, 160], output_dir=str(tmp_path / "media" / "out")
     )
 
     # What an application's status endpoint does: poll until the job is finished.

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -50,3 +51,19 @@ def emitted(monkeypatch: pytest.MonkeyPatch) -> list[logging.LogRecord]:
 
     monkeypatch.setattr(logging.StreamHandler, "emit", spy)
     return records
+
+
+@pytest.fixture
+def actor_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., Any]:
+    """Call it with setting changes (``smtp_url=...``): the reference actors then read them, with
+    ``REPORTS_DIR`` and ``MEDIA_DIR`` in ``tmp_path`` and a 2 s ``SMTP_TIMEOUT`` unless changed."""
+    from actors import emails, media, reports
+
+    def configure(**changes: Any) -> Any:
+        defaults = {"reports_dir": tmp_path / "reports", "media_dir": tmp_path / "media", "smtp_timeout": 2.0}
+        changed = emails.settings.model_copy(update={**defaults, **changes})
+        for module in (emails, media, reports):
+            monkeypatch.setattr(module, "settings", changed)
+        return changed
+
+    return configure

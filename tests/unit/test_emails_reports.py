@@ -1,4 +1,5 @@
-"""The report actors in-process: sample rows, and the mail that tells a user their report failed."""
+"""The report actors in-process: what a message may ask for, and the mail that tells a user
+their report failed."""
 
 from __future__ import annotations
 
@@ -11,9 +12,33 @@ from middleware.idempotency import DuplicateMessage, Idempotency
 from tests.unit.stub import RecordingBroker
 
 
+def fails_at_once(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of ``generate_report``'s ``throws``: dead-lettered without a retry."""
+    return isinstance(exc, reports.generate_report.options.get("throws") or ())
+
+
 def test_sample_rows_are_deterministic():
     assert reports.sample_rows("sales", date(2026, 1, 1)) == reports.sample_rows("sales", date(2026, 1, 1))
     assert reports.sample_rows("sales", date(2026, 1, 1)) != reports.sample_rows("sales", date(2026, 1, 2))
+
+
+@pytest.mark.parametrize(
+    ("kind", "rows", "day"),
+    [
+        ("../../escaped", None, "2026-11-02"),  # a file name outside REPORTS_DIR
+        ("sales/../../escaped", None, "2026-11-02"),
+        ("", None, "2026-11-02"),
+    ],
+)
+def test_a_report_that_can_never_be_written_fails_at_once_and_writes_nothing(
+    actor_settings, tmp_path, kind, rows, day
+):
+    actor_settings(reports_dir=tmp_path / "a" / "reports")
+    with pytest.raises(Exception) as caught:
+        reports.generate_report(kind, rows=rows, day=day)
+    assert fails_at_once(caught.value), repr(caught.value)
+    assert "escaped" not in str(caught.value) and "unexpected" not in str(caught.value)
+    assert [path for path in tmp_path.rglob("*") if path.is_file()] == []
 
 
 def test_each_failed_report_mails_its_user_once(store, monkeypatch):
