@@ -1,12 +1,20 @@
 """Email over SMTP: one message per job, and a campaign that fans out with a bulk send and ends
 with a summary mail to its owner once every recipient's job finished (a workflow group).
 
-The pattern to copy: classify failures. A recipient that can never receive (bad syntax, a 5xx
-refusal) raises :class:`InvalidRecipient`, listed in ``throws`` so it fails at once without
-burning retries, as does an attachment outside ``REPORTS_DIR``; a refused connection or a 4xx
-answer is an ordinary exception and is retried with backoff. Every mail spends a token of the
-``smtp`` rate limit (``RATE_LIMITS``), shared by all workers, so a campaign goes out at the relay's
-pace without spending retries.
+The pattern to copy: classify failures. Only what a retry cannot change fails at once (in
+``throws``), by this rule, at RCPT or at the end of DATA:
+
+- :class:`InvalidRecipient`: a 5xx reply whose enhanced status code is 5.1.x (address) or 5.2.x
+  (mailbox), or a bare 550 or 553 (no enhanced code); an address that is not one;
+- :class:`RejectedMail`: any other 5xx at the end of DATA except 5.7.x (size, content, routing);
+- :class:`UnsendableMail`: a mail that cannot be built (unknown template, a line break in a
+  header); :class:`~actors.files.OutsideDirectory`: an attachment outside ``REPORTS_DIR``.
+
+Everything else is retried with backoff: 4xx, 5.7.x (relay access denied, authentication: the
+configuration of the relay or of ``SMTP_URL``, which an operator can fix), other 5xx at RCPT, and
+connection and TLS errors, an expired or untrusted certificate included. Every mail spends a
+token of the ``smtp`` rate limit (``RATE_LIMITS``), shared by all workers, so a campaign goes out
+at the relay's pace without spending retries.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ logger = get_logger(__name__)
 settings = get_system().settings
 
 _ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+$")
+#: An enhanced status code (RFC 3463) at the start of a reply's text: class and subject.
+_ENHANCED = re.compile(rb"\s*([245])\.(\d{1,3})\.\d{1,3}\b")
 
 #: Templates by name: (subject, body), rendered with ``string.Template`` from the job's context.
 TEMPLATES: dict[str, tuple[str, str]] = {
@@ -51,6 +61,14 @@ TEMPLATES: dict[str, tuple[str, str]] = {
 
 class InvalidRecipient(Exception):
     """The address can never receive mail: retrying would not help."""
+
+
+class RejectedMail(Exception):
+    """The server refused this mail for good at the end of DATA (5xx, not 5.7.x)."""
+
+
+class UnsendableMail(ValueError):
+    """The mail cannot be built from the message: an unknown template, a line break in a header."""
 
 
 def _current_message_id() -> str:
@@ -81,7 +99,7 @@ def render(template: str, context: dict[str, Any]) -> tuple[str, str]:
     try:
         subject, body = TEMPLATES[template]
     except KeyError:
-        raise ValueError(f"unknown email template {template!r}") from None
+        raise UnsendableMail(f"unknown email template {template!r}") from None
     return Template(subject).safe_substitute(context), Template(body).safe_substitute(context)
 
 
@@ -97,9 +115,60 @@ def email_key(
     return f"{to}|{template}|{campaign or ''}|{attachment or ''}"
 
 
+def _refusal(code: int, text: bytes | str, *, at_data: bool) -> Exception | None:
+    """The non-retried error an SMTP reply amounts to (rule in the module docstring), or None."""
+    if not 500 <= code < 600:
+        return None
+    found = _ENHANCED.match(text if isinstance(text, bytes) else text.encode("utf-8", "replace"))
+    subject = found.group(2).decode() if found and found.group(1) == b"5" else None
+    shown = f"{code} 5.{subject}" if subject else str(code)
+    if subject in ("1", "2") or (subject is None and code in (550, 553)):
+        return InvalidRecipient(f"recipient refused with {shown}")
+    if at_data and subject != "7":
+        return RejectedMail(f"mail refused with {shown}")
+    return None
+
+
+def _build(
+    to: str, template: str, context: dict[str, Any], campaign: str | None, attachment: str | None
+) -> EmailMessage:
+    """The mail to send. Raises :class:`UnsendableMail` or :class:`OutsideDirectory`, never naming
+    the message's values."""
+    subject, body = render(template, context)
+    mail = EmailMessage()
+    try:
+        mail["From"], mail["To"], mail["Subject"] = settings.mail_from, to, subject
+        mail["Message-ID"] = f"<{_current_message_id()}@jobs>"
+        if campaign:
+            mail["X-Campaign"] = campaign
+        mail.set_content(body)
+    except ValueError:  # the same on every try
+        raise UnsendableMail("the mail cannot be built: a header holds a line break") from None
+    if attachment:
+        path = inside(settings.reports_dir, attachment, what="attachment", setting="REPORTS_DIR")
+        mail.add_attachment(path.read_bytes(), maintype="text", subtype="csv", filename=path.name)
+    return mail
+
+
+def _deliver(mail: EmailMessage) -> None:
+    """Send ``mail``; a refusal is classified (:func:`_refusal`)."""
+    with _smtp_client() as client:
+        try:
+            client.send_message(mail)
+        except (smtplib.SMTPRecipientsRefused, smtplib.SMTPDataError) as exc:
+            if isinstance(exc, smtplib.SMTPRecipientsRefused):
+                code, text = next(iter(exc.recipients.values()))  # one recipient per mail
+                permanent = _refusal(code, text, at_data=False)
+            else:
+                permanent = _refusal(exc.smtp_code, exc.smtp_error, at_data=True)
+            if permanent is None:
+                raise
+            raise permanent from None  # the reply may name the address
+
+
 @dramatiq.actor(
     queue_name=settings.queue("emails"),
-    throws=(InvalidRecipient, ValueError, OutsideDirectory),
+    throws=(InvalidRecipient, RejectedMail, UnsendableMail, OutsideDirectory),
     time_limit=120_000,
     idempotency_key=email_key,
     rate_limit="smtp",
@@ -117,24 +186,8 @@ def send_email(
     """
     if not _ADDRESS.match(to):
         raise InvalidRecipient("recipient address is not valid")
-    subject, body = render(template, context or {})
-    mail = EmailMessage()
-    mail["From"], mail["To"], mail["Subject"] = settings.mail_from, to, subject
-    mail["Message-ID"] = f"<{_current_message_id()}@jobs>"
-    if campaign:
-        mail["X-Campaign"] = campaign
-    mail.set_content(body)
-    if attachment:
-        path = inside(settings.reports_dir, attachment, what="attachment", setting="REPORTS_DIR")
-        mail.add_attachment(path.read_bytes(), maintype="text", subtype="csv", filename=path.name)
-    with _smtp_client() as client:
-        try:
-            client.send_message(mail)
-        except smtplib.SMTPRecipientsRefused as exc:
-            codes = [code for code, _ in exc.recipients.values()]
-            if all(500 <= code < 600 for code in codes):
-                raise InvalidRecipient(f"recipient refused with {codes}") from None
-            raise
+    mail = _build(to, template, context or {}, campaign, attachment)
+    _deliver(mail)
     logger.info("email_sent", template=template, campaign=campaign)
     return str(mail["Message-ID"])
 

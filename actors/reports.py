@@ -2,8 +2,8 @@
 
 The pattern to copy: a job does its slow work, writes its output somewhere durable, and hands the
 next step to another actor by message instead of doing everything in one long job. What the
-message holds is checked first: a bad ``kind`` fails at once (:class:`InvalidReport`, in
-``throws``), since a retry would meet the same data.
+message holds is checked first: a bad ``kind``, ``day`` or row fails at once (:class:`InvalidReport`,
+in ``throws``), since a retry would meet the same data.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class InvalidReport(Exception):
-    """The message asks for a report that can never be written (its kind)."""
+    """The message asks for a report that can never be written (its kind, day or rows)."""
 
 
 def sample_rows(kind: str, day: date, count: int = 50) -> list[dict[str, Any]]:
@@ -50,13 +50,27 @@ def sample_rows(kind: str, day: date, count: int = 50) -> list[dict[str, Any]]:
     ]
 
 
+def columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The CSV's columns: the first row's keys. Raises :class:`InvalidReport` (repeating none of
+    the values) unless ``rows`` is a list of objects whose keys are all the first one's."""
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise InvalidReport("rows must be a list of objects")
+    if not rows:
+        return ["empty"]
+    names = list(rows[0])
+    known = set(names)
+    if any(not known.issuperset(row) for row in rows):
+        raise InvalidReport("a row has a column the first row lacks")
+    return names
+
+
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     """Write ``rows`` atomically: a reader never sees a half-written report."""
+    names = columns(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
-    columns = list(rows[0]) if rows else ["empty"]
     partial = path.with_suffix(".partial")
     with partial.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer = csv.DictWriter(handle, fieldnames=names)
         writer.writeheader()
         writer.writerows(rows)
     partial.replace(path)
@@ -89,6 +103,13 @@ def report_failed(
         )
 
 
+def _report_day(day: str | None) -> date:
+    try:
+        return date.fromisoformat(day) if day else datetime.now(UTC).date()
+    except (TypeError, ValueError):
+        raise InvalidReport("day must be a date such as 2026-11-02") from None
+
+
 @dramatiq.actor(
     queue_name=settings.queue("reports"),
     time_limit=900_000,
@@ -105,7 +126,7 @@ def generate_report(
     delivery; returns the path. ``kind`` is a name: letters, digits, ``_`` and ``-``."""
     if not isinstance(kind, str) or not KIND.fullmatch(kind):
         raise InvalidReport("kind must be a name of letters, digits, _ and - (at most 64)")
-    report_day = date.fromisoformat(day) if day else datetime.now(UTC).date()
+    report_day = _report_day(day)
     data = rows if rows is not None else sample_rows(kind, report_day)
     message = CurrentMessage.get_current_message()
     job = message.message_id if message is not None else "local"

@@ -1,16 +1,63 @@
-"""``send_email`` in-process against a scripted SMTP server: attachments confined to ``REPORTS_DIR``."""
+"""``send_email`` in-process against a scripted SMTP server: which failures fail at once (the actor's
+``throws``) and which are retried, and attachments confined to ``REPORTS_DIR``."""
 
 from __future__ import annotations
+
+import ssl
 
 import pytest
 
 from actors import emails
-from tests.servers import scripted_smtp
+from tests.servers import scripted_smtp, self_signed_certificate, server_tls
 
 
 def fails_at_once(exc: BaseException) -> bool:
     """Whether ``exc`` is one of ``send_email``'s ``throws``: dead-lettered without a retry."""
     return isinstance(exc, emails.send_email.options["throws"])
+
+
+def send() -> str:
+    return emails.send_email("ana@example.com", "welcome", {"name": "Ana"})
+
+
+@pytest.mark.parametrize(
+    ("replies", "permanent"),
+    [
+        ({"RCPT": "550 5.1.1 <ana@example.com>: no such user"}, True),
+        ({"RCPT": "552 5.2.2 mailbox full"}, True),
+        ({"RCPT": "550 no such user here"}, True),  # no enhanced code: 550 and 553 are the address's
+        ({"RCPT": "553 mailbox name not allowed"}, True),
+        ({"RCPT": "554 5.7.1 <ana@example.com>: Relay access denied"}, False),  # the relay's configuration
+        ({"RCPT": "550 5.7.1 client not authorized"}, False),
+        ({"RCPT": "450 4.2.1 try again later"}, False),
+        ({"DATA": "552 5.3.4 message too big"}, True),
+        ({"DATA": "554 transaction failed"}, True),
+        ({"DATA": "550 5.1.1 no such user"}, True),
+        ({"DATA": "554 5.7.1 rejected by policy"}, False),
+        ({"DATA": "451 4.3.0 try again later"}, False),
+        ({"MAIL": "553 5.1.8 sender domain unknown"}, False),  # MAIL_FROM: configuration
+    ],
+)
+def test_a_refusal_fails_at_once_only_when_a_retry_cannot_help(actor_settings, replies, permanent):
+    with scripted_smtp(replies) as (port, received):
+        actor_settings(smtp_url=f"smtp://127.0.0.1:{port}")
+        with pytest.raises(Exception) as caught:
+            send()
+    assert fails_at_once(caught.value) is permanent, repr(caught.value)
+    assert received == []
+    if permanent:
+        assert "ana@example.com" not in str(caught.value)
+
+
+def test_an_untrusted_relay_certificate_is_retried_not_taken_for_a_bad_mail(actor_settings, tmp_path):
+    # ssl.SSLCertVerificationError is a ValueError: an expired certificate is the relay's to fix.
+    cert, key = self_signed_certificate(tmp_path)
+    with scripted_smtp(tls=server_tls(cert, key)) as (port, received):
+        actor_settings(smtp_url=f"smtps://127.0.0.1:{port}")
+        with pytest.raises(ssl.SSLCertVerificationError) as caught:
+            send()
+    assert not fails_at_once(caught.value)
+    assert received == []
 
 
 def test_an_attachment_outside_reports_dir_is_refused_unread(actor_settings, tmp_path):
@@ -38,3 +85,11 @@ def test_an_attachment_inside_reports_dir_is_mailed(actor_settings, tmp_path):
         emails.send_email("ana@example.com", "report", {"kind": "sales"}, attachment=report.name)
     (mail,) = received
     assert b'filename="sales-2026-11-02-local.csv"' in mail
+
+
+@pytest.mark.parametrize(("template", "context"), [("nope", {}), ("welcome", {"name": "Ana\nBcc: x@y.z"})])
+def test_a_mail_that_cannot_be_built_fails_at_once(actor_settings, template, context):
+    actor_settings()
+    with pytest.raises(Exception) as caught:
+        emails.send_email("ana@example.com", template, context)
+    assert fails_at_once(caught.value) and "x@y.z" not in str(caught.value)

@@ -28,6 +28,9 @@ def test_sample_rows_are_deterministic():
         ("../../escaped", None, "2026-11-02"),  # a file name outside REPORTS_DIR
         ("sales/../../escaped", None, "2026-11-02"),
         ("", None, "2026-11-02"),
+        ("sales", [{"region": "north"}, {"unexpected": "column"}], "2026-11-02"),  # csv's ValueError
+        ("sales", ["escaped"], "2026-11-02"),
+        ("sales", None, "2026-13-45"),
     ],
 )
 def test_a_report_that_can_never_be_written_fails_at_once_and_writes_nothing(
