@@ -12,9 +12,10 @@ The pattern to copy: classify failures. Only what a retry cannot change fails at
 
 Everything else is retried with backoff: 4xx, 5.7.x (relay access denied, authentication: the
 configuration of the relay or of ``SMTP_URL``, which an operator can fix), other 5xx at RCPT, and
-connection and TLS errors, an expired or untrusted certificate included. Every mail spends a
-token of the ``smtp`` rate limit (``RATE_LIMITS``), shared by all workers, so a campaign goes out
-at the relay's pace without spending retries.
+connection and TLS errors, an expired or untrusted certificate included. Once the server accepted
+the mail, the job succeeds whatever happens while closing: a retry would send it twice. Every mail
+spends a token of the ``smtp`` rate limit (``RATE_LIMITS``), shared by all workers, so a campaign
+goes out at the relay's pace without spending retries.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ def _current_message_id() -> str:
 
 
 def _smtp_client() -> smtplib.SMTP:
+    """A client connected to ``SMTP_URL``, with TLS and logged in as it says; closed if a step fails."""
     url = urlsplit(settings.smtp_url)
     options = dict(parse_qsl(url.query))
-    host, timeout = url.hostname or "127.0.0.1", settings.smtp_timeout
+    host, timeout = url.hostname or "127.0.0.1", settings.smtp_operation_timeout
     client: smtplib.SMTP
     if url.scheme == "smtps":
         client = smtplib.SMTP_SSL(
@@ -87,10 +89,14 @@ def _smtp_client() -> smtplib.SMTP:
         )
     else:
         client = smtplib.SMTP(host, url.port or 25, timeout=timeout)
-        if options.get("starttls", "").lower() in ("1", "true", "yes"):
+    try:
+        if url.scheme == "smtp" and options.get("starttls", "").lower() in ("1", "true", "yes"):
             client.starttls(context=ssl.create_default_context())
-    if url.username:
-        client.login(unquote(url.username), unquote(url.password or ""))
+        if url.username:
+            client.login(unquote(url.username), unquote(url.password or ""))
+    except BaseException:
+        client.close()
+        raise
     return client
 
 
@@ -151,25 +157,33 @@ def _build(
 
 
 def _deliver(mail: EmailMessage) -> None:
-    """Send ``mail``; a refusal is classified (:func:`_refusal`)."""
-    with _smtp_client() as client:
-        try:
-            client.send_message(mail)
-        except (smtplib.SMTPRecipientsRefused, smtplib.SMTPDataError) as exc:
-            if isinstance(exc, smtplib.SMTPRecipientsRefused):
-                code, text = next(iter(exc.recipients.values()))  # one recipient per mail
-                permanent = _refusal(code, text, at_data=False)
-            else:
-                permanent = _refusal(exc.smtp_code, exc.smtp_error, at_data=True)
-            if permanent is None:
-                raise
-            raise permanent from None  # the reply may name the address
+    """Send ``mail`` once. A refusal is classified (:func:`_refusal`); once the server accepted
+    the mail, an error while closing is not an error of the job."""
+    client = _smtp_client()
+    try:
+        client.send_message(mail)
+    except BaseException as exc:
+        client.close()
+        if isinstance(exc, smtplib.SMTPRecipientsRefused):
+            code, text = next(iter(exc.recipients.values()))  # one recipient per mail
+            permanent = _refusal(code, text, at_data=False)
+        elif isinstance(exc, smtplib.SMTPDataError):
+            permanent = _refusal(exc.smtp_code, exc.smtp_error, at_data=True)
+        else:
+            raise
+        if permanent is None:
+            raise
+        raise permanent from None  # the reply may name the address
+    try:
+        client.quit()
+    except (smtplib.SMTPException, OSError):  # QUIT unanswered or not 221: the mail went
+        client.close()
 
 
 @dramatiq.actor(
     queue_name=settings.queue("emails"),
     throws=(InvalidRecipient, RejectedMail, UnsendableMail, OutsideDirectory),
-    time_limit=120_000,
+    time_limit=settings.smtp_time_limit_ms,
     idempotency_key=email_key,
     rate_limit="smtp",
 )
@@ -182,7 +196,8 @@ def send_email(
 ) -> str:
     """Send one email rendered from ``template``; returns the Message-ID header it was sent with.
 
-    ``attachment``, a report's path, must lie inside ``REPORTS_DIR``.
+    ``attachment``, a report's path, must lie inside ``REPORTS_DIR``. The time limit leaves room
+    for every SMTP round trip's timeout (``Settings.smtp_time_limit_ms``).
     """
     if not _ADDRESS.match(to):
         raise InvalidRecipient("recipient address is not valid")

@@ -36,6 +36,11 @@ from jobsystem.urls import check_amqp_url, check_redis_url, check_smtp_url, chec
 DEFAULT_RATE_LIMITS: dict[str, object] = {"smtp": {"rate": "100/minute", "burst": 20}}
 
 
+#: The SMTP round trips of one mail, each allowed ``SMTP_TIMEOUT``: connect, greeting, EHLO,
+#: STARTTLS, the TLS handshake (2), EHLO, AUTH (up to 3), MAIL, RCPT, DATA, the mail's end, QUIT.
+SMTP_ROUND_TRIPS = 15
+
+
 #: The longest duration a setting may hold: ten years, RabbitMQ's own limit for a message TTL.
 #: Past it Redis refuses expiry times and thread joins overflow; nothing sensible waits longer.
 MAX_DURATION_MS = 315_360_000_000
@@ -285,6 +290,21 @@ class Settings(BaseModel):
         # urlsplit leaves the credentials percent-encoded, as the HTTP URL needs them.
         netloc = f"{amqp.username or 'guest'}:{amqp.password or 'guest'}@{parts.netloc}"
         return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+
+    @property
+    def smtp_time_limit_ms(self) -> int:
+        """The time limit of a mail's job: room for every SMTP round trip to take ``SMTP_TIMEOUT``
+        (and 10 s more), at most 90% of ``RABBITMQ_CONSUMER_TIMEOUT_MS``."""
+        wanted = int(SMTP_ROUND_TRIPS * self.smtp_timeout * 1000) + 10_000
+        return min(wanted, self.rabbitmq_consumer_timeout_ms * 9 // 10)
+
+    @property
+    def smtp_operation_timeout(self) -> float:
+        """Seconds each SMTP operation may take: ``SMTP_TIMEOUT``, lowered when all the round trips
+        would not fit in :attr:`smtp_time_limit_ms`. A slow relay then fails with a timeout
+        (retried), never interrupted by the time limit half-way through a send."""
+        fits = (self.smtp_time_limit_ms - 10_000) / 1000 / SMTP_ROUND_TRIPS
+        return min(self.smtp_timeout, fits)
 
     @property
     def state_namespace(self) -> str:

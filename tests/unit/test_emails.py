@@ -1,5 +1,6 @@
 """``send_email`` in-process against a scripted SMTP server: which failures fail at once (the actor's
-``throws``) and which are retried, and attachments confined to ``REPORTS_DIR``."""
+``throws``) and which are retried, attachments confined to ``REPORTS_DIR``, a mail the server
+accepted counted as sent, and a time limit that leaves every SMTP round trip its timeout."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import ssl
 import pytest
 
 from actors import emails
+from jobsystem.settings import load_settings
 from tests.servers import scripted_smtp, self_signed_certificate, server_tls
+
+#: The SMTP round trips of one mail: connect, greeting, EHLO, STARTTLS, TLS handshake (2), EHLO,
+#: AUTH (up to 3), MAIL, RCPT, DATA, the mail's end, QUIT.
+ROUND_TRIPS = 15
 
 
 def fails_at_once(exc: BaseException) -> bool:
@@ -60,6 +66,15 @@ def test_an_untrusted_relay_certificate_is_retried_not_taken_for_a_bad_mail(acto
     assert received == []
 
 
+@pytest.mark.parametrize("quit_reply", ["554 5.0.0 not now", "hang"])
+def test_a_mail_the_server_accepted_is_sent_whatever_happens_at_quit(actor_settings, quit_reply):
+    # A failed job would be retried, and the retry would send the mail a second time.
+    with scripted_smtp({"QUIT": quit_reply}) as (port, received):
+        actor_settings(smtp_url=f"smtp://127.0.0.1:{port}", smtp_timeout=0.5)
+        assert send() == "<local@jobs>"
+    assert len(received) == 1
+
+
 def test_an_attachment_outside_reports_dir_is_refused_unread(actor_settings, tmp_path):
     secret = tmp_path / "secret-environ"
     secret.write_text("API_KEY=hunter2\n")
@@ -93,3 +108,13 @@ def test_a_mail_that_cannot_be_built_fails_at_once(actor_settings, template, con
     with pytest.raises(Exception) as caught:
         emails.send_email("ana@example.com", template, context)
     assert fails_at_once(caught.value) and "x@y.z" not in str(caught.value)
+
+
+def test_the_time_limit_leaves_every_smtp_round_trip_its_timeout():
+    # A relay slower than this is interrupted by the time limit, maybe after it accepted the mail.
+    settings = emails.settings
+    limit = emails.send_email.options["time_limit"]
+    assert ROUND_TRIPS * settings.smtp_timeout * 1000 < limit < settings.rabbitmq_consumer_timeout_ms
+    short = load_settings({"RABBITMQ_CONSUMER_TIMEOUT_MS": "60000", "JOB_TIME_LIMIT_MS": "50000"})
+    assert short.smtp_time_limit_ms < 60_000  # and the timeout of each round trip shrinks to fit
+    assert ROUND_TRIPS * short.smtp_operation_timeout * 1000 < short.smtp_time_limit_ms
