@@ -2,9 +2,9 @@
 
 The pattern to copy for "the user stares at a spinner": split the work into stages, call
 :func:`~middleware.status.progress` at each, and let the application poll
-``actors.status.get_status(message_id)`` (see the README). Outputs are written atomically and
-named after the job, so a redelivered or retried job simply writes them again. The source and the
-output folder must lie inside ``MEDIA_DIR``.
+``actors.status.get_status(message_id)`` (see the README). Outputs are written atomically, each
+through a temporary file of its own, so a redelivered or retried job, or two jobs on one source,
+simply write them again. The source and the output folder must lie inside ``MEDIA_DIR``.
 
 Long jobs need two limits to agree: the actor's ``time_limit`` (Dramatiq interrupts the actor
 past it) must stay below RabbitMQ's ``consumer_timeout`` (``RABBITMQ_CONSUMER_TIMEOUT_MS``): a
@@ -20,7 +20,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from actors.files import OutsideDirectory, inside
+from actors.files import OutsideDirectory, inside, replacing
 from jobsystem.observability.logs import get_logger
 from jobsystem.system import get_system
 from middleware.status import progress
@@ -37,10 +37,9 @@ TIME_LIMIT_MS = min(25 * 60_000, settings.rabbitmq_consumer_timeout_ms * 9 // 10
 
 def _save(image: Image.Image, path: Path) -> None:
     """Write ``image`` as JPEG atomically: a reader never sees a half-written file."""
-    partial = path.with_suffix(".partial")
     rgb = image if image.mode in ("RGB", "L") else image.convert("RGB")
-    rgb.save(partial, format="JPEG", quality=85, optimize=True)
-    partial.replace(path)
+    with replacing(path) as handle:
+        rgb.save(handle, format="JPEG", quality=85, optimize=True)
 
 
 def _decode(path: Path) -> Image.Image:

@@ -20,7 +20,7 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from actors.emails import send_email
-from actors.files import OutsideDirectory, inside
+from actors.files import PARTIAL_SUFFIX, OutsideDirectory, inside, replacing
 from jobsystem.observability.logs import get_logger
 from jobsystem.system import get_system
 
@@ -65,15 +65,14 @@ def columns(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write ``rows`` atomically: a reader never sees a half-written report."""
+    """Write ``rows`` atomically: a reader never sees a half-written report, and a failed write
+    leaves no partial file behind."""
     names = columns(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    with partial.open("w", newline="") as handle:
+    with replacing(path, "x", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=names)
         writer.writeheader()
         writer.writerows(rows)
-    partial.replace(path)
 
 
 @dramatiq.actor(queue_name=settings.queue("reports"), time_limit=120_000)
@@ -141,11 +140,17 @@ def generate_report(
 
 @dramatiq.actor(queue_name=settings.queue("reports"), time_limit=300_000)
 def purge_exports(max_age_hours: float = 24.0) -> int:
-    """Delete report files older than ``max_age_hours``; returns how many it removed."""
+    """Delete report files older than ``max_age_hours``, and partial ones a killed job left;
+    returns how many it removed."""
     cutoff = time.time() - max_age_hours * 3600
     removed = 0
-    for path in settings.reports_dir.glob("*.csv"):
-        if path.stat().st_mtime < cutoff:
+    for pattern in ("*.csv", f"*{PARTIAL_SUFFIX}"):
+        for path in settings.reports_dir.glob(pattern):
+            try:
+                if path.stat().st_mtime >= cutoff:
+                    continue
+            except FileNotFoundError:  # replaced or purged meanwhile
+                continue
             path.unlink(missing_ok=True)
             removed += 1
     logger.info("exports_purged", removed=removed, max_age_hours=max_age_hours)

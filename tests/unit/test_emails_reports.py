@@ -1,8 +1,10 @@
-"""The report actors in-process: what a message may ask for, and the mail that tells a user
-their report failed."""
+"""The report actors in-process: what a message may ask for, files written whole or not at all,
+the purge, and the mail that tells a user their report failed."""
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import date
 
 import pytest
@@ -42,6 +44,30 @@ def test_a_report_that_can_never_be_written_fails_at_once_and_writes_nothing(
     assert fails_at_once(caught.value), repr(caught.value)
     assert "escaped" not in str(caught.value) and "unexpected" not in str(caught.value)
     assert [path for path in tmp_path.rglob("*") if path.is_file()] == []
+
+
+def test_a_failed_write_leaves_no_partial_file(tmp_path):
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("the disk filled up")
+
+    rows = [{"amount": "1.00"}] * 1000 + [{"amount": Unprintable()}]
+    with pytest.raises(RuntimeError):
+        reports.write_csv(tmp_path / "sales.csv", rows)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_purge_removes_old_reports_and_partial_files_left_by_killed_jobs(actor_settings, tmp_path):
+    actor_settings()
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    old = time.time() - 25 * 3600
+    for name in ("old.csv", "old.partial", "old.5f2b9c.partial", "new.csv", "new.5f2b9c.partial"):
+        (folder / name).write_text("region\nnorth\n")
+        if name.startswith("old"):
+            os.utime(folder / name, (old, old))
+    assert reports.purge_exports(24) == 3
+    assert sorted(path.name for path in folder.iterdir()) == ["new.5f2b9c.partial", "new.csv"]
 
 
 def test_each_failed_report_mails_its_user_once(store, monkeypatch):

@@ -1,6 +1,9 @@
-"""The reference pipeline actor in-process: its time limit, and the paths a message may name."""
+"""The reference pipeline actor in-process: its time limit, the paths a message may name, and
+renditions written whole by concurrent jobs."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 from PIL import Image
@@ -60,3 +63,33 @@ def test_an_unreadable_source_fails_at_once_without_naming_it(actor_settings, tm
         with pytest.raises(Exception) as caught:
             media.make_renditions(source)
         assert fails_at_once(caught.value) and "maria" not in str(caught.value), repr(caught.value)
+
+
+def test_two_jobs_writing_one_rendition_at_once_both_succeed(tmp_path, monkeypatch):
+    # Both write, then both move their file into place: a shared temporary name made the second
+    # move fail with FileNotFoundError, which make_renditions dead-letters as a missing source.
+    both_written = threading.Barrier(2, timeout=10)
+    save = Image.Image.save
+
+    def save_then_wait(image, *args, **kwargs):
+        save(image, *args, **kwargs)
+        both_written.wait()
+
+    monkeypatch.setattr(Image.Image, "save", save_then_wait)
+    target, errors = tmp_path / "photo-16.jpg", []
+
+    def job() -> None:
+        try:
+            media._save(Image.new("RGB", (16, 16)), target)
+        except Exception as exc:
+            errors.append(exc)
+
+    jobs = [threading.Thread(target=job) for _ in range(2)]
+    for thread in jobs:
+        thread.start()
+    for thread in jobs:
+        thread.join(20)
+    assert errors == []
+    assert [path.name for path in tmp_path.iterdir()] == ["photo-16.jpg"]
+    with Image.open(target) as written:
+        assert written.size == (16, 16)
