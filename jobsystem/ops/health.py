@@ -26,6 +26,7 @@ import requests
 from dramatiq import Broker
 
 from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
+from jobsystem.rabbitmq.delays import DelayCascade
 from jobsystem.settings import Settings, redact_url
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.status import status_backend
@@ -47,7 +48,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Problem:
     """One degraded condition: of a queue, ``kind`` backlog, dead_letters, oldest_age or
-    no_consumers; of the system, ``state_store``."""
+    no_consumers; of the system, ``state_store`` or ``unroutable_delays``."""
 
     kind: str
     detail: str
@@ -180,6 +181,22 @@ def missing_queues(config: Settings, queues: list[str], timeout: float = 5.0) ->
     try:
         passive = _Passive(connection)
         return [queue for queue in queues if passive.declare(queue) is None]
+    except pika.exceptions.AMQPError as exc:
+        raise ConnectionError(f"connection lost: {type(exc).__name__}") from exc
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def unroutable_delays(config: Settings, timeout: float = 5.0) -> tuple[str, int]:
+    """This environment's ``delay.unroutable`` queue and its messages: delayed jobs whose delay
+    queue was gone when they left the delay cascade (deleted, or mid-``migrate-queues``). Nothing
+    consumes them: each carries its ``eta`` and belongs in the delay queue its routing key ends
+    with, where an operator moves it back (docs/production.md)."""
+    name = DelayCascade(config.queue_prefix).unroutable
+    connection = _connect(config, timeout)
+    try:
+        return name, _Passive(connection).counts(name)[0]
     except pika.exceptions.AMQPError as exc:
         raise ConnectionError(f"connection lost: {type(exc).__name__}") from exc
     finally:
@@ -348,6 +365,14 @@ def check(queues: list[str], *, config: Settings, state: StateStore, timeout: fl
             health.failed = counts[health.queue].get("dead", 0)
     except StoreUnavailable as exc:
         report.problems.append(Problem("state_store", f"state store unreachable, no totals ({exc})"))
+    try:
+        name, stranded = unroutable_delays(config, timeout)
+    except ConnectionError as exc:
+        report.notes.append(f"delay.unroutable not measured ({exc})")
+    else:
+        if stranded:
+            detail = f"{stranded} delayed messages found no delay queue, waiting in {name}"
+            report.problems.append(Problem("unroutable_delays", detail))
     for health in report.queues:
         _judge(health, config)
     if report.problems or any(h.problems for h in report.queues):

@@ -7,6 +7,7 @@ The RabbitMQ restart is in ``test_delays_restart.py`` (it disturbs every other t
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,7 +16,10 @@ import pytest
 import requests
 from dramatiq.errors import ConnectionClosed
 
+from jobsystem.ops.health import check
 from jobsystem.rabbitmq.bulk import send_bulk
+from jobsystem.settings import load_settings
+from jobsystem.store import open_store
 from jobsystem.system import get_system
 from tests import workload
 from tests.delay_support import (
@@ -27,7 +31,7 @@ from tests.delay_support import (
     short_horizon,
     unacked,
 )
-from tests.support import wait_for
+from tests.support import TEST_REDIS_URL, wait_for
 
 
 def get_one(queue: str, timeout: float) -> tuple[float, pika.spec.BasicProperties, dict]:
@@ -82,7 +86,9 @@ def test_a_delay_waits_in_rabbitmq_and_reaches_its_delay_queue_with_its_options(
     assert again.options.get("duplicate") is True and again.message_id == message.message_id
 
 
-def test_a_cascade_deleted_under_a_sender_is_declared_again_and_strays_are_kept(queues, prefix):
+def test_a_cascade_deleted_under_a_sender_is_declared_again_and_strays_are_kept_and_seen(
+    queues, prefix, store
+):
     sender = short_horizon(queues, prefix)
     send_delayed(sender, workload.record, 60_000, "first")
     cascade = sender.broker.delays
@@ -98,6 +104,15 @@ def test_a_cascade_deleted_under_a_sender_is_declared_again_and_strays_are_kept(
         mandatory=True,
     )
     wait_for(lambda: queues.depth(cascade.unroutable) == 1, timeout=10, what="the stray kept")
+    # ... and seen: nothing consumes it, so `jobctl health` (and its alerts) name it.
+    settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL})
+    state = open_store(settings.state_url, namespace=settings.state_namespace)
+    report = check([queues.name(workload.record)], config=settings, state=state)
+    assert (
+        "unroutable_delays",
+        f"1 delayed messages found no delay queue, waiting in {cascade.unroutable}",
+    ) in [(p.kind, p.detail) for p in report.problems]
+    assert report.status == "degraded"
 
 
 @pytest.mark.exclusive  # RabbitMQ's consumer_timeout is one for all: set for this test alone
