@@ -204,7 +204,7 @@ class Idempotency(FailClosed):
         self, broker: Broker, messages: Iterable[Message[Any]]
     ) -> tuple[dict[str, str], list[tuple[str, str]]]:
         """The duplicates (``{message_id: original_message_id}``), and ``(key, message_id)`` of
-        the messages whose keys this call registered."""
+        the messages whose keys are registered to them now (by this call or an earlier send)."""
         to_register: list[tuple[Message[Any], str, int]] = []
         to_keep: list[tuple[str, int]] = []  # re-enqueued to wait longer than their keys live
         for message in messages:
@@ -234,9 +234,8 @@ class Idempotency(FailClosed):
                 logger.info("duplicate_dropped", extra={"key": key, "original_message_id": original})
                 duplicates[message.message_id] = original
             else:
-                message.options[REGISTERED] = True
-                if original is None:
-                    registered.append((key, message.message_id))
+                message.options[REGISTERED] = True  # new, or this message's own (sent again)
+                registered.append((key, message.message_id))
         return duplicates, registered
 
     # -- run -------------------------------------------------------------------------------------

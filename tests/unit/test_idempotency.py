@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
+from unittest.mock import Mock
 
 import dramatiq
 import pytest
@@ -120,6 +121,24 @@ def test_a_key_registered_by_a_send_that_failed_is_forgotten_so_the_next_send_go
     idem.middleware.on_unsent(idem.broker, second)  # published: a later failure is not this send's
     record = idem.middleware.lookup("job", "t1")
     assert record is not None and (record.state, record.message_id) == ("pending", second.message_id)
+
+
+def test_a_message_sent_again_after_its_key_could_not_be_given_back_gives_it_back_when_it_fails_again(
+    idem, monkeypatch
+):
+    # The first failure's give-back met a store that did not answer: the key stayed pending for
+    # the same message, which the caller then sends again; that send fails too, store back up.
+    message = idem.message()
+    idem.middleware.before_enqueue(idem.broker, message, None)
+    with monkeypatch.context() as patched:
+        patched.setattr(
+            idem.middleware.backend, "unregister_many", Mock(side_effect=StoreUnavailable("down"))
+        )
+        idem.middleware.on_unsent(idem.broker, message)
+    assert idem.state() == "pending" and REGISTERED not in message.options
+    idem.middleware.before_enqueue(idem.broker, message, None)  # the key is its own: not a duplicate
+    idem.middleware.on_unsent(idem.broker, message)
+    assert idem.state() is None  # given back: a new message with the key is published
 
 
 def test_a_failed_bulk_send_gives_back_the_keys_of_its_unpublished_messages_in_one_call(idem, monkeypatch):
