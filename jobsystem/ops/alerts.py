@@ -77,6 +77,7 @@ def _record(
     reached) and its kind measured (an age the peek could not read stays open)."""
     checked = {h.queue for h in report.queues} | ({""} if report.status != "unreachable" else set())
     unjudged = {(h.queue, kind) for h in report.queues for kind in h.unjudged}
+    unjudged |= {("", kind) for kind in report.unjudged}
     owner = uuid.uuid4().hex
     if not state.acquire_lease("health:check", owner, 60_000):
         return None

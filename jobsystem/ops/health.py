@@ -82,8 +82,9 @@ class QueueHealth:
 
 @dataclass
 class HealthReport:
-    """The verdict over all queues checked, the system's own ``problems`` (the state store down),
-    and what could not be measured in ``notes``."""
+    """The verdict over all queues checked, the system's own ``problems`` (the state store down)
+    and the kinds of them it could not judge (``unjudged``), and what could not be measured in
+    ``notes``."""
 
     status: Literal["healthy", "degraded", "unreachable"]
     queues: list[QueueHealth]
@@ -91,6 +92,7 @@ class HealthReport:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     problems: list[Problem] = field(default_factory=list)
+    unjudged: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -369,6 +371,7 @@ def check(queues: list[str], *, config: Settings, state: StateStore, timeout: fl
         name, stranded = unroutable_delays(config, timeout)
     except ConnectionError as exc:
         report.notes.append(f"delay.unroutable not measured ({exc})")
+        report.unjudged.append("unroutable_delays")  # an alert on it stays open
     else:
         if stranded:
             detail = f"{stranded} delayed messages found no delay queue, waiting in {name}"

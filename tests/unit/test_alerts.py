@@ -50,6 +50,20 @@ def test_an_age_the_check_could_not_measure_is_not_taken_as_recovered(store: Sta
     assert sent == ["oldest_age:q"]
 
 
+def test_stranded_delays_the_check_could_not_count_are_not_taken_as_recovered(
+    store: StateStore, sent: list[str]
+):
+    stranded = Problem("unroutable_delays", "1 delayed messages found no delay queue")
+    assert alerts.alert(report(problems=(stranded,)), state=store, settings=SETTINGS) == ["unroutable_delays"]
+    unmeasured = report()
+    unmeasured.unjudged = ["unroutable_delays"]  # the queue could not be counted this time
+    with structlog.testing.capture_logs() as logged:
+        assert alerts.alert(unmeasured, state=store, settings=SETTINGS) == []
+    assert [e["event"] for e in logged] == []
+    assert alerts.alert(report(problems=(stranded,)), state=store, settings=SETTINGS) == []  # not again
+    assert sent == ["unroutable_delays"]
+
+
 def test_while_the_store_is_down_every_condition_is_sent_at_each_check(sent: list[str]):
     down = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)
     degraded = report(aged(), problems=(Problem("state_store", "state store unreachable"),))
