@@ -32,7 +32,7 @@ settings = get_system().settings
 SIZES = (1920, 1280, 640, 160)
 
 #: 25 minutes, and always below RabbitMQ's consumer_timeout (see the module docstring).
-TIME_LIMIT_MS = min(25 * 60_000, settings.rabbitmq_consumer_timeout_ms * 9 // 10)
+TIME_LIMIT_MS = min(25 * 60_000, settings.longest_time_limit_ms)
 
 
 def _save(image: Image.Image, path: Path) -> None:

@@ -292,11 +292,17 @@ class Settings(BaseModel):
         return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
 
     @property
+    def longest_time_limit_ms(self) -> int:
+        """The longest time limit an actor may have: 90% of what ``RABBITMQ_CONSUMER_TIMEOUT_MS``
+        leaves once the job waited ``RATE_LIMIT_WAIT_MS`` for its token (the limit starts after)."""
+        return (self.rabbitmq_consumer_timeout_ms - self.rate_limit_wait_ms) * 9 // 10
+
+    @property
     def smtp_time_limit_ms(self) -> int:
         """The time limit of a mail's job: room for every SMTP round trip to take ``SMTP_TIMEOUT``
-        (and 10 s more), at most 90% of ``RABBITMQ_CONSUMER_TIMEOUT_MS``."""
+        (and 10 s more), at most :attr:`longest_time_limit_ms`."""
         wanted = int(SMTP_ROUND_TRIPS * self.smtp_timeout * 1000) + 10_000
-        return min(wanted, self.rabbitmq_consumer_timeout_ms * 9 // 10)
+        return min(wanted, self.longest_time_limit_ms)
 
     @property
     def smtp_operation_timeout(self) -> float:

@@ -118,3 +118,16 @@ def test_the_time_limit_leaves_every_smtp_round_trip_its_timeout():
     short = load_settings({"RABBITMQ_CONSUMER_TIMEOUT_MS": "60000", "JOB_TIME_LIMIT_MS": "50000"})
     assert short.smtp_time_limit_ms < 60_000  # and the timeout of each round trip shrinks to fit
     assert ROUND_TRIPS * short.smtp_operation_timeout * 1000 < short.smtp_time_limit_ms
+
+
+def test_the_time_limit_and_the_wait_for_a_token_fit_in_the_consumer_timeout_together():
+    # The limit starts once the mail's smtp token came, which may take RATE_LIMIT_WAIT_MS.
+    waits = load_settings(
+        {
+            "RABBITMQ_CONSUMER_TIMEOUT_MS": "120000",
+            "JOB_TIME_LIMIT_MS": "50000",
+            "RATE_LIMIT_WAIT_MS": "30000",
+        }
+    )
+    assert waits.smtp_time_limit_ms + waits.rate_limit_wait_ms < waits.rabbitmq_consumer_timeout_ms
+    assert waits.longest_time_limit_ms + waits.rate_limit_wait_ms < waits.rabbitmq_consumer_timeout_ms
