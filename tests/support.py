@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -115,6 +116,25 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()``'s result, or the exception it raised, run in a thread of its own: the test fails
+    if it takes longer than ``seconds`` (a call that would hang fails instead of hanging the run;
+    the thread is a daemon, which the test's clean-up must let end)."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # handed to the test, interrupts included
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still running after {seconds:g} s"
+    return outcome[0]
 
 
 class Process:
