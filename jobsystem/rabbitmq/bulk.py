@@ -5,7 +5,9 @@
 RabbitMQ's (possibly ``multiple``) acks, so a campaign fan-out of thousands of messages costs one
 round trip per window instead of one per message. It returns only when every message is confirmed,
 and raises :class:`BulkSendError` naming the messages that were not; the idempotency keys of the
-messages not published are given back whatever the failure.
+messages not confirmed are given back whatever the failure, an interrupt included. Its connection
+is closed on every way out, without waiting for an answer RabbitMQ may never give (pika's close has
+no timeout of its own).
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from middleware.idempotency import as_duplicate
 
 logger = logging.getLogger(__name__)
+
+#: The longest wait (at most the send's ``timeout``) for RabbitMQ to answer the close of the
+#: connection, after which its socket is dropped: a broker, or a network path, gone silent would
+#: otherwise hold the send forever, pika's close having no timeout.
+CLOSE_TIMEOUT = 5.0
 
 
 class BulkSendError(RuntimeError):
@@ -59,6 +66,8 @@ class _Publisher:
     window: int
     #: The longest wait for a confirm (reset by each one), not a deadline for the whole batch.
     timeout: float
+    #: The longest wait for RabbitMQ's answer to the close, then the socket is dropped.
+    close_timeout: float
     next_index: int = 0
     published: int = 0
     # delivery tag (1-based publish order on the channel) -> index into messages
@@ -70,21 +79,35 @@ class _Publisher:
     #: The connection could not be opened (nothing was published): another node may be tried.
     unreachable: bool = False
     progress_at: float = 0.0
+    #: The connection is being closed (or dropped): no more timeouts, no second close.
+    closing: bool = False
     channel: pika.channel.Channel | None = None
     connection: pika.SelectConnection | None = None
 
     def run(self) -> None:
         """Connect, publish and count the confirms until every message is answered or the send
-        fails (``error``); the connection is closed when it returns. A callback that raises fails
-        the send, its error named in ``error``, instead of escaping."""
+        fails (``error``). A callback that raises fails the send, its error named in ``error``,
+        instead of escaping. An interrupt (KeyboardInterrupt, or Dramatiq's TimeLimitExceeded or
+        Shutdown raised in this thread) escapes as it is, once the socket is dropped: the caller
+        counts the confirms from this object. Either way the connection is closed on return."""
         self.connection = pika.SelectConnection(
             parameters=self.parameters,
             on_open_callback=self._on_connection_open,
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_connection_closed,
         )
-        self.progress_at = time.monotonic()
-        self.connection.ioloop.call_later(self.timeout, self._on_timeout)
+        try:
+            self.progress_at = time.monotonic()
+            self.connection.ioloop.call_later(self.timeout, self._on_timeout)
+            self._serve()
+        except BaseException:
+            self._drop()
+            raise
+        finally:
+            self.connection.ioloop.close()  # its wake-up socket pair and poller
+
+    def _serve(self) -> None:
+        assert self.connection is not None
         while True:
             try:
                 self.connection.ioloop.start()  # until a close (or open error) callback stops it
@@ -96,14 +119,46 @@ class _Publisher:
     def _fail(self, reason: str) -> None:
         if self.error is None:
             self.error = reason
+        self._close()
+
+    def _close(self) -> None:
+        """Close the connection, its channel first; RabbitMQ's answer is awaited ``close_timeout``
+        at most, then the socket is dropped. pika calls a close (or open error) callback either way."""
         assert self.connection is not None
         if self.connection.is_closed:
             self.connection.ioloop.stop()
-        elif not self.connection.is_closing:
-            self.connection.close()  # while opening too: pika then calls _on_open_error
+            return
+        if self.closing:
+            return
+        self.closing = True
+        if not self.connection.is_closing:
+            self.connection.close()  # while opening too: pika then drops the stream at once
+        self.connection.ioloop.call_later(self.close_timeout, self._on_close_timeout)
+
+    def _on_close_timeout(self) -> None:
+        assert self.connection is not None
+        if not self.connection.is_closed:
+            logger.warning("bulk_send_close_unanswered", extra={"waited_s": self.close_timeout})
+            _drop_stream(self.connection, "close not answered")
+
+    def _drop(self) -> None:
+        """After an interrupt (or an error out of the loop): drop the socket now, without waiting
+        for RabbitMQ. pika completes it in one turn of its loop (bounded all the same); an error in
+        doing so is logged, for the interrupt is what the caller must see."""
+        assert self.connection is not None
+        self.closing = True
+        try:
+            if not self.connection.is_closed:
+                _drop_stream(self.connection, "interrupted")
+                self.connection.ioloop.call_later(self.close_timeout, self.connection.ioloop.stop)
+                self.connection.ioloop.start()  # until the close callback stops it
+        except Exception:
+            logger.error("bulk_send_drop_failed", exc_info=True)
 
     def _on_timeout(self) -> None:
         assert self.connection is not None
+        if self.closing:  # answered or failed: the close has its own timeout
+            return
         idle = time.monotonic() - self.progress_at
         if idle < self.timeout:  # confirms came meanwhile: wait from the last one
             self.connection.ioloop.call_later(self.timeout - idle, self._on_timeout)
@@ -133,8 +188,8 @@ class _Publisher:
     def _on_channel_closed(self, channel: pika.channel.Channel, reason: BaseException) -> None:
         if not self._done():
             self._fail(f"channel closed: {reason}")
-        elif self.connection is not None and self.connection.is_open:
-            self.connection.close()
+        else:
+            self._close()
 
     def _on_return(
         self,
@@ -169,8 +224,8 @@ class _Publisher:
             self.published += 1
             self.in_flight[self.published] = self.next_index
             self.next_index += 1
-        if self._done() and self.channel.is_open:
-            self.channel.close()
+        if self._done():
+            self._close()
 
     def _on_confirm(self, frame: pika.frame.Method) -> None:
         self.progress_at = time.monotonic()
@@ -184,6 +239,21 @@ class _Publisher:
 
     def _done(self) -> bool:
         return len(self.confirmed) + len(self.rejected) == len(self.messages)
+
+    def sent(self) -> list[Message[Any]]:
+        """The messages RabbitMQ confirmed (acked, not returned as unroutable) so far, in order."""
+        return [
+            m
+            for i, m in enumerate(self.messages)
+            if i in self.confirmed and m.message_id not in self.returned_ids
+        ]
+
+
+def _drop_stream(connection: pika.SelectConnection, why: str) -> None:
+    """Close ``connection``'s socket without the AMQP close handshake; pika then calls its close
+    (or open error) callback from the loop. pika has no public call for it: ``_terminate_stream``
+    is what its own heartbeat and blocked-connection timeouts use."""
+    connection._terminate_stream(pika.exceptions.ConnectionClosedByClient(200, why))
 
 
 def send_bulk(
@@ -202,7 +272,14 @@ def send_bulk(
     does, by a copy carrying the original message id. Whatever the failure, the middleware's
     ``on_unsent_batch(broker, messages)`` hooks then get the messages not confirmed (idempotency
     gives their keys back, so sending them again publishes them). Each node of the broker's URL
-    is tried in turn until one accepts the connection.
+    is tried in turn until one accepts the connection (pika's ``socket_timeout``,
+    ``stack_timeout`` and ``connection_attempts`` from the URL, and ``timeout``, bound the wait).
+
+    An interrupt in the sending thread (KeyboardInterrupt; Dramatiq's TimeLimitExceeded or Shutdown
+    when an actor sends) drops the connection at once and is raised unchanged, after the confirmed
+    messages' ``after_enqueue`` hooks (in-process bookkeeping: status, logs, held keys) and the
+    ``on_unsent_batch`` hooks for the others. The close of the connection waits for RabbitMQ's
+    answer ``min(timeout, CLOSE_TIMEOUT)`` at most, then drops the socket.
 
     Raises:
       BulkSendError: some messages were nacked, unroutable, or unconfirmed when the connection
@@ -220,9 +297,7 @@ def send_bulk(
         duplicates = _register(target, requested)
         pending = [m for m in requested if m.message_id not in duplicates]
         if pending:
-            confirmed, reason = _publish(target, pending, window=window, timeout=timeout)
-            for message in confirmed:
-                target.emit_after("enqueue", message, None)
+            reason = _publish(target, pending, confirmed, window=window, timeout=timeout)
             if reason is not None:
                 raise BulkSendError(reason, _other_than(pending, confirmed), confirmed)
     except BaseException:
@@ -242,10 +317,17 @@ def _register(broker: RabbitmqBroker, messages: list[Message[Any]]) -> dict[str,
 
 
 def _publish(
-    broker: RabbitmqBroker, pending: list[Message[Any]], *, window: int, timeout: float
-) -> tuple[list[Message[Any]], str | None]:
+    broker: RabbitmqBroker,
+    pending: list[Message[Any]],
+    confirmed: list[Message[Any]],
+    *,
+    window: int,
+    timeout: float,
+) -> str | None:
     """Run the ``before_enqueue`` hooks, encode, declare the queues, and publish on the first node
-    that accepts a connection. Returns the confirmed messages and, unless all were, why not."""
+    that accepts a connection. Appends the messages RabbitMQ confirmed to ``confirmed`` and runs
+    their ``after_enqueue`` hooks, an interrupt included (the caller gives back the others' keys);
+    returns why not all were confirmed, or None."""
     for message in pending:
         broker.emit_before("enqueue", message, None)
     # Every body before the first publish (the hooks may change options): nothing goes out if one fails.
@@ -253,22 +335,26 @@ def _publish(
     for queue_name in {m.queue_name for m in pending}:
         broker.declare_queue(queue_name, ensure=True)
     nodes = broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]
+    close_timeout = min(timeout, CLOSE_TIMEOUT)
     for node in nodes:
-        publisher = _Publisher(pending, bodies, parameters=node, window=window, timeout=timeout)
-        publisher.run()
+        publisher = _Publisher(
+            pending, bodies, parameters=node, window=window, timeout=timeout, close_timeout=close_timeout
+        )
+        try:
+            publisher.run()
+        finally:  # interrupted too: what RabbitMQ confirmed is enqueued (a node passed over has none)
+            sent = publisher.sent()
+            confirmed += sent
+            for message in sent:
+                broker.emit_after("enqueue", message, None)
         if not publisher.unreachable:
             break
         logger.warning(
             "bulk_send_node_unreachable", extra={"node": f"{node.host}:{node.port}", "error": publisher.error}
         )
-    confirmed = [
-        m
-        for i, m in enumerate(pending)
-        if i in publisher.confirmed and m.message_id not in publisher.returned_ids
-    ]
     if len(confirmed) == len(pending):
-        return confirmed, None
-    return confirmed, publisher.error or ("unroutable" if publisher.returned_ids else "nacked by RabbitMQ")
+        return None
+    return publisher.error or ("unroutable" if publisher.returned_ids else "nacked by RabbitMQ")
 
 
 def _other_than(messages: list[Message[Any]], confirmed: list[Message[Any]]) -> list[Message[Any]]:

@@ -1,10 +1,142 @@
-"""Bulk send: confirmed means in the queue; a nack names the messages that did not make it."""
+"""Bulk send: confirmed means in the queue; a nack names the messages that did not make it. Here
+against a stand-in RabbitMQ whose answers a test withholds: an interrupt mid-publish, a broker
+that never answers a close, a node that hangs while opening."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import dramatiq
+import pika.frame
+import pytest
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.middleware.shutdown import Shutdown
+from dramatiq.middleware.time_limit import TimeLimitExceeded
+
 import actors  # noqa: F401 - the global broker, as an application that sends has it
-from jobsystem.rabbitmq.bulk import send_bulk
+from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
+from tests.amqp_server import FakeRabbit, fake_rabbitmq
+from tests.support import within
+
+
+class Recorder(dramatiq.Middleware):
+    """Notes the message id of each ``after_enqueue`` and of each message handed to ``on_unsent_batch``."""
+
+    def __init__(self) -> None:
+        self.enqueued: list[str] = []
+        self.unsent: list[str] = []
+
+    def after_enqueue(self, broker: dramatiq.Broker, message: dramatiq.Message[Any], delay: Any) -> None:
+        self.enqueued.append(message.message_id)
+
+    def on_unsent_batch(self, broker: dramatiq.Broker, messages: list[dramatiq.Message[Any]]) -> None:
+        self.unsent += [m.message_id for m in messages]
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def broker_of(rabbit: FakeRabbit, recorder: Recorder, monkeypatch: pytest.MonkeyPatch) -> RabbitmqBroker:
+    """A broker on the stand-in, its queues taken as declared (the stand-in knows no queues)."""
+    broker = RabbitmqBroker(url=rabbit.url(), middleware=[recorder])
+    monkeypatch.setattr(broker, "declare_queue", lambda queue_name, ensure=False: None)
+    return broker
+
+
+def messages(count: int) -> list[dramatiq.Message[Any]]:
+    return [
+        dramatiq.Message(queue_name="bulk", actor_name="a", args=(i,), kwargs={}, options={})
+        for i in range(count)
+    ]
+
+
+def ids(batch: list[dramatiq.Message[Any]]) -> list[str]:
+    return [m.message_id for m in batch]
 
 
 def test_empty_bulk_send_publishes_nothing():
     assert send_bulk([]) == []
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt(), TimeLimitExceeded(), Shutdown()], ids=type)
+def test_an_interrupt_mid_publish_gives_back_only_the_unconfirmed_and_closes_the_connection(
+    monkeypatch, recorder, interrupt
+):
+    """Raised in the sending thread after 5 confirms (Ctrl-C, or Dramatiq's time limit when a
+    fan-out actor sends): the 5 confirmed ones are enqueued and keep their keys, only the 15
+    others are given back, the socket is closed, and the interrupt goes on unchanged."""
+    on_confirm = _Publisher._on_confirm
+    publishers: list[_Publisher] = []
+
+    def interrupted(publisher: _Publisher, frame: pika.frame.Method) -> None:
+        on_confirm(publisher, frame)
+        publishers.append(publisher)
+        if len(publisher.confirmed) == 5:
+            raise interrupt
+
+    monkeypatch.setattr(_Publisher, "_on_confirm", interrupted)
+    batch = messages(20)
+    with fake_rabbitmq() as rabbit:
+        broker = broker_of(rabbit, recorder, monkeypatch)
+        with pytest.raises(type(interrupt)) as caught:
+            send_bulk(batch, broker=broker)
+        assert caught.value is interrupt
+        assert recorder.enqueued == ids(batch[:5])
+        assert recorder.unsent == ids(batch[5:])
+        assert rabbit.closed.wait(5), "the connection was left open"
+        assert publishers[0].connection is not None and publishers[0].connection.is_closed
+
+
+def test_a_send_returns_when_rabbitmq_never_answers_the_close_after_confirming_all(monkeypatch, recorder):
+    """Every message confirmed, then silence: the close is awaited at most ``timeout``, then the
+    socket is dropped and the send returns them all."""
+    batch = messages(20)
+    with fake_rabbitmq(answer_close=False) as rabbit:
+        broker = broker_of(rabbit, recorder, monkeypatch)
+        assert within(10, lambda: send_bulk(batch, broker=broker, timeout=0.5)) == batch
+        assert rabbit.closed.wait(5), "the connection was left open"
+    assert recorder.enqueued == ids(batch) and recorder.unsent == []
+
+
+def test_a_send_fails_when_rabbitmq_goes_silent_and_never_answers_the_close(monkeypatch, recorder):
+    """5 of 20 confirmed, then nothing: no confirm within ``timeout`` fails the send, whose close is
+    not answered either; the send still returns, naming the 15."""
+    batch = messages(20)
+    with fake_rabbitmq(acks=5, answer_close=False) as rabbit:
+        broker = broker_of(rabbit, recorder, monkeypatch)
+        error = within(10, lambda: send_bulk(batch, broker=broker, timeout=0.5))
+        assert rabbit.closed.wait(5), "the connection was left open"
+    assert isinstance(error, BulkSendError) and "no confirm within 0.5 s" in str(error)
+    assert ids(error.confirmed) == ids(batch[:5]) and ids(error.failed) == ids(batch[5:])
+    assert recorder.unsent == ids(batch[5:])
+
+
+def test_a_send_fails_when_the_channel_never_opens(monkeypatch, recorder):
+    batch = messages(3)
+    with fake_rabbitmq(open_channel=False, answer_close=False) as rabbit:
+        broker = broker_of(rabbit, recorder, monkeypatch)
+        error = within(10, lambda: send_bulk(batch, broker=broker, timeout=0.5))
+        assert rabbit.closed.wait(5), "the connection was left open"
+    assert isinstance(error, BulkSendError) and len(error.failed) == 3
+    assert rabbit.published == []
+
+
+@pytest.mark.parametrize("bound", ["stack_timeout", "timeout"])
+def test_a_node_that_hangs_while_opening_is_given_up(monkeypatch, recorder, bound):
+    """A TCP peer that accepts and never speaks AMQP: pika's ``stack_timeout`` (from the URL) gives
+    the node up as unreachable, and the send's own ``timeout`` bounds a longer one."""
+    batch = messages(3)
+    with fake_rabbitmq(speak=False) as rabbit:
+        broker = broker_of(rabbit, recorder, monkeypatch)
+        broker.parameters.stack_timeout = 0.5 if bound == "stack_timeout" else 60
+        started = time.monotonic()
+        error = within(
+            10, lambda: send_bulk(batch, broker=broker, timeout=60 if bound == "stack_timeout" else 0.5)
+        )
+        assert rabbit.closed.wait(5), "the connection was left open"
+    assert time.monotonic() - started < 5
+    assert isinstance(error, BulkSendError) and len(error.failed) == 3
+    assert ("connection failed" if bound == "stack_timeout" else "no confirm within") in str(error)
