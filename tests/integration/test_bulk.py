@@ -12,7 +12,9 @@ import pytest
 
 from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
 from tests import workload
+from tests.amqp_server import silenceable_path
 from tests.servers import free_port
+from tests.support import within
 
 
 class Enqueued(dramatiq.Middleware):
@@ -101,4 +103,33 @@ def test_a_node_that_cannot_be_reached_is_passed_over(queues, monkeypatch):
     queue = queues.name(workload.record)
     messages = [queues.message(workload.record, f"n{i}") for i in range(20)]
     assert len(send_bulk(messages, broker=broker)) == 20
+    assert queues.depth(queue) == 20
+
+
+def test_a_send_returns_when_the_path_to_rabbitmq_goes_silent_at_the_close(queues, monkeypatch):
+    """Every message confirmed, then the network path swallows every byte, the close included (pika
+    would wait for its answer forever): the send returns them all, its socket closed."""
+    broker = queues.broker
+    queue = queues.name(workload.record)
+    broker.declare_queue(queue, ensure=True)  # now, on the broker's own connection, not the path
+    node = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
+    with silenceable_path(node.host, node.port) as path:
+        proxied = pika.ConnectionParameters(
+            "127.0.0.1", path.port, node.virtual_host, node.credentials, connection_attempts=1
+        )
+        monkeypatch.setattr(broker, "parameters", [proxied])
+        on_confirm = _Publisher._on_confirm
+
+        def silenced(publisher: _Publisher, frame: pika.frame.Method) -> None:
+            if (
+                publisher.next_index == len(publisher.messages)
+                and frame.method.delivery_tag == publisher.published
+            ):
+                path.silent.set()  # the last confirm: what the send writes next is its close
+            on_confirm(publisher, frame)
+
+        monkeypatch.setattr(_Publisher, "_on_confirm", silenced)
+        messages = [queues.message(workload.record, f"p{i}") for i in range(20)]
+        assert within(15, lambda: send_bulk(messages, broker=broker, timeout=1.0)) == messages
+        assert path.closed.wait(5), "the connection was left open"
     assert queues.depth(queue) == 20

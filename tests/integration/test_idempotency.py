@@ -10,13 +10,14 @@ from typing import Any
 import dramatiq
 import pika
 import pika.exceptions
+import pika.frame
 import pytest
 import redis as redis_lib
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import MiddlewareError
 from pika.adapters.blocking_connection import BlockingChannel
 
-from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
+from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
 from middleware.idempotency import Idempotency
 from tests import workload
 from tests.servers import free_port
@@ -136,6 +137,27 @@ def test_a_failed_bulk_send_gives_back_the_keys_of_the_messages_not_confirmed(ke
     assert [m.options.get("duplicate", False) for m in result] == [True] * 5 + [False] * 15
     assert [m.message_id for m in result[:5]] == [m.message_id for m in first[:5]]
     assert keyed.depth(queue) == 20
+
+
+def test_an_interrupted_bulk_send_gives_back_only_the_keys_of_the_messages_not_confirmed(keyed, monkeypatch):
+    """Ctrl-C (or an actor's time limit) once RabbitMQ confirmed 5 of 20: the interrupt goes on, and
+    the sender's retry with new messages carrying the same keys finds the 5 as duplicates and
+    publishes the 15 others."""
+    on_confirm = _Publisher._on_confirm
+
+    def interrupted(publisher: _Publisher, frame: pika.frame.Method) -> None:
+        on_confirm(publisher, frame)
+        if len(publisher.confirmed) == 5:
+            raise KeyboardInterrupt
+
+    first = [keyed.message(workload.effect, f"i{i}") for i in range(20)]
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(_Publisher, "_on_confirm", interrupted)
+        send_bulk(first, broker=keyed.broker, window=1)
+    again = [keyed.message(workload.effect, f"i{i}") for i in range(20)]
+    result = send_bulk(again, broker=keyed.broker)
+    assert [m.options.get("duplicate", False) for m in result] == [True] * 5 + [False] * 15
+    assert [m.message_id for m in result[:5]] == [m.message_id for m in first[:5]]
 
 
 class Refused(MiddlewareError):
