@@ -16,7 +16,8 @@ from pathlib import Path
 
 from jobsystem.ops import dead_letters as dead_letter_ops
 from jobsystem.ops.dead_letter_reader import Reader
-from jobsystem.ops.health import HealthReport, QueueHealth, check, missing_queues
+from jobsystem.ops.health import HealthReport, QueueHealth, check
+from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker, dead_letter_queue
 from jobsystem.settings import Settings, redact_url
 from jobsystem.store.audit import AuditBackend, audit_backend

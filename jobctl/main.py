@@ -335,7 +335,8 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
     Checks the queues the project's actors declare (or those given with --queue) against the
     HEALTH_* thresholds. Exit code 0 healthy, 1 degraded (a state store that does not answer
     too), 2 broker unreachable or a --queue RabbitMQ does not have: usable as a container health
-    check or a cron alert.
+    check or a cron alert. RabbitMQ, its management API and the state store are asked at once;
+    the check waits --timeout seconds at most in all.
     """
     system = load_system()
     from jobsystem.ops.health import check, resolve_queues

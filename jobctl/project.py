@@ -56,7 +56,7 @@ def require_queues(settings: Settings, named: Mapping[str, str], timeout: float 
     gave it (``--queue 'emails'``). An unreachable RabbitMQ checks nothing: commands report it."""
     if not named:
         return
-    from jobsystem.ops.health import missing_queues
+    from jobsystem.ops.queue_counts import missing_queues
 
     try:
         missing = missing_queues(settings, list(named), timeout)

@@ -1,6 +1,6 @@
 """Stand-ins the tests run in-process for services the system talks to: SMTP servers (aiosmtpd, and
-a scripted one whose every reply a test chooses), a Sentry endpoint, a self-signed certificate, and
-a free port for anything else."""
+a scripted one whose every reply a test chooses), a Sentry endpoint, a server that accepts
+connections and never answers, a self-signed certificate, and a free port for anything else."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ __all__ = [
     "sentry_events",
     "sentry_server",
     "server_tls",
+    "silent_server",
     "smtp_server",
 ]
 
@@ -53,6 +54,31 @@ def smtp_server() -> Iterator[tuple[int, list[Any]]]:
         yield port, received
     finally:
         controller.stop()
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[int]:
+    """A TCP server that accepts every connection and never sends a byte (a service that hangs:
+    RabbitMQ, its management API, Redis); yields its port."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        listener.close()
+        for connection in accepted:
+            connection.close()
 
 
 def self_signed_certificate(folder: Path) -> tuple[Path, Path]:

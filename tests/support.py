@@ -16,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import dramatiq
@@ -135,6 +135,19 @@ def within(seconds: float, call: Callable[[], Any]) -> Any:
     thread.join(seconds)
     assert outcome, f"still running after {seconds:g} s"
     return outcome[0]
+
+
+T = TypeVar("T")
+
+
+def finished_within(seconds: float, function: Callable[[], T]) -> T:
+    """``function()``'s value, its exception raised, failing the test when it takes longer than
+    ``seconds`` (see :func:`within`)."""
+    outcome = within(seconds, function)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    value: T = outcome
+    return value
 
 
 class Process:

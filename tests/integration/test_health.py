@@ -1,19 +1,23 @@
 """``jobctl health`` on real queues: a backed-up queue is degraded, a served one healthy, an
-unreachable broker exits 2, and without the management API the AMQP counts still judge."""
+unreachable broker exits 2, without the management API the AMQP counts still judge, and a
+dependency that hangs costs the check its timeout, not more."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from urllib.parse import quote
 
 import requests
 
-from jobsystem.ops.health import measure
+from jobsystem.ops.health import check, measure
+from jobsystem.settings import load_settings
+from jobsystem.store.redis import RedisStore
 from tests import workload
-from tests.servers import free_port
-from tests.support import BIN, ROOT, worker_env
+from tests.servers import free_port, silent_server
+from tests.support import BIN, ROOT, TEST_REDIS_URL, finished_within, worker_env
 
 
 def jobctl_health(prefix, tmp_path, *args, **env):
@@ -104,3 +108,28 @@ def test_a_message_ready_just_now_is_young_whatever_its_timestamps_and_size(queu
     queues.broker.enqueue(queues.message(workload.record, "x" * 100_000))  # past the peek's 64 KiB
     ((health,), _, notes) = measure(queues.settings, [queue])
     assert health.oldest_age_s is not None and health.oldest_age_s < 60, notes
+
+
+def test_a_hanging_management_api_and_state_store_cost_the_timeout_not_more(queues, prefix):
+    """Asked in series, a management API and a state store that accept and never answer cost
+    their timeouts one after the other (here 2 s, then the store's 5 s): past a Prometheus scrape's
+    10 s with the defaults. Asked at once under one deadline, the report comes within the check's
+    timeout, names both, and keeps RabbitMQ's exact counts."""
+    queue = queues.name(workload.record)
+    queues.send(workload.record, "waiting")
+    with silent_server() as port:
+        settings = load_settings(
+            {
+                **os.environ,
+                "QUEUE_PREFIX": prefix,
+                "STATE_URL": TEST_REDIS_URL,
+                "RABBITMQ_MANAGEMENT_URL": f"http://127.0.0.1:{port}",
+            }
+        )
+        hanging = RedisStore(f"redis://127.0.0.1:{port}/0", socket_timeout=5)
+        report = finished_within(3.5, lambda: check([queue], config=settings, state=hanging, timeout=2))
+    assert (report.status, report.source) == ("degraded", "amqp")
+    assert [p.kind for p in report.problems] == ["state_store"]
+    assert any(note.startswith("management API unreachable") for note in report.notes), report.notes
+    (health,) = report.queues
+    assert (health.waiting, health.consumers, health.unjudged) == (1, 0, ["oldest_age"])

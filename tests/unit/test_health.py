@@ -1,22 +1,94 @@
-"""The health verdict without RabbitMQ: the queues' numbers stand in, the state store is real."""
+"""The health verdict without RabbitMQ: the queues' numbers stand in (or a server that never
+answers does), the state store is real."""
 
 from __future__ import annotations
 
 import pytest
 
 from jobsystem.ops import health
-from jobsystem.ops.health import QueueHealth
+from jobsystem.ops.queue_counts import AmqpCounts, QueueCounts
 from jobsystem.settings import load_settings
 from jobsystem.store.redis import RedisStore
+from jobsystem.store.sqlite import SqliteStore
+from tests.servers import silent_server
+from tests.support import finished_within, fresh_store
+
+#: The health check's timeout in these tests, and the bound it must keep: the timeout, plus time
+#: to start its threads and judge on a busy machine (each dependency's own timeout is longer).
+TIMEOUT = 1.0
+BOUND = TIMEOUT + 1.5
 
 
-def test_a_state_store_that_does_not_answer_degrades_the_check(monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture
+def rabbitmq(monkeypatch: pytest.MonkeyPatch) -> dict[str, QueueCounts]:
+    """RabbitMQ as health sees it, without RabbitMQ: the AMQP counts of the queues a test puts in
+    the returned dict; the management API knows no queue."""
+    counted: dict[str, QueueCounts] = {}
+    monkeypatch.setattr(health, "count_queues", lambda *_a, **_kw: AmqpCounts(counted, "delay.unroutable", 0))
+    monkeypatch.setattr(health, "queue_stats", lambda *_a, **_kw: {})
+    return counted
+
+
+def test_a_state_store_that_does_not_answer_degrades_the_check(rabbitmq: dict[str, QueueCounts]):
     """Every guarded job is deferred while the store is down: the check must not say healthy."""
-    served = QueueHealth("q", waiting=0, consumers=1, delayed=0, dead=0)
-    monkeypatch.setattr(health, "measure", lambda *_args, **_kw: ([served], "management", []))
+    rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=0, dead=0)
     down = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)
     report = health.check(["q"], config=load_settings({}), state=down)
     assert (report.status, report.exit_code) == ("degraded", 1)
     assert [p.kind for p in report.problems] == ["state_store"]
     assert report.queues[0].verdict == "healthy"  # the queue itself is fine
     assert report.to_dict()["problems"][0]["kind"] == "state_store"
+
+
+def test_a_state_store_that_hangs_is_named_within_the_bound_with_the_rest_of_the_report(
+    rabbitmq: dict[str, QueueCounts],
+):
+    """Its own timeout (5 s here) is longer than the check's: the check does not wait for it."""
+    rabbitmq["q"] = QueueCounts(waiting=2, consumers=1, delayed=0, dead=0)
+    with silent_server() as port:
+        hanging = RedisStore(f"redis://127.0.0.1:{port}/0", socket_timeout=5)
+        report = finished_within(
+            BOUND, lambda: health.check(["q"], config=load_settings({}), state=hanging, timeout=TIMEOUT)
+        )
+    assert report.status == "degraded"
+    assert [(p.kind, p.detail) for p in report.problems] == [
+        ("state_store", f"state store unreachable, no totals (no answer within {TIMEOUT:g} s)")
+    ]
+    assert (report.queues[0].waiting, report.queues[0].scheduled, report.queues[0].succeeded) == (
+        2,
+        None,
+        None,
+    )
+
+
+def test_a_rabbitmq_that_accepts_and_never_answers_costs_the_timeout_not_more():
+    """pika's handshake timeout (15 s) is not the check's: ``jobctl health``, the check_health job
+    and a Prometheus scrape (10 s) get their answer, unreachable, within the bound."""
+    with silent_server() as port:
+        config = load_settings(
+            {
+                "RABBITMQ_URL": f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+                "RABBITMQ_MANAGEMENT_URL": f"http://127.0.0.1:{port}",
+            }
+        )
+        hanging = RedisStore(f"redis://127.0.0.1:{port}/0", socket_timeout=5)
+        report = finished_within(
+            BOUND, lambda: health.check(["q"], config=config, state=hanging, timeout=TIMEOUT)
+        )
+        assert (report.status, report.exit_code, report.queues) == ("unreachable", 2, [])
+        with pytest.raises(ConnectionError):  # the scrape's gauges: jobs_queue_stats_up 0
+            finished_within(BOUND, lambda: health.queue_depths(config, ["q"], TIMEOUT, hanging))
+
+
+def test_repeated_checks_ask_an_sqlite_store_on_one_connection(rabbitmq: dict[str, QueueCounts], tmp_path):
+    """The store is asked on a thread of its own; an SQLite store opens a connection per thread,
+    so a new thread per check (a scrape every 15 s, the dashboard every 2 s) would leak them."""
+    rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=0, dead=0)
+    with fresh_store("sqlite", tmp_path) as state:
+        assert isinstance(state, SqliteStore)
+        assert health.check(["q"], config=load_settings({}), state=state).status == "healthy"
+        opened = len(state._connections)
+        for _ in range(5):
+            assert health.check(["q"], config=load_settings({}), state=state).status == "healthy"
+            health.queue_depths(load_settings({}), ["q"], state=state)
+        assert len(state._connections) == opened

@@ -1,0 +1,75 @@
+"""RabbitMQ's management API as health reads it: per-queue samples (unacked messages, rates;
+refreshed every 5 s by RabbitMQ) in one request, and a peek at a queue's head message for the
+age of the oldest waiting message (:func:`ready_since`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from jobsystem.settings import Settings
+
+__all__ = ["Undated", "oldest_age_s", "queue_stats", "rate", "ready_since"]
+
+_COLUMNS = (
+    "name,messages_ready,messages_unacknowledged,consumers,"
+    "message_stats.publish_details.rate,message_stats.ack_details.rate"
+)
+
+
+def _vhost_api(config: Settings) -> str:
+    return f"{config.management_url}/api/queues/{quote(config.rabbitmq_vhost, safe='')}"
+
+
+def queue_stats(config: Settings, timeout: float) -> dict[str, dict[str, Any]]:
+    """Every queue of the vhost with the columns health needs, in one request."""
+    response = requests.get(_vhost_api(config), params={"columns": _COLUMNS}, timeout=timeout)
+    response.raise_for_status()
+    return {q["name"]: q for q in response.json()}
+
+
+def rate(info: dict[str, Any], name: str) -> float:
+    """The rate of ``name`` (``publish``, ``ack``) in one queue's stats; 0 when not sampled yet."""
+    return float(info.get("message_stats", {}).get(f"{name}_details", {}).get("rate", 0.0))
+
+
+class Undated(ValueError):
+    """A head message whose ready time cannot be read (not the project's nor Dramatiq's)."""
+
+
+def ready_since(peeked: dict[str, Any]) -> float:
+    """When a message peeked through the management API became ready in its queue (epoch s).
+
+    The project's publishes carry that time as the AMQP ``timestamp`` property, set on every
+    publish into a work queue (a delayed message and a retry are published again when due), and
+    read whatever the body's size. Without it (a message of plain Dramatiq): the body's
+    ``requeue_timestamp`` or ``message_timestamp``, which predate any delay or backoff.
+    """
+    stamp = (peeked.get("properties") or {}).get("timestamp")
+    if isinstance(stamp, int) and not isinstance(stamp, bool):
+        return float(stamp)
+    try:
+        body = json.loads(peeked["payload"])
+        sent = max(int(body["message_timestamp"]), int(body.get("options", {}).get("requeue_timestamp", 0)))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise Undated("not a Dramatiq message, or cut by the truncation") from exc
+    return sent / 1000
+
+
+def oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
+    """Seconds since the head message of ``queue`` became ready; None when none is waiting.
+    Raises Undated when its ready time cannot be read."""
+    response = requests.post(
+        f"{_vhost_api(config)}/{quote(queue, safe='')}/get",
+        json={"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 65_536},
+        timeout=timeout,
+    )
+    response.raise_for_status()
+    peeked = response.json()
+    if not peeked:
+        return None
+    return max(0.0, time.time() - ready_since(peeked[0]))
