@@ -61,7 +61,8 @@ def _lane(state: StateStore) -> Lane:
 @dataclass(frozen=True)
 class Problem:
     """One degraded condition: of a queue, ``kind`` backlog, dead_letters, oldest_age or
-    no_consumers; of the system, ``state_store`` or ``unroutable_delays``."""
+    no_consumers (jobs that will not run: waiting, delayed or scheduled, and nobody to take them);
+    of the system, ``state_store`` or ``unroutable_delays``."""
 
     kind: str
     detail: str
@@ -80,6 +81,7 @@ class QueueHealth:
     next_due_at: int | None = None
     dead: int | None = None
     consumers: int | None = None
+    delay_consumers: int | None = None
     publish_rate: float | None = None
     ack_rate: float | None = None
     oldest_age_s: float | None = None
@@ -151,6 +153,7 @@ def _counted(counts: AmqpCounts) -> list[QueueHealth]:
             waiting=c.waiting,
             consumers=c.consumers,
             delayed=c.delayed,
+            delay_consumers=c.delay_consumers,
             dead=c.dead,
         )
         for queue, c in counts.queues.items()
@@ -260,8 +263,22 @@ def _judge(health: QueueHealth, config: Settings) -> None:
     if health.oldest_age_s is not None and health.oldest_age_s * 1000 > config.health_max_age_ms:
         limit = config.health_max_age_ms / 1000
         problems.append(Problem("oldest_age", f"oldest waiting {health.oldest_age_s:.0f} s > {limit:g} s"))
-    if health.consumers == 0 and (health.waiting or 0) > 0:
-        problems.append(Problem("no_consumers", f"no consumers, {health.waiting} waiting"))
+    stuck = _never_run(health)
+    if stuck:
+        problems.append(Problem("no_consumers", stuck))
+
+
+def _never_run(health: QueueHealth) -> str | None:
+    """Why jobs of ``health``'s queue will not run, if they will not: nobody consumes the queue
+    while jobs wait in it, in its delay queue (a retry's backoff, a short delay) or in the delay
+    cascade; or nobody consumes its delay queue (Dramatiq's worker consumes it apart, holding
+    each message until its eta) while messages wait there."""
+    pending = {"waiting": health.waiting, "delayed": health.delayed, "scheduled": health.scheduled}
+    if health.consumers == 0 and any(pending.values()):
+        return "no consumers, " + ", ".join(f"{n} {what}" for what, n in pending.items() if n)
+    if health.delay_consumers == 0 and health.delayed:
+        return f"no consumers of {health.queue}.DQ, {health.delayed} delayed"
+    return None
 
 
 def _totals(state: StateStore, queues: list[str]) -> tuple[dict[str, Scheduled], dict[str, dict[str, int]]]:

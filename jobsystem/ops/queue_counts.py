@@ -26,11 +26,12 @@ __all__ = ["AmqpCounts", "QueueCounts", "count_queues", "missing_queues"]
 
 @dataclass(frozen=True)
 class QueueCounts:
-    """One work queue's messages and consumers, its delay queue's messages, and its dead letters."""
+    """One work queue's messages and consumers, its delay queue's, and its dead letters."""
 
     waiting: int
     consumers: int
     delayed: int
+    delay_consumers: int
     dead: int
 
 
@@ -87,8 +88,10 @@ class _Passive:
 
     def queue(self, name: str) -> QueueCounts:
         waiting, consumers = self.counts(name)
-        delayed = self.counts(name + ".DQ")[0]
-        return QueueCounts(waiting, consumers, delayed, self.counts(dead_letter_queue(name))[0])
+        delayed, delay_consumers = self.counts(name + ".DQ")
+        return QueueCounts(
+            waiting, consumers, delayed, delay_consumers, self.counts(dead_letter_queue(name))[0]
+        )
 
 
 @contextlib.contextmanager

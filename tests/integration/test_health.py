@@ -14,10 +14,12 @@ import requests
 
 from jobsystem.ops.health import check, measure
 from jobsystem.settings import load_settings
+from jobsystem.store import open_store
 from jobsystem.store.redis import RedisStore
 from tests import workload
+from tests.delay_support import send_delayed, short_horizon
 from tests.servers import free_port, silent_server
-from tests.support import BIN, ROOT, TEST_REDIS_URL, finished_within, worker_env
+from tests.support import BIN, ROOT, TEST_REDIS_URL, finished_within, wait_for, worker_env
 
 
 def jobctl_health(prefix, tmp_path, *args, **env):
@@ -133,3 +135,21 @@ def test_a_hanging_management_api_and_state_store_cost_the_timeout_not_more(queu
     assert any(note.startswith("management API unreachable") for note in report.notes), report.notes
     (health,) = report.queues
     assert (health.waiting, health.consumers, health.unjudged) == (1, 0, ["oldest_age"])
+
+
+def test_jobs_delayed_or_scheduled_for_a_queue_nobody_consumes_are_reported(queues, prefix):
+    """Nothing waits in the work queue itself, but a retry's backoff or a short delay waits in its
+    delay queue and a long one in the delay cascade: with no worker, none of them will run."""
+    sender = short_horizon(queues, prefix)  # delays past 2 s go into the cascade
+    send_delayed(sender, workload.record, 1_500, "soon")  # into <queue>.DQ
+    scheduled = send_delayed(sender, workload.record, 3_600_000, "in an hour")  # into the cascade
+    wait_for(lambda: sender.status(scheduled.message_id), what="the scheduled record")
+    settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL})
+    state = open_store(settings.state_url, namespace=settings.state_namespace)
+    report = check([queues.name(workload.record)], config=settings, state=state)
+    (health,) = report.queues
+    assert (health.waiting, health.delayed, health.scheduled, health.consumers) == (0, 1, 1, 0)
+    assert (report.status, [(p.kind, p.detail) for p in health.problems]) == (
+        "degraded",
+        [("no_consumers", "no consumers, 1 delayed, 1 scheduled")],
+    )

@@ -3,13 +3,18 @@ answers does), the state store is real."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from jobsystem.ops import health
 from jobsystem.ops.queue_counts import AmqpCounts, QueueCounts
 from jobsystem.settings import load_settings
+from jobsystem.store.base import StateStore
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
+from jobsystem.store.status import status_backend
+from jobsystem.store.status_records import StatusUpdate, order_of
 from tests.servers import silent_server
 from tests.support import finished_within, fresh_store
 
@@ -29,9 +34,70 @@ def rabbitmq(monkeypatch: pytest.MonkeyPatch) -> dict[str, QueueCounts]:
     return counted
 
 
+def schedule(store: StateStore, queue: str, jobs: int) -> None:
+    """File ``jobs`` jobs of ``queue`` as waiting in the delay cascade, due in an hour, as the
+    status writer does."""
+    now = int(time.time() * 1000)
+    fields = {"state": "scheduled", "updated_at": str(now), "due_at": str(now + 3_600_000)}
+    updates = [
+        StatusUpdate(f"m{i}", queue, order_of(0, "scheduled"), fields, {"queue": queue, "actor": "a"})
+        for i in range(jobs)
+    ]
+    status_backend(store).apply(updates, 60_000)
+
+
+@pytest.mark.parametrize(
+    ("counts", "scheduled", "detail"),
+    [
+        # Retries waiting out their backoff, delayed jobs: Dramatiq's delay queue.
+        (
+            QueueCounts(waiting=0, consumers=0, delayed=3, delay_consumers=0, dead=0),
+            0,
+            "no consumers, 3 delayed",
+        ),
+        # Jobs waiting in RabbitMQ's delay cascade, counted by the state store's index.
+        (
+            QueueCounts(waiting=0, consumers=0, delayed=0, delay_consumers=0, dead=0),
+            1,
+            "no consumers, 1 scheduled",
+        ),
+        (
+            QueueCounts(waiting=2, consumers=0, delayed=1, delay_consumers=0, dead=0),
+            1,
+            "no consumers, 2 waiting, 1 delayed, 1 scheduled",
+        ),
+        # The queue consumed, its delay queue not: the delayed are never released.
+        (
+            QueueCounts(waiting=0, consumers=2, delayed=3, delay_consumers=0, dead=0),
+            0,
+            "no consumers of q.DQ, 3 delayed",
+        ),
+    ],
+)
+def test_jobs_that_will_never_run_are_reported(
+    rabbitmq: dict[str, QueueCounts], store: StateStore, counts: QueueCounts, scheduled: int, detail: str
+):
+    rabbitmq["q"] = counts
+    schedule(store, "q", scheduled)
+    report = health.check(["q"], config=load_settings({}), state=store)
+    assert (report.status, report.exit_code) == ("degraded", 1)
+    assert [(p.kind, p.detail) for p in report.queues[0].problems] == [("no_consumers", detail)]
+
+
+def test_jobs_delayed_or_scheduled_with_consumers_to_run_them_are_healthy(
+    rabbitmq: dict[str, QueueCounts], store: StateStore
+):
+    rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=3, delay_consumers=1, dead=0)
+    rabbitmq["idle"] = QueueCounts(waiting=0, consumers=0, delayed=0, delay_consumers=0, dead=0)
+    schedule(store, "q", 2)
+    report = health.check(["idle", "q"], config=load_settings({}), state=store)
+    assert report.status == "healthy", report.to_dict()
+    assert {h.queue: (h.delayed, h.scheduled) for h in report.queues} == {"idle": (0, 0), "q": (3, 2)}
+
+
 def test_a_state_store_that_does_not_answer_degrades_the_check(rabbitmq: dict[str, QueueCounts]):
     """Every guarded job is deferred while the store is down: the check must not say healthy."""
-    rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=0, dead=0)
+    rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=0, delay_consumers=1, dead=0)
     down = RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2)
     report = health.check(["q"], config=load_settings({}), state=down)
     assert (report.status, report.exit_code) == ("degraded", 1)
@@ -44,7 +110,7 @@ def test_a_state_store_that_hangs_is_named_within_the_bound_with_the_rest_of_the
     rabbitmq: dict[str, QueueCounts],
 ):
     """Its own timeout (5 s here) is longer than the check's: the check does not wait for it."""
-    rabbitmq["q"] = QueueCounts(waiting=2, consumers=1, delayed=0, dead=0)
+    rabbitmq["q"] = QueueCounts(waiting=2, consumers=1, delayed=0, delay_consumers=1, dead=0)
     with silent_server() as port:
         hanging = RedisStore(f"redis://127.0.0.1:{port}/0", socket_timeout=5)
         report = finished_within(
@@ -83,7 +149,7 @@ def test_a_rabbitmq_that_accepts_and_never_answers_costs_the_timeout_not_more():
 def test_repeated_checks_ask_an_sqlite_store_on_one_connection(rabbitmq: dict[str, QueueCounts], tmp_path):
     """The store is asked on a thread of its own; an SQLite store opens a connection per thread,
     so a new thread per check (a scrape every 15 s, the dashboard every 2 s) would leak them."""
-    rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=0, dead=0)
+    rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=0, delay_consumers=1, dead=0)
     with fresh_store("sqlite", tmp_path) as state:
         assert isinstance(state, SqliteStore)
         assert health.check(["q"], config=load_settings({}), state=state).status == "healthy"
