@@ -192,7 +192,8 @@ def _measure(
     try:
         found = stats.result()
     except (requests.RequestException, Late) as exc:
-        notes.append(f"management API unreachable ({type(exc).__name__}): no unacked, rates or age")
+        reason = str(exc) if isinstance(exc, Late) else type(exc).__name__
+        notes.append(f"management API unreachable ({reason}): no unacked, rates or age")
         for health in measured:
             health.unjudged.append("oldest_age")
         return _Measured(measured, "amqp", notes, counts.unroutable, counts.stranded)
