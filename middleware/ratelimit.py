@@ -2,9 +2,12 @@
 and waiting for them never spends a retry.
 
 A short wait is slept in the worker thread; a longer one re-enqueues the message for a slot
-reserved in the bucket (same message id, retries and idempotency key). An actor whose upstream
-says "slow down" raises :class:`RateLimited`. The state store unreachable: the message is deferred
-(fail closed), it never runs unmetered. Why slots are reserved, and how far ahead: see
+reserved in the bucket (same message id, retries and idempotency key). The store records the slot
+for the message id when it books it, and honours it only for that message id, once: a slot in a
+message's options that is not on record (forged by a sender, already used by another copy of the
+message, passed, voided by a drain) is ignored and the message takes afresh. An actor whose
+upstream says "slow down" raises :class:`RateLimited`. The state store unreachable: the message is
+deferred (fail closed), it never runs unmetered. Why slots are reserved, and how far ahead: see
 ``docs/architecture.md`` ("Rate limits").
 
 Hot buckets are leased: a take that finds its bucket far from empty also takes a few tokens for
@@ -46,7 +49,8 @@ __all__ = ["SLOT", "STORE_WAITS", "RateLimited", "RateLimits"]
 
 logger = logging.getLogger(__name__)
 
-#: Message option carrying the slot a deferred message owns: ``{"bucket": name, "at": ms}``.
+#: Message option carrying the slot a deferred message owns: ``{"bucket": name, "at": ms}``. It is a
+#: claim to check, not a credential: the store honours it only while on record for the message id.
 SLOT = "rate_limit_slot"
 #: Message option counting consecutive deferrals while the state store is down.
 STORE_WAITS = "rate_limit_store_waits"
@@ -56,9 +60,18 @@ def _slot_of(option: object, bucket: str) -> int | None:
     """The slot a deferred message owns in ``bucket``, if its option names one (else None)."""
     if isinstance(option, dict) and option.get("bucket") == bucket:
         at = option.get("at")
-        if isinstance(at, int) and not isinstance(at, bool):
+        if isinstance(at, int) and not isinstance(at, bool) and at >= 0:
             return at
     return None
+
+
+def _log_slot_not_honoured(target: Target, take: Take, slot_ms: int) -> None:
+    """The message brought a slot the store did not honour: it took afresh instead."""
+    now_ms = take.at_ms - take.wait_ms
+    if now_ms > slot_ms:  # back after its slot (its worker died, a hop ran late): a token was lost
+        logger.info("rate_limit_slot_missed", extra={"bucket": target.bucket, "late_ms": now_ms - slot_ms})
+    else:  # not on record: forged, used by another copy of the message, or voided by a drain/reset
+        logger.info("rate_limit_slot_unknown", extra={"bucket": target.bucket, "early_ms": slot_ms - now_ms})
 
 
 class RateLimited(DeferringSkip):
@@ -190,15 +203,12 @@ class RateLimits(FailClosed):
             return
         self._local.target = target
         slot_ms = _slot_of(message.options.get(SLOT), target.bucket)
-        take = self._take(broker, message, target, slot_ms)
-        if slot_ms is not None and take.at_ms != slot_ms:
-            # Back after its slot (or after a drain): the slot is void and a token was lost.
-            logger.info(
-                "rate_limit_slot_missed",
-                extra={"bucket": target.bucket, "late_ms": take.at_ms - take.wait_ms - slot_ms},
-            )
         # A message back for its slot may arrive up to slot_lead_ms early: it sleeps to its slot.
-        longest_sleep = max(self.wait_ms, self.slot_lead_ms) if slot_ms == take.at_ms else self.wait_ms
+        # The store records a slot only for a longer wait (a deferral), so the two must agree.
+        longest_sleep = self.wait_ms if slot_ms is None else max(self.wait_ms, self.slot_lead_ms)
+        take = self._take(broker, message, target, slot_ms, longest_sleep)
+        if slot_ms is not None and take.at_ms != slot_ms:
+            _log_slot_not_honoured(target, take, slot_ms)
         if take.status == "run":
             return
         if take.status == "wait" and take.wait_ms <= longest_sleep:
@@ -208,8 +218,11 @@ class RateLimits(FailClosed):
         self._postpone(broker, message, target, take, "deferred")
         raise SkipMessage("rate limited: deferred")
 
-    def _take(self, broker: Broker, message: MessageProxy, target: Target, slot_ms: int | None) -> Take:
-        """A token from this process's leases, else from the store (asking for a lease with it)."""
+    def _take(
+        self, broker: Broker, message: MessageProxy, target: Target, slot_ms: int | None, sleep_ms: int
+    ) -> Take:
+        """A token from this process's leases, else from the store (asking for a lease with it); a
+        wait longer than ``sleep_ms`` is a deferral, its slot recorded for the message id."""
         if slot_ms is None and self.leases.spend(target.bucket, target.cost):
             return _FROM_LEASE
         request = TakeRequest(
@@ -221,6 +234,8 @@ class RateLimits(FailClosed):
             slot_ms,
             self._lease_size(target) if slot_ms is None else 0.0,
             self.lease_ms,
+            owner=message.message_id,
+            sleep_ms=sleep_ms,
         )
         sent = time.monotonic()  # before the store starts the lease: it ends here no later
         try:
@@ -288,13 +303,13 @@ class RateLimits(FailClosed):
         if target is not None:
             self.leases.drop(target.bucket)  # the upstream wants less: no more jobs from leases
             try:
-                # One round trip: drain for the pause, then take the slot after it.
-                take = self.backend.drain_and_take(
-                    pause_ms,
-                    TakeRequest(
-                        target.bucket, target.limit.rate, target.limit.burst, target.cost, self.max_delay_ms
-                    ),
+                # One round trip: drain for the pause, then take the slot after it (recorded for
+                # the message: it is always deferred, never slept).
+                limit, owner = target.limit, message.message_id
+                request = TakeRequest(
+                    target.bucket, limit.rate, limit.burst, target.cost, self.max_delay_ms, owner=owner
                 )
+                take = self.backend.drain_and_take(pause_ms, request)
             except StoreUnavailable as exc:
                 logger.warning(
                     "rate_limit_store_unavailable", extra={"bucket": target.bucket, "error": str(exc)}

@@ -155,6 +155,8 @@ OPTION_SHAPES: Mapping[str, Shape] = {
     "idempotency_store_waits": _NON_NEGATIVE_INT,
     "rate_limit": _NAME,
     "rate_limit_cost": (lambda v: _is_number(v) and v > 0, "a positive number"),
+    # Only its shape is checked here: the store honours a slot only while it is on record for the
+    # message id (jobsystem.store.buckets), so one a sender wrote itself is ignored, not trusted.
     "rate_limit_slot": (_slot, 'an object {"bucket": string, "at": integer}'),
     "rate_limit_store_waits": _NON_NEGATIVE_INT,
     "duplicate": _BOOL,

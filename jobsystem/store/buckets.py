@@ -15,10 +15,17 @@ A take asks for ``cost`` tokens and is answered in one round trip:
 - ``refused``: even a slot would lie beyond the horizon; nothing was taken. ``wait_ms`` says when
   a slot would come within the horizon again.
 
-A caller that comes back with the slot it was given (``slot_ms``) is told to wait for it or run,
-without taking again, as long as the slot has not passed and the bucket was not drained after it
-was handed out. A slot that has passed is void: the caller takes afresh (that token is lost,
-which errs on the side of the upstream's quota).
+**Slots on record.** A ``wait`` the caller will not sleep through (longer than its ``sleep_ms``) is
+a deferral: the slot is recorded for its ``owner`` (the message id) in the same atomic step that
+books it. A caller that comes back with that slot (``slot_ms``, same ``owner``) is told to wait
+for it or run without taking again, and the record is consumed when the caller is told to run or
+to sleep through the rest of the wait: a slot is honoured for the message it was issued to, once.
+A slot not on record (forged in a message's options, already used by another copy of the
+message, passed, voided by a drain or a reset) is ignored: the caller takes afresh as if it
+brought none. So every run is paid for by exactly one token, whatever the messages carry; a
+token booked for a slot that is never used is lost, which errs on the side of the upstream's
+quota. Records live next to their bucket and are deleted once their slot has passed; a take
+without a slot that answers ``run`` never reads or writes them.
 
 A take may also ask for a **lease** (``lease`` extra tokens, for a worker process to hand to its
 threads without a round trip). It is granted only with a ``run`` answer to a take without a slot,
@@ -68,6 +75,12 @@ class TakeRequest:
     #: Extra tokens wanted on lease (0: none), and the length of a lease period.
     lease: float = 0.0
     lease_ms: int = 0
+    #: Who a deferral's slot is recorded for and who may bring it back (a message id), or None:
+    #: then no slot is recorded and none is honoured.
+    owner: str | None = None
+    #: The longest wait the caller sleeps through in its thread: a longer one is a deferral, whose
+    #: slot is recorded; an honoured slot's record is consumed when its wait is no longer.
+    sleep_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,19 +142,36 @@ def _lease(bucket: _Bucket, request: TakeRequest, now: float) -> tuple[float, in
     return want, math.floor(bucket.lease_end - now)
 
 
-def _take(bucket: _Bucket, request: TakeRequest, now: float) -> tuple[Take, bool]:
-    """The take's answer and whether ``bucket`` changed (SQLite's twin of the Lua script)."""
+def _live_slot(bucket: _Bucket, request: TakeRequest, now: float) -> int | None:
+    """The slot ``request`` brings back if it could still be honoured (an owner brings it, it has
+    not passed, the bucket was not drained past it); whether it is on record is the backend's to say."""
     slot = request.slot_ms
-    if slot is not None and slot >= now and slot >= bucket.blocked_until:
-        wait = math.ceil(slot - now)
-        return Take("run" if wait == 0 else "wait", wait, slot), False
+    if slot is None or not request.owner or slot < 0 or slot < now or slot < bucket.blocked_until:
+        return None
+    return slot
+
+
+def _honour(slot: int, now: float) -> Take:
+    """The answer to a caller back with its slot on record: wait for it, or run."""
+    wait = math.ceil(slot - now)
+    return Take("run" if wait == 0 else "wait", wait, slot)
+
+
+def _recorded(take: Take, request: TakeRequest) -> bool:
+    """Whether ``take``'s slot is a deferral to record for ``request.owner``."""
+    return take.status == "wait" and bool(request.owner) and take.wait_ms > request.sleep_ms
+
+
+def _take(bucket: _Bucket, request: TakeRequest, now: float) -> tuple[Take, bool]:
+    """A fresh take's answer and whether ``bucket`` changed (SQLite's twin of the Lua script)."""
+    slot = request.slot_ms
     wait_f = 0.0 if bucket.tokens >= request.cost else (request.cost - bucket.tokens) * 1000 / request.rate
     if wait_f > request.horizon_ms:
         again = wait_f - request.horizon_ms
         return Take("refused", math.ceil(again), math.ceil(now + again)), False
     bucket.tokens -= request.cost
     wait = math.ceil(wait_f)
-    if wait == 0 and slot is None:
+    if wait == 0 and (slot is None or slot < 0):  # as the script, where -1 means "no slot"
         leased, left = _lease(bucket, request, now)
         return Take("run", 0, math.ceil(now), leased, left), True
     return Take("run" if wait == 0 else "wait", wait, math.ceil(now + wait_f)), True
@@ -155,11 +185,13 @@ def _ttl_ms(bucket: _Bucket, burst: float, rate: float, now: float, linger_ms: i
 @dataclass(frozen=True)
 class Level:
     """A bucket as it stands (read without taking): ``tokens`` now (negative while slots are
-    reserved ahead), the tokens ``reserved`` by waiting jobs, and until when it is drained."""
+    reserved ahead), the tokens ``reserved`` by waiting jobs, until when it is drained, and how
+    many messages are ``deferred`` to a slot on record (not yet back for it)."""
 
     tokens: float
     reserved: float
     blocked_until_ms: float
+    deferred: int = 0
 
 
 class BucketBackend(ABC):
@@ -194,8 +226,8 @@ class BucketBackend(ABC):
         """Forget bucket ``key``: it is full again and its slots are void (an operator's tool)."""
 
 
-def _level(bucket: _Bucket) -> Level:
-    return Level(bucket.tokens, max(0.0, -bucket.tokens), bucket.blocked_until)
+def _level(bucket: _Bucket, deferred: int) -> Level:
+    return Level(bucket.tokens, max(0.0, -bucket.tokens), bucket.blocked_until, deferred)
 
 
 def bucket_backend(store: StateStore, *, linger_ms: int = LINGER_MS) -> BucketBackend:

@@ -1,5 +1,10 @@
 """Token buckets in SQLite: the same arithmetic as the Redis script (``jobsystem.store.buckets``,
-where the contract is described), in Python inside one ``BEGIN IMMEDIATE`` transaction."""
+where the contract is described), in Python inside one ``BEGIN IMMEDIATE`` transaction.
+
+Slot records are rows of their own table (bucket, owner, slot), written only when a take defers
+and read only when a slot is brought back, in the take's transaction; passed ones are deleted
+when a record is written or read, drained ones by the drain.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,10 @@ from jobsystem.store.buckets import (
     Take,
     TakeRequest,
     _Bucket,
+    _honour,
     _level,
+    _live_slot,
+    _recorded,
     _refill,
     _take,
     _ttl_ms,
@@ -36,13 +44,20 @@ CREATE TABLE IF NOT EXISTS rate_bucket_leases (
     leased REAL NOT NULL,
     lease_end REAL NOT NULL,
     expires_at REAL NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS rate_bucket_slots (
+    key TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    PRIMARY KEY (key, owner, at)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rate_bucket_slots_at ON rate_bucket_slots (at)
 """
 
 
 class SqliteBuckets(BucketBackend):
-    """Buckets as rows of one table (their lease periods in a second one, which workers of the
-    previous release ignore); every take runs in a ``BEGIN IMMEDIATE`` transaction."""
+    """Buckets as rows of one table (their lease periods and slot records in others, which workers
+    of earlier releases ignore); every take runs in a ``BEGIN IMMEDIATE`` transaction."""
 
     def __init__(self, store: SqliteStore, *, linger_ms: int = LINGER_MS) -> None:
         self.store = store
@@ -87,17 +102,42 @@ class SqliteBuckets(BucketBackend):
             conn.execute("DELETE FROM rate_bucket_leases WHERE expires_at <= ?", (now,))
             for request in requests:
                 bucket = _refill(self._load(conn, request.key, now), request, now)
-                answer, changed = _take(bucket, request, now)
-                if changed:
-                    self._save(conn, request.key, bucket, request.burst, request.rate)
-                answers.append(answer)
+                answers.append(self._answer(conn, bucket, request, now))
         return answers
+
+    def _answer(self, conn: sqlite3.Connection, bucket: _Bucket, request: TakeRequest, now: float) -> Take:
+        """Honour the slot ``request`` brings back if it is on record, else take afresh (and record
+        a deferral's slot); the script's twin."""
+        slot = _live_slot(bucket, request, now)
+        if slot is not None:
+            conn.execute("DELETE FROM rate_bucket_slots WHERE at < ?", (now,))
+            where = "WHERE key = ? AND owner = ? AND at = ?"
+            record = (self.store.key(request.key), request.owner, slot)
+            if conn.execute(f"SELECT 1 FROM rate_bucket_slots {where}", record).fetchone():
+                answer = _honour(slot, now)
+                if answer.wait_ms <= request.sleep_ms:
+                    conn.execute(f"DELETE FROM rate_bucket_slots {where}", record)
+                return answer
+        answer, changed = _take(bucket, request, now)
+        if changed:
+            self._save(conn, request.key, bucket, request.burst, request.rate)
+        if _recorded(answer, request):
+            conn.execute("DELETE FROM rate_bucket_slots WHERE at < ?", (now,))
+            conn.execute(
+                "INSERT OR IGNORE INTO rate_bucket_slots (key, owner, at) VALUES (?, ?, ?)",
+                (self.store.key(request.key), request.owner, answer.at_ms),
+            )
+        return answer
 
     def peek(self, key: str, rate: float, burst: float) -> Level:
         now = self._now()
         with self.store.errors():
-            stored = self._load(self.store.connection(), key, now)
-        return _level(_refill(stored, TakeRequest(key, rate, burst, 0, 0), now))
+            conn = self.store.connection()
+            stored = self._load(conn, key, now)
+            (deferred,) = conn.execute(
+                "SELECT count(*) FROM rate_bucket_slots WHERE key = ? AND at >= ?", (self.store.key(key), now)
+            ).fetchone()
+        return _level(_refill(stored, TakeRequest(key, rate, burst, 0, 0), now), int(deferred))
 
     def drain(self, key: str, rate: float, burst: float, for_ms: int) -> None:
         with self.store.transaction() as conn:
@@ -107,10 +147,7 @@ class SqliteBuckets(BucketBackend):
         with self.store.transaction() as conn:
             now = self._now()
             bucket = self._drain_in(conn, now, request.key, request.rate, request.burst, for_ms)
-            answer, changed = _take(bucket, request, now)
-            if changed:
-                self._save(conn, request.key, bucket, request.burst, request.rate)
-        return answer
+            return self._answer(conn, bucket, request, now)
 
     def _drain_in(
         self, conn: sqlite3.Connection, now: float, key: str, rate: float, burst: float, for_ms: int
@@ -119,9 +156,14 @@ class SqliteBuckets(BucketBackend):
         bucket.tokens = min(bucket.tokens, -rate * for_ms / 1000)
         bucket.blocked_until = max(bucket.blocked_until, now + for_ms)
         self._save(conn, key, bucket, burst, rate)
+        conn.execute(
+            "DELETE FROM rate_bucket_slots WHERE key = ? AND at < ?",
+            (self.store.key(key), bucket.blocked_until),
+        )
         return bucket
 
     def reset(self, key: str) -> None:
         with self.store.transaction() as conn:
             conn.execute("DELETE FROM rate_buckets WHERE key = ?", (self.store.key(key),))
             conn.execute("DELETE FROM rate_bucket_leases WHERE key = ?", (self.store.key(key),))
+            conn.execute("DELETE FROM rate_bucket_slots WHERE key = ?", (self.store.key(key),))

@@ -153,6 +153,9 @@ def test_heartbeats_audit_and_bucket_levels(store):
         buckets.take(TakeRequest("svc", 10.0, 20.0, 1, 60_000))
     level = buckets.peek("svc", 10.0, 20.0)
     assert level.tokens < 0 and 4.0 <= level.reserved <= 5.0  # five slots reserved ahead, refilling
+    assert level.deferred == 0  # those callers were not deferred (no owner): nothing on record
+    buckets.take(TakeRequest("svc", 10.0, 20.0, 1, 60_000, owner="m1"))  # a deferral, recorded
+    assert buckets.peek("svc", 10.0, 20.0).deferred == 1
 
 
 def test_a_cursor_from_a_request_that_is_not_one_reads_the_first_page(store):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import dramatiq
@@ -18,6 +19,7 @@ from jobsystem.dramatiq_internals import dead_letter_reason
 from jobsystem.limits import Limit, RateLimitConfigError
 from jobsystem.settings import SettingsError, load_settings
 from jobsystem.store import StateStore, open_store
+from middleware import ratelimit
 from middleware.ratelimit import SLOT, STORE_WAITS, RateLimited, RateLimits
 from tests.unit.stub import RecordingBroker, delivery
 
@@ -215,3 +217,34 @@ def test_a_named_bucket_kept_per_actor_never_serves_a_message_with_its_own_optio
     again = dramatiq.actor(broker=broker, actor_name="named", queue_name="q", rate_limit="third")
     run(again(lambda: None).message())  # spends from that one, which has a token
     broker.close()
+
+
+def test_a_slot_forged_in_the_options_runs_only_on_a_token_of_its_own(store, caplog):
+    setup = Setup(store, rate=0.1, burst=1)  # a token every 10 s
+    setup.before(setup.actor.message())  # the one token
+    now_ms = int(time.time() * 1000)
+    forged = setup.actor.message().copy(options={SLOT: {"bucket": "api", "at": now_ms + 300}})
+    # Not run 300 ms later without a token:
+    with caplog.at_level("INFO", logger="middleware.ratelimit"), pytest.raises(SkipMessage, match="deferred"):
+        setup.before(forged)
+    ((copy, _),) = setup.broker.enqueued
+    assert copy.options[SLOT]["at"] >= now_ms + 9_000  # the slot of the token it took
+    (unknown,) = (r for r in caplog.records if r.getMessage() == "rate_limit_slot_unknown")
+    assert unknown.bucket == "api" and 0 < unknown.early_ms <= 300  # type: ignore[attr-defined]
+    setup.broker.close()
+
+
+def test_two_copies_of_a_deferred_message_do_not_share_its_token(store, monkeypatch):
+    setup = Setup(store, rate=0.5, burst=1, slot_lead_ms=3_000)  # a token every 2 s
+    setup.before(setup.actor.message())
+    with pytest.raises(SkipMessage):
+        setup.before(setup.actor.message())
+    ((copy, _),) = setup.broker.enqueued
+    slept: list[float] = []  # the copy sleeps to its slot without holding the test up
+    monkeypatch.setattr(ratelimit, "time", SimpleNamespace(sleep=slept.append, monotonic=time.monotonic))
+    setup.before(copy)  # back for its slot: runs on the token it reserved
+    assert len(slept) == 1
+    with pytest.raises(SkipMessage, match="deferred"):  # a redelivery of it, meanwhile: a token of its own
+        setup.before(copy)
+    assert setup.broker.enqueued[-1][0].options[SLOT]["at"] >= copy.options[SLOT]["at"] + 1_900
+    setup.broker.close()

@@ -15,8 +15,8 @@ from jobsystem.store.sqlite import SqliteStore
 from tests.support import wait_for
 
 
-def req(key="b", rate=10.0, burst=3.0, cost=1.0, horizon_ms=60_000, slot_ms=None):
-    return TakeRequest(key, rate, burst, cost, horizon_ms, slot_ms)
+def req(key="b", rate=10.0, burst=3.0, cost=1.0, horizon_ms=60_000, slot_ms=None, owner=None, sleep_ms=0):
+    return TakeRequest(key, rate, burst, cost, horizon_ms, slot_ms, owner=owner, sleep_ms=sleep_ms)
 
 
 def test_a_full_bucket_runs_burst_jobs_then_hands_out_evenly_spaced_slots(store: StateStore):
@@ -55,9 +55,9 @@ def test_refill_follows_the_store_clock_up_to_the_burst(store: StateStore):
 def test_a_slot_brought_back_in_time_is_honoured_without_taking_again(store: StateStore):
     buckets = bucket_backend(store)
     buckets.take_many([req(burst=1) for _ in range(1)])
-    slot = buckets.take(req(burst=1))
+    slot = buckets.take(req(burst=1, owner="m1"))  # a deferral: recorded for m1
     assert slot.status == "wait"
-    back = buckets.take(req(burst=1, slot_ms=slot.at_ms))
+    back = buckets.take(req(burst=1, slot_ms=slot.at_ms, owner="m1", sleep_ms=1_000))
     assert back.status == "wait" and back.at_ms == slot.at_ms and 0 < back.wait_ms <= slot.wait_ms + 1
     # No token was taken for it a second time: the next newcomer's slot is right after it.
     assert abs(buckets.take(req(burst=1)).at_ms - slot.at_ms - 100) <= 1
@@ -66,7 +66,7 @@ def test_a_slot_brought_back_in_time_is_honoured_without_taking_again(store: Sta
 def test_a_slot_that_has_passed_is_void_and_the_caller_takes_afresh(store: StateStore):
     buckets = bucket_backend(store)
     run = buckets.take(req(burst=1))
-    late = buckets.take(req(burst=1, slot_ms=run.at_ms - 10))
+    late = buckets.take(req(burst=1, slot_ms=run.at_ms - 10, owner="m1"))
     assert late.status == "wait" and late.at_ms > run.at_ms  # a new slot, not the passed one
 
 
