@@ -3,8 +3,8 @@
 - Schedules: the schedules file the scheduler reads, each entry's next fire (its trigger) and
   last fire sent (the scheduler's record in the state store), and the current leader's lease.
 - Rate limits: each bucket of ``RATE_LIMITS`` read without taking a token (rate, burst, tokens
-  now, tokens reserved by waiting jobs, drained until). Per-key buckets (``service:key``) are
-  created by jobs and named by hashes; they are not listed.
+  now, tokens reserved by waiting jobs, jobs deferred to a slot on record, drained until).
+  Per-key buckets (``service:key``) are created by jobs and named by hashes; they are not listed.
 - Workers: the heartbeats worker processes write; a worker whose last beat is older than three
   intervals is shown ``gone``, one that stopped cleanly ``stopped``.
 - Audit: the operators' actions, newest first.
@@ -76,6 +76,7 @@ def rate_limits(project: Project) -> dict[str, Any]:
                 "burst": limit.burst,
                 "tokens": round(max(level.tokens, 0.0), 2),
                 "reserved": round(level.reserved, 2),
+                "deferred": level.deferred,
                 "drained_until": int(level.blocked_until_ms) if level.blocked_until_ms > now_ms else None,
             }
         )
