@@ -11,6 +11,7 @@ so the checks allow ``TIMING_SLACK`` seconds of it: in any window of ``t`` secon
 from __future__ import annotations
 
 import json
+import time
 
 from jobsystem.rabbitmq.bulk import send_bulk
 from middleware.idempotency import Idempotency
@@ -135,6 +136,31 @@ def test_an_upstream_429_delays_the_job_and_drains_the_bucket_without_a_retry(
     assert x2["t"] - x1["t"] >= 1.5 - TIMING_SLACK  # delayed by Retry-After
     assert y["t"] - x1["t"] >= 1.5 - TIMING_SLACK  # the other job backed off too
     assert x2["id"] == x1["id"] and x2["retries"] == 0  # not failed, no retry spent
+    assert queues.depth(queue + ".DLQ") == 0
+
+
+def test_a_slot_forged_in_the_options_waits_for_a_token_like_any_job(
+    start_worker, queues, store, prefix, state_url
+):
+    worker = start_worker(
+        threads=2,
+        STATE_URL=state_url,
+        RATE_LIMITS=limits(slow={"rate": 0.5, "burst": 1}),  # a token every 2 s
+        RATE_LIMIT_WAIT_MS="100",
+    )
+    sender = queues.using(sender_broker(prefix, state_url))
+    first = sender.send(workload.limited, "first", "slow")
+    sender.wait_finished([first])  # the bucket's one token is spent
+    slot = {"bucket": "slow", "at": int(time.time() * 1000) + 300}  # a slot nobody was given
+    forged = sender.send_with_options(workload.limited, args=("forged", "slow"), rate_limit_slot=slot)
+    assert sender.wait_finished([forged])[forged.message_id].state == "succeeded"
+    notes = {n["token"]: n for n in starts(store, prefix)}
+    # It ran on the next token, 2 s after the first job's, not 300 ms after it was sent.
+    assert notes["forged"]["t"] - notes["first"]["t"] >= 2 - TIMING_SLACK
+    assert notes["forged"]["retries"] == 0 and len(starts(store, prefix)) == 2
+    assert "rate_limit_slot_unknown" in worker.output()
+    queue = queues.name(workload.limited)
+    assert queues.left_after_stop([worker], queue) == 0
     assert queues.depth(queue + ".DLQ") == 0
 
 
