@@ -37,7 +37,7 @@ __all__ = ["Heartbeat"]
 
 logger = logging.getLogger(__name__)
 
-#: How long a stop waits for a beat in flight before it writes the final one.
+#: How long a stopped worker waits for its final record (and a beat in flight before it) to be written.
 JOIN_TIMEOUT_S = 5.0
 
 
@@ -95,12 +95,16 @@ class Heartbeat(Middleware):
         self._thread.start()
 
     def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        # A beat in flight, written after the final one, would hide ``stopped_at``: wait for it
-        # (bounded: a store that hangs only delays the stop).
+        # Only a signal: the beat thread writes the final record itself, after any beat in flight
+        # (which would otherwise hide ``stopped_at``). Waiting here for the store would hold back
+        # every later middleware's hook, ShutdownNotifications' notice to the running jobs included.
         self._stop.set()
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        # The thread is a daemon: let it write the final record before the process exits (bounded:
+        # a store that hangs only delays the exit).
         if self._thread is not None:
             self._thread.join(JOIN_TIMEOUT_S)
-        self._beat(stopped_at=int(time.time() * 1000))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._running.add(threading.get_ident())
@@ -144,3 +148,4 @@ class Heartbeat(Middleware):
         while not self._stop.is_set():
             self._beat()
             self._stop.wait(self.interval)
+        self._beat(stopped_at=int(time.time() * 1000))  # the last word, from the one writer

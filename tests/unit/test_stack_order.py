@@ -5,13 +5,14 @@ RateLimits' re-enqueue of a 429'd job, and Dramatiq acked the job: lost)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import dramatiq
 from dramatiq import Worker
-from dramatiq.middleware import Middleware, ShutdownNotifications, TimeLimit
+from dramatiq.middleware import Middleware, Shutdown, ShutdownNotifications, TimeLimit
 
 from jobsystem.limits import Limit
 from jobsystem.privacy.setup import get_key_hasher, get_scrubber
@@ -19,6 +20,7 @@ from jobsystem.settings import load_settings
 from jobsystem.stack import build_middleware
 from jobsystem.store import open_store
 from middleware.cancellation import ForgetCancelledKeys
+from middleware.heartbeat import Heartbeat
 from middleware.ratelimit import RateLimited, RateLimits
 from tests.unit.stub import RecordingBroker
 
@@ -85,3 +87,49 @@ def test_a_time_limit_reached_while_a_429d_job_is_re_enqueued_loses_nothing(tmp_
     ((copy, delay),) = broker.enqueued[1:]  # the copy re-enqueued for after the upstream's wait
     assert copy.message_id == sent.message_id
     assert delay is not None and delay >= 1_000 - rate_limits.slot_lead_ms
+
+
+class _SlowBeats:
+    """A store whose heartbeat writes hang until ``released`` (at most 4 s each)."""
+
+    def __init__(self) -> None:
+        self.entered, self.released = threading.Event(), threading.Event()
+
+    def beat(self, worker_id: str, record: dict[str, Any], now_ms: int) -> None:
+        self.entered.set()
+        self.released.wait(4)
+
+
+def test_a_shutdown_notice_reaches_a_running_job_without_waiting_for_the_heartbeat(tmp_path):
+    # Heartbeat's hooks run before ShutdownNotifications' (list order). Its stop used to wait for
+    # the beat in flight and then write the final one itself: with a store that hangs, the notice
+    # reached the job seconds late (here 8 s: two hung writes).
+    order = [m for m in full_stack(tmp_path) if isinstance(m, Heartbeat | ShutdownNotifications)]
+    heartbeat, _ = order  # the real stack's order: Heartbeat first
+    assert isinstance(heartbeat, Heartbeat)
+    beats = heartbeat.backend = _SlowBeats()  # type: ignore[assignment]
+    broker = RecordingBroker(order)
+    started, noticed = threading.Event(), []
+
+    @dramatiq.actor(broker=broker, queue_name="q", notify_shutdown=True)
+    def long_job() -> None:
+        started.set()
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        except Shutdown:
+            noticed.append(time.monotonic())
+            beats.released.set()
+            raise
+
+    worker = Worker(broker, worker_threads=1, worker_timeout=10)
+    worker.start()
+    try:
+        long_job.send()
+        assert started.wait(5) and beats.entered.wait(5)  # a job running, a beat in flight
+    finally:
+        stopping = time.monotonic()
+        worker.stop()
+    assert noticed, "the running job never got its Shutdown notice"
+    assert noticed[0] - stopping < 1.0
