@@ -5,6 +5,9 @@ The pattern to copy for "the user stares at a spinner": split the work into stag
 ``actors.status.get_status(message_id)`` (see the README). Outputs are written atomically, each
 through a temporary file of its own, so a redelivered or retried job, or two jobs on one source,
 simply write them again. The source and the output folder must lie inside ``MEDIA_DIR``.
+Renditions are named after a keyed hash of the source's path, never its name: an upload's name
+may carry personal data (``holiday-jane-doe.jpg``), and the paths become the job's result, kept
+in the state store and shown by the dashboard and ``jobctl status``.
 
 Long jobs need two limits to agree: the actor's ``time_limit`` (Dramatiq interrupts the actor
 past it) must stay below RabbitMQ's ``consumer_timeout`` (``RABBITMQ_CONSUMER_TIMEOUT_MS``): a
@@ -27,6 +30,8 @@ from middleware.status import progress
 
 logger = get_logger(__name__)
 settings = get_system().settings
+#: The store keys' hasher (``STATE_KEY_SECRET``): names a source's renditions without its name.
+key_hasher = get_system().key_hasher
 
 #: Longest edge of each rendition, in pixels (never larger than the source).
 SIZES = (1920, 1280, 640, 160)
@@ -40,6 +45,13 @@ def _save(image: Image.Image, path: Path) -> None:
     rgb = image if image.mode in ("RGB", "L") else image.convert("RGB")
     with replacing(path) as handle:
         rgb.save(handle, format="JPEG", quality=85, optimize=True)
+
+
+def rendition_name(source: Path, size: int) -> str:
+    """The file name of ``source``'s rendition at ``size``: the same for every job on that source
+    (a retried job writes its files again), with nothing of the source's name in it."""
+    relative = source.relative_to(settings.media_dir.resolve())  # the same path on every worker
+    return f"{key_hasher(f'rendition:{relative.as_posix()}')}-{size}.jpg"
 
 
 def _decode(path: Path) -> Image.Image:
@@ -63,7 +75,8 @@ def _decode(path: Path) -> Image.Image:
 def make_renditions(
     source: str, sizes: list[int] | None = None, output_dir: str | None = None
 ) -> dict[str, str]:
-    """Resize the image at ``source`` to each of ``sizes`` (longest edge); returns {size: path}.
+    """Resize the image at ``source`` to each of ``sizes`` (longest edge); returns {size: path},
+    each path ``<output_dir>/<hash>-<size>.jpg`` (:func:`rendition_name`).
 
     ``source`` and ``output_dir`` (default: a folder named after the job) are paths inside
     ``MEDIA_DIR``, absolute or relative to it. Stages: decode, then one per size, each reported as
@@ -86,7 +99,7 @@ def make_renditions(
     for done, size in enumerate(targets, start=2):
         rendition = image.copy()
         rendition.thumbnail((size, size), Image.Resampling.LANCZOS)
-        path = out / f"{image_path.stem}-{size}.jpg"
+        path = out / rendition_name(image_path, size)
         _save(rendition, path)
         renditions[str(size)] = str(path)
         progress(done / stages, note=f"{size}px written")

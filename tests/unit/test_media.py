@@ -4,8 +4,10 @@ renditions written whole by concurrent jobs."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
+import structlog.testing
 from PIL import Image
 
 from actors import media
@@ -52,7 +54,35 @@ def test_paths_inside_media_dir_are_read_and_written(actor_settings, tmp_path):
     Image.new("RGB", (64, 48)).save(tmp_path / "media" / "uploads" / "photo.png")
     written = media.make_renditions("uploads/photo.png", sizes=[32, 16], output_dir="out")
     out = (tmp_path / "media" / "out").resolve()
-    assert written == {size: str(out / f"photo-{size}.jpg") for size in ("32", "16")}
+    assert set(written) == {"32", "16"}
+    for size, path in written.items():
+        assert Path(path).parent == out and Path(path).name.endswith(f"-{size}.jpg")
+        with Image.open(path) as image:
+            assert max(image.size) == int(size)
+
+
+def test_renditions_and_what_the_job_reports_carry_nothing_of_the_source_name(
+    actor_settings, tmp_path, monkeypatch
+):
+    # The paths are the job's result (the state store, the dashboard, jobctl status): an upload's
+    # name such as holiday-jane-doe.jpg was copied into every one of them.
+    actor_settings()
+    (tmp_path / "media" / "uploads").mkdir(parents=True)
+    for name in ("holiday-jane-doe.png", "holiday-john-roe.png"):
+        Image.new("RGB", (64, 48)).save(tmp_path / "media" / "uploads" / name)
+    notes: list[str | None] = []
+    monkeypatch.setattr(media, "progress", lambda value, note=None: notes.append(note) or True)
+    with structlog.testing.capture_logs() as logged:
+        jane = media.make_renditions("uploads/holiday-jane-doe.png", sizes=[32, 16], output_dir="out")
+    john = media.make_renditions("uploads/holiday-john-roe.png", sizes=[32, 16], output_dir="out")
+    reported = repr((jane, notes, logged))
+    assert "jane" not in reported and "doe" not in reported and "holiday" not in reported, reported
+    assert notes == ["decoding", "decoded 64x48", "32px written", "16px written"] * 2
+    assert set(jane.values()).isdisjoint(john.values())  # two sources in one folder: their own files
+    again = media.make_renditions("uploads/holiday-jane-doe.png", sizes=[32, 16], output_dir="out")
+    assert again == jane  # a retried job writes the same files again
+    out = (tmp_path / "media" / "out").resolve()
+    assert all(Path(path).parent == out for path in (*jane.values(), *john.values()))
 
 
 def test_an_unreadable_source_fails_at_once_without_naming_it(actor_settings, tmp_path):
