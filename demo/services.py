@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 import requests
 
+from demo.orphan_guard import guarded
 from jobsystem.settings import Settings
 
 
@@ -123,14 +124,17 @@ class PartnerApi:
 
 class Child:
     """A child process (the worker or the scheduler) in a session of its own, so Ctrl-C in the
-    terminal reaches only the demo, which then stops it with one SIGTERM to its main process."""
+    terminal reaches only the demo, which then stops it with one SIGTERM to its main process.
+    Started through :mod:`demo.orphan_guard`, it gets that SIGTERM from the kernel if the demo
+    dies without stopping it (SIGKILL). Start it from the main thread: the signal comes when the
+    thread that started it ends."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
         self.name = name
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            guarded(argv), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     def output(self) -> str:

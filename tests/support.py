@@ -150,6 +150,36 @@ def finished_within(seconds: float, function: Callable[[], T]) -> T:
     return value
 
 
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and parent pid from ``/proc`` (Linux); None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]  # the name in parentheses may hold spaces
+    return state, int(ppid)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` still runs: gone, or a zombie (exited, not yet reaped by its new parent), is not."""
+    stat = _proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid``'s descendants, children first, from ``/proc`` (Linux)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _proc_stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = stat[1]
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 class Process:
     """A command of the project's environment in a subprocess (a session of its own, run from the
     checkout), its stdout and stderr captured to ``log_path``."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,11 +20,19 @@ import requests
 from demo.main import EXIT_INTERRUPTED
 from demo.run import SHORT
 from tests.servers import smtp_server
-from tests.support import ROOT, TEST_REDIS_URL, Queues, prefixed_topology, wait_for
+from tests.support import (
+    ROOT,
+    TEST_REDIS_URL,
+    Queues,
+    prefixed_topology,
+    process_tree,
+    running,
+    wait_for,
+)
 
 
-def _demo(tmp_path: Path, *arguments: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "STATE_URL": TEST_REDIS_URL}
+def _demo(tmp_path: Path, *arguments: str, **overrides: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "STATE_URL": TEST_REDIS_URL, **overrides}
     return subprocess.Popen(
         [
             sys.executable,
@@ -105,6 +114,62 @@ def test_ctrl_c_or_a_closed_terminal_stops_the_demo_and_still_cleans_up(tmp_path
     assert summary["prefix"] == prefix
     assert summary["cleanup"]["worker_exit"] is not None  # stopped, not left running
     assert _leftovers(prefix) == ([], [])
+
+
+def _environment(pid: int) -> dict[str, str]:
+    """A process's environment (empty once it is gone)."""
+    with contextlib.suppress(OSError):
+        variables = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        return dict(v.split("=", 1) for v in variables if "=" in v)
+    return {}
+
+
+def _clean_up_after(prefix: str, folder: Path) -> None:
+    """What a demo killed with SIGKILL could not delete: its queues, exchanges, keys and folder."""
+    from demo import services
+    from jobsystem.settings import load_settings
+
+    settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL})
+    services.delete_topology(settings, prefix, [])
+    services.delete_state_keys(settings, prefix)
+    if folder.name.startswith("jobs-demo-"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_demo_killed_with_sigkill_takes_its_worker_and_scheduler_down_with_it(tmp_path):
+    """SIGKILL runs none of the demo's clean-up: its children (in sessions of their own) went on
+    consuming its queues for ever. Each now gets SIGTERM from the kernel and stops, the worker
+    with its worker processes."""
+    demo = _demo(tmp_path, WORKER_PROCESSES="2")
+    tree: list[int] = []
+    env: dict[str, str] = {}
+
+    def children_up() -> bool:
+        """The worker's main process, its two worker processes (each ready), and the scheduler."""
+        nonlocal tree, env
+        tree = [pid for pid in process_tree(demo.pid) if running(pid)]
+        env = next((e for e in map(_environment, tree) if "MEDIA_DIR" in e), {})
+        log = Path(env["MEDIA_DIR"]).parent / "worker.log" if env else None
+        ready = log is not None and log.exists() and log.read_text(errors="replace").count("ready for action")
+        return len(tree) >= 4 and ready == 2
+
+    try:
+        wait_for(children_up, timeout=90, interval=0.1, what="the demo's worker and scheduler")
+        demo.kill()
+        assert demo.wait(10) == -signal.SIGKILL
+        # dramatiq gives its worker processes WORKER_SHUTDOWN_TIMEOUT_MS (20 s in the demo) to
+        # finish their jobs: 60 s leaves room for a loaded machine.
+        wait_for(lambda: not any(map(running, tree)), timeout=60, interval=0.2, what="the children to exit")
+    finally:
+        demo.kill()
+        demo.wait(10)
+        for pid in tree:
+            if running(pid):  # the old code's orphans: they would consume the demo's queues for ever
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if env:
+            _clean_up_after(env["QUEUE_PREFIX"], Path(env["MEDIA_DIR"]).parent)
+    assert env and _leftovers(env["QUEUE_PREFIX"]) == ([], [])
 
 
 def test_a_connection_interrupted_mid_call_is_abandoned_not_reused(prefix):

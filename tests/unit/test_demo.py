@@ -1,9 +1,15 @@
-"""``python -m demo --short`` against the real services: its figures match what happened, and it
-leaves no queue or state key behind, also when interrupted."""
+"""The demo without the services: its production guide names real things, and its children stop
+when it dies, SIGKILL included."""
 
 from __future__ import annotations
 
-from tests.support import ROOT
+import os
+import signal
+import subprocess
+import sys
+
+from demo.orphan_guard import EXIT_PARENT_GONE
+from tests.support import ROOT, running, wait_for
 
 
 def test_the_production_guide_names_only_real_settings_and_commands():
@@ -26,3 +32,73 @@ def test_the_production_guide_names_only_real_settings_and_commands():
             assert sub in dlq.commands, sub
     assert "jobctl migrate-queues" in guide and "consumer_timeout" in guide
     assert "docs/production.md" in (ROOT / "README.md").read_text()
+
+
+#: A demo's child: says when it is up, and on SIGTERM writes which signal stopped it.
+_CHILD = """
+import os, signal, sys, time
+from pathlib import Path
+
+folder = Path(sys.argv[1])
+
+
+def stop(signum, frame):
+    (folder / "stopped").write_text(signal.Signals(signum).name)
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+(folder / "child.pid").write_text(str(os.getpid()))
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+#: The demo in small: a thread running (its mail server's), a child started as the demo starts
+#: the worker and the scheduler, then nothing until it is killed.
+_PARENT = """
+import os, sys, threading, time
+from pathlib import Path
+
+from demo.services import Child
+
+folder = Path(sys.argv[1])
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+Child("child", [sys.executable, "-c", sys.argv[2], str(folder)], dict(os.environ), folder / "child.log")
+time.sleep(60)
+"""
+
+
+def test_a_child_of_a_demo_killed_with_sigkill_gets_sigterm(tmp_path):
+    demo = subprocess.Popen([sys.executable, "-c", _PARENT, str(tmp_path), _CHILD], cwd=ROOT)
+    child = 0
+    try:
+        pid_file = tmp_path / "child.pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=20, what="the child")
+        child = int(pid_file.read_text())
+        assert running(child)
+        demo.kill()
+        assert demo.wait(10) == -signal.SIGKILL
+        stopped = tmp_path / "stopped"
+        wait_for(stopped.exists, timeout=10, what="the orphaned child's SIGTERM")
+        assert stopped.read_text() == "SIGTERM"
+        wait_for(lambda: not running(child), timeout=10, what="the orphaned child to exit")
+    finally:
+        demo.kill()
+        demo.wait(10)
+        if child and running(child):
+            os.kill(child, signal.SIGKILL)  # the old code's orphan: it would sleep on otherwise
+
+
+def test_the_guard_runs_nothing_once_its_parent_is_gone(tmp_path):
+    # The demo died between starting the guard and the guard setting its parent-death signal:
+    # the guard has another parent (pid 1, a subreaper) and the signal will never come.
+    marker = tmp_path / "ran"
+    code = f"open({str(marker)!r}, 'w').close()"
+    not_the_parent = "1"
+    guard = [sys.executable, "-m", "demo.orphan_guard", not_the_parent, sys.executable, "-c", code]
+    assert subprocess.run(guard, cwd=ROOT, timeout=30).returncode == EXIT_PARENT_GONE
+    assert not marker.exists()
+    guard[3] = str(os.getpid())  # the real parent: the command runs
+    assert subprocess.run(guard, cwd=ROOT, timeout=30).returncode == 0
+    assert marker.exists()
