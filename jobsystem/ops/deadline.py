@@ -43,12 +43,15 @@ class Deadline:
 
 class Lane:
     """One daemon thread that runs the calls given to it in turn, started on first use (again in a
-    forked child) and ended after ``idle`` seconds without one. For a client bound to its thread,
-    such as an SQLite store's connection: a thread per call would open one more at every check."""
+    forked child) and ended after ``idle`` seconds without one, calling ``on_exit`` on it as it ends.
+    For a client bound to its thread, such as an SQLite store's connection: a thread per call would
+    open one more at every check, and a thread that ends must give its own back (``on_exit``), or
+    a check every minute, past the idle time, opens one more each time."""
 
-    def __init__(self, name: str, idle: float = 60.0) -> None:
+    def __init__(self, name: str, idle: float = 60.0, on_exit: Callable[[], None] | None = None) -> None:
         self.name = name
         self.idle = idle
+        self._on_exit = on_exit
         self._lock = threading.Lock()
         self._pid = 0
         self._jobs: queue.SimpleQueue[Callable[[], None]] | None = None
@@ -69,9 +72,11 @@ class Lane:
                     if jobs.empty():
                         if self._jobs is jobs:
                             self._jobs = None
-                        return
+                        break
                 continue
             job()
+        if self._on_exit is not None:
+            self._on_exit()
 
 
 class Call(Generic[T]):

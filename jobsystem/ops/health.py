@@ -19,6 +19,7 @@ the age is not judged. A state store that does not answer is a problem of the wh
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -53,9 +54,21 @@ _STATE_LANES: weakref.WeakKeyDictionary[StateStore, Lane] = weakref.WeakKeyDicti
 _STATE_LANES_LOCK = threading.Lock()
 
 
+def _release_thread(store: weakref.ref[StateStore]) -> None:
+    """The lane thread's connection given back as the thread ends (the store held weakly: the
+    lane, a value of ``_STATE_LANES``, must not keep its key alive)."""
+    state = store()
+    if state is not None:
+        state.release_thread()
+
+
 def _lane(state: StateStore) -> Lane:
     with _STATE_LANES_LOCK:
-        return _STATE_LANES.setdefault(state, Lane("health-state"))
+        lane = _STATE_LANES.get(state)
+        if lane is None:
+            lane = Lane("health-state", on_exit=functools.partial(_release_thread, weakref.ref(state)))
+            _STATE_LANES[state] = lane
+        return lane
 
 
 @dataclass(frozen=True)

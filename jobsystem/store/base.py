@@ -131,5 +131,10 @@ class StateStore(ABC):
         self.release_lease(probe, owner)
 
     @abstractmethod
+    def release_thread(self) -> None:
+        """Give back what the calling thread holds, as it is about to end (an SQLite store's
+        connection, opened per thread); nothing on a store whose connections are shared."""
+
+    @abstractmethod
     def close(self) -> None:
         """Release connections."""

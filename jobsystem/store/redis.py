@@ -247,5 +247,8 @@ class RedisStore(StateStore):
         with self.errors():
             self.client.ping()
 
+    def release_thread(self) -> None:
+        """Nothing to give back: the connection pool is shared by every thread."""
+
     def close(self) -> None:
         self.client.close()

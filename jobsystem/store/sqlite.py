@@ -220,6 +220,18 @@ class SqliteStore(StateStore):
     def ping(self) -> None:
         self.rows("SELECT 1")
 
+    def release_thread(self) -> None:
+        """Close the calling thread's connection: kept until :meth:`close` otherwise, so every
+        thread that asked once and ended (a health lane that idled out) would hold one open."""
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            return
+        del self._local.conn
+        with self._lock:
+            if conn in self._connections:  # not closed by close() meanwhile
+                self._connections.remove(conn)
+        conn.close()
+
     def close(self) -> None:
         with self._lock:
             for conn in self._connections:

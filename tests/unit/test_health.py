@@ -3,11 +3,14 @@ answers does), the state store is real."""
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 
 import pytest
 
 from jobsystem.ops import health
+from jobsystem.ops.deadline import Lane
 from jobsystem.ops.queue_counts import AmqpCounts, QueueCounts
 from jobsystem.settings import load_settings
 from jobsystem.store.base import StateStore
@@ -158,3 +161,22 @@ def test_repeated_checks_ask_an_sqlite_store_on_one_connection(rabbitmq: dict[st
             assert health.check(["q"], config=load_settings({}), state=state).status == "healthy"
             health.queue_depths(load_settings({}), ["q"], state=state)
         assert len(state._connections) == opened
+
+
+def test_checks_further_apart_than_the_lane_idles_leave_one_sqlite_connection_at_most(
+    rabbitmq: dict[str, QueueCounts], tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    """The check_health job runs every minute, past the lane's idle time: its thread has ended
+    between checks, and the next check's thread opens a connection of its own. The thread that
+    ended must have closed its own, or a worker leaks one (three file descriptors) per minute."""
+    monkeypatch.setattr(health, "Lane", functools.partial(Lane, idle=0.05))
+    rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=0, delay_consumers=1, dead=0)
+    with fresh_store("sqlite", tmp_path) as state:
+        assert isinstance(state, SqliteStore)
+        for _ in range(4):
+            before = set(threading.enumerate())
+            assert health.check(["q"], config=load_settings({}), state=state).status == "healthy"
+            (lane,) = [t for t in threading.enumerate() if t.name == "health-state" and t not in before]
+            lane.join(timeout=10)  # idled out
+            assert not lane.is_alive()
+            assert len(state._connections) <= 1
