@@ -1,7 +1,7 @@
 """A RabbitMQ that goes silent, for tests: a stand-in speaking just enough AMQP 0-9-1 for a
-publisher with confirms (the handshake, one channel in confirm mode, publishes, the closes), whose
-answers a test can withhold; and a TCP proxy in front of the real one, which a test can make
-swallow every byte (a network path gone silent)."""
+publisher with confirms (the handshake, one channel in confirm mode, publishes, the closes) and
+for passive declares, whose answers a test can withhold; and a TCP proxy in front of the real
+one, which a test can make swallow every byte (a network path gone silent)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ class FakeRabbit:
     acks: int | None = None
     #: False: never answer Channel.Close or Connection.Close.
     answer_close: bool = True
+    #: True: answer a (passive) Queue.Declare, every queue there and empty; False: never answer it.
+    declare: bool = False
     port: int = 0
     #: The message id of each publish, in order.
     published: list[str] = field(default_factory=list)
@@ -63,6 +65,8 @@ class FakeRabbit:
         return [] if reply is None else [pika.frame.Method(frame.channel_number, reply)]
 
     def _reply(self, method: Any) -> Any:
+        if isinstance(method, pika.spec.Queue.Declare):
+            return pika.spec.Queue.DeclareOk(method.queue, 0, 0) if self.declare else None
         closes = self.answer_close
         replies = {
             pika.spec.Connection.StartOk: pika.spec.Connection.Tune(2047, 131072, 0),

@@ -4,7 +4,9 @@ Per work queue: messages waiting and consumers of the queue, of its delay queue 
 (Dramatiq's worker consumes it apart, holding each delayed message until its ``eta``) and of its
 dead letters; and this environment's ``delay.unroutable`` queue, which nothing consumes. One
 connection serves them all, each node tried once within the health check's deadline (pika's own
-handshake timeout, 15 s, would otherwise outlast any scrape).
+handshake timeout, 15 s, would otherwise outlast any scrape), and is cut at the deadline whatever
+it waits for then: past the handshake, pika waits for an answer (channel open, a declare, the
+close) with no timeout but the heartbeat's (65 s, none with ``RABBITMQ_HEARTBEAT=0``).
 """
 
 from __future__ import annotations
@@ -45,12 +47,12 @@ class AmqpCounts:
     stranded: int
 
 
-def _connect(config: Settings, timeout: float, deadline: Deadline | None = None) -> pika.BlockingConnection:
+def _connect(config: Settings, timeout: float, deadline: Deadline) -> pika.BlockingConnection:
     """An AMQP connection to the first node that answers (one attempt each, ``timeout`` seconds
     for the whole handshake, and no node tried past ``deadline``)."""
     errors: list[str] = []
     for url in connection_urls(config):
-        wait = timeout if deadline is None else deadline.within(timeout)
+        wait = deadline.within(timeout)
         if wait <= 0:
             errors.append("no time left")
             break
@@ -94,18 +96,30 @@ class _Passive:
         )
 
 
+def _cut_at(connection: pika.BlockingConnection, deadline: Deadline) -> None:
+    """Drop ``connection``'s socket when ``deadline`` passes, whatever it waits for then: a
+    blocking call raises at once. pika runs its I/O loop's timers while a blocking call waits (not
+    the BlockingConnection's own, run only by ``process_data_events``); ``_terminate_stream`` is
+    what its heartbeat timeout uses, without a public name."""
+    impl = connection._impl
+    error = pika.exceptions.StreamLostError(f"no answer within {deadline.seconds:g} s")
+    impl.ioloop.call_later(deadline.remaining(), lambda: impl._terminate_stream(error))
+
+
 @contextlib.contextmanager
-def _declares(config: Settings, timeout: float, deadline: Deadline | None) -> Iterator[_Passive]:
-    """Passive declares on a connection of their own, closed after; a lost connection is a
-    ConnectionError, like an unreachable RabbitMQ."""
+def _declares(config: Settings, timeout: float, deadline: Deadline) -> Iterator[_Passive]:
+    """Passive declares on a connection of their own, cut at ``deadline`` and closed after; a
+    lost connection is a ConnectionError, like an unreachable RabbitMQ."""
     connection = _connect(config, timeout, deadline)
+    _cut_at(connection, deadline)
     try:
         yield _Passive(connection)
     except pika.exceptions.AMQPError as exc:
         raise ConnectionError(f"connection lost: {type(exc).__name__}") from exc
     finally:
         if connection.is_open:
-            connection.close()
+            with contextlib.suppress(pika.exceptions.AMQPError):  # cut while closing: the counts stand
+                connection.close()
 
 
 def count_queues(config: Settings, queues: list[str], timeout: float, deadline: Deadline) -> AmqpCounts:
@@ -117,8 +131,11 @@ def count_queues(config: Settings, queues: list[str], timeout: float, deadline: 
         return AmqpCounts(counted, unroutable, passive.counts(unroutable)[0])
 
 
-def missing_queues(config: Settings, queues: list[str], timeout: float = 5.0) -> list[str]:
-    """Those of ``queues`` RabbitMQ does not have (a typo in ``--queue``); ConnectionError when
-    RabbitMQ cannot be reached."""
-    with _declares(config, timeout, None) as passive:
+def missing_queues(
+    config: Settings, queues: list[str], timeout: float = 5.0, deadline: Deadline | None = None
+) -> list[str]:
+    """Those of ``queues`` RabbitMQ does not have (a typo in ``--queue``), within ``timeout``
+    seconds (or by ``deadline``, one its caller shares); ConnectionError when RabbitMQ cannot be
+    reached or does not answer in that time."""
+    with _declares(config, timeout, deadline or Deadline(timeout)) as passive:
         return [queue for queue in queues if passive.declare(queue) is None]

@@ -7,16 +7,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from urllib.parse import quote
 
+import pytest
 import requests
 
+from jobsystem.ops import queue_counts
 from jobsystem.ops.health import check, measure
 from jobsystem.settings import load_settings
 from jobsystem.store import open_store
 from jobsystem.store.redis import RedisStore
 from tests import workload
+from tests.amqp_server import silenceable_path
 from tests.delay_support import send_delayed, short_horizon
 from tests.servers import free_port, silent_server
 from tests.support import BIN, ROOT, TEST_REDIS_URL, finished_within, wait_for, worker_env
@@ -154,3 +158,45 @@ def test_jobs_delayed_or_scheduled_for_a_queue_nobody_consumes_are_reported(queu
         "degraded",
         [("no_consumers", "no consumers, 1 delayed, 1 scheduled")],
     )
+
+
+def test_a_path_to_rabbitmq_gone_silent_after_the_handshake_ends_the_counts_at_the_deadline(
+    queues, prefix, monkeypatch
+):
+    """Past the handshake pika waits for each answer with no timeout but the heartbeat's (none
+    with RABBITMQ_HEARTBEAT=0): each scrape, dashboard sample and check_health run would leave one
+    more thread and socket behind. The report comes at the deadline, and the counting thread ends
+    then, its socket closed; so does jobctl's check that a --queue exists."""
+    node = queues.broker.parameters
+    node = node[0] if isinstance(node, list) else node
+    connect, counting = queue_counts._connect, []
+
+    def then_silent(*args):
+        connection = connect(*args)
+        counting.append(threading.current_thread())
+        path.silent.set()
+        return connection
+
+    monkeypatch.setattr(queue_counts, "_connect", then_silent)
+    with silenceable_path(node.host, node.port) as path:
+        settings = load_settings(
+            {
+                **os.environ,
+                "QUEUE_PREFIX": prefix,
+                "RABBITMQ_URL": f"amqp://guest:guest@127.0.0.1:{path.port}/%2F",
+                "RABBITMQ_HEARTBEAT": "0",
+            }
+        )
+        state = RedisStore(TEST_REDIS_URL)
+        report = finished_within(3.5, lambda: check(["q"], config=settings, state=state, timeout=2))
+        assert report.status == "unreachable", report.error
+        (thread,) = counting
+        thread.join(1.5)
+        assert not thread.is_alive(), "the counting thread still waits"
+        assert path.closed.wait(1.0), "the connection was left open"
+
+        path.silent.clear()
+        path.closed.clear()
+        with pytest.raises(ConnectionError, match="StreamLostError"):
+            finished_within(3.5, lambda: queue_counts.missing_queues(settings, ["q"], 2))
+        assert len(counting) == 2 and path.closed.wait(1.0), "the connection was left open"

@@ -1,0 +1,50 @@
+"""Queue counts over AMQP against a RabbitMQ that answers the handshake, then goes silent: past
+the handshake pika waits for each answer with no timeout but the heartbeat's (none here, as with
+``RABBITMQ_HEARTBEAT=0``), so only the deadline ends the call and closes its socket."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobsystem.ops.deadline import Deadline
+from jobsystem.ops.queue_counts import count_queues, missing_queues
+from jobsystem.settings import load_settings
+from tests.amqp_server import fake_rabbitmq
+from tests.support import finished_within
+
+#: The deadline in these tests, and the bound the call must keep (the deadline, plus time for a
+#: busy machine).
+TIMEOUT = 1.0
+BOUND = TIMEOUT + 1.5
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [{"open_channel": False}, {"declare": False}],
+    ids=["silent-at-channel-open", "silent-at-the-first-declare"],
+)
+def test_a_rabbitmq_silent_after_the_handshake_is_cut_at_the_deadline(behaviour: dict[str, Any]):
+    """Each Prometheus scrape, dashboard sample and check_health run would leave one more thread
+    and socket waiting forever."""
+    with fake_rabbitmq(**behaviour) as rabbit:
+        config = load_settings({"RABBITMQ_URL": rabbit.url()})
+        with pytest.raises(ConnectionError, match="StreamLostError"):
+            finished_within(BOUND, lambda: count_queues(config, ["q"], 5.0, Deadline(TIMEOUT)))
+        assert rabbit.closed.wait(1.0), "the socket was left open"
+        rabbit.closed.clear()
+        with pytest.raises(ConnectionError, match="StreamLostError"):  # jobctl's --queue check
+            finished_within(BOUND, lambda: missing_queues(config, ["q"], TIMEOUT))
+        assert rabbit.closed.wait(1.0), "the socket was left open"
+
+
+def test_counts_taken_before_a_close_that_never_completes_are_returned_at_the_deadline():
+    with fake_rabbitmq(declare=True, answer_close=False) as rabbit:
+        config = load_settings({"RABBITMQ_URL": rabbit.url()})
+        counts = finished_within(BOUND, lambda: count_queues(config, ["q"], 5.0, Deadline(TIMEOUT)))
+        assert (counts.queues["q"].waiting, counts.stranded) == (0, 0)
+        assert rabbit.closed.wait(1.0), "the socket was left open"
+        rabbit.closed.clear()
+        assert finished_within(BOUND, lambda: missing_queues(config, ["q"], TIMEOUT)) == []
+        assert rabbit.closed.wait(1.0), "the socket was left open"
