@@ -74,8 +74,8 @@ def _lane(state: StateStore) -> Lane:
 @dataclass(frozen=True)
 class Problem:
     """One degraded condition: of a queue, ``kind`` backlog, dead_letters, oldest_age or
-    no_consumers (jobs that will not run: waiting, delayed or scheduled, and nobody to take them);
-    of the system, ``state_store`` or ``unroutable_delays``."""
+    no_consumers (jobs that will not run: waiting, delayed or scheduled and due soon, and nobody
+    to take them); of the system, ``state_store`` or ``unroutable_delays``."""
 
     kind: str
     detail: str
@@ -84,13 +84,16 @@ class Problem:
 @dataclass
 class QueueHealth:
     """The numbers of one queue (None: not measurable from the source at hand), its problems, and
-    the kinds of problem this check could not judge (``unjudged``: an unmeasured age)."""
+    the kinds of problem this check could not judge (``unjudged``: an unmeasured age).
+    ``scheduled_soon``: of the scheduled, those due within ``DELAY_HORIZON_MS`` of now, either
+    side (see :func:`_never_run`)."""
 
     queue: str
     waiting: int | None = None
     in_progress: int | None = None
     delayed: int | None = None
     scheduled: int | None = None
+    scheduled_soon: int | None = None
     next_due_at: int | None = None
     dead: int | None = None
     consumers: int | None = None
@@ -236,7 +239,9 @@ def _add_scheduled(measured: list[QueueHealth], found: dict[str, Scheduled]) -> 
     """Fill in each queue's scheduled count and next due time from the state store's index
     (written by the job-status writer: nothing when ``JOB_STATUS`` is off)."""
     for health in measured:
-        health.scheduled, health.next_due_at = found[health.queue].count, found[health.queue].next_due_at
+        counted = found[health.queue]
+        health.scheduled, health.next_due_at = counted.count, counted.next_due_at
+        health.scheduled_soon = counted.soon
 
 
 def queue_depths(
@@ -285,9 +290,18 @@ def _judge(health: QueueHealth, config: Settings) -> None:
 def _never_run(health: QueueHealth) -> str | None:
     """Why jobs of ``health``'s queue will not run, if they will not: nobody consumes the queue
     while jobs wait in it, in its delay queue (a retry's backoff, a short delay) or in the delay
-    cascade; or nobody consumes its delay queue (Dramatiq's worker consumes it apart, holding
-    each message until its eta) while messages wait there."""
-    pending = {"waiting": health.waiting, "delayed": health.delayed, "scheduled": health.scheduled}
+    cascade due soon; or nobody consumes its delay queue (Dramatiq's worker consumes it apart,
+    holding each message until its eta) while messages wait there.
+
+    Scheduled jobs count only when due within the delay horizon, either side: one due later is
+    not late yet (the next check judges it); one due longer ago has left the cascade and is
+    counted in the queue or its delay queue, or is an index entry of a message purged or lost,
+    kept until the records' TTL, which must not hold the queue degraded."""
+    pending = {
+        "waiting": health.waiting,
+        "delayed": health.delayed,
+        "scheduled due soon": health.scheduled_soon,
+    }
     if health.consumers == 0 and any(pending.values()):
         return "no consumers, " + ", ".join(f"{n} {what}" for what, n in pending.items() if n)
     if health.delay_consumers == 0 and health.delayed:
@@ -295,9 +309,11 @@ def _never_run(health: QueueHealth) -> str | None:
     return None
 
 
-def _totals(state: StateStore, queues: list[str]) -> tuple[dict[str, Scheduled], dict[str, dict[str, int]]]:
+def _totals(
+    state: StateStore, queues: list[str], soon_ms: int
+) -> tuple[dict[str, Scheduled], dict[str, dict[str, int]]]:
     backend = status_backend(state)
-    return backend.scheduled(queues), backend.counts(queues)
+    return backend.scheduled(queues, soon_ms), backend.counts(queues)
 
 
 def check(queues: list[str], *, config: Settings, state: StateStore, timeout: float = 5.0) -> HealthReport:
@@ -305,7 +321,8 @@ def check(queues: list[str], *, config: Settings, state: StateStore, timeout: fl
     seconds in all; a state store that does not answer in that time degrades the report too
     (every guarded job is deferred meanwhile)."""
     deadline = Deadline(timeout)
-    totals = Call("state", lambda: _totals(state, queues), deadline, _lane(state))
+    soon_ms = config.delay_horizon_ms
+    totals = Call("state", lambda: _totals(state, queues, soon_ms), deadline, _lane(state))
     try:
         measured = _measure(config, queues, timeout, deadline, peek=True)
     except ConnectionError as exc:

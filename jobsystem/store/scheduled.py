@@ -4,7 +4,9 @@ RabbitMQ cannot say how many messages of one queue wait in the cascade (its leve
 shared by every queue of an environment), so the status writer (:mod:`jobsystem.store.status`)
 files a job here, in the same script call or transaction as its record, when its state becomes
 ``scheduled``, and takes it out when the state changes again (it left the cascade, or runs).
-``jobctl health`` and the metrics read the count and the next due time per queue.
+``jobctl health`` and the metrics read the count and the next due time per queue, and health
+how many are due soon (within ``soon_ms`` of now, either side: an entry due long ago is a job that
+left the cascade, or one whose message was purged or lost, kept until the records' TTL).
 
 - Redis: one sorted set per queue, ``scheduled:<queue>``, scored by the due time (ms), members
   message ids. Entries due longer ago than the records' TTL (a message purged or lost while it
@@ -34,10 +36,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Scheduled:
-    """How many jobs of a queue wait in the cascade, and when the next one is due (ms; None: none)."""
+    """How many jobs of a queue wait in the cascade, when the next one is due (ms; None: none),
+    and how many of them are due within ``soon_ms`` of now, either side (0 when not asked)."""
 
     count: int
     next_due_at: int | None
+    soon: int = 0
 
 
 #: ``schedule(id, queue, previous, state, due)`` after a record's state changed; ``TTL``, ``NS``
@@ -59,18 +63,21 @@ def _key(store: RedisStore, queue: str) -> str:
     return store.key("scheduled:" + queue)
 
 
-def redis_scheduled(store: RedisStore, queues: list[str]) -> dict[str, Scheduled]:
-    """The count and next due time of each of ``queues``, in one round trip."""
+def redis_scheduled(store: RedisStore, queues: list[str], soon_ms: int = 0) -> dict[str, Scheduled]:
+    """The count, next due time and count due soon of each of ``queues``, in one round trip
+    (and one for the store's clock when ``soon_ms`` is asked)."""
+    now = store.now_ms() if soon_ms else 0
     with store.errors():
         pipe = store.client.pipeline(transaction=False)
         for queue in queues:
             pipe.zcard(_key(store, queue))
             pipe.zrange(_key(store, queue), 0, 0, withscores=True)
+            pipe.zcount(_key(store, queue), now - soon_ms, now + soon_ms)
         replies = pipe.execute()
     found = {}
     for i, queue in enumerate(queues):
-        first = replies[2 * i + 1]
-        found[queue] = Scheduled(int(replies[2 * i]), int(first[0][1]) if first else None)
+        count, first, soon = replies[3 * i : 3 * i + 3]
+        found[queue] = Scheduled(int(count), int(first[0][1]) if first else None, int(soon) if soon_ms else 0)
     return found
 
 
@@ -107,12 +114,16 @@ def sqlite_file(
         conn.execute("DELETE FROM scheduled_jobs WHERE queue = ? AND message_id = ?", (queue_key, message_id))
 
 
-def sqlite_scheduled(store: SqliteStore, queues: list[str]) -> dict[str, Scheduled]:
-    """The count and next due time of each of ``queues``."""
-    found = {}
+def sqlite_scheduled(store: SqliteStore, queues: list[str], soon_ms: int = 0) -> dict[str, Scheduled]:
+    """The count, next due time and count due soon of each of ``queues``."""
+    now, found = store.now_ms(), {}
     for queue in queues:
-        ((count, first),) = store.rows(
-            "SELECT COUNT(*), MIN(due_at) FROM scheduled_jobs WHERE queue = ?", (store.key(queue),)
+        ((count, first, soon),) = store.rows(
+            "SELECT COUNT(*), MIN(due_at), COUNT(CASE WHEN due_at BETWEEN ? AND ? THEN 1 END) "
+            "FROM scheduled_jobs WHERE queue = ?",
+            (now - soon_ms, now + soon_ms, store.key(queue)),
         )
-        found[queue] = Scheduled(int(count), int(first) if first is not None else None)
+        found[queue] = Scheduled(
+            int(count), int(first) if first is not None else None, int(soon) if soon_ms else 0
+        )
     return found

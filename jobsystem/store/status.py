@@ -59,8 +59,9 @@ class StatusBackend(ABC):
         """How many indexed jobs match, and whether that count is exact."""
 
     @abstractmethod
-    def scheduled(self, queues: list[str]) -> dict[str, Scheduled]:
-        """Per queue, how many jobs wait in the delay cascade and when the next is due."""
+    def scheduled(self, queues: list[str], soon_ms: int = 0) -> dict[str, Scheduled]:
+        """Per queue, how many jobs wait in the delay cascade, when the next is due, and how many
+        are due within ``soon_ms`` of now, either side."""
 
     @abstractmethod
     def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
@@ -135,8 +136,8 @@ class RedisStatus(StatusBackend):
     def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
         return status_history.redis_minutes(self.store, queues, since_ms)
 
-    def scheduled(self, queues: list[str]) -> dict[str, Scheduled]:
-        return scheduled_index.redis_scheduled(self.store, queues)
+    def scheduled(self, queues: list[str], soon_ms: int = 0) -> dict[str, Scheduled]:
+        return scheduled_index.redis_scheduled(self.store, queues, soon_ms)
 
 
 _SCHEMA = """
@@ -215,8 +216,8 @@ class SqliteStatus(StatusBackend):
     def total(self, job_filter: JobFilter) -> tuple[int, bool]:
         return job_index.sqlite_total(self.store, job_filter)
 
-    def scheduled(self, queues: list[str]) -> dict[str, Scheduled]:
-        return scheduled_index.sqlite_scheduled(self.store, queues)
+    def scheduled(self, queues: list[str], soon_ms: int = 0) -> dict[str, Scheduled]:
+        return scheduled_index.sqlite_scheduled(self.store, queues, soon_ms)
 
     def minutes(self, queues: list[str], since_ms: int) -> dict[str, dict[int, dict[str, int]]]:
         with self.store.errors():

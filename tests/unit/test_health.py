@@ -37,16 +37,16 @@ def rabbitmq(monkeypatch: pytest.MonkeyPatch) -> dict[str, QueueCounts]:
     return counted
 
 
-def schedule(store: StateStore, queue: str, jobs: int) -> None:
-    """File ``jobs`` jobs of ``queue`` as waiting in the delay cascade, due in an hour, as the
-    status writer does."""
+def schedule(store: StateStore, queue: str, jobs: int, due_in_ms: int = 10_000, name: str = "m") -> None:
+    """File ``jobs`` jobs of ``queue`` as waiting in the delay cascade, due in ``due_in_ms``
+    (within the default delay horizon, 30 s), as the status writer does."""
     now = int(time.time() * 1000)
-    fields = {"state": "scheduled", "updated_at": str(now), "due_at": str(now + 3_600_000)}
+    fields = {"state": "scheduled", "updated_at": str(now), "due_at": str(now + due_in_ms)}
     updates = [
-        StatusUpdate(f"m{i}", queue, order_of(0, "scheduled"), fields, {"queue": queue, "actor": "a"})
+        StatusUpdate(f"{name}{i}", queue, order_of(0, "scheduled"), fields, {"queue": queue, "actor": "a"})
         for i in range(jobs)
     ]
-    status_backend(store).apply(updates, 60_000)
+    status_backend(store).apply(updates, 86_400_000)
 
 
 @pytest.mark.parametrize(
@@ -62,12 +62,12 @@ def schedule(store: StateStore, queue: str, jobs: int) -> None:
         (
             QueueCounts(waiting=0, consumers=0, delayed=0, delay_consumers=0, dead=0),
             1,
-            "no consumers, 1 scheduled",
+            "no consumers, 1 scheduled due soon",
         ),
         (
             QueueCounts(waiting=2, consumers=0, delayed=1, delay_consumers=0, dead=0),
             1,
-            "no consumers, 2 waiting, 1 delayed, 1 scheduled",
+            "no consumers, 2 waiting, 1 delayed, 1 scheduled due soon",
         ),
         # The queue consumed, its delay queue not: the delayed are never released.
         (
@@ -96,6 +96,29 @@ def test_jobs_delayed_or_scheduled_with_consumers_to_run_them_are_healthy(
     report = health.check(["idle", "q"], config=load_settings({}), state=store)
     assert report.status == "healthy", report.to_dict()
     assert {h.queue: (h.delayed, h.scheduled) for h in report.queues} == {"idle": (0, 0), "q": (3, 2)}
+
+
+def test_only_scheduled_jobs_due_soon_make_a_queue_nobody_consumes_degraded(
+    rabbitmq: dict[str, QueueCounts], store: StateStore
+):
+    """An entry overdue by more than the delay horizon (its message purged or lost: the index
+    keeps it until the records' TTL) or due next week does not alert every minute; one due within
+    the horizon, soon in the delay queue with nobody to release it, does."""
+    rabbitmq["q"] = QueueCounts(waiting=0, consumers=0, delayed=0, delay_consumers=0, dead=0)
+    schedule(store, "q", 1, due_in_ms=-3_600_000, name="stale")
+    schedule(store, "q", 2, due_in_ms=7 * 86_400_000, name="next-week")
+    report = health.check(["q"], config=load_settings({}), state=store)
+    assert report.status == "healthy", report.to_dict()
+    assert (report.queues[0].scheduled, report.queues[0].scheduled_soon) == (3, 0)
+
+    schedule(store, "q", 1, due_in_ms=20_000, name="soon")
+    report = health.check(["q"], config=load_settings({}), state=store)
+    assert [(p.kind, p.detail) for p in report.queues[0].problems] == [
+        ("no_consumers", "no consumers, 1 scheduled due soon")
+    ]
+    # The horizon is the setting's: past a 10 s one, the same job is not due soon.
+    report = health.check(["q"], config=load_settings({"DELAY_HORIZON_MS": "10000"}), state=store)
+    assert report.status == "healthy", report.to_dict()
 
 
 def test_a_state_store_that_does_not_answer_degrades_the_check(rabbitmq: dict[str, QueueCounts]):
