@@ -336,19 +336,19 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
     HEALTH_* thresholds. Exit code 0 healthy, 1 degraded (a state store that does not answer
     too), 2 broker unreachable or a --queue RabbitMQ does not have: usable as a container health
     check or a cron alert. RabbitMQ, its management API and the state store are asked at once;
-    the check waits --timeout seconds at most in all.
+    the check waits --timeout seconds at most in all, that of the --queue names included.
     """
     system = load_system()
+    from jobsystem.ops.deadline import Deadline
     from jobsystem.ops.health import check, resolve_queues
 
-    settings, broker = system.settings, system.broker
+    settings, broker, deadline = system.settings, system.broker, Deadline(timeout)
     named = {
         queue: f"--queue {name!r}" for name in queues for queue in resolve_queues(settings, broker, [name])
     }
-    require_queues(settings, named, timeout)
-    report = check(
-        resolve_queues(settings, broker, list(queues)), config=settings, state=system.store, timeout=timeout
-    )
+    require_queues(settings, named, timeout, deadline)
+    checked = resolve_queues(settings, broker, list(queues))
+    report = check(checked, config=settings, state=system.store, timeout=timeout, deadline=deadline)
     if as_json:
         click.echo(json.dumps(report.to_dict()))
         sys.exit(report.exit_code)

@@ -8,13 +8,16 @@ import importlib
 import logging
 import sys
 from collections.abc import Iterable, Mapping
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 
 from jobsystem.settings import Settings, SettingsError
 from jobsystem.startup import configuration_checked
 from jobsystem.system import System, get_system
+
+if TYPE_CHECKING:
+    from jobsystem.ops.deadline import Deadline
 
 #: Exit codes shared by the commands.
 EXIT_OK, EXIT_DEGRADED, EXIT_UNREACHABLE = 0, 1, 2
@@ -51,15 +54,18 @@ def import_modules(program: str, modules: Iterable[str]) -> None:
             fail(f"{program}: cannot import {module}: {exc}")
 
 
-def require_queues(settings: Settings, named: Mapping[str, str], timeout: float = 5.0) -> None:
+def require_queues(
+    settings: Settings, named: Mapping[str, str], timeout: float = 5.0, deadline: Deadline | None = None
+) -> None:
     """Exit 2 naming each queue RabbitMQ does not have: ``named`` maps a queue to how the user
-    gave it (``--queue 'emails'``). An unreachable RabbitMQ checks nothing: commands report it."""
+    gave it (``--queue 'emails'``); within ``timeout`` seconds, or by ``deadline`` when the command
+    shares one. An unreachable RabbitMQ checks nothing: commands report it."""
     if not named:
         return
     from jobsystem.ops.queue_counts import missing_queues
 
     try:
-        missing = missing_queues(settings, list(named), timeout)
+        missing = missing_queues(settings, list(named), timeout, deadline)
     except ConnectionError:
         return
     vhost = settings.rabbitmq_vhost

@@ -316,11 +316,19 @@ def _totals(
     return backend.scheduled(queues, soon_ms), backend.counts(queues)
 
 
-def check(queues: list[str], *, config: Settings, state: StateStore, timeout: float = 5.0) -> HealthReport:
+def check(
+    queues: list[str],
+    *,
+    config: Settings,
+    state: StateStore,
+    timeout: float = 5.0,
+    deadline: Deadline | None = None,
+) -> HealthReport:
     """Measure ``queues`` and judge each against the ``HEALTH_*`` thresholds, within ``timeout``
-    seconds in all; a state store that does not answer in that time degrades the report too
-    (every guarded job is deferred meanwhile)."""
-    deadline = Deadline(timeout)
+    seconds in all (or by ``deadline``, one the caller started before: ``jobctl health`` checks
+    its ``--queue`` names first); a state store that does not answer in that time degrades the
+    report too (every guarded job is deferred meanwhile)."""
+    deadline = deadline or Deadline(timeout)
     soon_ms = config.delay_horizon_ms
     totals = Call("state", lambda: _totals(state, queues, soon_ms), deadline, _lane(state))
     try:

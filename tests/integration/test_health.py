@@ -20,7 +20,7 @@ from jobsystem.settings import load_settings
 from jobsystem.store import open_store
 from jobsystem.store.redis import RedisStore
 from tests import workload
-from tests.amqp_server import silenceable_path
+from tests.amqp_server import fake_rabbitmq, silenceable_path
 from tests.delay_support import send_delayed, short_horizon
 from tests.servers import free_port, silent_server
 from tests.support import BIN, ROOT, TEST_REDIS_URL, finished_within, wait_for, worker_env
@@ -93,6 +93,25 @@ def test_unreachable_broker_exits_2(prefix, tmp_path):
         prefix, tmp_path, "--json", RABBITMQ_URL=f"amqp://guest:guest@127.0.0.1:{free_port()}/"
     )
     assert code == 2 and json.loads(out)["status"] == "unreachable"
+
+
+def test_jobctl_health_with_a_queue_named_waits_its_timeout_in_all(prefix, tmp_path):
+    """The check that a --queue exists comes first: with a timeout of its own, a RabbitMQ that
+    answers the handshake and then nothing cost the timeout twice. One deadline serves both."""
+    with fake_rabbitmq() as rabbit:
+        started = time.monotonic()
+        code, out = jobctl_health(
+            prefix,
+            tmp_path,
+            "--timeout",
+            "4",
+            RABBITMQ_URL=rabbit.url(),
+            RABBITMQ_MANAGEMENT_URL=f"http://127.0.0.1:{free_port()}",
+        )
+        took = time.monotonic() - started
+    assert code == 2 and out.startswith("unreachable"), out
+    # The timeout, plus the command's start (under 1 s); twice the timeout would be 8 s and more.
+    assert took < 6.5, took
 
 
 def test_a_message_ready_just_now_is_young_whatever_its_timestamps_and_size(queues):
