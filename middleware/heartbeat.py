@@ -69,6 +69,8 @@ class Heartbeat(Middleware):
         self._worker: dramatiq.Worker | None = None
         self._record: dict[str, Any] = {}
         self._failing = False
+        #: Whether the final record (``stopped_at``) was written, by the one writer of the moment.
+        self._stop_recorded = False
 
     @property
     def actor_options(self) -> set[str]:
@@ -91,6 +93,7 @@ class Heartbeat(Middleware):
             "dramatiq": _version("dramatiq"),
         }
         self._stop.clear()
+        self._stop_recorded = False
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self._thread.start()
 
@@ -102,9 +105,19 @@ class Heartbeat(Middleware):
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         # The thread is a daemon: let it write the final record before the process exits (bounded:
-        # a store that hangs only delays the exit).
-        if self._thread is not None:
-            self._thread.join(JOIN_TIMEOUT_S)
+        # a store that hangs only delays the exit; the thread, still alive, stays the one writer).
+        thread = self._thread
+        started = thread is not None and thread.ident is not None  # join() refuses one never started
+        if thread is not None and started:
+            thread.join(JOIN_TIMEOUT_S)
+            if thread.is_alive():
+                return
+        if self._record and not self._stop_recorded:
+            # The thread died (an error other than StoreUnavailable), never started, or found the
+            # store unavailable: no beat can follow, so the stop is written here, or the worker
+            # would be shown gone instead of stopped.
+            logger.warning("heartbeat_stop_from_shutdown", extra={"thread_started": started})
+            self._record_stop()
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._running.add(threading.get_ident())
@@ -133,7 +146,8 @@ class Heartbeat(Middleware):
         queues = sorted({q_name(q) for q in consumers})
         return {**self._record, "queues": queues, "busy": busy, "jobs_done": done}
 
-    def _beat(self, **extra: Any) -> None:
+    def _beat(self, **extra: Any) -> bool:
+        """Write the record; False when the store is unavailable (logged once per outage)."""
         now = int(time.time() * 1000)
         try:
             self.backend.beat(self.worker_id, {**self.snapshot(), **extra}, now)
@@ -141,11 +155,16 @@ class Heartbeat(Middleware):
             if not self._failing:
                 logger.warning("heartbeat_failed", extra={"error": str(exc)})
             self._failing = True
-            return
+            return False
         self._failing = False
+        return True
+
+    def _record_stop(self) -> None:
+        """The last word: ``stopped_at``. Called by the one writer (the thread, else the shutdown)."""
+        self._stop_recorded = self._beat(stopped_at=int(time.time() * 1000))
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self._beat()
             self._stop.wait(self.interval)
-        self._beat(stopped_at=int(time.time() * 1000))  # the last word, from the one writer
+        self._record_stop()
