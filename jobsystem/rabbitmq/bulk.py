@@ -76,8 +76,9 @@ class _Publisher:
     rejected: set[int] = field(default_factory=set)
     returned_ids: set[str] = field(default_factory=set)
     error: str | None = None
-    #: The connection could not be opened (nothing was published): another node may be tried.
-    unreachable: bool = False
+    #: The connection opened. One that never did published nothing, whatever closed it (pika's
+    #: timeouts, a refusal, or ``timeout`` and the close it calls): another node may be tried.
+    opened: bool = False
     progress_at: float = 0.0
     #: The connection is being closed (or dropped): no more timeouts, no second close.
     closing: bool = False
@@ -162,13 +163,14 @@ class _Publisher:
         idle = time.monotonic() - self.progress_at
         if idle < self.timeout:  # confirms came meanwhile: wait from the last one
             self.connection.ioloop.call_later(self.timeout - idle, self._on_timeout)
+        elif not self.opened:
+            self._fail(f"not connected within {self.timeout:g} s")
         else:
             self._fail(f"no confirm within {self.timeout:g} s")
 
     def _on_open_error(self, connection: pika.SelectConnection, error: BaseException | str) -> None:
-        if self.error is None:  # not closed by _fail: the node could not be reached
-            self.unreachable = True
-            self.error = f"connection failed: {error!r}"  # its str() is often empty
+        # The reason _fail gave, if it closed the connection; its str() is often empty.
+        self.error = self.error or f"connection failed: {error!r}"
         connection.ioloop.stop()
 
     def _on_connection_closed(self, connection: pika.SelectConnection, reason: BaseException) -> None:
@@ -177,6 +179,7 @@ class _Publisher:
         connection.ioloop.stop()
 
     def _on_connection_open(self, connection: pika.SelectConnection) -> None:
+        self.opened = True
         connection.channel(on_open_callback=self._on_channel_open)
 
     def _on_channel_open(self, channel: pika.channel.Channel) -> None:
@@ -273,7 +276,9 @@ def send_bulk(
     ``on_unsent_batch(broker, messages)`` hooks then get the messages not confirmed (idempotency
     gives their keys back, so sending them again publishes them). Each node of the broker's URL
     is tried in turn until one accepts the connection (pika's ``socket_timeout``,
-    ``stack_timeout`` and ``connection_attempts`` from the URL, and ``timeout``, bound the wait).
+    ``stack_timeout`` and ``connection_attempts`` from the URL bound the wait, and ``timeout``
+    bounds each node's); a node whose connection never opened, whatever closed it, published
+    nothing, and the next one is tried.
 
     An interrupt in the sending thread (KeyboardInterrupt; Dramatiq's TimeLimitExceeded or Shutdown
     when an actor sends) drops the connection at once and is raised unchanged, after the confirmed
@@ -347,7 +352,7 @@ def _publish(
             confirmed += sent
             for message in sent:
                 broker.emit_after("enqueue", message, None)
-        if not publisher.unreachable:
+        if publisher.opened:  # something may have been published: never again elsewhere
             break
         logger.warning(
             "bulk_send_node_unreachable", extra={"node": f"{node.host}:{node.port}", "error": publisher.error}

@@ -12,7 +12,7 @@ import pytest
 
 from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
 from tests import workload
-from tests.amqp_server import silenceable_path
+from tests.amqp_server import fake_rabbitmq, silenceable_path
 from tests.servers import free_port
 from tests.support import within
 
@@ -103,6 +103,23 @@ def test_a_node_that_cannot_be_reached_is_passed_over(queues, monkeypatch):
     queue = queues.name(workload.record)
     messages = [queues.message(workload.record, f"n{i}") for i in range(20)]
     assert len(send_bulk(messages, broker=broker)) == 20
+    assert queues.depth(queue) == 20
+
+
+def test_a_node_that_hangs_while_opening_past_the_timeout_is_passed_over(queues, monkeypatch):
+    """A node that accepts TCP and never speaks AMQP, its ``stack_timeout`` longer than the send's
+    ``timeout``: the timeout gives it up, and the messages go to the real node after it."""
+    broker = queues.broker
+    nodes = broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]
+    queue = queues.name(workload.record)
+    broker.declare_queue(queue, ensure=True)  # now, on the broker's own connection to the real node
+    messages = [queues.message(workload.record, f"h{i}") for i in range(20)]
+    with fake_rabbitmq(speak=False) as hung:
+        silent = pika.URLParameters(hung.url())
+        silent.stack_timeout = 60
+        monkeypatch.setattr(broker, "parameters", [silent, *nodes])
+        assert within(15, lambda: send_bulk(messages, broker=broker, timeout=2.0)) == messages
+        assert hung.closed.wait(5), "the hung node's connection was left open"
     assert queues.depth(queue) == 20
 
 

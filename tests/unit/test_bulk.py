@@ -139,4 +139,21 @@ def test_a_node_that_hangs_while_opening_is_given_up(monkeypatch, recorder, boun
         assert rabbit.closed.wait(5), "the connection was left open"
     assert time.monotonic() - started < 5
     assert isinstance(error, BulkSendError) and len(error.failed) == 3
-    assert ("connection failed" if bound == "stack_timeout" else "no confirm within") in str(error)
+    assert ("connection failed" if bound == "stack_timeout" else "not connected within") in str(error)
+
+
+def test_the_next_node_is_tried_when_one_hangs_while_opening_past_the_send_timeout(monkeypatch, recorder):
+    """The first node accepts TCP and never speaks AMQP, its ``stack_timeout`` longer than the
+    send's ``timeout``: the timeout gives it up, and (nothing published there) the second node,
+    which works, gets every message."""
+    batch = messages(5)
+    with fake_rabbitmq(speak=False) as hung, fake_rabbitmq() as rabbit:
+        broker = RabbitmqBroker(url=[hung.url(), rabbit.url()], middleware=[recorder])
+        monkeypatch.setattr(broker, "declare_queue", lambda queue_name, ensure=False: None)
+        broker.parameters[0].stack_timeout = 60
+        started = time.monotonic()
+        assert within(10, lambda: send_bulk(batch, broker=broker, timeout=0.5)) == batch
+        assert hung.closed.wait(5), "the hung node's connection was left open"
+    assert time.monotonic() - started < 5
+    assert rabbit.published == ids(batch) and hung.published == []
+    assert recorder.enqueued == ids(batch) and recorder.unsent == []
