@@ -104,3 +104,39 @@ def test_a_stop_is_recorded_when_the_beat_thread_never_started(store: StateStore
         heartbeat.after_worker_boot(broker, worker)  # type: ignore[arg-type]
     record = _stop(heartbeat, broker, worker)
     assert record.get("stopped_at") is not None, record
+
+
+class _HungStop:
+    """The store's heartbeats, the final one (``stopped_at``) hanging until ``released``."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.writers: list[str] = []
+        self.beaten, self.released = threading.Event(), threading.Event()
+
+    def beat(self, worker_id: str, record: dict[str, Any], now_ms: int) -> None:
+        self.writers.append(threading.current_thread().name)
+        if "stopped_at" in record:
+            self.released.wait(5)
+        self.backend.beat(worker_id, record, now_ms)
+        self.beaten.set()
+
+    def workers(self, now_ms: int) -> list[dict[str, Any]]:
+        return list(self.backend.workers(now_ms))
+
+
+def test_a_beat_thread_still_writing_after_the_wait_stays_the_one_writer(store: StateStore, monkeypatch):
+    monkeypatch.setattr("middleware.heartbeat.JOIN_TIMEOUT_S", 0.2)
+    heartbeat = Heartbeat(store, interval=60)
+    backend = heartbeat.backend = _HungStop(heartbeat.backend)  # type: ignore[assignment]
+    broker, worker = StubBroker(), SimpleNamespace(worker_threads=2, consumers={"q": None})
+    heartbeat.after_worker_boot(broker, worker)  # type: ignore[arg-type]
+    assert backend.beaten.wait(5)
+    heartbeat.before_worker_shutdown(broker, worker)  # type: ignore[arg-type]
+    heartbeat.after_worker_shutdown(broker, worker)  # type: ignore[arg-type]
+    assert heartbeat._thread is not None and heartbeat._thread.is_alive()  # the final write hangs
+    backend.released.set()
+    heartbeat._thread.join(5)
+    assert backend.writers == ["heartbeat", "heartbeat"]  # its first beat and its last word
+    (record,) = backend.workers(int(time.time() * 1000))
+    assert record.get("stopped_at") is not None, record
