@@ -97,13 +97,20 @@ class _Passive:
 
 
 def _cut_at(connection: pika.BlockingConnection, deadline: Deadline) -> None:
-    """Drop ``connection``'s socket when ``deadline`` passes, whatever it waits for then: a
-    blocking call raises at once. pika runs its I/O loop's timers while a blocking call waits (not
-    the BlockingConnection's own, run only by ``process_data_events``); ``_terminate_stream`` is
-    what its heartbeat timeout uses, without a public name."""
+    """Drop ``connection``'s socket when ``deadline`` passes, whatever it waits for then (its
+    close included): a blocking call raises at once. pika runs its I/O loop's timers while a
+    blocking call waits (not the BlockingConnection's own, run only by ``process_data_events``);
+    ``_terminate_stream`` is what its heartbeat timeout uses, without a public name. A cut that
+    finds the socket already gone (a close answered in the same turn of pika's loop) does nothing:
+    terminating it again would fail on the missing transport."""
     impl = connection._impl
     error = pika.exceptions.StreamLostError(f"no answer within {deadline.seconds:g} s")
-    impl.ioloop.call_later(deadline.remaining(), lambda: impl._terminate_stream(error))
+
+    def cut() -> None:
+        if not impl.is_closed and getattr(impl, "_transport", None) is not None:
+            impl._terminate_stream(error)
+
+    impl.ioloop.call_later(deadline.remaining(), cut)
 
 
 @contextlib.contextmanager

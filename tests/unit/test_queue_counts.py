@@ -4,10 +4,13 @@ the handshake pika waits for each answer with no timeout but the heartbeat's (no
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from jobsystem.ops import queue_counts
 from jobsystem.ops.deadline import Deadline
 from jobsystem.ops.queue_counts import count_queues, missing_queues
 from jobsystem.settings import load_settings
@@ -48,3 +51,28 @@ def test_counts_taken_before_a_close_that_never_completes_are_returned_at_the_de
         rabbit.closed.clear()
         assert finished_within(BOUND, lambda: missing_queues(config, ["q"], TIMEOUT)) == []
         assert rabbit.closed.wait(1.0), "the socket was left open"
+
+
+def test_a_cut_due_once_the_socket_is_gone_does_nothing():
+    """pika runs callbacks before timers in one turn of its loop: a close answered just before the
+    deadline leaves the connection without a transport when the cut comes. Terminating it then
+    would raise AttributeError (``None.abort()``) out of the close, over counts already taken."""
+    timers: list[Callable[[], None]] = []
+
+    class Impl:
+        is_closed = False
+        _transport = None
+        terminated = False
+        ioloop = SimpleNamespace(call_later=lambda delay, callback: timers.append(callback))
+
+        def _terminate_stream(self, error: Exception) -> None:
+            self.terminated = True
+
+    impl = Impl()
+    queue_counts._cut_at(SimpleNamespace(_impl=impl), Deadline(0.0))
+    (cut,) = timers
+    cut()
+    assert not impl.terminated
+    impl._transport = object()  # still connected: the cut drops it
+    cut()
+    assert impl.terminated
