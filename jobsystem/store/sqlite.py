@@ -223,10 +223,10 @@ class SqliteStore(StateStore):
     def release_thread(self) -> None:
         """Close the calling thread's connection: kept until :meth:`close` otherwise, so every
         thread that asked once and ended (a health lane that idled out) would hold one open."""
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        local = self._local  # read once: close() replaces it
+        conn: sqlite3.Connection | None = local.__dict__.pop("conn", None)
         if conn is None:
             return
-        del self._local.conn
         with self._lock:
             if conn in self._connections:  # not closed by close() meanwhile
                 self._connections.remove(conn)
