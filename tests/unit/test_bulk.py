@@ -157,3 +157,17 @@ def test_the_next_node_is_tried_when_one_hangs_while_opening_past_the_send_timeo
     assert time.monotonic() - started < 5
     assert rabbit.published == ids(batch) and hung.published == []
     assert recorder.enqueued == ids(batch) and recorder.unsent == []
+
+
+@pytest.mark.parametrize("first", [{"acks": 2}, {"open_channel": False}], ids=["goes-silent", "no-channel"])
+def test_a_node_that_opened_and_then_failed_is_not_passed_over(monkeypatch, recorder, first):
+    """Once a node's connection opened, messages may have reached it: trying the next node would
+    publish them twice. The send fails instead, naming the unconfirmed messages."""
+    batch = messages(5)
+    with fake_rabbitmq(**first) as failing, fake_rabbitmq() as other:
+        broker = RabbitmqBroker(url=[failing.url(), other.url()], middleware=[recorder])
+        monkeypatch.setattr(broker, "declare_queue", lambda queue_name, ensure=False: None)
+        error = within(10, lambda: send_bulk(batch, broker=broker, timeout=0.5))
+    assert isinstance(error, BulkSendError)
+    assert other.published == []
+    assert ids(error.failed) == ids(batch)[first.get("acks", 0) :]

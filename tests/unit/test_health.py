@@ -192,7 +192,7 @@ def test_checks_further_apart_than_the_lane_idles_leave_one_sqlite_connection_at
     """The check_health job runs every minute, past the lane's idle time: its thread has ended
     between checks, and the next check's thread opens a connection of its own. The thread that
     ended must have closed its own, or a worker leaks one (three file descriptors) per minute."""
-    monkeypatch.setattr(health, "Lane", functools.partial(Lane, idle=0.05))
+    monkeypatch.setattr(health, "Lane", functools.partial(Lane, idle=0.5))  # found before it idles out
     rabbitmq["q"] = QueueCounts(waiting=0, consumers=1, delayed=0, delay_consumers=1, dead=0)
     with fresh_store("sqlite", tmp_path) as state:
         assert isinstance(state, SqliteStore)
