@@ -83,6 +83,8 @@ def build_middleware(
             lease_jobs=settings.rate_limit_lease_jobs,
             config_name="RATE_LIMITS",
             key_hasher=key_hasher,
+            # Slot holders jump a backlog in their queue (0: plain queues, nothing to promote).
+            slot_priority=settings.rabbitmq_max_priority or None,
         ),
         Idempotency(
             store,

@@ -44,6 +44,7 @@ from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.buckets import Take, TakeRequest, bucket_backend
 from middleware.guard import FailClosed
 from middleware.rate_targets import RateTargets, Target
+from middleware.slot_priority import SlotPriority
 
 __all__ = ["SLOT", "STORE_WAITS", "RateLimited", "RateLimits"]
 
@@ -115,6 +116,9 @@ class RateLimits(FailClosed):
       lease_horizon_ms: a lease holds at most this long's worth of the bucket's rate.
       lease_ms: how long a lease period lasts; unspent leased tokens are dropped at its end.
       lease_buckets: the most buckets this process holds leases for (least recently used dropped).
+      slot_priority: the broker priority a message deferred to a slot is re-enqueued with, so it
+        comes back ahead of a backlog (the queues' highest; None or 0 for plain queues). It gets
+        its own priority back when it runs (:mod:`middleware.slot_priority`).
     """
 
     def __init__(
@@ -133,6 +137,7 @@ class RateLimits(FailClosed):
         lease_horizon_ms: int = 50,
         lease_ms: int = 1_000,
         lease_buckets: int = 1_024,
+        slot_priority: int | None = None,
     ) -> None:
         if not 0 <= wait_ms < max_delay_ms or not 0 <= slot_lead_ms < max_delay_ms:
             raise ValueError("wait_ms and slot_lead_ms must be at least 0 and below max_delay_ms")
@@ -153,6 +158,7 @@ class RateLimits(FailClosed):
         self.lease_horizon_ms = lease_horizon_ms
         self.lease_ms = lease_ms
         self.leases = TokenLeases(lease_buckets)
+        self.priority = SlotPriority(slot_priority)
 
     defer_option = STORE_WAITS
 
@@ -210,9 +216,11 @@ class RateLimits(FailClosed):
         if slot_ms is not None and take.at_ms != slot_ms:
             _log_slot_not_honoured(target, take, slot_ms)
         if take.status == "run":
+            self.priority.restore(message)
             return
         if take.status == "wait" and take.wait_ms <= longest_sleep:
             logger.info("rate_limited", extra=self._event(target, take, "wait"))
+            self.priority.restore(message)
             time.sleep(take.wait_ms / 1000)
             return
         self._postpone(broker, message, target, take, "deferred")
@@ -263,16 +271,20 @@ class RateLimits(FailClosed):
     ) -> None:
         """Re-enqueue ``message`` for its slot (``wait``) or to ask again later (``refused``)."""
         if take.status == "wait":
-            # Due back slot_lead_ms before the slot; a slot beyond max_delay_ms takes two hops.
+            # Due back slot_lead_ms before the slot; a slot beyond max_delay_ms takes two hops. It
+            # comes back ahead of the queue's backlog (promoted), or the backlog could make it late.
             delay = min(max(0, take.wait_ms - self.slot_lead_ms), self.max_delay_ms)
             slot: dict[str, Any] | None = {"bucket": target.bucket, "at": take.at_ms}
+            priority = self.priority.promoted(message.options)
         else:
             # Refused: the bucket's slots are booked max_delay_ms ahead. Spread the re-checks of the
             # backlog over time instead of bringing them back together.
             delay = min(self.max_delay_ms, take.wait_ms + random.randint(0, self.max_delay_ms // 2))
             slot = None
+            priority = self.priority.restored(message.options)
         logger.info("rate_limited", extra={**self._event(target, take, action), "delay_ms": delay})
-        postpone(broker, message, delay, reason="rate_limited", options={SLOT: slot, STORE_WAITS: 0})
+        options = {SLOT: slot, STORE_WAITS: 0, **priority}
+        postpone(broker, message, delay, reason="rate_limited", options=options)
 
     @staticmethod
     def _event(target: Target, take: Take, action: str) -> dict[str, Any]:

@@ -121,6 +121,7 @@ _STR: Shape = (lambda v: isinstance(v, str), "a string")
 _NAME: Shape = (_non_empty_str, "a non-empty string")
 _BOOL: Shape = (lambda v: isinstance(v, bool), "true or false")
 _OBJECT: Shape = (lambda v: isinstance(v, dict), "an object")
+_PRIORITY: Shape = (lambda v: _is_int(v) and 0 <= v <= 255, "an integer from 0 to 255")
 
 #: Options read by Dramatiq's middleware or the project's, with the shape each must have when
 #: present and not null. ``throws`` and ``retry_when`` hold code: only an actor can set them.
@@ -143,7 +144,7 @@ OPTION_SHAPES: Mapping[str, Shape] = {
     "pipe_target": _OBJECT,
     "pipe_ignore": _BOOL,
     "notify_shutdown": _BOOL,
-    "broker_priority": (lambda v: _is_int(v) and 0 <= v <= 255, "an integer from 0 to 255"),
+    "broker_priority": _PRIORITY,
     # The project: dead letters, idempotency, rate limits, scheduler
     "attempts": _NON_NEGATIVE_INT,
     "replays": _NON_NEGATIVE_INT,
@@ -159,6 +160,8 @@ OPTION_SHAPES: Mapping[str, Shape] = {
     # message id (jobsystem.store.buckets), so one a sender wrote itself is ignored, not trusted.
     "rate_limit_slot": (_slot, 'an object {"bucket": string, "at": integer}'),
     "rate_limit_store_waits": _NON_NEGATIVE_INT,
+    # The priority a message had before it was promoted for its slot (middleware.slot_priority).
+    "rate_limit_priority": _PRIORITY,
     "duplicate": _BOOL,
     "schedule": _STR,
     "fire_time": _STR,

@@ -94,6 +94,11 @@ def test_a_body_that_is_not_a_message_object(raw, field, problem):
         ),
         ({"options": {"throws": "ValueError"}}, "options.throws", "must be absent"),
         ({"options": {"rate_limit_slot": {"bucket": "api"}}}, "options.rate_limit_slot", "must be an object"),
+        (
+            {"options": {"rate_limit_priority": 256}},
+            "options.rate_limit_priority",
+            "must be an integer from 0 to 255; got an integer",
+        ),
         ({"options": {"pipe_target": {"queue_name": "q"}}}, "options.pipe_target.actor_name", "missing"),
         ({"message_timestamp": "yesterday"}, "message_timestamp", "must be an integer"),
     ],

@@ -17,10 +17,13 @@ from dramatiq.middleware import SkipMessage
 
 from jobsystem.dramatiq_internals import dead_letter_reason
 from jobsystem.limits import Limit, RateLimitConfigError
+from jobsystem.privacy.setup import get_key_hasher, get_scrubber
 from jobsystem.settings import SettingsError, load_settings
+from jobsystem.stack import build_middleware
 from jobsystem.store import StateStore, open_store
 from middleware import ratelimit
 from middleware.ratelimit import SLOT, STORE_WAITS, RateLimited, RateLimits
+from middleware.slot_priority import PRIORITY
 from tests.unit.stub import RecordingBroker, delivery
 
 
@@ -248,3 +251,58 @@ def test_two_copies_of_a_deferred_message_do_not_share_its_token(store, monkeypa
         setup.before(copy)
     assert setup.broker.enqueued[-1][0].options[SLOT]["at"] >= copy.options[SLOT]["at"] + 1_900
     setup.broker.close()
+
+
+def test_a_slot_holder_jumps_the_backlog_and_gets_its_own_priority_back_when_it_runs(store):
+    setup = Setup(store, slot_priority=10)
+    setup.before(setup.actor.message())  # the burst's one token
+    own = setup.actor.message_with_options(broker_priority=3)
+    with pytest.raises(SkipMessage, match="deferred"):
+        setup.before(own)
+    ((copy, _),) = setup.broker.enqueued
+    # Re-enqueued (through the delay queue, back to the work queue) with the queue's top priority.
+    assert copy.options["broker_priority"] == 10 and copy.options[PRIORITY] == 3
+    ran = setup.before(copy)  # back for its slot: sleeps to it and runs
+    assert ran.options["broker_priority"] == 3 and PRIORITY not in ran.options
+    # A later re-enqueue (a retry, another middleware's deferral) is not promoted.
+    assert ran.copy().options["broker_priority"] == 3
+    none = setup.actor.message()  # a message without a priority gets none back
+    with pytest.raises(SkipMessage, match="deferred"):
+        setup.before(none)
+    back = setup.broker.enqueued[-1][0]
+    assert back.options["broker_priority"] == 10 and back.options[PRIORITY] == 0
+    assert "broker_priority" not in setup.before(back).options
+    setup.broker.close()
+
+
+def test_a_slot_holder_deferred_again_keeps_its_own_priority(store):
+    setup = Setup(store, rate=0.5, burst=1, slot_priority=10)  # a token every 2 s
+    setup.before(setup.actor.message())
+    with pytest.raises(SkipMessage):
+        setup.before(setup.actor.message_with_options(broker_priority=3))
+    with pytest.raises(SkipMessage):  # back too early to sleep to its slot: deferred again
+        setup.before(setup.broker.enqueued[-1][0])
+    again = setup.broker.enqueued[-1][0]
+    assert again.options["broker_priority"] == 10 and again.options[PRIORITY] == 3
+    setup.broker.close()
+
+
+def test_on_plain_queues_nothing_is_promoted(limited):
+    limited.before(limited.actor.message())
+    with pytest.raises(SkipMessage):
+        limited.before(limited.actor.message_with_options(broker_priority=3))
+    ((copy, _),) = limited.broker.enqueued
+    assert copy.options["broker_priority"] == 3 and PRIORITY not in copy.options
+
+
+@pytest.mark.parametrize(("setting", "top"), [({}, 10), ({"RABBITMQ_MAX_PRIORITY": "0"}, 0)])
+def test_the_worker_promotes_slot_holders_to_the_queues_top_priority(tmp_path, setting, top):
+    settings = load_settings({"STATE_URL": f"sqlite:///{tmp_path}/s.db", **setting})
+    stack = build_middleware(
+        settings,
+        open_store(settings.state_url),
+        scrubber=get_scrubber(settings),
+        key_hasher=get_key_hasher(settings),
+    )
+    (limits,) = (m for m in stack if isinstance(m, RateLimits))
+    assert limits.priority.top == top
