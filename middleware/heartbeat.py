@@ -113,7 +113,7 @@ class Heartbeat(Middleware):
             if thread.is_alive():
                 return
         if self._record and not self._stop_recorded:
-            # The thread died (an error other than StoreUnavailable), never started, or found the
+            # The thread died (killed by a BaseException), never started, or found the
             # store unavailable: no beat can follow, so the stop is written here, or the worker
             # would be shown gone instead of stopped.
             logger.warning("heartbeat_stop_from_shutdown", extra={"thread_started": started})
@@ -165,6 +165,9 @@ class Heartbeat(Middleware):
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._beat()
+            try:
+                self._beat()
+            except Exception:  # a bug, not the store's outage: one beat lost, not the thread
+                logger.exception("heartbeat_beat_error")
             self._stop.wait(self.interval)
         self._record_stop()

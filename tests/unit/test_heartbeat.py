@@ -46,16 +46,31 @@ class _SlowFirstBeat(_Beats):
             self.written.set()
 
 
-class _FailingSecondBeat(_Beats):
-    """The thread's second beat failing with an error of a bug, not StoreUnavailable."""
+class _Killed(BaseException):
+    """What ends a thread whatever it catches (as SystemExit would)."""
 
+
+class _FailingSecondBeat(_Beats):
+    """The thread's second beat failing with ``error``: a bug's error, not StoreUnavailable."""
+
+    error: BaseException = RuntimeError("not a StoreUnavailable")
     failed = False
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__(backend)
+        self.third = threading.Event()
 
     def beat(self, worker_id: str, record: dict[str, Any], now_ms: int) -> None:
         if self.beats == 1 and not self.failed:
             self.failed = True
-            raise RuntimeError("not a StoreUnavailable")
+            raise self.error
         super().beat(worker_id, record, now_ms)
+        if self.beats >= 2:
+            self.third.set()
+
+
+class _KilledSecondBeat(_FailingSecondBeat):
+    error = _Killed()
 
 
 class _HungStop(_Beats):
@@ -117,13 +132,25 @@ def test_a_stop_is_recorded_when_the_beat_thread_died(store: StateStore, monkeyp
     # error left its last beat without stopped_at, and the dashboard showed the worker as gone.
     died: list[BaseException | None] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: died.append(args.exc_value))
-    heartbeat, _ = _booted(store, _FailingSecondBeat, interval=0.01)
+    heartbeat, _ = _booted(store, _KilledSecondBeat, interval=0.01)
     assert heartbeat._thread is not None
     heartbeat._thread.join(5)
-    assert not heartbeat._thread.is_alive() and isinstance(died[0], RuntimeError)
+    assert not heartbeat._thread.is_alive() and isinstance(died[0], _Killed)
     record = _stop(heartbeat)
     assert record.get("stopped_at") is not None, record
     assert record["queues"] == ["q"] and record["threads"] == 2
+
+
+def test_an_error_in_one_beat_does_not_end_the_beating(store: StateStore, caplog):
+    # A beat that failed with an error other than StoreUnavailable used to end the thread: the
+    # worker, alive and working, was shown gone once its last beat aged out.
+    heartbeat, backend = _booted(store, _FailingSecondBeat, interval=0.01)
+    assert backend.third.wait(5), "no beat after the failed one"
+    assert heartbeat._thread is not None and heartbeat._thread.is_alive()
+    assert "heartbeat_beat_error" in caplog.messages
+    record = _stop(heartbeat)
+    assert record.get("stopped_at") is not None, record
+    assert "heartbeat_stop_from_shutdown" not in caplog.messages  # the thread wrote it
 
 
 def test_a_stop_is_recorded_when_the_beat_thread_never_started(store: StateStore, monkeypatch):
