@@ -19,6 +19,8 @@ from typing import Any
 
 from dramatiq.broker import MessageProxy
 
+from jobsystem.runtime.message_shape import is_priority
+
 __all__ = ["BROKER_PRIORITY", "PRIORITY", "SlotPriority"]
 
 #: Dramatiq's option for the AMQP priority a message is published with.
@@ -26,10 +28,6 @@ BROKER_PRIORITY = "broker_priority"
 #: Message option keeping the priority a message had before it was promoted for its slot (0 for
 #: none: RabbitMQ delivers a message without a priority as priority 0).
 PRIORITY = "rate_limit_priority"
-
-
-def _is_priority(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255
 
 
 class SlotPriority:
@@ -40,7 +38,7 @@ class SlotPriority:
     """
 
     def __init__(self, top: int | None) -> None:
-        if top is not None and not _is_priority(top):
+        if top is not None and not is_priority(top):
             raise ValueError("the slot priority must be an integer from 0 to 255, or None")
         self.top = top or 0
 
@@ -50,9 +48,9 @@ class SlotPriority:
         if not self.top:
             return self.restored(options)
         own = options.get(PRIORITY)
-        if not _is_priority(own):
+        if not is_priority(own):
             own = options.get(BROKER_PRIORITY)
-            own = own if _is_priority(own) else 0
+            own = own if is_priority(own) else 0
         return {BROKER_PRIORITY: self.top, PRIORITY: own}
 
     @staticmethod
@@ -60,7 +58,7 @@ class SlotPriority:
         """Options to merge into a copy that holds no slot: its own priority back (none if it had
         none), or nothing to change if it was not promoted."""
         own = options.get(PRIORITY)
-        if not _is_priority(own):
+        if not is_priority(own):
             return {}
         return {BROKER_PRIORITY: own or None, PRIORITY: None}
 

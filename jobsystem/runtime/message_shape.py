@@ -30,7 +30,16 @@ from dramatiq import Message
 from dramatiq.encoder import JSONEncoder
 from dramatiq.message import get_encoder
 
-__all__ = ["FIELDS", "OPTION_SHAPES", "Malformed", "decode", "int_option", "loads", "problem_of"]
+__all__ = [
+    "FIELDS",
+    "OPTION_SHAPES",
+    "Malformed",
+    "decode",
+    "int_option",
+    "is_priority",
+    "loads",
+    "problem_of",
+]
 
 #: The fields of a message body, all required (Dramatiq always sends them).
 FIELDS = ("queue_name", "actor_name", "args", "kwargs", "options", "message_id", "message_timestamp")
@@ -74,6 +83,11 @@ class Malformed:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_priority(value: Any) -> bool:
+    """Whether ``value`` is an AMQP message priority (``broker_priority``)."""
+    return _is_int(value) and 0 <= value <= 255
 
 
 def _is_number(value: Any) -> bool:
@@ -121,7 +135,7 @@ _STR: Shape = (lambda v: isinstance(v, str), "a string")
 _NAME: Shape = (_non_empty_str, "a non-empty string")
 _BOOL: Shape = (lambda v: isinstance(v, bool), "true or false")
 _OBJECT: Shape = (lambda v: isinstance(v, dict), "an object")
-_PRIORITY: Shape = (lambda v: _is_int(v) and 0 <= v <= 255, "an integer from 0 to 255")
+_PRIORITY: Shape = (is_priority, "an integer from 0 to 255")
 
 #: Options read by Dramatiq's middleware or the project's, with the shape each must have when
 #: present and not null. ``throws`` and ``retry_when`` hold code: only an actor can set them.
