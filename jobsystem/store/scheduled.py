@@ -72,12 +72,14 @@ def redis_scheduled(store: RedisStore, queues: list[str], soon_ms: int = 0) -> d
         for queue in queues:
             pipe.zcard(_key(store, queue))
             pipe.zrange(_key(store, queue), 0, 0, withscores=True)
-            pipe.zcount(_key(store, queue), now - soon_ms, now + soon_ms)
+            if soon_ms:
+                pipe.zcount(_key(store, queue), now - soon_ms, now + soon_ms)
         replies = pipe.execute()
+    per_queue = 3 if soon_ms else 2
     found = {}
     for i, queue in enumerate(queues):
-        count, first, soon = replies[3 * i : 3 * i + 3]
-        found[queue] = Scheduled(int(count), int(first[0][1]) if first else None, int(soon) if soon_ms else 0)
+        count, first, *soon = replies[per_queue * i : per_queue * (i + 1)]
+        found[queue] = Scheduled(int(count), int(first[0][1]) if first else None, int(soon[0]) if soon else 0)
     return found
 
 

@@ -176,6 +176,31 @@ def test_a_send_past_the_horizon_is_scheduled_until_it_leaves_the_cascade(tracke
     assert (left["elsewhere"].count, left["elsewhere"].next_due_at) == (0, None)
 
 
+def test_the_count_due_soon_costs_redis_a_command_only_when_asked(tracked, monkeypatch):
+    status, broker, actor = tracked
+    if not hasattr(status.backend.store, "client"):
+        pytest.skip("a Redis store's round trip")
+    soon, later = actor.message(), actor.message()
+    status.after_enqueue(broker, delayed(soon, 3_600_000), 3_600_000)
+    status.after_enqueue(broker, delayed(later, 30 * 86_400_000), 30 * 86_400_000)
+    assert status.flush(10)
+    sent: list[str] = []
+    pipeline = type(status.backend.store.client.pipeline())
+    execute = pipeline.execute
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.extend(str(command[0][0]) for command in self.command_stack)
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "execute", recording)
+    plain = status.backend.scheduled(["q", "elsewhere"])
+    assert "ZCOUNT" not in sent
+    assert (plain["q"].count, plain["q"].soon, plain["elsewhere"].count) == (2, 0, 0)
+    asked = status.backend.scheduled(["q", "elsewhere"], 2 * 3_600_000)
+    assert sent.count("ZCOUNT") == 2
+    assert (asked["q"].count, asked["q"].soon, asked["elsewhere"].soon) == (2, 1, 0)
+
+
 def test_a_long_backoff_is_scheduled_in_the_place_of_retrying_and_leaves_the_index_when_it_runs(tracked):
     status, broker, actor = tracked
     message = actor.message()
