@@ -125,11 +125,6 @@ def ping(timeout: float) -> None:
     sys.exit(EXIT_OK)
 
 
-#: The consumer threads' tick (Dramatiq's ``dramatiq_worker_timeout``, 1000 ms by default) that
-#: ``jobctl worker`` sets unless the environment does: how late a delayed message may be released.
-WORKER_TICK_MS = 100
-
-
 def dramatiq_argv(executable: str, settings: Settings, arguments: tuple[str, ...]) -> list[str]:
     """``dramatiq actors`` with the settings' processes, threads and shutdown timeout.
 
@@ -168,9 +163,6 @@ def worker(dramatiq_args: tuple[str, ...]) -> None:
     # A module that does not import or declares a bad rate_limit: one line here rather than a
     # traceback from every worker process.
     import_modules("jobctl", argv[2 : argv.index("--processes")])
-    # Dramatiq releases a delayed message on its consumer threads' tick (1 s by default): 100 ms
-    # keeps a delayed job within ~0.1 s of its due time, for ten idle wake-ups a second per queue.
-    os.environ.setdefault("dramatiq_worker_timeout", str(WORKER_TICK_MS))
     # dramatiq keeps this PID, so its group's metrics directory is named after it. In a container
     # that is always 1: samples left by processes killed before a restart would count as live.
     from middleware.metrics import group_directory

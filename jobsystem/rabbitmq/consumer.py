@@ -75,6 +75,11 @@ _Delivery = tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes]
 ACK_HOLD_S = 0.010
 ACK_HOLD_BEHIND_S = 0.050
 
+#: The longest a delay queue's consumer waits for a delivery before its thread looks at the
+#: messages it holds: Dramatiq releases a due one only then (every ``dramatiq_worker_timeout``,
+#: 1 s by default), so delays, retries and rate-limit slots could run up to a second late.
+DELAY_TICK_MS = 100
+
 
 def dead_letter_body(message: ProjectMessage) -> bytes:
     """The message as it goes to the dead letters: without Dramatiq's stored traceback (the
@@ -110,6 +115,8 @@ class DeadLetteringConsumer(RabbitmqConsumer):
     broker: ProjectBroker
 
     def __init__(self, broker: ProjectBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        if queue_name.endswith(".DQ"):
+            timeout = min(timeout, DELAY_TICK_MS)
         super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
         # The middleware that want each burst of deliveries as it arrives (claims made ahead),
         # looked up once per consumer rather than on every message.

@@ -151,6 +151,22 @@ def test_delays_past_the_consumer_timeout_run_on_time_once_across_a_worker_resta
     assert "consumer_timeout" not in worker.output() and "PRECONDITION_FAILED" not in worker.output()
 
 
+def test_a_plain_dramatiq_worker_releases_delayed_jobs_within_a_tenth_of_a_second(
+    start_worker, queues, store, prefix
+):
+    # Dramatiq releases a due message on its consumer's tick, 1 s unless the environment sets
+    # ``dramatiq_worker_timeout`` (``jobctl worker`` does; ``dramatiq actors`` does not): due
+    # times spread over a second show it, each then up to a second late.
+    start_worker()
+    sent = [send_delayed(queues, workload.slow, 1_000 + 170 * i, f"t{i}", 0) for i in range(6)]
+    queues.wait_finished(sent, timeout=30)
+    late = {}
+    for i, message in enumerate(sent):
+        (started,) = [float(t) for t in store.lrange(f"test:{prefix}started:t{i}", 0, -1)]
+        late[f"t{i}"] = round(started - message.options["eta"] / 1000, 3)
+    assert all(-0.005 <= seconds < 0.4 for seconds in late.values()), late
+
+
 def test_a_two_hour_backoff_and_three_hours_of_reservations_are_scheduled_not_held(
     start_worker, queues, store, prefix
 ):
