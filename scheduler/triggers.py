@@ -14,6 +14,11 @@ APScheduler 3's cron trigger differs from standard cron in three ways, corrected
   (the first time), APScheduler twice. Jobs whose minute or hour starts with ``*`` run by elapsed
   time, in both passes, as in crontab. A fixed time that does not exist on the spring change
   (``30 2 * * *`` in New York) fires once, at the same instant as before the change (03:30 EDT).
+
+Fixed times are therefore found on the wall clock (a UTC trigger run over local times) and each
+mapped to its instant with ``fold=0``: APScheduler 3 stepping through a zone skips a fixed time in
+the gap when it reaches it from an earlier time of the same day (``0 1,2 * * *`` in New York) or
+when the gap is at midnight (``0 0 * * *`` in Santiago, Havana, Beirut, Cairo: a day without a fire).
 """
 
 from __future__ import annotations
@@ -139,6 +144,8 @@ def _weekdays(field: str) -> str:
 #: Every month and day of the month that exist together come round within eight years (29 February:
 #: 2096, then 2104), so a cron trigger with no fire time within this span never fires.
 _RECURRENCE = timedelta(days=9 * 366)
+#: The largest change of a zone's UTC offset at once (DST: 30 minutes to 2 hours), with room.
+_MAX_JUMP = timedelta(hours=3)
 
 
 def _fires_before(trigger: CronTrigger, now: datetime, end: datetime) -> bool:
@@ -172,11 +179,13 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
             days = [(day, weekdays)]
         else:
             days = [(day, "*"), ("*", weekdays)]
+        # crontab's "fixed-time" jobs run once per wall-clock time; "wildcard" ones by elapsed time.
+        self._once_per_wall_time = not (minute.startswith("*") or hour.startswith("*"))
+        # Fixed times are searched on the wall clock: a trigger in UTC, which has no changes.
+        clock = UTC if self._once_per_wall_time else self.timezone
         try:
             triggers = [
-                CronTrigger(
-                    minute=minute, hour=hour, day=d, month=month, day_of_week=w, timezone=self.timezone
-                )
+                CronTrigger(minute=minute, hour=hour, day=d, month=month, day_of_week=w, timezone=clock)
                 for d, w in days
             ]
         except ValueError as exc:
@@ -187,10 +196,10 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
         self._triggers = [t for t in triggers if _fires_before(t, now, now + _RECURRENCE)]
         if not self._triggers:
             raise ValueError("never fires: no date matches its day-of-month and month")
-        # crontab's "fixed-time" jobs run once per wall-clock time; "wildcard" ones by elapsed time.
-        self._once_per_wall_time = not (minute.startswith("*") or hour.startswith("*"))
 
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
+        if self._once_per_wall_time:
+            return _next_wall_time(self._triggers, self.timezone, previous_fire_time, now)
         after, start = previous_fire_time, now
         while True:
             candidates = [_next_within_offset(t, after, start) for t in self._triggers]
@@ -200,7 +209,7 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
             fire = _utc(min(found, key=_utc)).astimezone(self.timezone)
             # Compared in UTC: datetimes sharing a tzinfo compare by wall clock, ignoring ``fold``.
             too_early = previous_fire_time is not None and _utc(fire) <= _utc(previous_fire_time)
-            if not too_early and not (self._once_per_wall_time and fire.fold == 1):
+            if not too_early:
                 return fire
             after, start = fire, fire
 
@@ -209,6 +218,46 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"<CronSchedule {self.expression!r} {self.timezone_name}>"
+
+
+def _next_wall_time(
+    triggers: list[CronTrigger], zone: tzinfo, previous: datetime | None, now: datetime
+) -> datetime | None:
+    """The first instant at or after ``now`` (and after ``previous``) at which a wall-clock time of
+    ``triggers`` (UTC triggers read as local times) occurs in ``zone``, each time once: a repeated
+    time at its first pass, a skipped time at the instant it would have had before the change
+    (``fold=0``). Near a change a skipped time can fall after a later wall-clock time's instant,
+    so the search reaches :data:`_MAX_JUMP` of wall clock either side."""
+    low = _utc(now) if previous is None else max(_utc(now), _utc(previous) + timedelta(microseconds=1))
+    start = _wall(low, zone) - (_MAX_JUMP if _near_change(zone, low) else timedelta(0))
+    best: datetime | None = None
+    limit = datetime.max
+    wall = _next_wall(triggers, start)
+    while wall is not None and wall <= limit:
+        instant = _utc(wall.replace(tzinfo=zone))  # fold=0: the first pass, or the old offset in a gap
+        if instant >= low and (best is None or instant < best):
+            best = instant
+            limit = wall + (_MAX_JUMP if _near_change(zone, instant) else timedelta(0))
+        wall = _next_wall(triggers, wall + timedelta(seconds=1))
+    return None if best is None else best.astimezone(zone)
+
+
+def _wall(moment: datetime, zone: tzinfo) -> datetime:
+    """``moment``'s wall-clock time in ``zone``, naive."""
+    return moment.astimezone(zone).replace(tzinfo=None, fold=0)
+
+
+def _next_wall(triggers: list[CronTrigger], wall: datetime) -> datetime | None:
+    """The first wall-clock time at or after naive ``wall`` that one of the UTC ``triggers`` names."""
+    found = [t.get_next_fire_time(None, wall.replace(tzinfo=UTC)) for t in triggers]
+    times = [f.replace(tzinfo=None) for f in found if f is not None]
+    return min(times) if times else None
+
+
+def _near_change(zone: tzinfo, moment: datetime) -> bool:
+    """Whether ``zone``'s offset changes within :data:`_MAX_JUMP` of ``moment``."""
+    before, after = (moment - _MAX_JUMP).astimezone(zone), (moment + _MAX_JUMP).astimezone(zone)
+    return before.utcoffset() != after.utcoffset()
 
 
 def _next_within_offset(trigger: CronTrigger, previous: datetime | None, now: datetime) -> datetime | None:

@@ -93,6 +93,48 @@ def test_fixed_times_fire_on_each_day_they_exist_through_a_year_of_changes(expre
     assert found == wall_clock_fires(expression, tz, start + timedelta(minutes=15), end)
 
 
+def skipped_times_shifted(expression: str, tz: str, start: datetime, end: datetime) -> list[datetime]:
+    """The fires of ``minutes hours * * *`` (comma lists) as the module says: each wall-clock time
+    once, a skipped one at the instant it had before the change (``fold=0``)."""
+    minutes, hours = ([int(v) for v in field.split(",")] for field in expression.split()[:2])
+    zone, day, fires = ZoneInfo(tz), start.date() - timedelta(days=1), set()
+    while day <= end.date() + timedelta(days=1):
+        for hour in hours:
+            for minute in minutes:
+                wall = datetime(day.year, day.month, day.day, hour, minute, tzinfo=zone)
+                fires.add(wall.astimezone(UTC))
+        day += timedelta(days=1)
+    return sorted(f for f in fires if start < f <= end)
+
+
+@pytest.mark.parametrize(
+    ("expression", "tz", "change"),
+    [
+        # Clocks go forward at midnight: 00:00 does not exist; the day's fire was lost.
+        ("0 0 * * *", "America/Santiago", utc(2023, 9, 3, 4)),
+        ("30 0 * * *", "America/Havana", utc(2023, 3, 12, 5)),
+        ("0 0 * * *", "Asia/Beirut", utc(2023, 3, 25, 22)),
+        ("0 0 * * *", "Africa/Cairo", utc(2023, 4, 27, 22)),
+        # A fixed time in the gap reached from an earlier time of the same day: lost too.
+        ("0 1,2 * * *", NEW_YORK, utc(2024, 3, 10, 7)),
+        ("30 1,2 * * *", "Europe/Paris", utc(2024, 3, 31, 1)),
+        ("0 0,1 * * *", "Europe/London", utc(2024, 3, 31, 1)),
+        ("0,30 2 * * *", "Australia/Sydney", utc(2023, 9, 30, 16)),
+    ],
+)
+def test_a_fixed_time_the_spring_change_skips_still_fires_once(expression, tz, change):
+    start, end = change - timedelta(days=2), change + timedelta(days=2)
+    found = [f.astimezone(UTC) for f in fires_between(CronSchedule(expression, tz), start, end)]
+    assert found == skipped_times_shifted(expression, tz, start, end)
+
+
+def test_a_dense_fixed_time_schedule_is_still_quick_near_a_change():
+    trigger = CronSchedule("0-59 1-3 * * *", NEW_YORK)
+    fires = list(fires_between(trigger, utc(2024, 3, 10, 5), utc(2024, 3, 10, 9)))
+    # 01:00-01:59 EST, the skipped 02:00-02:59 at 03:00-03:59 EDT (the same instants as 03:xx).
+    assert len(fires) == 120 and len({f.astimezone(UTC) for f in fires}) == 120
+
+
 def test_a_wildcard_hour_runs_by_elapsed_time_through_the_changes():
     for start in (utc(2024, 3, 10, 5), utc(2024, 11, 3, 4)):
         # In UTC: datetimes sharing a tzinfo subtract by wall clock.
