@@ -1,0 +1,47 @@
+"""What `jobctl dlq show` and `export` print of a dead letter, and the dead letter as the readers
+parse it: positional arguments hidden wherever a message travels in the body, no body whole on
+the terminal, and no body or header shape that crashes a reader."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pika
+import pytest
+from dramatiq import Message
+
+from jobsystem.ops import dead_letters as ops
+from jobsystem.ops.dead_letter_reader import DeadLetter
+
+
+def _dead(body: bytes, headers: dict[str, Any] | None = None, message_id: str = "m1") -> DeadLetter:
+    properties = pika.BasicProperties(message_id=message_id, headers=headers)
+    return DeadLetter.from_delivery("p-work.DLQ", properties, body)
+
+
+ODD_HEADERS = [
+    {"x-dl-reason": "rejected", "x-dl-error": 5, "x-dl-actor": 7, "x-dl-queue": 9, "x-dl-exception": ["E"]},
+    {"x-dl-reason": None, "x-dl-traceback": {"frame": 1}, "x-dl-attempts": "3"},
+    {"x-dl-reason": "rejected", "x-dl-failed-at": "2026-01-01T00:00:00", "x-dl-enqueued-at": 5},
+    {"x-death": ["not a table"]},
+    {"x-death": [{"count": "two", "queue": 5, "reason": 3, "time": "noon"}]},
+    {"x-death": {"queue": "p-work"}},
+]
+
+
+@pytest.mark.parametrize("headers", ODD_HEADERS)
+@pytest.mark.parametrize("body", [b"\xff junk", Message("p-work", "job", (), {}, {}).encode()])
+def test_odd_headers_never_crash_a_reader(headers, body):
+    """Whatever was published into a dead-letter queue by hand, every reader gets text where it
+    expects text: list, show, export, the filters, a re-index."""
+    dead = _dead(body, headers)
+    for name in ("queue", "actor", "reason", "exception", "error", "traceback"):
+        assert isinstance(getattr(dead, name), str), name
+    assert dead.queue == "p-work" and dead.reason
+    for filters in (ops.Filters(since=datetime(2020, 1, 1, tzinfo=UTC)), ops.Filters(actor="job")):
+        filters.match(dead)
+    json.dumps(dead.full())
+    entry = dead.index_entry()
+    assert isinstance(entry.reason, str) and isinstance(entry.error, str)
