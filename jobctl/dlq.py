@@ -230,8 +230,9 @@ def export(selected: Selected, output: Any) -> None:
     count = 0
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
         data = dead.full()
-        if terminal:  # through the scrubbing stream, the body as `show` has it
+        if terminal:  # through the scrubbing stream, the body as `show` has it, not whole in base64
             data["body"] = body_view(dead.body)
+            data.pop("body_base64", None)
         (sys.stdout if terminal else output).write(ctx.ops.to_json_line(data) + "\n")
         count += 1
     click.echo(f"exported {count} dead letter(s)", err=True)

@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import pika
 import pytest
+from click.testing import CliRunner
 from dramatiq import Message
 
+from jobctl import dlq
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import DeadLetter
 
@@ -19,6 +22,32 @@ from jobsystem.ops.dead_letter_reader import DeadLetter
 def _dead(body: bytes, headers: dict[str, Any] | None = None, message_id: str = "m1") -> DeadLetter:
     properties = pika.BasicProperties(message_id=message_id, headers=headers)
     return DeadLetter.from_delivery("p-work.DLQ", properties, body)
+
+
+def _export_to_terminal(dead: DeadLetter) -> str:
+    """`jobctl dlq export` (no -o) over ``dead`` alone, without RabbitMQ."""
+
+    class OneDeadLetter:
+        def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
+            self.ops, self.broker, self.filters = ops, None, ops.Filters()
+            self.queues = [dead.dead_letter_queue]
+
+    with (
+        mock.patch.object(dlq, "Context", OneDeadLetter),
+        mock.patch.object(ops, "read", lambda broker, queues, filters: iter([dead])),
+    ):
+        result = CliRunner().invoke(dlq.dlq, ["export"])
+    assert result.exception is None, result.output
+    return result.output
+
+
+def test_export_to_the_terminal_never_writes_a_body_whole_not_even_in_base64():
+    """A body that is not UTF-8 (Latin-1 JSON) is not shown; its base64 would show it all the same."""
+    body = '{"args": ["José López", "+34 600 000 000"]}'.encode("latin-1")
+    output = _export_to_terminal(_dead(body, {"x-dl-reason": "malformed", "x-dl-queue": "p-work"}))
+    (line,) = [line for line in output.splitlines() if line.startswith("{")]
+    record = json.loads(line)
+    assert "not shown" in record["body"] and "body_base64" not in record
 
 
 ODD_HEADERS = [
