@@ -50,6 +50,57 @@ def test_export_to_the_terminal_never_writes_a_body_whole_not_even_in_base64():
     assert "not shown" in record["body"] and "body_base64" not in record
 
 
+def test_the_messages_a_body_carries_have_their_positional_arguments_hidden_too():
+    """A workflow member carries its next steps (option ``workflow.next``), a Dramatiq pipeline
+    step its target (``pipe_target``): whole messages, arguments included."""
+    summary = Message(
+        queue_name="p-work",
+        actor_name="campaign_summary",
+        args=("spring", "Ana Lopez"),
+        kwargs={"name": "Ana Lopez"},
+        options={"idempotency_key": "Ana Lopez|summary"},
+    )
+    later = Message(queue_name="p-work", actor_name="archive", args=("Ana Lopez",), kwargs={}, options={})
+    nested = summary.copy(options={"pipe_target": later.asdict()})
+    body = Message(
+        queue_name="p-work",
+        actor_name="send_email",
+        args=("Ana Lopez",),
+        kwargs={},
+        options={
+            "workflow": {"id": "w", "step": 0, "pipe": "value", "next": [nested.asdict()]},
+            "pipe_target": summary.asdict(),
+            "idempotency_key": "Ana Lopez|welcome",
+        },
+    ).encode()
+    shown = dlq._shown(body)
+    assert "Ana" not in shown and "Lopez" not in shown
+    view = json.loads(shown)
+    assert view["options"]["pipe_target"]["args"] == "<2 positional, hidden>"
+    (step,) = view["options"]["workflow"]["next"]
+    assert step["actor_name"] == "campaign_summary" and step["options"]["pipe_target"]["args"] == (
+        "<1 positional, hidden>"
+    )
+
+
+@pytest.mark.parametrize("kwargs", [[["name", "Ana Lopez"]], "Ana Lopez", 5, None])
+def test_a_malformed_body_whose_keyword_arguments_are_not_an_object_is_shown(kwargs):
+    """The consumer dead-letters such a body as malformed; Dramatiq's decoder still takes it."""
+    body = json.dumps(
+        {
+            "queue_name": "p-work",
+            "actor_name": "send_email",
+            "args": [],
+            "kwargs": kwargs,
+            "options": {},
+            "message_id": "m1",
+            "message_timestamp": 1,
+        }
+    ).encode()
+    shown = dlq._shown(body)
+    assert "Ana" not in shown and json.loads(shown)["actor_name"] == "send_email"
+
+
 ODD_HEADERS = [
     {"x-dl-reason": "rejected", "x-dl-error": 5, "x-dl-actor": 7, "x-dl-queue": 9, "x-dl-exception": ["E"]},
     {"x-dl-reason": None, "x-dl-traceback": {"frame": 1}, "x-dl-attempts": "3"},
