@@ -21,7 +21,6 @@ import pika.adapters.blocking_connection
 import pika.exceptions
 import pika.spec
 from dramatiq import Message
-from dramatiq.common import q_name
 
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.runtime.message_shape import decode
@@ -88,14 +87,15 @@ class DeadLetter:
         cls, dead_letter_queue: str, properties: pika.spec.BasicProperties, body: bytes
     ) -> DeadLetter:
         """Read the project's ``x-dl-*`` record, or RabbitMQ's ``x-death`` for a body it dead-lettered
-        itself (an undecodable one)."""
+        itself (an undecodable one). Its queue is the one whose dead-letter queue holds it, not
+        one its headers name: a replay never leaves the queues the operator chose."""
         headers: dict[str, Any] = dict(properties.headers or {})
         origin = dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX)
         if record.HEADER_REASON in headers:
             return cls(
                 dead_letter_queue=dead_letter_queue,
                 message_id=properties.message_id or "",
-                queue=_header(headers, record.HEADER_QUEUE) or origin,
+                queue=origin,
                 actor=_header(headers, record.HEADER_ACTOR),
                 reason=_header(headers, record.HEADER_REASON) or "rejected",
                 exception=_header(headers, record.HEADER_EXCEPTION),
@@ -121,7 +121,7 @@ class DeadLetter:
         return cls(
             dead_letter_queue=dead_letter_queue,
             message_id=message_id,
-            queue=q_name(_header(death, "queue") or origin),
+            queue=origin,
             actor=actor,
             reason=reason,
             exception="DecodeError" if reason == "undecodable" else "",
