@@ -120,7 +120,8 @@ def body_view(body: bytes) -> dict[str, Any] | str:
     """A body as the terminal shows it: the message with its positional arguments counted, not
     shown (a name among them cannot be told from other words), its keyword arguments scrubbed as
     a structure (a dict or list under ``address`` goes whole; the scrubbing output stream, which
-    sees text line by line, takes care of the rest), or only the size of a body that is not a
+    sees text line by line, takes care of the rest), and so too each message its options carry
+    (a workflow's next steps, a pipeline's target); or only the size of a body that is not a
     message."""
     from dramatiq import Message
     from dramatiq.errors import DecodeError
@@ -131,10 +132,34 @@ def body_view(body: bytes) -> dict[str, Any] | str:
         message = Message.decode(body)
     except DecodeError:
         return f"({len(body)} bytes, not a message: not shown; `jobctl dlq export -o FILE` has it)"
-    data: dict[str, Any] = message.asdict()
-    data["args"] = f"<{len(message.args)} positional, hidden>"
-    data["kwargs"] = get_system().scrubber(dict(message.kwargs))
-    return data
+    return _message_view(message.asdict(), get_system().scrubber)
+
+
+def _message_view(data: dict[str, Any], scrub: Callable[[Any], Any]) -> dict[str, Any]:
+    """``data``, a message's fields, with its arguments and idempotency key hidden (they are the
+    job's data, whatever their shape in a malformed body) and the messages in its options too."""
+    view = dict(data)
+    args, kwargs, options = data.get("args"), data.get("kwargs"), data.get("options")
+    view["args"] = (
+        f"<{len(args)} positional, hidden>" if isinstance(args, list | tuple) else "<not an array, hidden>"
+    )
+    view["kwargs"] = scrub(dict(kwargs)) if isinstance(kwargs, dict) else "<not an object, hidden>"
+    if isinstance(options, dict):
+        view["options"] = {name: _option_view(name, value, scrub) for name, value in options.items()}
+    return view
+
+
+def _option_view(name: str, value: Any, scrub: Callable[[Any], Any]) -> Any:
+    """An option as shown: a message in it (at any depth) as :func:`_message_view` has it."""
+    if name == "idempotency_key" and value is not None:
+        return "<hidden>"
+    if isinstance(value, list):
+        return [_option_view("", item, scrub) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if "actor_name" in value and ("args" in value or "kwargs" in value):
+        return _message_view(value, scrub)
+    return {key: _option_view(str(key), item, scrub) for key, item in value.items()}
 
 
 def _shown(body: bytes) -> str:
@@ -230,8 +255,9 @@ def export(selected: Selected, output: Any) -> None:
     count = 0
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
         data = dead.full()
-        if terminal:  # through the scrubbing stream, the body as `show` has it
+        if terminal:  # through the scrubbing stream, the body as `show` has it, not whole in base64
             data["body"] = body_view(dead.body)
+            data.pop("body_base64", None)
         (sys.stdout if terminal else output).write(ctx.ops.to_json_line(data) + "\n")
         count += 1
     click.echo(f"exported {count} dead letter(s)", err=True)

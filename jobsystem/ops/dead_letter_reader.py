@@ -21,7 +21,6 @@ import pika.adapters.blocking_connection
 import pika.exceptions
 import pika.spec
 from dramatiq import Message
-from dramatiq.common import q_name
 
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.runtime.message_shape import decode
@@ -34,9 +33,13 @@ __all__ = ["RESET_OPTIONS", "DeadLetter", "Reader"]
 RESET_OPTIONS = ("retries", record.ATTEMPTS, "traceback", "eta", "requeue_timestamp")
 
 
-def _header(headers: dict[str, Any], name: str) -> Any:
-    value = headers.get(name)
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
+def _header(headers: Any, name: str) -> str:
+    """Header ``name`` as text; "" when it is missing or not text (anyone may publish into a
+    dead-letter queue, so a header can hold any AMQP type: the readers expect text)."""
+    value = headers.get(name) if isinstance(headers, dict) else None
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value if isinstance(value, str) else ""
 
 
 def _from_millis(millis: int) -> datetime | None:
@@ -51,13 +54,14 @@ def _count(value: Any) -> int:
 
 
 def _parse_time(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    """A time, in UTC when it does not say (``--since`` compares it with aware times)."""
     if isinstance(value, str) and value:
         try:
-            return datetime.fromisoformat(value)
+            value = datetime.fromisoformat(value)
         except ValueError:
             return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
     return None
 
 
@@ -83,26 +87,27 @@ class DeadLetter:
         cls, dead_letter_queue: str, properties: pika.spec.BasicProperties, body: bytes
     ) -> DeadLetter:
         """Read the project's ``x-dl-*`` record, or RabbitMQ's ``x-death`` for a body it dead-lettered
-        itself (an undecodable one)."""
+        itself (an undecodable one). Its queue is the one whose dead-letter queue holds it, not
+        one its headers name: a replay never leaves the queues the operator chose."""
         headers: dict[str, Any] = dict(properties.headers or {})
         origin = dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX)
         if record.HEADER_REASON in headers:
             return cls(
                 dead_letter_queue=dead_letter_queue,
                 message_id=properties.message_id or "",
-                queue=_header(headers, record.HEADER_QUEUE) or origin,
-                actor=_header(headers, record.HEADER_ACTOR) or "",
-                reason=_header(headers, record.HEADER_REASON),
-                exception=_header(headers, record.HEADER_EXCEPTION) or "",
-                error=_header(headers, record.HEADER_ERROR) or "",
-                traceback=_header(headers, record.HEADER_TRACEBACK) or "",
+                queue=origin,
+                actor=_header(headers, record.HEADER_ACTOR),
+                reason=_header(headers, record.HEADER_REASON) or "rejected",
+                exception=_header(headers, record.HEADER_EXCEPTION),
+                error=_header(headers, record.HEADER_ERROR),
+                traceback=_header(headers, record.HEADER_TRACEBACK),
                 attempts=_count(headers.get(record.HEADER_ATTEMPTS)),
                 enqueued_at=_parse_time(_header(headers, record.HEADER_ENQUEUED_AT)),
                 failed_at=_parse_time(_header(headers, record.HEADER_FAILED_AT)),
                 body=body,
             )
-        deaths = headers.get("x-death") or [{}]
-        death = deaths[0] if isinstance(deaths, list) and deaths else {}
+        deaths = headers.get("x-death")
+        death = deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
         message = decode(body, None)
         if isinstance(message, Message):
             message_id, actor, reason = (
@@ -116,13 +121,13 @@ class DeadLetter:
         return cls(
             dead_letter_queue=dead_letter_queue,
             message_id=message_id,
-            queue=q_name(_header(death, "queue") or origin),
+            queue=origin,
             actor=actor,
             reason=reason,
             exception="DecodeError" if reason == "undecodable" else "",
             error="the body could not be decoded as a message" if reason == "undecodable" else "",
             traceback="",
-            attempts=int(death.get("count") or 0) if reason != "undecodable" else 0,
+            attempts=_count(death.get("count")) if reason != "undecodable" else 0,
             enqueued_at=enqueued,
             failed_at=_parse_time(death.get("time")),
             body=body,
