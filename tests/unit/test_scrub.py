@@ -330,3 +330,32 @@ def test_the_traceback_sent_to_an_on_retry_exhausted_hook_is_scrubbed():
     ((hook, _),) = broker.enqueued
     stored = hook.args[0]["options"]["traceback"]
     assert "ValueError" in stored and "4111" not in stored and "ana.lopez" not in stored
+
+
+@pytest.mark.parametrize(
+    ("written", "address"),
+    [
+        # json.dumps (ensure_ascii): what a CLI's --json output or a JSON payload in a message holds
+        (r"zo\u00eb.garc\u00eda@ex\u00e4mple.com", "zoë.garcía@exämple.com"),
+        (r"ana@ex\u00e4mple.com", "ana@exämple.com"),  # an internationalised domain alone
+        # the repr of bytes: smtplib's replies in an exception's text
+        (r"zo\xc3\xab.garc\xc3\xada@ex\xc3\xa4mple.com", "zoë.garcía@exämple.com"),
+    ],
+)
+def test_email_addresses_with_escaped_non_ascii_letters_are_replaced_whole(written, address):
+    assert scrub.text(f"<{written}>: mailbox busy") == "<[email]>: mailbox busy"
+    assert hashing.text(written) == hashing.text(address)  # one person, one hash: escaped or not
+
+
+def test_jobctl_json_output_loses_an_address_json_escaped():
+    """`jobctl status --json` prints ``json.dumps`` of the record (non-ASCII as ``\\uXXXX``) through
+    the scrubbed stdout: an address with a non-ASCII domain must not pass as plain words."""
+    import io
+    import json as json_module
+
+    from jobctl.output import ScrubbedStream
+
+    out = io.StringIO()
+    stream = ScrubbedStream(out, Scrubber().text)
+    stream.write(json_module.dumps({"state": "succeeded", "result": ["zoë@exämple.com"]}) + "\n")
+    assert out.getvalue() == '{"state": "succeeded", "result": ["[email]"]}\n'
