@@ -163,3 +163,36 @@ def test_event_is_tagged_with_the_job():
 
 def test_an_event_that_cannot_be_scrubbed_is_dropped_not_sent():
     assert scrub_event(Scrubber(), {"contexts": "not a mapping", "message": free_text()}) is None
+
+
+def test_structlog_events_reach_sentry_scrubbed_as_structures(logging_restored):
+    """Sentry's logging integration reads a structlog record's message, which is the event dict
+    itself, as ``str(dict)``: an error event's ``logentry`` and every INFO line's breadcrumb. A list
+    or dict under a personal-data key is then text in brackets that no key is next to."""
+    import sentry_sdk
+    import structlog
+
+    from jobsystem.observability.logs import configure_logging
+    from jobsystem.observability.sentry import configure_sentry
+    from jobsystem.settings import load_settings
+    from tests.servers import sentry_events, sentry_server
+
+    with sentry_server() as (dsn, envelopes):
+        settings = load_settings({"SENTRY_DSN": dsn, "LOG_LEVEL": "INFO"})
+        configure_logging(settings)
+        configure_sentry(settings)
+        try:
+            log = structlog.get_logger("billing")
+            log.info("address_checked", address={"line1": "12 Rue Lepic", "city": "Paris"})
+            log.error("payment_failed", customer_name=("Zoë", "Lucía Gómez"), iban_holder_address=["9 Calle"])
+            sentry_sdk.flush(5)
+        finally:
+            sentry_sdk.get_client().close()
+            sentry_sdk.get_global_scope().set_client(None)
+        (event,) = sentry_events(list(envelopes))
+    sent = json.dumps(event, ensure_ascii=False)
+    for value in ("Rue Lepic", "Paris", "Zoë", "Lucía", "9 Calle"):
+        assert value not in sent, value
+    assert "payment_failed" in event["logentry"]["message"] and "[name]" in event["logentry"]["message"]
+    (crumb,) = [c for c in event["breadcrumbs"]["values"] if "address_checked" in c["message"]]
+    assert "[address]" in crumb["message"]
