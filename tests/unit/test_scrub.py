@@ -359,3 +359,34 @@ def test_jobctl_json_output_loses_an_address_json_escaped():
     stream = ScrubbedStream(out, Scrubber().text)
     stream.write(json_module.dumps({"state": "succeeded", "result": ["zoë@exämple.com"]}) + "\n")
     assert out.getvalue() == '{"state": "succeeded", "result": ["[email]"]}\n'
+
+
+def test_jobctl_status_shows_a_jobs_result_scrubbed_as_a_structure(monkeypatch):
+    """`jobctl status` prints the result the actor returned, kept unscrubbed in the store, as JSON
+    through the scrubbed stdout: a dict or list under ``address`` is then text that no key is next
+    to, line by line, as `jobctl dlq show` found for a body's keyword arguments."""
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    import jobctl.main as cli
+    from jobctl.output import protect_output
+    from jobsystem.ops import status as ops_status
+    from jobsystem.store.status_records import JobStatus
+
+    scrubber = Scrubber()
+
+    def load_system():
+        protect_output(scrubber.text)  # as jobctl.project.load_system does
+        return SimpleNamespace(store=None, broker=None, scrubber=scrubber)
+
+    result = {"address": {"line1": "12 Rue Lepic", "city": "Paris"}, "full_name": ["Zoë", "Gómez"], "n": 2}
+    record = JobStatus(message_id="m-1", state="succeeded", actor="ship", result=result)
+    monkeypatch.setattr(cli, "load_system", load_system)
+    monkeypatch.setattr(ops_status, "get_status", lambda message_id, state: record)
+    for options in ([], ["--json"]):
+        shown = CliRunner().invoke(cli.main, ["status", "m-1", *options])
+        assert shown.exit_code == 0, shown.output
+        assert '"address": "[address]"' in shown.output and '"n": 2' in shown.output
+        for value in ("Rue Lepic", "Paris", "Zo", "G\\u00f3mez", "Gómez"):
+            assert value not in shown.output, shown.output
