@@ -390,3 +390,34 @@ def test_jobctl_status_shows_a_jobs_result_scrubbed_as_a_structure(monkeypatch):
         assert '"address": "[address]"' in shown.output and '"n": 2' in shown.output
         for value in ("Rue Lepic", "Paris", "Zo", "G\\u00f3mez", "Gómez"):
             assert value not in shown.output, shown.output
+
+
+def test_a_named_tuple_is_judged_by_its_field_names_in_a_log_line(logging_restored):
+    """A named tuple logged as a field, or formatted into a standard-library record, has field names
+    that name personal data: scrubbed item by item as a plain tuple, its values lost their keys."""
+    import io
+    import json as json_module
+    from typing import NamedTuple
+
+    import structlog
+
+    from jobsystem.observability.logs import configure_logging
+    from jobsystem.settings import load_settings
+
+    class Customer(NamedTuple):
+        full_name: str
+        street: str
+        orders: int
+
+    stream = io.StringIO()
+    logging.getLogger().handlers = [logging.StreamHandler(stream)]
+    configure_logging(load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"}))
+    customer = Customer("Zoë Gómez", "Calle Mayor 5", 3)
+    structlog.get_logger("shop").info("order_held", customer=customer)
+    logging.getLogger("shop.orders").warning("held for %s", [customer])
+    logged = stream.getvalue()
+    for value in ("Zo", "Gómez", "Calle Mayor"):
+        assert value not in logged, logged
+    first, second = (json_module.loads(line) for line in logged.splitlines())
+    assert first["customer"] == "Customer(full_name='[name]', street='[address]', orders=3)"
+    assert second["event"] == "held for [Customer(full_name='[name]', street='[address]', orders=3)]"
