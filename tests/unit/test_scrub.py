@@ -392,6 +392,31 @@ def test_jobctl_status_shows_a_jobs_result_scrubbed_as_a_structure(monkeypatch):
             assert value not in shown.output, shown.output
 
 
+def test_a_standard_library_records_arguments_are_scrubbed_as_structures(logging_restored):
+    """A record formats its arguments into text before the scrubber sees it: a dict or list under
+    ``address`` or ``name`` would then sit in brackets that no key is next to."""
+    import io
+    import json as json_module
+
+    from jobsystem.observability.logs import configure_logging
+    from jobsystem.settings import load_settings
+
+    stream = io.StringIO()
+    logging.getLogger().handlers = [logging.StreamHandler(stream)]
+    configure_logging(load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"}))
+    order = {"address": {"line1": "12 Rue Lepic", "city": "Paris"}, "full_name": ["Zoë", "Gómez"], "id": 7}
+    app = logging.getLogger("shop.orders")
+    app.warning("order %s held", order)
+    app.warning("order %(id)s for %(full_name)s held", order)
+    app.warning("%d orders held, first %r", 3, [order])
+    lines = [json_module.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert lines[0] == "order {'address': '[address]', 'full_name': '[name]', 'id': 7} held"
+    assert lines[1] == "order 7 for [name] held"
+    assert lines[2].startswith("3 orders held, first [{'address': '[address]'")
+    for value in ("Rue Lepic", "Paris", "Zo", "Gómez"):
+        assert value not in stream.getvalue()
+
+
 def test_a_named_tuple_is_judged_by_its_field_names_in_a_log_line(logging_restored):
     """A named tuple logged as a field, or formatted into a standard-library record, has field names
     that name personal data: scrubbed item by item as a plain tuple, its values lost their keys."""
