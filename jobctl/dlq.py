@@ -117,14 +117,15 @@ def list_(selected: Selected, as_json: bool) -> None:
 
 
 def body_view(body: bytes) -> dict[str, Any] | str:
-    """A body as the terminal shows it: the message with its positional arguments counted, not
-    shown (a name among them cannot be told from other words), its keyword arguments scrubbed as
-    a structure (a dict or list under ``address`` goes whole; the scrubbing output stream, which
-    sees text line by line, takes care of the rest), or only the size of a body that is not a
-    message."""
+    """A body as the terminal shows it: the message (and each later step of a workflow or
+    pipeline its options carry) with its positional arguments counted, not shown (a name among
+    them cannot be told from other words), its keyword arguments scrubbed as a structure (a dict
+    or list under ``address`` goes whole; the scrubbing output stream, which sees text line by
+    line, takes care of the rest), or only the size of a body that is not a message."""
     from dramatiq import Message
     from dramatiq.errors import DecodeError
 
+    from jobsystem.privacy.message_arguments import carried_messages
     from jobsystem.system import get_system
 
     try:
@@ -132,8 +133,11 @@ def body_view(body: bytes) -> dict[str, Any] | str:
     except DecodeError:
         return f"({len(body)} bytes, not a message: not shown; `jobctl dlq export -o FILE` has it)"
     data: dict[str, Any] = message.asdict()
-    data["args"] = f"<{len(message.args)} positional, hidden>"
-    data["kwargs"] = get_system().scrubber(dict(message.kwargs))
+    scrubber = get_system().scrubber
+    for carried in carried_messages(data):  # the job, and the later steps its options carry
+        args, kwargs = carried.get("args"), carried.get("kwargs")
+        carried["args"] = f"<{len(args) if isinstance(args, list | tuple) else '?'} positional, hidden>"
+        carried["kwargs"] = scrubber(kwargs)
     return data
 
 

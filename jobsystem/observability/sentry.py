@@ -12,7 +12,8 @@ there each value is scrubbed and any free text (a string with spaces, such as a 
 body, where a name cannot be told from other words) becomes ``[text, N chars]``. Library frames
 (Dramatiq's, smtplib's, pika's, requests') lose their locals: they hold raw message bodies,
 protocol buffers and credentials that no pattern can vouch for. The job's arguments, which the
-integration copies into ``contexts.dramatiq``, are removed outright.
+integration copies into ``contexts.dramatiq``, are removed outright, and so are those of the later
+steps of a pipeline or workflow that its options carry.
 
 The SDK's logging integration makes an event of every ERROR record and a breadcrumb of every INFO
 one, with the record's message as text. A structlog record's message is its event dict, so that
@@ -32,6 +33,7 @@ from sentry_sdk.integrations.dramatiq import DramatiqIntegration
 from sentry_sdk.integrations.logging import ignore_logger
 from sentry_sdk.types import Event, Hint
 
+from jobsystem.privacy.message_arguments import carried_messages
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
 from jobsystem.runtime.cancellation import JobCancelled
@@ -135,8 +137,9 @@ def scrub_event(scrubber: Scrubber, event: Event, hint: Hint | None = None) -> E
         event["tags"] = {**(tags if isinstance(tags, dict) else {}), **_job_tags(event)}
         dramatiq_context = event.get("contexts", {}).get("dramatiq", {})
         data = dramatiq_context.get("data")
-        if isinstance(data, dict):
-            data.update({key: REMOVED for key in ("args", "kwargs") if key in data})
+        if isinstance(data, dict):  # the job's arguments, and those of the later steps it carries
+            for message in carried_messages(data):
+                message.update({key: REMOVED for key in ("args", "kwargs") if key in message})
         elif data is not None:  # the SDK's marker for a body over its size limit, or anything else
             dramatiq_context["data"] = REMOVED
         for frame in _frames(event):

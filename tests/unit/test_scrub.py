@@ -446,3 +446,15 @@ def test_a_named_tuple_is_judged_by_its_field_names_in_a_log_line(logging_restor
     first, second = (json_module.loads(line) for line in logged.splitlines())
     assert first["customer"] == "Customer(full_name='[name]', street='[address]', orders=3)"
     assert second["event"] == "held for [Customer(full_name='[name]', street='[address]', orders=3)]"
+
+
+def test_jobctl_dlq_show_hides_the_positional_arguments_of_a_workflows_next_steps():
+    """`jobctl dlq show` counts a body's positional arguments instead of showing them; the later
+    steps of a workflow or pipeline travel in its options, arguments and all."""
+    from jobctl.dlq import _shown
+    from tests.unit.test_sentry_scrub import _workflow_messages
+
+    for message in _workflow_messages():
+        shown = "\n".join(map(scrub.text, _shown(message.encode()).split("\n")))  # as stdout scrubs it
+        assert "send_report" in shown and "<1 positional, hidden>" in shown
+        assert "Ana Lucia Lopez" not in shown, shown
