@@ -458,3 +458,19 @@ def test_jobctl_dlq_show_hides_the_positional_arguments_of_a_workflows_next_step
         shown = "\n".join(map(scrub.text, _shown(message.encode()).split("\n")))  # as stdout scrubs it
         assert "send_report" in shown and "<1 positional, hidden>" in shown
         assert "Ana Lucia Lopez" not in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("written", "international"),
+    [
+        ("(11) 98765-4321", "+55 11 98765-4321"),  # Brazil: area code in parentheses, no trunk 0
+        ("(11) 3456-7890", "+55 11 3456-7890"),
+        ("21 99876-5432", "+55 21 99876-5432"),
+        ("138 0013 8000", "+86 138 0013 8000"),  # a Chinese mobile: never written with the 0
+    ],
+)
+def test_a_national_number_its_region_writes_without_the_trunk_zero_is_replaced(written, international):
+    """Brazil and China (regions covered) have a trunk 0, but write these numbers without it; the
+    UK or Germany never do, so ``20 7946 0958`` stays a number there (tested above)."""
+    assert scrub.text(f"ligar para {written} hoje") == "ligar para [phone] hoje"
+    assert hashing.text(written) == hashing.text(international)  # one person, one hash
