@@ -332,7 +332,8 @@ class NumberFinder:
     def _letters(self, match: re.Match[str], replace: Replace) -> str:
         kind = match.lastgroup or ""
         found = match.group()
-        compact = re.sub(r"[ \-]", "", found).upper()
+        # A Finnish code's "-" is its century sign, not a separator: kept, or the code is invalid.
+        compact = (found if kind == "hetu" else re.sub(r"[ \-]", "", found)).upper()
         return replace("id_number", compact) if self.letter_id(kind, compact) else found
 
     def _iban(self, found: str, replace: Replace) -> str:

@@ -474,3 +474,23 @@ def test_a_national_number_its_region_writes_without_the_trunk_zero_is_replaced(
     UK or Germany never do, so ``20 7946 0958`` stays a number there (tested above)."""
     assert scrub.text(f"ligar para {written} hoje") == "ligar para [phone] hoje"
     assert hashing.text(written) == hashing.text(international)  # one person, one hash
+
+
+def _finnish_id(birth: str, sign: str) -> str:
+    """A valid Finnish personal identity code (henkilötunnus) of ``birth`` (ddmmyy) and century sign."""
+    from stdnum.fi import hetu
+
+    for serial in range(2, 900):
+        for check in "0123456789ABCDEFHJKLMNPRSTUVWXY":
+            code = f"{birth}{sign}{serial:03d}{check}"
+            if hetu.is_valid(code):
+                return code
+    raise AssertionError("no valid code")
+
+
+@pytest.mark.parametrize("sign", ["-", "+", "A"])  # born in the 1900s, the 1800s, the 2000s
+def test_a_finnish_identity_code_is_replaced_whatever_its_century_sign(sign):
+    """The sign between birth date and serial is part of the code: ``131052-308T`` is someone born
+    in 1952, the most common case, and without its ``-`` it is no valid code at all."""
+    code = _finnish_id("131052", sign)
+    assert scrub.text(f"henkilötunnus {code} tarkistettu") == "henkilötunnus [id_number] tarkistettu"
