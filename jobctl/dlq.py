@@ -117,49 +117,39 @@ def list_(selected: Selected, as_json: bool) -> None:
 
 
 def body_view(body: bytes) -> dict[str, Any] | str:
-    """A body as the terminal shows it: the message with its positional arguments counted, not
-    shown (a name among them cannot be told from other words), its keyword arguments scrubbed as
-    a structure (a dict or list under ``address`` goes whole; the scrubbing output stream, which
-    sees text line by line, takes care of the rest), and so too each message its options carry
-    (a workflow's next steps, a pipeline's target); or only the size of a body that is not a
-    message."""
+    """A body as the terminal shows it: the message (and each later step of a workflow or
+    pipeline its options carry) with its positional arguments counted, not shown (a name among
+    them cannot be told from other words), its keyword arguments scrubbed as a structure (a dict
+    or list under ``address`` goes whole; the scrubbing output stream, which sees text line by
+    line, takes care of the rest) and its idempotency key hidden; or only the size of a body that
+    is not a message."""
     from dramatiq import Message
     from dramatiq.errors import DecodeError
 
+    from jobsystem.privacy.message_arguments import carried_messages
     from jobsystem.system import get_system
 
     try:
         message = Message.decode(body)
     except DecodeError:
         return f"({len(body)} bytes, not a message: not shown; `jobctl dlq export -o FILE` has it)"
-    return _message_view(message.asdict(), get_system().scrubber)
+    data: dict[str, Any] = message.asdict()
+    scrubber = get_system().scrubber
+    for carried in carried_messages(data):  # the job, and the later steps its options carry
+        _hide_arguments(carried, scrubber)
+    return data
 
 
-def _message_view(data: dict[str, Any], scrub: Callable[[Any], Any]) -> dict[str, Any]:
-    """``data``, a message's fields, with its arguments and idempotency key hidden (they are the
-    job's data, whatever their shape in a malformed body) and the messages in its options too."""
-    view = dict(data)
-    args, kwargs, options = data.get("args"), data.get("kwargs"), data.get("options")
-    view["args"] = (
+def _hide_arguments(message: dict[str, Any], scrub: Callable[[Any], Any]) -> None:
+    """A message's fields, in place, with its arguments and idempotency key hidden: they are the
+    job's data, whatever their shape in a malformed body."""
+    args, kwargs, options = message.get("args"), message.get("kwargs"), message.get("options")
+    message["args"] = (
         f"<{len(args)} positional, hidden>" if isinstance(args, list | tuple) else "<not an array, hidden>"
     )
-    view["kwargs"] = scrub(dict(kwargs)) if isinstance(kwargs, dict) else "<not an object, hidden>"
-    if isinstance(options, dict):
-        view["options"] = {name: _option_view(name, value, scrub) for name, value in options.items()}
-    return view
-
-
-def _option_view(name: str, value: Any, scrub: Callable[[Any], Any]) -> Any:
-    """An option as shown: a message in it (at any depth) as :func:`_message_view` has it."""
-    if name == "idempotency_key" and value is not None:
-        return "<hidden>"
-    if isinstance(value, list):
-        return [_option_view("", item, scrub) for item in value]
-    if not isinstance(value, dict):
-        return value
-    if "actor_name" in value and ("args" in value or "kwargs" in value):
-        return _message_view(value, scrub)
-    return {key: _option_view(str(key), item, scrub) for key, item in value.items()}
+    message["kwargs"] = scrub(dict(kwargs)) if isinstance(kwargs, dict) else "<not an object, hidden>"
+    if isinstance(options, dict) and options.get("idempotency_key") is not None:
+        message["options"] = {**options, "idempotency_key": "<hidden>"}
 
 
 def _shown(body: bytes) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -240,6 +241,9 @@ def status(message_id: str, as_json: bool) -> None:
     if record is None:
         click.echo(json.dumps({"message_id": message_id, "state": "unknown"}) if as_json else "unknown")
         sys.exit(EXIT_DEGRADED)
+    # The result is kept as the actor returned it: scrubbed here as a structure (a dict under
+    # ``address`` goes whole), which the scrubbing stdout, reading text line by line, cannot do.
+    record = dataclasses.replace(record, result=system.scrubber(record.result))
     if as_json:
         click.echo(json.dumps(record.to_dict()))
         sys.exit(EXIT_OK)

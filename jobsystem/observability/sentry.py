@@ -12,7 +12,14 @@ there each value is scrubbed and any free text (a string with spaces, such as a 
 body, where a name cannot be told from other words) becomes ``[text, N chars]``. Library frames
 (Dramatiq's, smtplib's, pika's, requests') lose their locals: they hold raw message bodies,
 protocol buffers and credentials that no pattern can vouch for. The job's arguments, which the
-integration copies into ``contexts.dramatiq``, are removed outright.
+integration copies into ``contexts.dramatiq``, are removed outright, and so are those of the later
+steps of a pipeline or workflow that its options carry.
+
+The SDK's logging integration makes an event of every ERROR record and a breadcrumb of every INFO
+one, with the record's message as text. A structlog record's message is its event dict, so that
+text would be ``str(dict)``: a list or dict under a personal-data key (``address={...}``) sits in
+brackets no key is next to, where no text scrub can tie it to its key. Such an event's ``logentry``
+and breadcrumb's ``message`` are made again from the event dict scrubbed as a structure.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from sentry_sdk.integrations.dramatiq import DramatiqIntegration
 from sentry_sdk.integrations.logging import ignore_logger
 from sentry_sdk.types import Event, Hint
 
+from jobsystem.privacy.message_arguments import carried_messages
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
 from jobsystem.runtime.cancellation import JobCancelled
@@ -98,15 +106,40 @@ def _scrub_locals(scrubber: Scrubber, frame: dict[str, Any]) -> None:
         frame["vars"] = _brief(scrubber(local_vars))
 
 
-def scrub_event(scrubber: Scrubber, event: Event) -> Event | None:
+def _structlog_fields(hint: Hint | None) -> dict[str, Any] | None:
+    """The event dict of the structlog record an event or breadcrumb was made from, else None."""
+    record = hint.get("log_record") if isinstance(hint, dict) else None
+    fields = getattr(record, "msg", None)
+    return fields if isinstance(fields, dict) else None
+
+
+def _log_text(scrubber: Scrubber, fields: dict[str, Any]) -> str:
+    """A structlog event dict as the integration shows it (``str``), scrubbed as a structure first."""
+    return str(scrubber.mapping(fields))
+
+
+def scrub_breadcrumb(scrubber: Scrubber, crumb: dict[str, Any], hint: Hint | None = None) -> dict[str, Any]:
+    """``crumb`` scrubbed; a structlog line's message made from its scrubbed event dict."""
+    fields = _structlog_fields(hint)
+    if fields is not None and "message" in crumb:
+        crumb = {**crumb, "message": _log_text(scrubber, fields)}
+    return scrubber.mapping(crumb)
+
+
+def scrub_event(scrubber: Scrubber, event: Event, hint: Hint | None = None) -> Event | None:
     """``event`` tagged with its job and scrubbed; None (dropped) if that fails."""
     try:
+        fields = _structlog_fields(hint)
+        if fields is not None and isinstance(event.get("logentry"), dict):
+            text = _log_text(scrubber, fields)
+            event["logentry"] = {"message": text, "formatted": text, "params": []}
         tags = event.get("tags")
         event["tags"] = {**(tags if isinstance(tags, dict) else {}), **_job_tags(event)}
         dramatiq_context = event.get("contexts", {}).get("dramatiq", {})
         data = dramatiq_context.get("data")
-        if isinstance(data, dict):
-            data.update({key: REMOVED for key in ("args", "kwargs") if key in data})
+        if isinstance(data, dict):  # the job's arguments, and those of the later steps it carries
+            for message in carried_messages(data):
+                message.update({key: REMOVED for key in ("args", "kwargs") if key in message})
         elif data is not None:  # the SDK's marker for a body over its size limit, or anything else
             dramatiq_context["data"] = REMOVED
         for frame in _frames(event):
@@ -133,10 +166,10 @@ def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bo
     scrub = scrubber or get_scrubber(settings)
 
     def before_send(event: Event, hint: Hint) -> Event | None:
-        return scrub_event(scrub, event)
+        return scrub_event(scrub, event, hint)
 
     def before_breadcrumb(crumb: dict[str, Any], hint: Hint) -> dict[str, Any] | None:
-        return scrub.mapping(crumb)
+        return scrub_breadcrumb(scrub, crumb, hint)
 
     sentry_sdk.init(
         dsn=settings.sentry_dsn,

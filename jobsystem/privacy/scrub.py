@@ -250,8 +250,19 @@ class Scrubber:
                 else:
                     out[shown] = self._value(item, depth, seen)
             return out
+        if isinstance(value, tuple) and isinstance(getattr(value, "_fields", None), tuple):
+            return self._named_tuple(value, depth, seen)
         items = [self._value(item, depth, seen) for item in value]
         return tuple(items) if isinstance(value, tuple) else items
+
+    def _named_tuple(self, value: Any, depth: int, seen: set[int]) -> Any:
+        """A named tuple judged by its field names, as a mapping would be by its keys (item by
+        item, ``Customer(full_name=...)`` would lose them); of the same type when it can be."""
+        scrubbed = self._container(dict(zip(value._fields, value, strict=False)), depth, seen)
+        try:
+            return value._replace(**scrubbed)
+        except Exception:  # a field name the scrubber changed, or an odd subclass
+            return scrubbed
 
     def key(self, key: str) -> tuple[str | None, str]:
         """The label of a key name (``None``: its values are judged by their content only) and the
@@ -292,12 +303,14 @@ class Scrubber:
     def filter(self, record: logging.LogRecord) -> bool:
         """``logging`` filter: a record's message (with its arguments) and extras, scrubbed in place.
 
-        Attach it to handlers: ``record.msg`` becomes the scrubbed message and ``record.args`` is
-        emptied, so a formatter, another handler or Sentry's logging integration sees only that.
+        Attach it to handlers: its arguments' containers are scrubbed as structures, then
+        ``record.msg`` becomes the scrubbed message and ``record.args`` is emptied, so a formatter,
+        another handler or Sentry's logging integration sees only that.
         Records from structlog (their message is the event dict) are left to the processor.
         """
         try:
             if not isinstance(record.msg, dict):
+                record.args = self._arguments(record.args)
                 try:
                     message = record.getMessage()
                 except Exception:  # arguments that do not fit the format: keep the format only
@@ -312,7 +325,18 @@ class Scrubber:
             record.msg, record.args = "[unscrubbable log record]", ()
         return True
 
+    def _arguments(self, args: Any) -> Any:
+        """A record's arguments with their dicts, lists, tuples and sets scrubbed as structures
+        before they are formatted into text, where a value under ``address`` would no longer sit
+        next to its key; other arguments keep their type for the format (``%d``)."""
+        if isinstance(args, dict):  # one mapping argument: ``%(name)s`` formats, or ``%s`` of it
+            return self._container(args, 1, set())
+        if isinstance(args, tuple) and any(isinstance(a, _CONTAINERS) for a in args):
+            return tuple(self._value(a, 1, set()) if isinstance(a, _CONTAINERS) else a for a in args)
+        return args
 
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 

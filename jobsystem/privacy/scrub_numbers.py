@@ -11,8 +11,9 @@ number, an amount or a timestamp stays:
   (``stdnum.iban``: country length and mod 97);
 - phone numbers, parsed and validated against the numbering plans of ``phonenumbers`` (Google's
   libphonenumber): any number with ``+`` or ``00``; a national number in a region of ``regions``
-  when it starts with its trunk ``0`` or is written in groups; a bare run of digits without
-  ``+`` or ``0`` is never taken for a phone (order numbers look just like that);
+  when it starts with its trunk ``0`` or is written in groups (without the ``0`` of a region that
+  has one only where the region writes the number so: Brazil, China's mobiles); a bare run of
+  digits without ``+`` or ``0`` is never taken for a phone (order numbers look just like that);
 - public IPv4 addresses (the standard library's ``ipaddress``); loopback, private, link-local and
   documentation addresses name machines, not people, and stay.
 
@@ -154,6 +155,14 @@ def _valid(module: ModuleType, number: str) -> bool:
         return False
 
 
+def _as_written(number: phonenumbers.PhoneNumber) -> bool:
+    """Whether a valid ``number``, read without a trunk 0 in a region that has one, is written as
+    the region writes it: only if its national format has no 0 either (``0113 456 7890`` in the
+    UK, but ``(11) 3456-7890`` in Brazil, ``138 0013 8000`` for a Chinese mobile)."""
+    national = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.NATIONAL)
+    return not national.lstrip("(").startswith("0")
+
+
 def _public_ip(text: str) -> bool:
     try:
         return ipaddress.ip_address(text).is_global
@@ -221,18 +230,24 @@ class NumberFinder:
         digits = "".join(c for c in formatted if c.isdigit())
         if not 7 <= len(digits) <= 17:
             return None
+        without_trunk: tuple[str, ...] = ()
         if formatted.startswith(("+", "(+")) or digits.startswith("00"):
             candidates: tuple[tuple[str, str | None], ...] = (("+" + digits.removeprefix("00"), None),)
         elif digits[0] == "0":
             candidates = tuple((formatted, r) for r in self._trunk_zero + self._no_trunk)
         elif formatted != digits and 9 <= len(digits) <= 11 and 3 <= len(_GROUP.findall(formatted)) <= 4:
-            candidates = tuple((formatted, r) for r in self._no_trunk)
+            # In groups, without a 0: a region with no trunk 0, or one with it that writes this
+            # number without it (Brazil's ``(11) 98765-4321``, China's mobiles): see _as_written.
+            without_trunk = self._trunk_zero
+            candidates = tuple((formatted, r) for r in self._no_trunk + without_trunk)
         else:
             return None  # a bare run of digits: an order number as often as a phone
         for text, region in candidates:
             try:
                 number = phonenumbers.parse(text, region)
-                if phonenumbers.is_valid_number(number):
+                if phonenumbers.is_valid_number(number) and (
+                    region not in without_trunk or _as_written(number)
+                ):
                     return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
             except Exception:  # NumberParseException, or a gap in the library's metadata
                 continue
@@ -317,7 +332,8 @@ class NumberFinder:
     def _letters(self, match: re.Match[str], replace: Replace) -> str:
         kind = match.lastgroup or ""
         found = match.group()
-        compact = re.sub(r"[ \-]", "", found).upper()
+        # A Finnish code's "-" is its century sign, not a separator: kept, or the code is invalid.
+        compact = (found if kind == "hetu" else re.sub(r"[ \-]", "", found)).upper()
         return replace("id_number", compact) if self.letter_id(kind, compact) else found
 
     def _iban(self, found: str, replace: Replace) -> str:

@@ -7,8 +7,9 @@ lines pay a few substring checks.
 - Credentials: a URL's password (``scheme://user:password@host``), and a bare ``user:password@host``
   (what ``urlsplit()`` leaves in ``netloc``, as a Sentry frame shows a ``SplitResult``); bearer and
   basic credentials, JWTs, API keys with a known prefix, long random-looking tokens.
-- Email addresses, with non-ASCII local parts (``maría@…``, also as JSON's ``\\u00ed`` escapes) and
-  URL-encoded (``ana%40example.com`` in a query string).
+- Email addresses, with non-ASCII local parts and domains (``maría@exämple.es``), also escaped as
+  JSON writes them (``\\u00ed``) or as the repr of ``bytes`` does (``\\xc3\\xad``: smtplib's replies
+  in an exception's text), and URL-encoded (``ana%40example.com`` in a query string).
 - Values after a key that names personal data in ``key=value`` or ``"key": "value"`` text.
 - Public IPv6 addresses (IPv4: :mod:`scrub_numbers`).
 """
@@ -63,8 +64,14 @@ _PREFIXED_KEY = re.compile(
 )
 _GENERIC_SECRET = re.compile(r"[A-Za-z0-9_\-](?<![\w\-][A-Za-z0-9_\-])[A-Za-z0-9_\-]{31,}(?![\w\-])")
 _EMAIL_LOCAL_PUNCT = frozenset("._%+-!#$&*^~")
-_EMAIL_DOMAIN = re.compile(r"(?:[^\W_](?:[\w\-]{0,61}[^\W_])?\.){1,8}[^\W\d_]{2,24}\b")
-_UNICODE_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{4}")
+#: A non-ASCII character as JSON (``\\u00e4``) or the repr of ``bytes`` (``\\xc3\\xa4``) writes it.
+_ESCAPE = r"\\(?:u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2})"
+_ESCAPED = re.compile(_ESCAPE)
+_DOMAIN_ALNUM = rf"(?:[^\W_]|{_ESCAPE})"
+_EMAIL_DOMAIN = re.compile(
+    rf"(?:{_DOMAIN_ALNUM}(?:(?:[\w\-]|{_ESCAPE}){{0,61}}{_DOMAIN_ALNUM})?\.){{1,8}}"
+    rf"(?:[^\W\d_]|{_ESCAPE}){{2,24}}\b"
+)
 _ENCODED_AT = re.compile(r"%40", re.IGNORECASE)
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _SEPARATOR = re.compile(r"[:=]")
@@ -148,8 +155,8 @@ def _local_start(text: str, at: int, floor: int) -> int:
         char = text[start - 1]
         if char.isalnum() or char in _EMAIL_LOCAL_PUNCT:
             start -= 1
-        elif char == "\\" and _UNICODE_ESCAPE.match(text, start - 1):
-            start -= 1  # ``\\u00ed``: a non-ASCII letter as JSON or repr() escapes it
+        elif char == "\\" and _ESCAPED.match(text, start - 1):
+            start -= 1  # ``\\u00ed``, ``\\xc3``: a non-ASCII letter as JSON or repr() escapes it
         else:
             break
     while start < at and text[start] in "._%+-":
@@ -167,6 +174,19 @@ def encoded_emails(text: str, replace: Replace) -> str:
     return _addresses(_ENCODED_AT.sub("%40", text), "%40", replace)
 
 
+def _unescaped(address: str) -> str:
+    """``address`` with its ``\\uXXXX`` and ``\\xNN`` (UTF-8 bytes) escapes decoded; as it is if
+    they do not decode."""
+    text = _ESCAPED.sub(lambda m: chr(int(m.group()[2:], 16)) if m.group()[1] == "u" else m.group(), address)
+    if "\\x" not in text:
+        return text
+    try:
+        raw = _ESCAPED.sub(lambda m: chr(int(m.group()[2:], 16)), text)  # each byte as a code point
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return address
+
+
 def _addresses(text: str, at_sign: str, replace: Replace) -> str:
     parts: list[str] = []
     done = 0
@@ -178,6 +198,8 @@ def _addresses(text: str, at_sign: str, replace: Replace) -> str:
             address = text[start:at] + "@" + text[at + len(at_sign) : domain.end()]
             if at_sign != "@":
                 address = unquote(address)  # one person, one hash: encoded or not
+            if "\\" in address:
+                address = _unescaped(address)  # escaped or not
             parts += (text[done:start], replace("email", address))
             done = domain.end()
         at = text.find(at_sign, max(at + 1, done))

@@ -131,3 +131,30 @@ def test_the_time_limit_and_the_wait_for_a_token_fit_in_the_consumer_timeout_tog
     )
     assert waits.smtp_time_limit_ms + waits.rate_limit_wait_ms < waits.rabbitmq_consumer_timeout_ms
     assert waits.longest_time_limit_ms + waits.rate_limit_wait_ms < waits.rabbitmq_consumer_timeout_ms
+
+
+def test_a_retried_refusal_naming_a_non_ascii_address_leaves_no_part_of_it_in_the_dead_letter(actor_settings):
+    """A relay that speaks SMTPUTF8 echoes the recipient in its reply, as UTF-8 bytes; smtplib keeps
+    them as ``bytes``, whose repr in the exception's text writes each non-ASCII letter as ``\\xNN``.
+    The error is retried, so that text is what the dead-letter headers, the logs and Sentry get."""
+    import dramatiq
+
+    from jobsystem.privacy.scrub import Scrubber, exception_text
+    from middleware.dead_letters import DeadLetters
+    from tests.unit.stub import RecordingBroker, delivery
+
+    address = "zoë.garcía@example.com"
+    replies = {"EHLO": "250-scripted\r\n250 SMTPUTF8", "RCPT": f"450 4.2.1 <{address}>: mailbox busy"}
+    with scripted_smtp(replies) as (port, _):
+        actor_settings(smtp_url=f"smtp://127.0.0.1:{port}")
+        with pytest.raises(Exception) as caught:
+            emails.send_email(address, "welcome", {"name": "Zoë"})
+    assert not fails_at_once(caught.value)
+    scrubber = Scrubber()
+    message = delivery(dramatiq.Message("emails", "send_email", (), {}, {}))
+    record = DeadLetters(scrub=scrubber.text).record(RecordingBroker(middleware=[]), message, caught.value)
+    logged = scrubber.text(exception_text(caught.value))  # what logs and Sentry's exception value get
+    for shown in (record["x-dl-error"], record["x-dl-traceback"], logged):
+        assert "[email]" in shown
+        for fragment in ("zo\\x", "garc", "\\xc3"):
+            assert fragment not in shown, shown

@@ -330,3 +330,167 @@ def test_the_traceback_sent_to_an_on_retry_exhausted_hook_is_scrubbed():
     ((hook, _),) = broker.enqueued
     stored = hook.args[0]["options"]["traceback"]
     assert "ValueError" in stored and "4111" not in stored and "ana.lopez" not in stored
+
+
+@pytest.mark.parametrize(
+    ("written", "address"),
+    [
+        # json.dumps (ensure_ascii): what a CLI's --json output or a JSON payload in a message holds
+        (r"zo\u00eb.garc\u00eda@ex\u00e4mple.com", "zoë.garcía@exämple.com"),
+        (r"ana@ex\u00e4mple.com", "ana@exämple.com"),  # an internationalised domain alone
+        # the repr of bytes: smtplib's replies in an exception's text
+        (r"zo\xc3\xab.garc\xc3\xada@ex\xc3\xa4mple.com", "zoë.garcía@exämple.com"),
+    ],
+)
+def test_email_addresses_with_escaped_non_ascii_letters_are_replaced_whole(written, address):
+    assert scrub.text(f"<{written}>: mailbox busy") == "<[email]>: mailbox busy"
+    assert hashing.text(written) == hashing.text(address)  # one person, one hash: escaped or not
+
+
+def test_jobctl_json_output_loses_an_address_json_escaped():
+    """`jobctl status --json` prints ``json.dumps`` of the record (non-ASCII as ``\\uXXXX``) through
+    the scrubbed stdout: an address with a non-ASCII domain must not pass as plain words."""
+    import io
+    import json as json_module
+
+    from jobctl.output import ScrubbedStream
+
+    out = io.StringIO()
+    stream = ScrubbedStream(out, Scrubber().text)
+    stream.write(json_module.dumps({"state": "succeeded", "result": ["zoë@exämple.com"]}) + "\n")
+    assert out.getvalue() == '{"state": "succeeded", "result": ["[email]"]}\n'
+
+
+def test_jobctl_status_shows_a_jobs_result_scrubbed_as_a_structure(monkeypatch):
+    """`jobctl status` prints the result the actor returned, kept unscrubbed in the store, as JSON
+    through the scrubbed stdout: a dict or list under ``address`` is then text that no key is next
+    to, line by line, as `jobctl dlq show` found for a body's keyword arguments."""
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    import jobctl.main as cli
+    from jobctl.output import protect_output
+    from jobsystem.ops import status as ops_status
+    from jobsystem.store.status_records import JobStatus
+
+    scrubber = Scrubber()
+
+    def load_system():
+        protect_output(scrubber.text)  # as jobctl.project.load_system does
+        return SimpleNamespace(store=None, broker=None, scrubber=scrubber)
+
+    result = {"address": {"line1": "12 Rue Lepic", "city": "Paris"}, "full_name": ["Zoë", "Gómez"], "n": 2}
+    record = JobStatus(message_id="m-1", state="succeeded", actor="ship", result=result)
+    monkeypatch.setattr(cli, "load_system", load_system)
+    monkeypatch.setattr(ops_status, "get_status", lambda message_id, state: record)
+    for options in ([], ["--json"]):
+        shown = CliRunner().invoke(cli.main, ["status", "m-1", *options])
+        assert shown.exit_code == 0, shown.output
+        assert '"address": "[address]"' in shown.output and '"n": 2' in shown.output
+        for value in ("Rue Lepic", "Paris", "Zo", "G\\u00f3mez", "Gómez"):
+            assert value not in shown.output, shown.output
+
+
+def test_a_standard_library_records_arguments_are_scrubbed_as_structures(logging_restored):
+    """A record formats its arguments into text before the scrubber sees it: a dict or list under
+    ``address`` or ``name`` would then sit in brackets that no key is next to."""
+    import io
+    import json as json_module
+
+    from jobsystem.observability.logs import configure_logging
+    from jobsystem.settings import load_settings
+
+    stream = io.StringIO()
+    logging.getLogger().handlers = [logging.StreamHandler(stream)]
+    configure_logging(load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"}))
+    order = {"address": {"line1": "12 Rue Lepic", "city": "Paris"}, "full_name": ["Zoë", "Gómez"], "id": 7}
+    app = logging.getLogger("shop.orders")
+    app.warning("order %s held", order)
+    app.warning("order %(id)s for %(full_name)s held", order)
+    app.warning("%d orders held, first %r", 3, [order])
+    lines = [json_module.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert lines[0] == "order {'address': '[address]', 'full_name': '[name]', 'id': 7} held"
+    assert lines[1] == "order 7 for [name] held"
+    assert lines[2].startswith("3 orders held, first [{'address': '[address]'")
+    for value in ("Rue Lepic", "Paris", "Zo", "Gómez"):
+        assert value not in stream.getvalue()
+
+
+def test_a_named_tuple_is_judged_by_its_field_names_in_a_log_line(logging_restored):
+    """A named tuple logged as a field, or formatted into a standard-library record, has field names
+    that name personal data: scrubbed item by item as a plain tuple, its values lost their keys."""
+    import io
+    import json as json_module
+    from typing import NamedTuple
+
+    import structlog
+
+    from jobsystem.observability.logs import configure_logging
+    from jobsystem.settings import load_settings
+
+    class Customer(NamedTuple):
+        full_name: str
+        street: str
+        orders: int
+
+    stream = io.StringIO()
+    logging.getLogger().handlers = [logging.StreamHandler(stream)]
+    configure_logging(load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"}))
+    customer = Customer("Zoë Gómez", "Calle Mayor 5", 3)
+    structlog.get_logger("shop").info("order_held", customer=customer)
+    logging.getLogger("shop.orders").warning("held for %s", [customer])
+    logged = stream.getvalue()
+    for value in ("Zo", "Gómez", "Calle Mayor"):
+        assert value not in logged, logged
+    first, second = (json_module.loads(line) for line in logged.splitlines())
+    assert first["customer"] == "Customer(full_name='[name]', street='[address]', orders=3)"
+    assert second["event"] == "held for [Customer(full_name='[name]', street='[address]', orders=3)]"
+
+
+def test_jobctl_dlq_show_hides_the_positional_arguments_of_a_workflows_next_steps():
+    """`jobctl dlq show` counts a body's positional arguments instead of showing them; the later
+    steps of a workflow or pipeline travel in its options, arguments and all."""
+    from jobctl.dlq import _shown
+    from tests.unit.test_sentry_scrub import _workflow_messages
+
+    for message in _workflow_messages():
+        shown = "\n".join(map(scrub.text, _shown(message.encode()).split("\n")))  # as stdout scrubs it
+        assert "send_report" in shown and "<1 positional, hidden>" in shown
+        assert "Ana Lucia Lopez" not in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("written", "international"),
+    [
+        ("(11) 98765-4321", "+55 11 98765-4321"),  # Brazil: area code in parentheses, no trunk 0
+        ("(11) 3456-7890", "+55 11 3456-7890"),
+        ("21 99876-5432", "+55 21 99876-5432"),
+        ("138 0013 8000", "+86 138 0013 8000"),  # a Chinese mobile: never written with the 0
+    ],
+)
+def test_a_national_number_its_region_writes_without_the_trunk_zero_is_replaced(written, international):
+    """Brazil and China (regions covered) have a trunk 0, but write these numbers without it; the
+    UK or Germany never do, so ``20 7946 0958`` stays a number there (tested above)."""
+    assert scrub.text(f"ligar para {written} hoje") == "ligar para [phone] hoje"
+    assert hashing.text(written) == hashing.text(international)  # one person, one hash
+
+
+def _finnish_id(birth: str, sign: str) -> str:
+    """A valid Finnish personal identity code (henkilötunnus) of ``birth`` (ddmmyy) and century sign."""
+    from stdnum.fi import hetu
+
+    for serial in range(2, 900):
+        for check in "0123456789ABCDEFHJKLMNPRSTUVWXY":
+            code = f"{birth}{sign}{serial:03d}{check}"
+            if hetu.is_valid(code):
+                return code
+    raise AssertionError("no valid code")
+
+
+@pytest.mark.parametrize("sign", ["-", "+", "A"])  # born in the 1900s, the 1800s, the 2000s
+def test_a_finnish_identity_code_is_replaced_whatever_its_century_sign(sign):
+    """The sign between birth date and serial is part of the code: ``131052-308T`` is someone born
+    in 1952, the most common case, and without its ``-`` it is no valid code at all."""
+    code = _finnish_id("131052", sign)
+    assert scrub.text(f"henkilötunnus {code} tarkistettu") == "henkilötunnus [id_number] tarkistettu"

@@ -163,3 +163,80 @@ def test_event_is_tagged_with_the_job():
 
 def test_an_event_that_cannot_be_scrubbed_is_dropped_not_sent():
     assert scrub_event(Scrubber(), {"contexts": "not a mapping", "message": free_text()}) is None
+
+
+def test_structlog_events_reach_sentry_scrubbed_as_structures(logging_restored):
+    """Sentry's logging integration reads a structlog record's message, which is the event dict
+    itself, as ``str(dict)``: an error event's ``logentry`` and every INFO line's breadcrumb. A list
+    or dict under a personal-data key is then text in brackets that no key is next to."""
+    import sentry_sdk
+    import structlog
+
+    from jobsystem.observability.logs import configure_logging
+    from jobsystem.observability.sentry import configure_sentry
+    from jobsystem.settings import load_settings
+    from tests.servers import sentry_events, sentry_server
+
+    with sentry_server() as (dsn, envelopes):
+        settings = load_settings({"SENTRY_DSN": dsn, "LOG_LEVEL": "INFO"})
+        configure_logging(settings)
+        configure_sentry(settings)
+        try:
+            log = structlog.get_logger("billing")
+            log.info("address_checked", address={"line1": "12 Rue Lepic", "city": "Paris"})
+            log.error("payment_failed", customer_name=("Zoë", "Lucía Gómez"), iban_holder_address=["9 Calle"])
+            sentry_sdk.flush(5)
+        finally:
+            sentry_sdk.get_client().close()
+            sentry_sdk.get_global_scope().set_client(None)
+        (event,) = sentry_events(list(envelopes))
+    sent = json.dumps(event, ensure_ascii=False)
+    for value in ("Rue Lepic", "Paris", "Zoë", "Lucía", "9 Calle"):
+        assert value not in sent, value
+    assert "payment_failed" in event["logentry"]["message"] and "[name]" in event["logentry"]["message"]
+    (crumb,) = [c for c in event["breadcrumbs"]["values"] if "address_checked" in c["message"]]
+    assert "[address]" in crumb["message"]
+
+
+def _workflow_messages():
+    """A job whose later steps travel in its options: a project workflow's ``workflow.next`` and a
+    Dramatiq pipeline's ``pipe_target``, each a whole message, arguments and all."""
+    from dramatiq import Message
+
+    from jobsystem.runtime.workflow_steps import Step, annotate
+
+    report = Message("reports", "make_report", ("2026-11",), {}, {})
+    mail = Message("emails", "send_report", ("Ana Lucia Lopez",), {"ship_to": "12 Rue Lepic"}, {})
+    _, (member,) = annotate("pipeline", [Step([report]), Step([mail])])
+    piped = report.copy(options={"pipe_target": mail.asdict()})
+    return member, piped
+
+
+def test_the_arguments_of_a_workflows_next_steps_do_not_reach_sentry(logging_restored):
+    """The integration copies the message, options included, into ``contexts.dramatiq``: the later
+    steps' arguments are job arguments as much as the job's own, which are removed outright."""
+    import sentry_sdk
+    from sentry_sdk.integrations.dramatiq import DramatiqIntegration, _make_message_event_processor
+
+    from jobsystem.observability.sentry import configure_sentry
+    from jobsystem.settings import load_settings
+    from tests.servers import sentry_events, sentry_server
+
+    with sentry_server() as (dsn, envelopes):
+        configure_sentry(load_settings({"SENTRY_DSN": dsn}))
+        try:
+            integration = sentry_sdk.get_client().get_integration(DramatiqIntegration)
+            for message in _workflow_messages():
+                with sentry_sdk.isolation_scope() as scope:
+                    scope.add_event_processor(_make_message_event_processor(message, integration))
+                    sentry_sdk.capture_exception(RuntimeError("report failed"))
+            sentry_sdk.flush(5)
+        finally:
+            sentry_sdk.get_client().close()
+            sentry_sdk.get_global_scope().set_client(None)
+        events = sentry_events(list(envelopes))
+    assert len(events) == 2
+    for event in events:
+        sent = json.dumps(event)
+        assert "send_report" in sent  # the next step is still named
+        assert "Ana Lucia Lopez" not in sent and "12 Rue Lepic" not in sent, sent
