@@ -603,3 +603,36 @@ def test_a_mark_on_a_job_scheduled_past_its_ttl_lives_until_the_job_is_due(store
         assert mark_ttl_ms(RecordingBroker(middleware=[]), [month.message_id], TTL) == TTL
     finally:
         status.writes.stop()
+
+
+def test_a_step_member_ending_early_keeps_the_record_for_a_member_delayed_past_its_ttl(store):
+    """A step whose members have different delays: the first to end refreshed the record's TTL
+    from its own end, so a sibling delayed longer than the TTL found it gone (the step never
+    completed, the chord's callback never sent). Ending a member never shortens the record."""
+    from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    workflows.ttl_ms = 200
+    fan_out = workflow_group(
+        [square.message_with_options(args=(2,), delay=600), square.message(3)], broker=broker
+    )
+    flow = workflow_pipeline([square.message(1), fan_out, total.message()], broker=broker).run()
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=1)
+    (late, late_delay), (early, _) = broker.enqueued[1:3]
+    assert late_delay == 600
+    workflows.after_process_message(broker, delivery(early), result=9)  # ends at once
+    time.sleep(0.45)  # past the TTL after the early member's end, within the late one's delay
+    workflows.after_process_message(broker, delivery(late), result=4)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued[3:]] == [("total", ([4, 9],))]
+    found = workflows.backend.get(str(flow.workflow_id))
+    assert found is not None and found.state == "running"
+
+
+def test_a_steps_finished_members_expire_with_the_record(store):
+    backend = workflow_backend(store)
+    record, members = chord(store)
+    backend.finish(record["id"], 0, members[0], "succeeded", "0", TTL)
+    if isinstance(store, RedisStore):
+        key = store.key(f"wf:{record['id']}")
+        assert 0 < store.client.pttl(f"{key}:done:0") <= store.client.pttl(key)
