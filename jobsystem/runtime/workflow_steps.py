@@ -66,10 +66,14 @@ def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message
 
 def next_messages(option: dict[str, Any], piped: Any, *, ignores_pipe: Any) -> list[Message[Any]]:
     """The next step's messages, ``piped`` appended to the arguments of each one that does not
-    ignore it (``ignores_pipe(message)``: Dramatiq's ``pipe_ignore``, message or actor option)."""
+    ignore it (``ignores_pipe(message)``: Dramatiq's ``pipe_ignore``, message or actor option).
+
+    Each is dated now, when it is sent, not when the workflow was launched: an age limit
+    (``max_age``) counts from here, or a step after a long one would arrive too old to run."""
     messages = []
+    now = int(time.time() * 1000)
     for data in option.get("next") or []:
-        message: Message[Any] = Message(**data)
+        message: Message[Any] = Message(**{**data, "message_timestamp": now})
         if not ignores_pipe(message):
             message = message.copy(args=(*message.args, piped))
         messages.append(message)

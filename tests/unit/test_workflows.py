@@ -636,3 +636,22 @@ def test_a_steps_finished_members_expire_with_the_record(store):
     if isinstance(store, RedisStore):
         key = store.key(f"wf:{record['id']}")
         assert 0 < store.client.pttl(f"{key}:done:0") <= store.client.pttl(key)
+
+
+def test_a_next_step_is_dated_when_it_is_sent_so_an_age_limit_counts_from_there(store):
+    """The next step's message was built when the workflow was launched: sent hours later, with
+    its launch time as its timestamp, an age limit (``JOB_MAX_AGE_MS``, ``max_age``) shorter than
+    the steps before it dead-lettered it as too old the moment it arrived."""
+    from dramatiq.middleware import AgeLimit
+
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    flow = workflow_pipeline([square.message(2), total.message_with_options(max_age=300)], broker=broker)
+    flow.run()
+    time.sleep(0.4)  # the first step runs longer than the next step's age limit
+    before = int(time.time() * 1000)
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=4)
+    (sent, _) = broker.enqueued[1]
+    assert sent.message_timestamp >= before
+    AgeLimit().before_process_message(broker, delivery(sent))  # young enough: runs
