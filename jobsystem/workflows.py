@@ -20,7 +20,8 @@ import dramatiq
 from dramatiq import Message
 
 from jobsystem.rabbitmq.bulk import send_bulk
-from jobsystem.runtime.workflow_steps import Step, annotate
+from jobsystem.runtime.options import option_of
+from jobsystem.runtime.workflow_steps import Step, annotate, without_empty_steps
 from jobsystem.store.workflows import WorkflowRecord
 from middleware.results import StoreResults
 from middleware.status import find_status
@@ -44,8 +45,11 @@ def _launch(broker: dramatiq.Broker, kind: str, steps: list[Step], delay: int | 
     workflow does not wait for it forever.
     """
     workflows = find_workflows(broker)
+    steps = without_empty_steps(steps, ignores_pipe=lambda m: bool(option_of(broker, m, "pipe_ignore")))
     record, first = annotate(kind, steps)
     workflows.backend.create(record, workflows.ttl_ms + (delay or 0))  # outlives the delay
+    if not steps:  # only empty groups: nothing to run, done
+        workflows.backend.set_state(str(record["id"]), "succeeded")
     if bulk and delay is None:
         sent = send_bulk(first, broker=broker)  # type: ignore[arg-type]
     else:
@@ -82,8 +86,9 @@ class group:
         self.completion_callbacks.append(message.copy(options={"pipe_ignore": True}))
 
     def on_finish(self, message: Message[Any]) -> None:
-        """Run ``message`` once every member finished, succeeded or not; it gets as its last
-        argument the counts ``{"succeeded": n, "dead": n, "cancelled": n}``."""
+        """Run ``message`` once every member finished, succeeded or not (at once for a group of
+        no members); it gets as its last argument the counts ``{"succeeded": n, "dead": n,
+        "cancelled": n}``."""
         self.finish_callbacks.append(message)
 
     def steps(self) -> list[Step]:

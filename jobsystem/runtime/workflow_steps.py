@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dramatiq import Message
 
-__all__ = ["WORKFLOW", "Step", "annotate", "next_messages"]
+__all__ = ["WORKFLOW", "Step", "annotate", "next_messages", "without_empty_steps"]
 
 #: The message option carrying a member's place in its workflow.
 WORKFLOW = "workflow"
@@ -32,6 +32,30 @@ class Step:
     messages: Sequence[Message[Any]]
     mode: str = "success"
     pipe: str = "value"
+
+
+#: What a step of no members hands on, by its ``pipe``: no results, or nothing counted.
+_EMPTY_PIPED: dict[str, Any] = {"list": [], "counts": {"succeeded": 0, "dead": 0, "cancelled": 0}}
+
+
+def without_empty_steps(steps: list[Step], *, ignores_pipe: Callable[[Message[Any]], bool]) -> list[Step]:
+    """``steps`` without those of no members (an empty group), each complete at once: no member
+    would ever end to count it, and the steps after it travel in its members' messages. The step
+    after one gets what it hands on (``[]``, or zero counts) now, and ignores the pipe of the step
+    before (whose result is not its input)."""
+    kept: list[Step] = []
+    piped: list[Any] = []  # what the last empty step hands on, if the step before was one
+    for step in steps:
+        if piped:
+            messages = [
+                m if ignores_pipe(m) else m.copy(args=(*m.args, piped[0]), options={"pipe_ignore": True})
+                for m in step.messages
+            ]
+            step = Step(messages, step.mode, step.pipe)
+        piped = [] if step.messages else [_EMPTY_PIPED.get(step.pipe)]
+        if step.messages:
+            kept.append(step)
+    return kept
 
 
 def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message[Any]]]:

@@ -655,3 +655,38 @@ def test_a_next_step_is_dated_when_it_is_sent_so_an_age_limit_counts_from_there(
     (sent, _) = broker.enqueued[1]
     assert sent.message_timestamp >= before
     AgeLimit().before_process_message(broker, delivery(sent))  # young enough: runs
+
+
+def test_a_group_of_no_members_runs_its_callback_at_once(store):
+    """A campaign to an empty segment: with no member to end, nothing ever counted the step and
+    its ``on_finish`` callback (the owner's summary) never ran; the workflow ran forever."""
+    from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import workflow_status
+
+    broker, workflows, _, total = workflow_broker(store)
+    fan_out = workflow_group([], broker=broker)
+    fan_out.on_finish(total.message())
+    fan_out.run()
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [
+        ("total", ({"succeeded": 0, "dead": 0, "cancelled": 0},))
+    ]
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=None)
+    assert workflow_status(str(fan_out.workflow_id), broker=broker)["state"] == "succeeded"  # type: ignore[index]
+    workflow_group([], broker=broker).run()  # nothing to run: done at once
+    assert len(broker.enqueued) == 1
+
+
+def test_an_empty_group_in_a_pipeline_hands_the_next_step_an_empty_list(store):
+    from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    flow = workflow_pipeline(
+        [square.message(3), workflow_group([], broker=broker), total.message()], broker=broker
+    )
+    flow.run()
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=9)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued[1:]] == [("total", ([],))]
+    workflows.after_process_message(broker, delivery(broker.enqueued[1][0]), result=0)
+    found = workflows.backend.get(str(flow.workflow_id))
+    assert found is not None and found.state == "succeeded"
