@@ -248,7 +248,8 @@ CREATE TABLE IF NOT EXISTS workflow_done (
     step INTEGER NOT NULL,
     member TEXT NOT NULL,
     PRIMARY KEY (wid, step, member)
-)
+);
+CREATE INDEX IF NOT EXISTS workflow_fields_expiry ON workflow_fields (expires_at)
 """
 
 
@@ -289,7 +290,19 @@ class SqliteWorkflows(WorkflowBackend):
 
     def create(self, record: dict[str, Any], ttl_ms: int) -> None:
         with self.store.transaction() as conn:
+            self._sweep(conn)
             self._put(conn, record["id"], _initial_fields(record), ttl_ms)
+
+    def _sweep(self, conn: sqlite3.Connection) -> None:
+        """Delete the expired workflows' rows (a workflow's rows expire together): nothing else
+        would, and every member's state and result would stay in the file for good."""
+        now = self.store.now_ms()
+        conn.execute(
+            "DELETE FROM workflow_done WHERE wid IN "
+            "(SELECT wid FROM workflow_fields WHERE expires_at <= ? AND field = 'record')",
+            (now,),
+        )
+        conn.execute("DELETE FROM workflow_fields WHERE expires_at <= ?", (now,))
 
     def finish(
         self, workflow_id: str, step: int, member: str, state: str, result: str, ttl_ms: int
