@@ -47,13 +47,15 @@ def _launch(broker: dramatiq.Broker, kind: str, steps: list[Step], delay: int | 
     workflows = find_workflows(broker)
     steps = without_empty_steps(steps, ignores_pipe=lambda m: bool(option_of(broker, m, "pipe_ignore")))
     record, first = annotate(kind, steps)
-    workflows.backend.create(record, workflows.ttl_ms + (delay or 0))  # outlives the delay
+    # Each first message waits the larger of the run's delay and its own, as Dramatiq's pipeline.
+    delays = [max(delay or 0, int(m.options.get("delay") or 0)) or None for m in first]
+    workflows.backend.create(record, workflows.ttl_ms + max([0, *(d or 0 for d in delays)]))
     if not steps:  # only empty groups: nothing to run, done
         workflows.backend.set_state(str(record["id"]), "succeeded")
-    if bulk and delay is None:
+    if bulk and not any(delays):
         sent = send_bulk(first, broker=broker)  # type: ignore[arg-type]
     else:
-        sent = [broker.enqueue(message, delay=delay) for message in first]
+        sent = [broker.enqueue(message, delay=d) for message, d in zip(first, delays, strict=True)]
     for member, outcome in zip(first, sent, strict=True):
         if outcome.options.get("duplicate"):
             workflows.member_finished(broker, member, "succeeded", None)

@@ -708,3 +708,20 @@ def test_an_expired_workflow_leaves_no_rows_in_sqlite(tmp_path):
         left = [conn.execute(f"SELECT wid FROM {t}").fetchall() for t in ("workflow_fields", "workflow_done")]
     assert {wid for rows in left for (wid,) in rows} == {store.key("new")}
     store.close()
+
+
+def test_a_first_step_keeps_its_own_delay_as_dramatiqs_pipeline_does(store):
+    """Dramatiq's ``pipeline.run`` delays the first message by the larger of its own ``delay`` and
+    the run's; a next step here keeps its own too. The first step's own delay was dropped: the
+    job ran at once."""
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    workflows.ttl_ms = 200
+    first = square.message_with_options(args=(2,), delay=600)
+    flow = workflow_pipeline([first, total.message()], broker=broker).run()
+    workflow_pipeline([first, total.message()], broker=broker).run(delay=900)
+    workflow_pipeline([square.message(3), total.message()], broker=broker).run(delay=300)
+    assert [delay for _, delay in broker.enqueued] == [600, 900, 300]
+    time.sleep(0.4)  # past the TTL, within the delay: the record waits for it
+    assert workflows.backend.get(str(flow.workflow_id)) is not None
