@@ -60,7 +60,16 @@ def without_empty_steps(steps: list[Step], *, ignores_pipe: Callable[[Message[An
 
 def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message[Any]]]:
     """A new workflow of ``steps``: its record for the store and the first step's messages, each
-    carrying the option :data:`WORKFLOW` (and through it every later step)."""
+    carrying the option :data:`WORKFLOW` (and through it every later step).
+
+    Raises ValueError when one message (one message id) is given twice: members are counted by
+    id, so its step would never complete."""
+    ids = [m.message_id for step in steps for m in step.messages]
+    if len(set(ids)) != len(ids):
+        raise ValueError(
+            "a message is given more than once in this workflow: build one message per run "
+            "([actor.message(...) for _ in range(n)], not [message] * n)"
+        )
     workflow_id = uuid.uuid4().hex
     following: list[dict[str, Any]] | None = None
     first: list[Message[Any]] = []

@@ -725,3 +725,22 @@ def test_a_first_step_keeps_its_own_delay_as_dramatiqs_pipeline_does(store):
     assert [delay for _, delay in broker.enqueued] == [600, 900, 300]
     time.sleep(0.4)  # past the TTL, within the delay: the record waits for it
     assert workflows.backend.get(str(flow.workflow_id)) is not None
+
+
+def test_a_message_given_twice_is_refused_not_left_waiting_for_ever(store):
+    """``group([m] * 3)``: the three sends share one message id, which the store counts once, so
+    the step never completed and its callback never ran (Dramatiq's group runs it). Refused."""
+    from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, _, square, total = workflow_broker(store)
+    once = square.message(2)
+    fan_out = workflow_group([once] * 3, broker=broker)
+    fan_out.add_completion_callback(total.message())
+    with pytest.raises(ValueError, match="more than once"):
+        fan_out.run()
+    with pytest.raises(ValueError, match="more than once"):
+        workflow_pipeline(
+            [once, workflow_group([once, square.message(3)], broker=broker)], broker=broker
+        ).run()
+    assert broker.enqueued == []
