@@ -744,3 +744,17 @@ def test_a_message_given_twice_is_refused_not_left_waiting_for_ever(store):
             [once, workflow_group([once, square.message(3)], broker=broker)], broker=broker
         ).run()
     assert broker.enqueued == []
+
+
+def test_a_step_sent_again_hands_on_the_result_it_was_counted_with(store):
+    """The member's end was counted (result 4) and its worker died before sending the next step.
+    Its redelivery ran again and ended another way (here: dead-lettered): the step was then sent
+    with that run's result (None), not with the result the step was completed with."""
+    broker, workflows, square, total = workflow_broker(store)
+    record, first = annotate("pipeline", [Step([square.message(2)]), Step([total.message()])])
+    workflows.backend.create(record, TTL)
+    workflows.backend.finish(record["id"], 0, first[0].message_id, "succeeded", "4", TTL)  # then died
+    again = delivery(first[0], redelivered=True)
+    again.fail()
+    workflows.after_nack(broker, again)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", (4,))]
