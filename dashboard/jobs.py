@@ -17,8 +17,9 @@ from dashboard.project import STATE_RANKS, Cursor, JobFilter, JobStatus, Project
 
 __all__ = ["STATES", "job_detail", "job_list", "job_row"]
 
-#: States of a job that a cancellation can still stop (skipped on arrival, or interrupted).
-CANCELLABLE = ("queued", "running", "failed", "retrying")
+#: States of a job that a cancellation can still stop (skipped on arrival, a scheduled one too, or
+#: interrupted).
+CANCELLABLE = ("queued", "scheduled", "running", "failed", "retrying")
 #: The states, in the order the filter menu lists them.
 STATES = sorted(STATE_RANKS, key=lambda s: (STATE_RANKS[s], s))
 #: Rows per page, and the most a client may ask for.

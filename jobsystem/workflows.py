@@ -20,7 +20,8 @@ import dramatiq
 from dramatiq import Message
 
 from jobsystem.rabbitmq.bulk import send_bulk
-from jobsystem.runtime.workflow_steps import Step, annotate
+from jobsystem.runtime.options import option_of
+from jobsystem.runtime.workflow_steps import Step, annotate, without_empty_steps
 from jobsystem.store.workflows import WorkflowRecord
 from middleware.results import StoreResults
 from middleware.status import find_status
@@ -44,12 +45,17 @@ def _launch(broker: dramatiq.Broker, kind: str, steps: list[Step], delay: int | 
     workflow does not wait for it forever.
     """
     workflows = find_workflows(broker)
+    steps = without_empty_steps(steps, ignores_pipe=lambda m: bool(option_of(broker, m, "pipe_ignore")))
     record, first = annotate(kind, steps)
-    workflows.backend.create(record, workflows.ttl_ms + (delay or 0))  # outlives the delay
-    if bulk and delay is None:
+    # Each first message waits the larger of the run's delay and its own, as Dramatiq's pipeline.
+    delays = [max(delay or 0, int(m.options.get("delay") or 0)) or None for m in first]
+    workflows.backend.create(record, workflows.ttl_ms + max([0, *(d or 0 for d in delays)]))
+    if not steps:  # only empty groups: nothing to run, done
+        workflows.backend.set_state(str(record["id"]), "succeeded")
+    if bulk and not any(delays):
         sent = send_bulk(first, broker=broker)  # type: ignore[arg-type]
     else:
-        sent = [broker.enqueue(message, delay=delay) for message in first]
+        sent = [broker.enqueue(message, delay=d) for message, d in zip(first, delays, strict=True)]
     for member, outcome in zip(first, sent, strict=True):
         if outcome.options.get("duplicate"):
             workflows.member_finished(broker, member, "succeeded", None)
@@ -82,8 +88,9 @@ class group:
         self.completion_callbacks.append(message.copy(options={"pipe_ignore": True}))
 
     def on_finish(self, message: Message[Any]) -> None:
-        """Run ``message`` once every member finished, succeeded or not; it gets as its last
-        argument the counts ``{"succeeded": n, "dead": n, "cancelled": n}``."""
+        """Run ``message`` once every member finished, succeeded or not (at once for a group of
+        no members); it gets as its last argument the counts ``{"succeeded": n, "dead": n,
+        "cancelled": n}``."""
         self.finish_callbacks.append(message)
 
     def steps(self) -> list[Step]:

@@ -156,20 +156,28 @@ class Workflows(FailClosed):
             },
         )
         if progress.send_next and option.get("next"):
-            longest_delay = self._send_next(broker, option, result, progress)
+            longest_delay = self._send_next(broker, option, message.message_id, result, progress)
             # The record outlives the next step's delay, or its members would find it gone.
             self.backend.mark_sent(str(option["id"]), int(option["step"]), self.ttl_ms + longest_delay)
 
-    def _send_next(self, broker: Broker, option: dict[str, Any], result: Any, progress: StepProgress) -> int:
-        """Send the next step's messages; returns the longest delay among them (ms)."""
+    def _send_next(
+        self, broker: Broker, option: dict[str, Any], member: str, result: Any, progress: StepProgress
+    ) -> int:
+        """Send the next step's messages; returns the longest delay among them (ms).
+
+        Sent again (the member that completed the step came back), the step hands on the result
+        it was completed with, not the result of this later run (which may have ended otherwise)."""
         piped: Any = result
-        if option.get("pipe") == "list":
+        if option.get("pipe") == "counts":
+            piped = dict(progress.counts)
+        elif option.get("pipe") == "list" or not progress.added:
             record = self.backend.get(str(option["id"]))
             if record is None:
                 raise StoreUnavailable("the workflow's record is gone")
-            piped = record.step_results(int(option["step"]))
-        elif option.get("pipe") == "counts":
-            piped = dict(progress.counts)
+            if option.get("pipe") == "list":
+                piped = record.step_results(int(option["step"]))
+            elif record.results.get(member) is not None:  # null: none, or too large to keep
+                piped = record.results[member]
         longest_delay = 0
         for message in next_messages(
             option, piped, ignores_pipe=lambda m: option_of(broker, m, "pipe_ignore")

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dramatiq import Message
 
-__all__ = ["WORKFLOW", "Step", "annotate", "next_messages"]
+__all__ = ["WORKFLOW", "Step", "annotate", "next_messages", "without_empty_steps"]
 
 #: The message option carrying a member's place in its workflow.
 WORKFLOW = "workflow"
@@ -34,9 +34,42 @@ class Step:
     pipe: str = "value"
 
 
+#: What a step of no members hands on, by its ``pipe``: no results, or nothing counted.
+_EMPTY_PIPED: dict[str, Any] = {"list": [], "counts": {"succeeded": 0, "dead": 0, "cancelled": 0}}
+
+
+def without_empty_steps(steps: list[Step], *, ignores_pipe: Callable[[Message[Any]], bool]) -> list[Step]:
+    """``steps`` without those of no members (an empty group), each complete at once: no member
+    would ever end to count it, and the steps after it travel in its members' messages. The step
+    after one gets what it hands on (``[]``, or zero counts) now, and ignores the pipe of the step
+    before (whose result is not its input)."""
+    kept: list[Step] = []
+    piped: list[Any] = []  # what the last empty step hands on, if the step before was one
+    for step in steps:
+        if piped:
+            messages = [
+                m if ignores_pipe(m) else m.copy(args=(*m.args, piped[0]), options={"pipe_ignore": True})
+                for m in step.messages
+            ]
+            step = Step(messages, step.mode, step.pipe)
+        piped = [] if step.messages else [_EMPTY_PIPED.get(step.pipe)]
+        if step.messages:
+            kept.append(step)
+    return kept
+
+
 def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message[Any]]]:
     """A new workflow of ``steps``: its record for the store and the first step's messages, each
-    carrying the option :data:`WORKFLOW` (and through it every later step)."""
+    carrying the option :data:`WORKFLOW` (and through it every later step).
+
+    Raises ValueError when one message (one message id) is given twice: members are counted by
+    id, so its step would never complete."""
+    ids = [m.message_id for step in steps for m in step.messages]
+    if len(set(ids)) != len(ids):
+        raise ValueError(
+            "a message is given more than once in this workflow: build one message per run "
+            "([actor.message(...) for _ in range(n)], not [message] * n)"
+        )
     workflow_id = uuid.uuid4().hex
     following: list[dict[str, Any]] | None = None
     first: list[Message[Any]] = []
@@ -66,10 +99,14 @@ def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message
 
 def next_messages(option: dict[str, Any], piped: Any, *, ignores_pipe: Any) -> list[Message[Any]]:
     """The next step's messages, ``piped`` appended to the arguments of each one that does not
-    ignore it (``ignores_pipe(message)``: Dramatiq's ``pipe_ignore``, message or actor option)."""
+    ignore it (``ignores_pipe(message)``: Dramatiq's ``pipe_ignore``, message or actor option).
+
+    Each is dated now, when it is sent, not when the workflow was launched: an age limit
+    (``max_age``) counts from here, or a step after a long one would arrive too old to run."""
     messages = []
+    now = int(time.time() * 1000)
     for data in option.get("next") or []:
-        message: Message[Any] = Message(**data)
+        message: Message[Any] = Message(**{**data, "message_timestamp": now})
         if not ignores_pipe(message):
             message = message.copy(args=(*message.args, piped))
         messages.append(message)

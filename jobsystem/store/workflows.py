@@ -153,8 +153,9 @@ if added == 1 then
     redis.call('HSET', KEYS[1], 'state', 'failed', 'failed', member)
   end
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
+-- Never shortened: a sibling delayed past the TTL (or a delayed next step) still finds them.
+redis.call('PEXPIRE', KEYS[1], ARGV[5], 'GT')
+redis.call('PEXPIRE', KEYS[2], math.max(tonumber(ARGV[5]), redis.call('PTTL', KEYS[1])))
 local n = redis.call('SCARD', KEYS[2])
 local size = tonumber(redis.call('HGET', KEYS[1], 'size:' .. step))
 if added == 1 and n >= size then redis.call('HSETNX', KEYS[1], 'by:' .. step, member) end
@@ -247,7 +248,8 @@ CREATE TABLE IF NOT EXISTS workflow_done (
     step INTEGER NOT NULL,
     member TEXT NOT NULL,
     PRIMARY KEY (wid, step, member)
-)
+);
+CREATE INDEX IF NOT EXISTS workflow_fields_expiry ON workflow_fields (expires_at)
 """
 
 
@@ -271,7 +273,12 @@ class SqliteWorkflows(WorkflowBackend):
     def _put(
         self, conn: sqlite3.Connection, workflow_id: str, values: Mapping[str, str], ttl_ms: int
     ) -> None:
-        expires = self.store.now_ms() + ttl_ms
+        """Write ``values``; the workflow lives ``ttl_ms`` more, never less than it already did (a
+        member delayed past the TTL, or a delayed next step, must still find it)."""
+        (longest,) = conn.execute(
+            "SELECT MAX(expires_at) FROM workflow_fields WHERE wid = ?", (self._wid(workflow_id),)
+        ).fetchone()
+        expires = max(self.store.now_ms() + ttl_ms, longest or 0)
         conn.executemany(
             "INSERT INTO workflow_fields (wid, field, value, expires_at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(wid, field) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
@@ -283,7 +290,19 @@ class SqliteWorkflows(WorkflowBackend):
 
     def create(self, record: dict[str, Any], ttl_ms: int) -> None:
         with self.store.transaction() as conn:
+            self._sweep(conn)
             self._put(conn, record["id"], _initial_fields(record), ttl_ms)
+
+    def _sweep(self, conn: sqlite3.Connection) -> None:
+        """Delete the expired workflows' rows (a workflow's rows expire together): nothing else
+        would, and every member's state and result would stay in the file for good."""
+        now = self.store.now_ms()
+        conn.execute(
+            "DELETE FROM workflow_done WHERE wid IN "
+            "(SELECT wid FROM workflow_fields WHERE expires_at <= ? AND field = 'record')",
+            (now,),
+        )
+        conn.execute("DELETE FROM workflow_fields WHERE expires_at <= ?", (now,))
 
     def finish(
         self, workflow_id: str, step: int, member: str, state: str, result: str, ttl_ms: int

@@ -172,3 +172,19 @@ def test_a_cursor_from_a_request_that_is_not_one_reads_the_first_page(store):
             [r.message_id for r in first],
             [],
         )
+
+
+def test_a_job_not_yet_finished_may_be_cancelled_a_scheduled_one_too(store):
+    # A job sent with a delay (or deferred) far ahead is ``scheduled``: cancelling it is what the
+    # cancellation marks that outlive its due time are for, so the page offers it.
+    from types import SimpleNamespace
+
+    from dashboard.jobs import job_detail
+
+    backend = status_backend(store)
+    now = int(time.time() * 1000)
+    states = ["queued", "scheduled", "running", "failed", "retrying", "succeeded", "dead", "cancelled"]
+    backend.apply([update(f"m-{state}", state, 1, now) for state in states], 60_000)
+    project = SimpleNamespace(status=backend, dead_letter_index=None)
+    cancellable = [s for s in states if job_detail(project, f"m-{s}")["can_cancel"]]  # type: ignore[arg-type, index]
+    assert cancellable == ["queued", "scheduled", "running", "failed", "retrying"]

@@ -603,3 +603,158 @@ def test_a_mark_on_a_job_scheduled_past_its_ttl_lives_until_the_job_is_due(store
         assert mark_ttl_ms(RecordingBroker(middleware=[]), [month.message_id], TTL) == TTL
     finally:
         status.writes.stop()
+
+
+def test_a_step_member_ending_early_keeps_the_record_for_a_member_delayed_past_its_ttl(store):
+    """A step whose members have different delays: the first to end refreshed the record's TTL
+    from its own end, so a sibling delayed longer than the TTL found it gone (the step never
+    completed, the chord's callback never sent). Ending a member never shortens the record."""
+    from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    workflows.ttl_ms = 200
+    fan_out = workflow_group(
+        [square.message_with_options(args=(2,), delay=600), square.message(3)], broker=broker
+    )
+    flow = workflow_pipeline([square.message(1), fan_out, total.message()], broker=broker).run()
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=1)
+    (late, late_delay), (early, _) = broker.enqueued[1:3]
+    assert late_delay == 600
+    workflows.after_process_message(broker, delivery(early), result=9)  # ends at once
+    time.sleep(0.45)  # past the TTL after the early member's end, within the late one's delay
+    workflows.after_process_message(broker, delivery(late), result=4)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued[3:]] == [("total", ([4, 9],))]
+    found = workflows.backend.get(str(flow.workflow_id))
+    assert found is not None and found.state == "running"
+
+
+def test_a_steps_finished_members_expire_with_the_record(store):
+    backend = workflow_backend(store)
+    record, members = chord(store)
+    backend.finish(record["id"], 0, members[0], "succeeded", "0", TTL)
+    if isinstance(store, RedisStore):
+        key = store.key(f"wf:{record['id']}")
+        assert 0 < store.client.pttl(f"{key}:done:0") <= store.client.pttl(key) + 1_000
+
+
+def test_a_next_step_is_dated_when_it_is_sent_so_an_age_limit_counts_from_there(store):
+    """The next step's message was built when the workflow was launched: sent hours later, with
+    its launch time as its timestamp, an age limit (``JOB_MAX_AGE_MS``, ``max_age``) shorter than
+    the steps before it dead-lettered it as too old the moment it arrived."""
+    from dramatiq.middleware import AgeLimit
+
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    flow = workflow_pipeline([square.message(2), total.message_with_options(max_age=300)], broker=broker)
+    flow.run()
+    time.sleep(0.4)  # the first step runs longer than the next step's age limit
+    before = int(time.time() * 1000)
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=4)
+    (sent, _) = broker.enqueued[1]
+    assert sent.message_timestamp >= before
+    AgeLimit().before_process_message(broker, delivery(sent))  # young enough: runs
+
+
+def test_a_group_of_no_members_runs_its_callback_at_once(store):
+    """A campaign to an empty segment: with no member to end, nothing ever counted the step and
+    its ``on_finish`` callback (the owner's summary) never ran; the workflow ran forever."""
+    from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import workflow_status
+
+    broker, workflows, _, total = workflow_broker(store)
+    fan_out = workflow_group([], broker=broker)
+    fan_out.on_finish(total.message())
+    fan_out.run()
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [
+        ("total", ({"succeeded": 0, "dead": 0, "cancelled": 0},))
+    ]
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=None)
+    assert workflow_status(str(fan_out.workflow_id), broker=broker)["state"] == "succeeded"  # type: ignore[index]
+    workflow_group([], broker=broker).run()  # nothing to run: done at once
+    assert len(broker.enqueued) == 1
+
+
+def test_an_empty_group_in_a_pipeline_hands_the_next_step_an_empty_list(store):
+    from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    flow = workflow_pipeline(
+        [square.message(3), workflow_group([], broker=broker), total.message()], broker=broker
+    )
+    flow.run()
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=9)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued[1:]] == [("total", ([],))]
+    workflows.after_process_message(broker, delivery(broker.enqueued[1][0]), result=0)
+    found = workflows.backend.get(str(flow.workflow_id))
+    assert found is not None and found.state == "succeeded"
+
+
+def test_an_expired_workflow_leaves_no_rows_in_sqlite(tmp_path):
+    """Redis forgets an expired workflow; SQLite kept every row of every workflow ever run (each
+    member's state and result, up to 64 KiB), and the file grew without end."""
+    from jobsystem.store.sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path / "state.db")
+    backend = workflow_backend(store)
+    old = {"id": "old", "kind": "group", "steps": [{"mode": "success", "members": [{"id": "m0"}]}]}
+    backend.create(old, 50)
+    backend.finish("old", 0, "m0", "succeeded", '"a result"', 50)
+    time.sleep(0.1)
+    backend.create({**old, "id": "new"}, TTL)  # a new workflow sweeps the expired ones
+    with store.transaction() as conn:
+        left = [conn.execute(f"SELECT wid FROM {t}").fetchall() for t in ("workflow_fields", "workflow_done")]
+    assert {wid for rows in left for (wid,) in rows} == {store.key("new")}
+    store.close()
+
+
+def test_a_first_step_keeps_its_own_delay_as_dramatiqs_pipeline_does(store):
+    """Dramatiq's ``pipeline.run`` delays the first message by the larger of its own ``delay`` and
+    the run's; a next step here keeps its own too. The first step's own delay was dropped: the
+    job ran at once."""
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, workflows, square, total = workflow_broker(store)
+    workflows.ttl_ms = 200
+    first = square.message_with_options(args=(2,), delay=600)
+    flow = workflow_pipeline([first, total.message()], broker=broker).run()
+    workflow_pipeline([first, total.message()], broker=broker).run(delay=900)
+    workflow_pipeline([square.message(3), total.message()], broker=broker).run(delay=300)
+    assert [delay for _, delay in broker.enqueued] == [600, 900, 300]
+    time.sleep(0.4)  # past the TTL, within the delay: the record waits for it
+    assert workflows.backend.get(str(flow.workflow_id)) is not None
+
+
+def test_a_message_given_twice_is_refused_not_left_waiting_for_ever(store):
+    """``group([m] * 3)``: the three sends share one message id, which the store counts once, so
+    the step never completed and its callback never ran (Dramatiq's group runs it). Refused."""
+    from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import pipeline as workflow_pipeline
+
+    broker, _, square, total = workflow_broker(store)
+    once = square.message(2)
+    fan_out = workflow_group([once] * 3, broker=broker)
+    fan_out.add_completion_callback(total.message())
+    with pytest.raises(ValueError, match="more than once"):
+        fan_out.run()
+    with pytest.raises(ValueError, match="more than once"):
+        workflow_pipeline(
+            [once, workflow_group([once, square.message(3)], broker=broker)], broker=broker
+        ).run()
+    assert broker.enqueued == []
+
+
+def test_a_step_sent_again_hands_on_the_result_it_was_counted_with(store):
+    """The member's end was counted (result 4) and its worker died before sending the next step.
+    Its redelivery ran again and ended another way (here: dead-lettered): the step was then sent
+    with that run's result (None), not with the result the step was completed with."""
+    broker, workflows, square, total = workflow_broker(store)
+    record, first = annotate("pipeline", [Step([square.message(2)]), Step([total.message()])])
+    workflows.backend.create(record, TTL)
+    workflows.backend.finish(record["id"], 0, first[0].message_id, "succeeded", "4", TTL)  # then died
+    again = delivery(first[0], redelivered=True)
+    again.fail()
+    workflows.after_nack(broker, again)
+    assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", (4,))]
