@@ -200,3 +200,18 @@ def test_a_page_while_the_store_is_down_answers_503_with_the_page_not_500(store,
     page = call(app, "GET", path)
     assert page.status_code == 503, page.text
     assert "state store unreachable" in page.text and "<nav>" in page.text
+
+
+def test_the_dead_letters_page_lists_what_its_purge_all_matching_button_would_purge(store):
+    """Actions name a queue as ``emails`` (the README's example; the environment's prefix added),
+    the listing took it as written: ``?queue=emails`` showed "no dead letters match" while its
+    "Purge all matching" button, sent with the same filter, purged every one of ``t_emails``."""
+    app, project, _ = dashboard(store)
+    now = int(time.time() * 1000)
+    entry = DeadLetterEntry("t_emails", "m1", "a1", "retries_exhausted", "E", "err", "tb", 3, now, now)
+    project.dead_letter_index.add([entry], ttl_ms=None, max_length=None)
+    listed = call(app, "GET", "/api/dead-letters?queue=emails").json()
+    assert [d["message_id"] for d in listed["dead_letters"]] == ["m1"] and listed["queue"] == "t_emails"
+    page = call(app, "GET", "/dead-letters?queue=emails").text
+    sent = page.split("data-filter='")[1].split("'")[0]  # what "all matching" sends
+    assert json.loads(sent)["queue"] == "t_emails"
