@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pika.exceptions
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -110,6 +111,18 @@ class Guard(BaseHTTPMiddleware):
             fetch_site=headers.get("sec-fetch-site"),
             token_ok=self.credentials.token_matches(user, headers.get(CSRF_HEADER)),
         )
+
+
+#: What an action meets when RabbitMQ or the state store does not answer: an outage (503), not a bug.
+OUTAGES = (ConnectionError, pika.exceptions.AMQPError, StoreUnavailable)
+
+
+def _outage(exc: BaseException) -> str:
+    """What the client is told of an outage: which service, the error's type (no address, no URL),
+    and that part of the action may have been done (dead letters acked before the loss stay done)."""
+    service = "state store" if isinstance(exc, StoreUnavailable) else "RabbitMQ"
+    done = "nothing done, or only part of it (see the dead letters page)"
+    return f"{service} unreachable ({type(exc).__name__}): {done}"
 
 
 def _text(request: Request, name: str) -> str | None:
@@ -264,6 +277,10 @@ class Dashboard:
         except ActionError as exc:
             await self._audit_finish(entry_id, {"state": "refused", "error": str(exc)})
             return JSONResponse({"error": str(exc)}, status_code=400)
+        except OUTAGES as exc:
+            logger.warning("dashboard_action_outage", extra={"action": action, "error": type(exc).__name__})
+            await self._audit_finish(entry_id, {"state": "failed", "error": type(exc).__name__})
+            return JSONResponse({"error": _outage(exc)}, status_code=503)
         except Exception as exc:
             logger.exception("dashboard_action_failed", extra={"action": action})
             await self._audit_finish(entry_id, {"state": "failed", "error": type(exc).__name__})

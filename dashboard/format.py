@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment
 from markupsafe import Markup
@@ -43,7 +43,9 @@ def badge(state: Any) -> Markup:
 
 
 def number(value: Any, digits: int = 0) -> str:
-    if value is None:
+    """A number with thousands separators; "-" for anything else: a field a record lacks (an audit
+    entry still running, or refused, has no count) reaches a template as Jinja's Undefined."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return "-"
     return f"{value:,.{digits}f}"
 
@@ -105,6 +107,12 @@ def sparkline(points: dict[str, list[int]], width: int = 180, height: int = 28) 
     )
 
 
+def segment(value: Any) -> str:
+    """``value`` as one path segment: Jinja's ``urlencode`` leaves ``/`` as is, and a message id is
+    the sender's text, so ``a/../../other`` would make a link or an action reach another job."""
+    return quote(str(value), safe="")
+
+
 def with_key(query: dict[str, str], key: str, value: str) -> str:
     """The page's query string with ``key`` set (and without the live-update flag)."""
     return urlencode({**{k: v for k, v in query.items() if k != "fragment"}, key: value})
@@ -125,4 +133,5 @@ def register_filters(env: Environment) -> None:
         sparkline=sparkline,
         with_key=with_key,
         reject_key=reject_key,
+        segment=segment,
     )

@@ -1,0 +1,217 @@
+"""The dashboard's ASGI app in process, on the real store backends, RabbitMQ stood in for: pages
+that render whatever the audit log holds, actions that answer an outage with 503, links that
+stay on the job they name. (No httpx here, so no Starlette TestClient: a small ASGI caller.)"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import quote, unquote, urljoin
+
+import pika
+import pytest
+
+from dashboard.app import create_app
+from dashboard.auth import Credentials, User
+from jobsystem.settings import Settings
+from jobsystem.store import StateStore
+from jobsystem.store.audit import audit_backend
+from jobsystem.store.base import StoreUnavailable
+from jobsystem.store.buckets import bucket_backend
+from jobsystem.store.dead_letter_index import DeadLetterEntry, dead_letter_index
+from jobsystem.store.heartbeats import heartbeat_backend
+from jobsystem.store.status import status_backend
+from jobsystem.store.status_records import StatusUpdate, order_of
+
+ADMIN = ("admin", "admin-password-for-tests")
+#: RabbitMQ on a port nobody listens on: every connection is refused at once.
+DOWN = Settings(
+    rabbitmq_url="amqp://guest:guest@127.0.0.1:1/%2F",
+    rabbitmq_management_url="http://127.0.0.1:1",
+    queue_prefix="t_",
+)
+
+
+class Answer:
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status_code, self.text = status, body.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+def call(
+    app: Any, method: str, target: str, body: Any = None, headers: dict[str, str] | None = None
+) -> Answer:
+    """One request through the whole app (its middleware included), as an ASGI server sends it."""
+    path, _, query = target.partition("?")
+    credentials = base64.b64encode(f"{ADMIN[0]}:{ADMIN[1]}".encode())
+    sent = [(b"host", b"testserver"), (b"authorization", b"Basic " + credentials)]
+    sent += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": unquote(path),
+        "raw_path": path.encode(),
+        "query_string": query.encode(),
+        "root_path": "",
+        "headers": sent,
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    incoming = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b""}]
+    status, chunks = [500], []
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = message["status"]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    try:
+        asyncio.run(app(scope, receive, send))
+    except Exception as exc:  # Starlette answers 500, then raises it again for the server to log
+        return Answer(500, repr(exc).encode())
+    return Answer(status[0], b"".join(chunks))
+
+
+def dashboard(store: StateStore, settings: Settings = DOWN) -> tuple[Any, SimpleNamespace, dict[str, str]]:
+    """The app over ``store``, RabbitMQ as ``settings`` say, and the headers an admin's POST carries."""
+    broker = SimpleNamespace(
+        actors={"a1": None},
+        dead_letter_index=None,
+        middleware=[],
+        get_declared_queues=lambda: [],
+        parameters=pika.URLParameters(settings.rabbitmq_url),
+    )
+    project = SimpleNamespace(
+        store=store,
+        settings=settings,
+        broker=broker,
+        system=SimpleNamespace(broker=broker),
+        status=status_backend(store),
+        audit=audit_backend(store),
+        heartbeats=heartbeat_backend(store),
+        buckets=bucket_backend(store),
+        dead_letter_index=dead_letter_index(store),
+        idempotency=None,
+    )
+    credentials = Credentials(ADMIN[1], None)
+    sampler = SimpleNamespace(latest=lambda: (None, 0.0, 0.0))
+    post = {
+        "Content-Type": "application/json",
+        "Origin": "http://testserver",
+        "X-CSRF-Token": credentials.csrf_token(User("admin")),
+    }
+    return create_app(project, credentials, sampler), project, post  # type: ignore[arg-type]
+
+
+def test_the_audit_page_shows_actions_that_have_no_count_yet_or_never_will(store):
+    """An action is "started" while it runs, "refused" or "failed" when it did not run: none has a
+    count. The page rendered the missing count as a number: 500 for as long as one was listed."""
+    app, project, _ = dashboard(store)
+    now = int(time.time() * 1000)
+    project.audit.start({"user": "admin", "action": "dead_letters.retry", "filter": {"queue": "q"}}, now)
+    refused = project.audit.start({"user": "admin", "action": "dead_letters.purge", "filter": {}}, now + 1)
+    project.audit.finish(refused, {"state": "refused", "error": "RabbitMQ has no dead-letter queue"})
+    done = project.audit.start({"user": "admin", "action": "dead_letters.reindex", "filter": {}}, now + 2)
+    project.audit.finish(done, {"state": "done", "count": 1234, "outcome": {"indexed": 1234}})
+    page = call(app, "GET", "/audit")
+    assert page.status_code == 200, page.text
+    assert "refused" in page.text and "started" in page.text and "1,234" in page.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/dead-letters/retry", {"queue": "emails", "ids": ["m1"]}),
+        ("/api/dead-letters/purge", {"queue": "emails", "all": True}),
+        ("/api/dead-letters/reindex", {"queue": "emails"}),
+    ],
+)
+def test_an_action_while_rabbitmq_is_down_answers_503_and_is_audited_failed(store, path, body):
+    """RabbitMQ refusing connections is an outage, as the store's is: 503 with a JSON error, not a
+    500 "failed" that reads as a bug in the dashboard."""
+    app, _, post = dashboard(store)
+    answer = call(app, "POST", path, body, post)
+    assert answer.status_code == 503, answer.text
+    assert "RabbitMQ unreachable" in answer.json()["error"]
+    (entry,) = call(app, "GET", "/api/audit").json()["entries"]
+    assert entry["state"] == "failed"
+
+
+def test_a_job_link_and_its_actions_stay_on_the_job_whatever_its_message_id(store):
+    """A message id is anyone's text (whoever published the message chose it): with a ``/`` left
+    as is, ``a/../../victim`` made the pages' links and the Retry button point at another job."""
+    app, project, _ = dashboard(store)
+    now = int(time.time() * 1000)
+    crafted = "x/../../victim"
+    once = {"actor": "a1", "queue": "t_q", "enqueued_at": str(now)}
+    update = StatusUpdate(
+        crafted, "t_q", order_of(0, "queued"), {"state": "queued", "updated_at": str(now)}, once
+    )
+    project.status.apply([update], 60_000)
+    entry = DeadLetterEntry("t_q", crafted, "a1", "retries_exhausted", "E", "err", "tb", 3, now, now)
+    project.dead_letter_index.add([entry], ttl_ms=None, max_length=None)
+
+    def targets(page: str, attribute: str) -> list[str]:
+        """Where the page's ``attribute`` URLs that name a job lead, as a browser resolves them."""
+        found = [f.split('"')[0] for f in page.split(f'{attribute}="')[1:]]
+        return [
+            urljoin("http://testserver/jobs/here", f) for f in found if f.startswith(("/jobs/", "/api/jobs/"))
+        ]
+
+    job_page = call(app, "GET", "/jobs/" + quote(crafted, safe=""))
+    assert job_page.status_code == 200, job_page.text
+    (retry,) = [u for u in targets(job_page.text, "data-url") if u.endswith("/retry")]
+    links = targets(call(app, "GET", "/jobs").text, "href")
+    links += targets(call(app, "GET", "/dead-letters").text, "href")
+    assert len(links) == 2
+    for url in [retry, *links]:
+        assert "/x%2F..%2F..%2Fvictim" in url, url
+
+
+class _Down:
+    """A store feature whose every call finds the store down."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailable("redis: ConnectionError: Connection refused")
+
+        return fail
+
+
+@pytest.mark.parametrize("path", ["/jobs", "/jobs/m1", "/dead-letters", "/workers", "/audit"])
+def test_a_page_while_the_store_is_down_answers_503_with_the_page_not_500(store, path):
+    """The jobs page's template read the filter menus from data a failed page does not have:
+    a 500 with no page at all (its JSON twin said 503) until the store came back."""
+    app, project, _ = dashboard(store)
+    project.status = project.audit = project.heartbeats = project.dead_letter_index = _Down()
+    page = call(app, "GET", path)
+    assert page.status_code == 503, page.text
+    assert "state store unreachable" in page.text and "<nav>" in page.text
+
+
+def test_the_dead_letters_page_lists_what_its_purge_all_matching_button_would_purge(store):
+    """Actions name a queue as ``emails`` (the README's example; the environment's prefix added),
+    the listing took it as written: ``?queue=emails`` showed "no dead letters match" while its
+    "Purge all matching" button, sent with the same filter, purged every one of ``t_emails``."""
+    app, project, _ = dashboard(store)
+    now = int(time.time() * 1000)
+    entry = DeadLetterEntry("t_emails", "m1", "a1", "retries_exhausted", "E", "err", "tb", 3, now, now)
+    project.dead_letter_index.add([entry], ttl_ms=None, max_length=None)
+    listed = call(app, "GET", "/api/dead-letters?queue=emails").json()
+    assert [d["message_id"] for d in listed["dead_letters"]] == ["m1"] and listed["queue"] == "t_emails"
+    page = call(app, "GET", "/dead-letters?queue=emails").text
+    sent = page.split("data-filter='")[1].split("'")[0]  # what "all matching" sends
+    assert json.loads(sent)["queue"] == "t_emails"
