@@ -77,9 +77,8 @@ def dead_letter_list(
     if index is None:
         raise ActionError("no state store: dead letters are not indexed")
     limit = max(1, min(limit, MAX_PAGE))
-    if (
-        queue
-    ):  # named as the actions name it (``emails``: this environment's): the page lists what they act on
+    # Named as the actions name it (``emails``: this environment's): the page lists what they act on.
+    if queue:
         (named,) = dead_letter_ops.dead_letter_queues(project.settings, project.broker, queue)
         queue = named.removesuffix(DEAD_LETTER_SUFFIX)
     dl_filter = DeadLetterFilter(queue, actor, exception, _millis(parse_since(since)))
