@@ -476,6 +476,17 @@ def test_a_national_number_its_region_writes_without_the_trunk_zero_is_replaced(
     assert hashing.text(written) == hashing.text(international)  # one person, one hash
 
 
+@pytest.mark.parametrize(
+    "written",
+    ["183 778 3533", "4 579 102 298", "129 9456 4982", "42 957 693 704", "950 136 3476", "1 404 611 086"],
+)
+def test_a_number_grouped_otherwise_than_its_region_writes_it_stays(written):
+    """Read without the trunk 0, these are valid Brazilian, Chinese or Indian numbers, but each
+    region writes them in other groups (``(45) 7910-2298``): written so, they are amounts and
+    references, which were kept before numbers without the 0 were read at all."""
+    assert scrub.text(f"total {written} ok") == f"total {written} ok"
+
+
 def _finnish_id(birth: str, sign: str) -> str:
     """A valid Finnish personal identity code (henkilötunnus) of ``birth`` (ddmmyy) and century sign."""
     from stdnum.fi import hetu
