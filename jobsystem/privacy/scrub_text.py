@@ -20,6 +20,7 @@ import base64
 import ipaddress
 import re
 from collections.abc import Callable, Iterable
+from itertools import pairwise
 from urllib.parse import unquote
 
 __all__ = [
@@ -148,6 +149,15 @@ def _generic_secret(match: re.Match[str]) -> str:
     return "[secret]"
 
 
+def _in_local(escape: str) -> bool:
+    """Whether an escape may be part of a local part: a letter, a digit or the punctuation one
+    allows, or a byte of a UTF-8 character (``\\u00ab``, the ``«`` before ``«ana@…»``, is not)."""
+    code = int(escape[2:], 16)
+    if escape[1] == "x" and code >= 0x80:
+        return True
+    return chr(code).isalnum() or chr(code) in _EMAIL_LOCAL_PUNCT
+
+
 def _local_start(text: str, at: int, floor: int) -> int:
     """Where the local part of an address whose ``@`` is at ``at`` begins (``at`` if none)."""
     start = at
@@ -155,7 +165,10 @@ def _local_start(text: str, at: int, floor: int) -> int:
         char = text[start - 1]
         if char.isalnum() or char in _EMAIL_LOCAL_PUNCT:
             start -= 1
-        elif char == "\\" and _ESCAPED.match(text, start - 1):
+        elif char == "\\" and (escape := _ESCAPED.match(text, start - 1)):
+            if not _in_local(escape.group()):
+                start = escape.end()  # its hex digits, taken for letters, are not the address's
+                break
             start -= 1  # ``\\u00ed``, ``\\xc3``: a non-ASCII letter as JSON or repr() escapes it
         else:
             break
@@ -187,13 +200,47 @@ def _unescaped(address: str) -> str:
         return address
 
 
+def _escaped_char(escapes: list[re.Match[str]], index: int) -> tuple[str | None, int]:
+    """The character the escape at ``index`` begins (None if it begins none) and the index after
+    it: one ``\\uXXXX`` or ASCII ``\\xNN``, or the ``\\xNN`` bytes of one UTF-8 character."""
+    first = escapes[index].group()
+    code = int(first[2:], 16)
+    if first[1] == "u" or code < 0x80:
+        return chr(code), index + 1
+    size = 2 if 0xC0 <= code < 0xE0 else 3 if 0xE0 <= code < 0xF0 else 4 if 0xF0 <= code < 0xF8 else 0
+    run = escapes[index : index + size]
+    if not size or len(run) < size or any(a.end() != b.start() for a, b in pairwise(run)):
+        return None, index + 1
+    try:
+        return bytes(int(m.group()[2:], 16) for m in run).decode("utf-8"), index + size
+    except UnicodeDecodeError:
+        return None, index + 1
+
+
+def _domain(text: str, pos: int) -> re.Match[str] | None:
+    """The domain of an address from ``pos``, ending before an escape that writes no letter or
+    digit: JSON writes ``ana@example.com—thanks`` as ``ana@example.com\\u2014thanks``, whose dash
+    and next word belong to the text, not the domain (nor in its hash)."""
+    domain = _EMAIL_DOMAIN.match(text, pos)
+    if domain is None or "\\" not in domain.group():
+        return domain
+    escapes = list(_ESCAPED.finditer(text, pos, domain.end()))
+    index = 0
+    while index < len(escapes):
+        char, after = _escaped_char(escapes, index)
+        if char is None or not (char.isalnum() or char == "-"):
+            return _EMAIL_DOMAIN.match(text, pos, escapes[index].start())
+        index = after
+    return domain
+
+
 def _addresses(text: str, at_sign: str, replace: Replace) -> str:
     parts: list[str] = []
     done = 0
     at = text.find(at_sign)
     while at != -1:
         start = _local_start(text, at, done)
-        domain = _EMAIL_DOMAIN.match(text, at + len(at_sign)) if start < at else None
+        domain = _domain(text, at + len(at_sign)) if start < at else None
         if domain is not None:
             address = text[start:at] + "@" + text[at + len(at_sign) : domain.end()]
             if at_sign != "@":

@@ -347,6 +347,24 @@ def test_email_addresses_with_escaped_non_ascii_letters_are_replaced_whole(writt
     assert hashing.text(written) == hashing.text(address)  # one person, one hash: escaped or not
 
 
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("write to ", r"\u2014thanks"),  # json.dumps of an em dash after the address
+        ("", r"\u2019s inbox is full"),  # a right single quote: the address's owner
+        (r"\u00ab", r"\u00bb ok"),  # French quotes around it
+        ("reply: ", r"\u3002ok"),  # a CJK full stop
+        ("b'to ", r"\xe2\x80\x94thanks'"),  # the repr of bytes: an em dash in UTF-8
+    ],
+)
+def test_an_escaped_character_next_to_an_address_that_is_no_letter_stays_text(before, after):
+    """Escapes stand for letters of an address, but also for the punctuation around one: that and
+    the word after it are the text's, and the address hashes as it does everywhere else."""
+    assert scrub.text(f"{before}ana@example.com{after}") == f"{before}[email]{after}"
+    hashed = hashing.text("ana@example.com")
+    assert hashing.text(f"{before}ana@example.com{after}") == f"{before}{hashed}{after}"
+
+
 def test_jobctl_json_output_loses_an_address_json_escaped():
     """`jobctl status --json` prints ``json.dumps`` of the record (non-ASCII as ``\\uXXXX``) through
     the scrubbed stdout: an address with a non-ASCII domain must not pass as plain words."""
