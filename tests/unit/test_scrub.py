@@ -435,6 +435,24 @@ def test_a_standard_library_records_arguments_are_scrubbed_as_structures(logging
         assert value not in stream.getvalue()
 
 
+def test_a_standard_library_records_other_arguments_are_formatted_as_before():
+    """Scrubbing a record's containers as structures must not change how the rest is formatted:
+    ``%(path)s`` is ``str(path)``, not its repr, and a set is still shown as a set."""
+    from pathlib import PurePosixPath
+
+    def formatted(message: str, *args: object) -> str:
+        record = logging.LogRecord("shop", logging.WARNING, __file__, 1, message, args, None)
+        scrub.filter(record)
+        return record.getMessage()
+
+    arguments = {"path": PurePosixPath("/srv/reports/x.csv"), "error": RuntimeError("disk full"), "n": 2}
+    assert formatted("wrote %(path)s after %(error)s (%(n)d)", arguments) == (
+        "wrote /srv/reports/x.csv after disk full (2)"
+    )
+    assert formatted("queues %s, %d held", {"emails"}, 2) == "queues {'emails'}, 2 held"
+    assert formatted("held for %(full_name)s", {"full_name": ["Zoë", "Gómez"]}) == "held for [name]"
+
+
 def test_a_named_tuple_is_judged_by_its_field_names_in_a_log_line(logging_restored):
     """A named tuple logged as a field, or formatted into a standard-library record, has field names
     that name personal data: scrubbed item by item as a plain tuple, its values lost their keys."""
