@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Callable, Iterable
 from itertools import pairwise
 from urllib.parse import unquote
@@ -149,13 +150,21 @@ def _generic_secret(match: re.Match[str]) -> str:
     return "[secret]"
 
 
+def _separates(char: str) -> bool:
+    """Whether an escaped character ends an address: punctuation, a space or a symbol (a dash, a
+    quote, a no-break space). Letters, digits, marks (``e\\u0301``: é decomposed) and the rest
+    may be part of one: when unsure, more is replaced rather than an address left in part."""
+    return unicodedata.category(char)[0] in "PZS"
+
+
 def _in_local(escape: str) -> bool:
-    """Whether an escape may be part of a local part: a letter, a digit or the punctuation one
-    allows, or a byte of a UTF-8 character (``\\u00ab``, the ``«`` before ``«ana@…»``, is not)."""
+    """Whether an escape may be part of a local part: not a character that separates one, bar
+    the punctuation a local part allows; any byte of a UTF-8 character (``\\u00ab``, the ``«``
+    before ``«ana@…»``, is not)."""
     code = int(escape[2:], 16)
     if escape[1] == "x" and code >= 0x80:
         return True
-    return chr(code).isalnum() or chr(code) in _EMAIL_LOCAL_PUNCT
+    return chr(code) in _EMAIL_LOCAL_PUNCT or not _separates(chr(code))
 
 
 def _local_start(text: str, at: int, floor: int) -> int:
@@ -218,9 +227,10 @@ def _escaped_char(escapes: list[re.Match[str]], index: int) -> tuple[str | None,
 
 
 def _domain(text: str, pos: int) -> re.Match[str] | None:
-    """The domain of an address from ``pos``, ending before an escape that writes no letter or
-    digit: JSON writes ``ana@example.com—thanks`` as ``ana@example.com\\u2014thanks``, whose dash
-    and next word belong to the text, not the domain (nor in its hash)."""
+    """The domain of an address from ``pos``, ending before an escape that separates it from the
+    text: JSON writes ``ana@example.com—thanks`` as ``ana@example.com\\u2014thanks``, whose dash
+    and next word are the text's, not the domain's (nor in its hash). Whole if what is before
+    that escape is no domain."""
     domain = _EMAIL_DOMAIN.match(text, pos)
     if domain is None or "\\" not in domain.group():
         return domain
@@ -228,8 +238,8 @@ def _domain(text: str, pos: int) -> re.Match[str] | None:
     index = 0
     while index < len(escapes):
         char, after = _escaped_char(escapes, index)
-        if char is None or not (char.isalnum() or char == "-"):
-            return _EMAIL_DOMAIN.match(text, pos, escapes[index].start())
+        if char is not None and char != "-" and _separates(char):
+            return _EMAIL_DOMAIN.match(text, pos, escapes[index].start()) or domain
         index = after
     return domain
 

@@ -365,6 +365,21 @@ def test_an_escaped_character_next_to_an_address_that_is_no_letter_stays_text(be
     assert hashing.text(f"{before}ana@example.com{after}") == f"{before}{hashed}{after}"
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        r"jose\u0301@example.com",
+        r"ana@ex\u0301ample.com",
+        r"ana@exa\u00admple.com",
+        r"jos\xc3\xa9@example.com",
+    ],
+)
+def test_an_escaped_mark_or_invisible_character_inside_an_address_is_part_of_it(written):
+    """A decomposed letter (``e`` and a combining accent) or a soft hyphen is no letter by
+    ``isalnum``, but no separator either: the address is replaced whole, as before."""
+    assert scrub.text(f"to {written} ok") == "to [email] ok"
+
+
 def test_jobctl_json_output_loses_an_address_json_escaped():
     """`jobctl status --json` prints ``json.dumps`` of the record (non-ASCII as ``\\uXXXX``) through
     the scrubbed stdout: an address with a non-ASCII domain must not pass as plain words."""
