@@ -330,10 +330,27 @@ class Scrubber:
         before they are formatted into text, where a value under ``address`` would no longer sit
         next to its key; other arguments keep their type for the format (``%d``)."""
         if isinstance(args, dict):  # one mapping argument: ``%(name)s`` formats, or ``%s`` of it
-            return self._container(args, 1, set())
+            return {key: self._argument(key, value) for key, value in args.items()}
         if isinstance(args, tuple) and any(isinstance(a, _CONTAINERS) for a in args):
-            return tuple(self._value(a, 1, set()) if isinstance(a, _CONTAINERS) else a for a in args)
+            return tuple(self._argument(None, a) for a in args)
         return args
+
+    def _argument(self, key: Any, value: Any) -> Any:
+        """One argument: its value replaced under a key that names personal data; a container
+        scrubbed as a structure, a set still a set; anything else as it is, for the format
+        (``%(path)s`` shows ``str(path)``, not its repr) and the text scrub after it."""
+        label = self.key(key)[0] if isinstance(key, str) else None
+        if label is not None:
+            return self._replace_keyed(label, value)
+        if not isinstance(value, _CONTAINERS):
+            return value
+        scrubbed = self._value(value, 1, set())
+        if isinstance(value, set | frozenset) and isinstance(scrubbed, list):
+            try:
+                return frozenset(scrubbed) if isinstance(value, frozenset) else set(scrubbed)
+            except TypeError:  # an item scrubbed into something unhashable
+                return scrubbed
+        return scrubbed
 
 
 _CONTAINERS = (dict, list, tuple, set, frozenset)

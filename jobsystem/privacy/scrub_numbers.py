@@ -155,12 +155,15 @@ def _valid(module: ModuleType, number: str) -> bool:
         return False
 
 
-def _as_written(number: phonenumbers.PhoneNumber) -> bool:
-    """Whether a valid ``number``, read without a trunk 0 in a region that has one, is written as
-    the region writes it: only if its national format has no 0 either (``0113 456 7890`` in the
-    UK, but ``(11) 3456-7890`` in Brazil, ``138 0013 8000`` for a Chinese mobile)."""
+def _as_written(number: phonenumbers.PhoneNumber, formatted: str) -> bool:
+    """Whether a valid ``number``, read without a trunk 0 in a region that has one, is written
+    (``formatted``) as the region writes it: its national format has no 0 either (``0113 456 7890``
+    in the UK, but ``(11) 3456-7890`` in Brazil, ``138 0013 8000`` for a Chinese mobile) and has
+    the same groups of digits. Any other grouping is an amount or a reference as often as not:
+    ``4 579 102 298`` or ``183 778 3533`` are valid Brazilian numbers, written ``(45) 7910-2298``."""
     national = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.NATIONAL)
-    return not national.lstrip("(").startswith("0")
+    groups = [len(group) for group in _GROUP.findall(formatted)]
+    return not national.lstrip("(").startswith("0") and groups == [len(g) for g in _GROUP.findall(national)]
 
 
 def _public_ip(text: str) -> bool:
@@ -246,7 +249,7 @@ class NumberFinder:
             try:
                 number = phonenumbers.parse(text, region)
                 if phonenumbers.is_valid_number(number) and (
-                    region not in without_trunk or _as_written(number)
+                    region not in without_trunk or _as_written(number, text)
                 ):
                     return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
             except Exception:  # NumberParseException, or a gap in the library's metadata

@@ -19,7 +19,9 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Callable, Iterable
+from itertools import pairwise
 from urllib.parse import unquote
 
 __all__ = [
@@ -148,6 +150,23 @@ def _generic_secret(match: re.Match[str]) -> str:
     return "[secret]"
 
 
+def _separates(char: str) -> bool:
+    """Whether an escaped character ends an address: punctuation, a space or a symbol (a dash, a
+    quote, a no-break space). Letters, digits, marks (``e\\u0301``: é decomposed) and the rest
+    may be part of one: when unsure, more is replaced rather than an address left in part."""
+    return unicodedata.category(char)[0] in "PZS"
+
+
+def _in_local(escape: str) -> bool:
+    """Whether an escape may be part of a local part: not a character that separates one, bar
+    the punctuation a local part allows; any byte of a UTF-8 character (``\\u00ab``, the ``«``
+    before ``«ana@…»``, is not)."""
+    code = int(escape[2:], 16)
+    if escape[1] == "x" and code >= 0x80:
+        return True
+    return chr(code) in _EMAIL_LOCAL_PUNCT or not _separates(chr(code))
+
+
 def _local_start(text: str, at: int, floor: int) -> int:
     """Where the local part of an address whose ``@`` is at ``at`` begins (``at`` if none)."""
     start = at
@@ -155,7 +174,10 @@ def _local_start(text: str, at: int, floor: int) -> int:
         char = text[start - 1]
         if char.isalnum() or char in _EMAIL_LOCAL_PUNCT:
             start -= 1
-        elif char == "\\" and _ESCAPED.match(text, start - 1):
+        elif char == "\\" and (escape := _ESCAPED.match(text, start - 1)):
+            if not _in_local(escape.group()):
+                start = escape.end()  # its hex digits, taken for letters, are not the address's
+                break
             start -= 1  # ``\\u00ed``, ``\\xc3``: a non-ASCII letter as JSON or repr() escapes it
         else:
             break
@@ -187,13 +209,48 @@ def _unescaped(address: str) -> str:
         return address
 
 
+def _escaped_char(escapes: list[re.Match[str]], index: int) -> tuple[str | None, int]:
+    """The character the escape at ``index`` begins (None if it begins none) and the index after
+    it: one ``\\uXXXX`` or ASCII ``\\xNN``, or the ``\\xNN`` bytes of one UTF-8 character."""
+    first = escapes[index].group()
+    code = int(first[2:], 16)
+    if first[1] == "u" or code < 0x80:
+        return chr(code), index + 1
+    size = 2 if 0xC0 <= code < 0xE0 else 3 if 0xE0 <= code < 0xF0 else 4 if 0xF0 <= code < 0xF8 else 0
+    run = escapes[index : index + size]
+    if not size or len(run) < size or any(a.end() != b.start() for a, b in pairwise(run)):
+        return None, index + 1
+    try:
+        return bytes(int(m.group()[2:], 16) for m in run).decode("utf-8"), index + size
+    except UnicodeDecodeError:
+        return None, index + 1
+
+
+def _domain(text: str, pos: int) -> re.Match[str] | None:
+    """The domain of an address from ``pos``, ending before an escape that separates it from the
+    text: JSON writes ``ana@example.com—thanks`` as ``ana@example.com\\u2014thanks``, whose dash
+    and next word are the text's, not the domain's (nor in its hash). Whole if what is before
+    that escape is no domain."""
+    domain = _EMAIL_DOMAIN.match(text, pos)
+    if domain is None or "\\" not in domain.group():
+        return domain
+    escapes = list(_ESCAPED.finditer(text, pos, domain.end()))
+    index = 0
+    while index < len(escapes):
+        char, after = _escaped_char(escapes, index)
+        if char is not None and char != "-" and _separates(char):
+            return _EMAIL_DOMAIN.match(text, pos, escapes[index].start()) or domain
+        index = after
+    return domain
+
+
 def _addresses(text: str, at_sign: str, replace: Replace) -> str:
     parts: list[str] = []
     done = 0
     at = text.find(at_sign)
     while at != -1:
         start = _local_start(text, at, done)
-        domain = _EMAIL_DOMAIN.match(text, at + len(at_sign)) if start < at else None
+        domain = _domain(text, at + len(at_sign)) if start < at else None
         if domain is not None:
             address = text[start:at] + "@" + text[at + len(at_sign) : domain.end()]
             if at_sign != "@":

@@ -347,6 +347,39 @@ def test_email_addresses_with_escaped_non_ascii_letters_are_replaced_whole(writt
     assert hashing.text(written) == hashing.text(address)  # one person, one hash: escaped or not
 
 
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("write to ", r"\u2014thanks"),  # json.dumps of an em dash after the address
+        ("", r"\u2019s inbox is full"),  # a right single quote: the address's owner
+        (r"\u00ab", r"\u00bb ok"),  # French quotes around it
+        ("reply: ", r"\u3002ok"),  # a CJK full stop
+        ("b'to ", r"\xe2\x80\x94thanks'"),  # the repr of bytes: an em dash in UTF-8
+    ],
+)
+def test_an_escaped_character_next_to_an_address_that_is_no_letter_stays_text(before, after):
+    """Escapes stand for letters of an address, but also for the punctuation around one: that and
+    the word after it are the text's, and the address hashes as it does everywhere else."""
+    assert scrub.text(f"{before}ana@example.com{after}") == f"{before}[email]{after}"
+    hashed = hashing.text("ana@example.com")
+    assert hashing.text(f"{before}ana@example.com{after}") == f"{before}{hashed}{after}"
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        r"jose\u0301@example.com",
+        r"ana@ex\u0301ample.com",
+        r"ana@exa\u00admple.com",
+        r"jos\xc3\xa9@example.com",
+    ],
+)
+def test_an_escaped_mark_or_invisible_character_inside_an_address_is_part_of_it(written):
+    """A decomposed letter (``e`` and a combining accent) or a soft hyphen is no letter by
+    ``isalnum``, but no separator either: the address is replaced whole, as before."""
+    assert scrub.text(f"to {written} ok") == "to [email] ok"
+
+
 def test_jobctl_json_output_loses_an_address_json_escaped():
     """`jobctl status --json` prints ``json.dumps`` of the record (non-ASCII as ``\\uXXXX``) through
     the scrubbed stdout: an address with a non-ASCII domain must not pass as plain words."""
@@ -417,6 +450,24 @@ def test_a_standard_library_records_arguments_are_scrubbed_as_structures(logging
         assert value not in stream.getvalue()
 
 
+def test_a_standard_library_records_other_arguments_are_formatted_as_before():
+    """Scrubbing a record's containers as structures must not change how the rest is formatted:
+    ``%(path)s`` is ``str(path)``, not its repr, and a set is still shown as a set."""
+    from pathlib import PurePosixPath
+
+    def formatted(message: str, *args: object) -> str:
+        record = logging.LogRecord("shop", logging.WARNING, __file__, 1, message, args, None)
+        scrub.filter(record)
+        return record.getMessage()
+
+    arguments = {"path": PurePosixPath("/srv/reports/x.csv"), "error": RuntimeError("disk full"), "n": 2}
+    assert formatted("wrote %(path)s after %(error)s (%(n)d)", arguments) == (
+        "wrote /srv/reports/x.csv after disk full (2)"
+    )
+    assert formatted("queues %s, %d held", {"emails"}, 2) == "queues {'emails'}, 2 held"
+    assert formatted("held for %(full_name)s", {"full_name": ["Zoë", "Gómez"]}) == "held for [name]"
+
+
 def test_a_named_tuple_is_judged_by_its_field_names_in_a_log_line(logging_restored):
     """A named tuple logged as a field, or formatted into a standard-library record, has field names
     that name personal data: scrubbed item by item as a plain tuple, its values lost their keys."""
@@ -474,6 +525,17 @@ def test_a_national_number_its_region_writes_without_the_trunk_zero_is_replaced(
     UK or Germany never do, so ``20 7946 0958`` stays a number there (tested above)."""
     assert scrub.text(f"ligar para {written} hoje") == "ligar para [phone] hoje"
     assert hashing.text(written) == hashing.text(international)  # one person, one hash
+
+
+@pytest.mark.parametrize(
+    "written",
+    ["183 778 3533", "4 579 102 298", "129 9456 4982", "42 957 693 704", "950 136 3476", "1 404 611 086"],
+)
+def test_a_number_grouped_otherwise_than_its_region_writes_it_stays(written):
+    """Read without the trunk 0, these are valid Brazilian, Chinese or Indian numbers, but each
+    region writes them in other groups (``(45) 7910-2298``): written so, they are amounts and
+    references, which were kept before numbers without the 0 were read at all."""
+    assert scrub.text(f"total {written} ok") == f"total {written} ok"
 
 
 def _finnish_id(birth: str, sign: str) -> str:
