@@ -176,7 +176,7 @@ class Workflows(FailClosed):
                 raise StoreUnavailable("the workflow's record is gone")
             if option.get("pipe") == "list":
                 piped = record.step_results(int(option["step"]))
-            elif record.results.get(member) is not None:  # null: none, or too large to keep
+            elif member in record.kept:  # not kept (too large): this run's is all there is
                 piped = record.results[member]
         longest_delay = 0
         for message in next_messages(
@@ -197,7 +197,8 @@ class Workflows(FailClosed):
         return longest_delay
 
     def _encode(self, result: Any) -> str:
-        return result_json(result, self.result_max_bytes) or "null"
+        """``result`` as JSON, or empty when too large to keep (a kept ``None`` is ``null``)."""
+        return result_json(result, self.result_max_bytes) or ""
 
 
 def _decoded(result: str | None) -> Any:

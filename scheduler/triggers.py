@@ -226,10 +226,11 @@ def _next_wall_time(
     """The first instant at or after ``now`` (and after ``previous``) at which a wall-clock time of
     ``triggers`` (UTC triggers read as local times) occurs in ``zone``, each time once: a repeated
     time at its first pass, a skipped time at the instant it would have had before the change
-    (``fold=0``). Near a change a skipped time can fall after a later wall-clock time's instant,
-    so the search reaches :data:`_MAX_JUMP` of wall clock either side."""
+    (``fold=0``). Only after a forward change can a wall-clock time's instant fall after a later
+    one's (a skipped time, mapped past the gap), and by less than the gap: the search reaches that
+    far either side, not more (a dense schedule, ``0-59 0-23 * * *``, reads each minute there)."""
     low = _utc(now) if previous is None else max(_utc(now), _utc(previous) + timedelta(microseconds=1))
-    start = _wall(low, zone) - (_MAX_JUMP if _near_change(zone, low) else timedelta(0))
+    start = _wall(low, zone) - _forward_jump(zone, low)
     best: datetime | None = None
     limit = datetime.max
     wall = _next_wall(triggers, start)
@@ -237,7 +238,7 @@ def _next_wall_time(
         instant = _utc(wall.replace(tzinfo=zone))  # fold=0: the first pass, or the old offset in a gap
         if instant >= low and (best is None or instant < best):
             best = instant
-            limit = wall + (_MAX_JUMP if _near_change(zone, instant) else timedelta(0))
+            limit = wall + _forward_jump(zone, instant)
         wall = _next_wall(triggers, wall + timedelta(seconds=1))
     return None if best is None else best.astimezone(zone)
 
@@ -254,10 +255,12 @@ def _next_wall(triggers: list[CronTrigger], wall: datetime) -> datetime | None:
     return min(times) if times else None
 
 
-def _near_change(zone: tzinfo, moment: datetime) -> bool:
-    """Whether ``zone``'s offset changes within :data:`_MAX_JUMP` of ``moment``."""
+def _forward_jump(zone: tzinfo, moment: datetime) -> timedelta:
+    """How far ``zone``'s clocks jump forward within :data:`_MAX_JUMP` of ``moment`` (the gap of
+    wall-clock times it skips); zero without a change there, or for a change back."""
     before, after = (moment - _MAX_JUMP).astimezone(zone), (moment + _MAX_JUMP).astimezone(zone)
-    return before.utcoffset() != after.utcoffset()
+    jump = (after.utcoffset() or timedelta(0)) - (before.utcoffset() or timedelta(0))
+    return max(jump, timedelta(0))
 
 
 def _next_within_offset(trigger: CronTrigger, previous: datetime | None, now: datetime) -> datetime | None:

@@ -75,6 +75,8 @@ class WorkflowRecord:
     failed: str | None
     states: dict[str, str]
     results: dict[str, Any]
+    #: The members whose result was kept (recorded empty: too large to keep, or not JSON).
+    kept: frozenset[str] = frozenset()
 
     def step_results(self, step: int) -> list[Any]:
         """The results of step ``step``'s members, in the step's order."""
@@ -95,12 +97,14 @@ def _parse(fields: Mapping[str, str]) -> WorkflowRecord | None:
         return None
     states = {k[2:]: v for k, v in fields.items() if k.startswith("s:")}
     results = {k[2:]: _loads(v) for k, v in fields.items() if k.startswith("r:")}
+    kept = frozenset(k[2:] for k, v in fields.items() if k.startswith("r:") and v)
     return WorkflowRecord(
         json.loads(fields["record"]),
         fields.get("state", "running"),
         fields.get("failed") or None,
         states,
         results,
+        kept,
     )
 
 

@@ -758,3 +758,18 @@ def test_a_step_sent_again_hands_on_the_result_it_was_counted_with(store):
     again.fail()
     workflows.after_nack(broker, again)
     assert [(m.actor_name, m.args) for m, _ in broker.enqueued] == [("total", (4,))]
+
+
+def test_a_step_sent_again_hands_on_a_none_it_was_counted_with(store):
+    """The completer returned None (kept as null), its worker died before sending the next step,
+    and its redelivery returned 5: ``None`` was read as "no result kept" and 5 handed on. Only a
+    result too large to keep (recorded empty) gives way to the later run's."""
+    broker, workflows, square, total = workflow_broker(store)
+    workflows.result_max_bytes = 8
+    for recorded, again, piped in ((None, 5, None), ("too large to keep", 5, 5)):
+        record, first = annotate("pipeline", [Step([square.message(2)]), Step([total.message()])])
+        workflows.backend.create(record, TTL)
+        encoded = workflows._encode(recorded)
+        workflows.backend.finish(record["id"], 0, first[0].message_id, "succeeded", encoded, TTL)  # died
+        workflows.after_process_message(broker, delivery(first[0], redelivered=True), result=again)
+        assert [(m.actor_name, m.args) for m, _ in broker.enqueued[-1:]] == [("total", (piped,))]
