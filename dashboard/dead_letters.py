@@ -20,15 +20,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import pika.exceptions
-
 from dashboard.project import (
     DEAD_LETTER_SUFFIX,
     Cursor,
     DeadLetterFilter,
     HealthReport,
     Project,
-    Reader,
+    dead_letter_counts,
     dead_letter_ops,
     dead_letter_queue,
     missing_queues,
@@ -37,6 +35,8 @@ from dashboard.project import (
 __all__ = ["ActionError", "Selection", "dead_letter_list", "parse_since", "purge", "reindex", "retry"]
 
 PAGE, MAX_PAGE = 50, 200
+#: The longest a page waits for RabbitMQ's dead-letter counts.
+RABBITMQ_TIMEOUT_S = 2.0
 #: The most ids one request may name.
 MAX_IDS = 10_000
 _ACTING = threading.Lock()
@@ -110,19 +110,14 @@ def dead_letter_list(
 
 def rabbitmq_counts(project: Project, queues: list[str]) -> dict[str, int | None]:
     """Dead letters per queue now, from passive declares on one connection (None: no such queue
-    or RabbitMQ unreachable). Read per page rather than sampled: a count a few seconds old would
-    flag every fresh dead letter as missing from RabbitMQ."""
-    counts: dict[str, int | None] = dict.fromkeys(queues)
+    or RabbitMQ unreachable), within :data:`RABBITMQ_TIMEOUT_S` in all: the page refreshes every
+    few seconds, and a RabbitMQ that accepts connections but never answers must not hold a
+    request thread per refresh. Read per page rather than sampled: a count a few seconds old
+    would flag every fresh dead letter as missing from RabbitMQ."""
     try:
-        with Reader(project.broker) as reader:
-            for queue in queues:
-                try:
-                    counts[queue] = reader.count(dead_letter_queue(queue))
-                except pika.exceptions.ChannelClosedByBroker:  # no such queue: its channel closed
-                    reader.channel = reader.connection.channel()
-    except pika.exceptions.AMQPError:
-        pass
-    return counts
+        return dead_letter_counts(project.settings, queues, RABBITMQ_TIMEOUT_S)
+    except ConnectionError:
+        return dict.fromkeys(queues)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from functools import cached_property
 from pathlib import Path
 
 from jobsystem.ops import dead_letters as dead_letter_ops
-from jobsystem.ops.dead_letter_reader import Reader
 from jobsystem.ops.health import HealthReport, QueueHealth, check
-from jobsystem.ops.queue_counts import missing_queues
+from jobsystem.ops.queue_counts import dead_letter_counts, missing_queues
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker, dead_letter_queue
 from jobsystem.settings import Settings, redact_url
 from jobsystem.store.audit import AuditBackend, audit_backend
@@ -48,12 +47,12 @@ __all__ = [
     "Level",
     "Project",
     "QueueHealth",
-    "Reader",
     "Schedule",
     "ScheduleError",
     "StoreUnavailable",
     "cancel",
     "check",
+    "dead_letter_counts",
     "dead_letter_ops",
     "dead_letter_queue",
     "last_fire_key",

@@ -23,7 +23,7 @@ from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
 from jobsystem.rabbitmq.delays import DelayCascade
 from jobsystem.settings import Settings, redact_url
 
-__all__ = ["AmqpCounts", "QueueCounts", "count_queues", "missing_queues"]
+__all__ = ["AmqpCounts", "QueueCounts", "count_queues", "dead_letter_counts", "missing_queues"]
 
 
 @dataclass(frozen=True)
@@ -146,3 +146,11 @@ def missing_queues(
     reached or does not answer in that time."""
     with _declares(config, timeout, deadline or Deadline(timeout)) as passive:
         return [queue for queue in queues if passive.declare(queue) is None]
+
+
+def dead_letter_counts(config: Settings, queues: list[str], timeout: float) -> dict[str, int | None]:
+    """The dead letters waiting in each of ``queues``' dead-letter queue (None: RabbitMQ has no
+    such queue), within ``timeout`` seconds in all; ConnectionError as :func:`count_queues`."""
+    with _declares(config, timeout, Deadline(timeout)) as passive:
+        found = {queue: passive.declare(dead_letter_queue(queue)) for queue in queues}
+    return {queue: None if counts is None else counts[0] for queue, counts in found.items()}

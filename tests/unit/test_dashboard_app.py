@@ -17,6 +17,7 @@ import pytest
 
 from dashboard.app import create_app
 from dashboard.auth import Credentials, User
+from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, rabbitmq_counts
 from jobsystem.settings import Settings
 from jobsystem.store import StateStore
 from jobsystem.store.audit import audit_backend
@@ -26,6 +27,8 @@ from jobsystem.store.dead_letter_index import DeadLetterEntry, dead_letter_index
 from jobsystem.store.heartbeats import heartbeat_backend
 from jobsystem.store.status import status_backend
 from jobsystem.store.status_records import StatusUpdate, order_of
+from tests.amqp_server import fake_rabbitmq
+from tests.support import finished_within
 
 ADMIN = ("admin", "admin-password-for-tests")
 #: RabbitMQ on a port nobody listens on: every connection is refused at once.
@@ -215,3 +218,24 @@ def test_the_dead_letters_page_lists_what_its_purge_all_matching_button_would_pu
     page = call(app, "GET", "/dead-letters?queue=emails").text
     sent = page.split("data-filter='")[1].split("'")[0]  # what "all matching" sends
     assert json.loads(sent)["queue"] == "t_emails"
+
+
+def test_the_dead_letter_counts_give_up_on_a_rabbitmq_that_never_answers(store):
+    # It accepts the connection and the handshake, then never answers a declare: without a deadline
+    # every refresh of the page (every 3 s) held a request thread until pika's heartbeat gave up.
+    with fake_rabbitmq(declare=False) as rabbit:
+        settings = Settings(
+            rabbitmq_url=f"amqp://guest:guest@127.0.0.1:{rabbit.port}/%2F?heartbeat=0",
+            rabbitmq_management_url="http://127.0.0.1:1",
+            queue_prefix="t_",
+        )
+        _, project, _ = dashboard(store, settings)
+        started = time.monotonic()
+        counts = finished_within(RABBITMQ_TIMEOUT_S + 3, lambda: rabbitmq_counts(project, ["t_emails"]))
+        assert counts == {"t_emails": None} and time.monotonic() - started < RABBITMQ_TIMEOUT_S + 1
+    with fake_rabbitmq(declare=True) as rabbit:  # one that answers: every queue there, empty
+        answering = Settings(
+            rabbitmq_url=f"amqp://guest:guest@127.0.0.1:{rabbit.port}/%2F", queue_prefix="t_"
+        )
+        _, project, _ = dashboard(store, answering)
+        assert finished_within(10, lambda: rabbitmq_counts(project, ["t_emails"])) == {"t_emails": 0}
