@@ -255,14 +255,12 @@ class Scrubber:
         items = [self._value(item, depth, seen) for item in value]
         return tuple(items) if isinstance(value, tuple) else items
 
-    def _named_tuple(self, value: Any, depth: int, seen: set[int]) -> Any:
+    def _named_tuple(self, value: Any, depth: int, seen: set[int]) -> tuple[Any, ...]:
         """A named tuple judged by its field names, as a mapping would be by its keys (item by
-        item, ``Customer(full_name=...)`` would lose them); of the same type when it can be."""
+        item, ``Customer(full_name=...)`` would lose them), given back as the plain tuple it was
+        logged as before (a JSON array, whatever the type)."""
         scrubbed = self._container(dict(zip(value._fields, value, strict=False)), depth, seen)
-        try:
-            return value._replace(**scrubbed)
-        except Exception:  # a field name the scrubber changed, or an odd subclass
-            return scrubbed
+        return tuple(scrubbed.values())
 
     def key(self, key: str) -> tuple[str | None, str]:
         """The label of a key name (``None``: its values are judged by their content only) and the
