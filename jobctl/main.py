@@ -80,10 +80,12 @@ def migrate_queues(queues: tuple[str, ...]) -> None:
     """
     system = load_system()
     from jobsystem.ops.health import own_queue
-    from jobsystem.ops.migration import MigrationError, migrate
+    from jobsystem.ops.migration import MigrationError, migrate, twins_left
 
     named = {own_queue(system.settings, queue): f"--queue {queue!r}" for queue in queues}
-    require_queues(system.settings, named)
+    # A queue an interrupted run deleted is there as its twin, whose messages this run moves back.
+    twins = twins_left(system.settings, list(named))
+    require_queues(system.settings, {q: how for q, how in named.items() if q not in twins})
     try:
         report = migrate(system.broker, system.settings, list(named) or None)
     except (MigrationError, requests.RequestException) as exc:

@@ -27,6 +27,19 @@ from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.rabbitmq.delays import is_cascade_queue
 from jobsystem.settings import Settings
 
+__all__ = [
+    "TWIN_SUFFIX",
+    "MigrationError",
+    "QueueState",
+    "existing_queues",
+    "is_work_queue",
+    "migrate",
+    "work_queues",
+]
+
+#: The temporary twin ``<queue>.migrating`` a queue's messages wait in while it is recreated.
+TWIN_SUFFIX = ".migrating"
+
 
 class MigrationError(RuntimeError):
     """A queue could not be migrated safely (it has consumers, or the API does not answer)."""
@@ -55,7 +68,7 @@ def existing_queues(settings: Settings) -> dict[str, QueueState]:
 def is_work_queue(settings: Settings, name: str) -> bool:
     """Whether ``name`` is a canonical queue of this environment (``QUEUE_PREFIX``): not a delay,
     dead-letter or temporary twin, nor one of the delay cascade's, whose arguments are its own."""
-    suffixes = (".DQ", ".XQ", ".DLQ", ".migrating")
+    suffixes = (".DQ", ".XQ", ".DLQ", TWIN_SUFFIX)
     return (
         name.startswith(settings.queue_prefix)
         and not name.endswith(suffixes)
@@ -112,40 +125,83 @@ def _delete_empty(
         ) from None
 
 
+def twins_left(settings: Settings, queues: list[str]) -> set[str]:
+    """Those of ``queues`` whose twin an interrupted run left (none when RabbitMQ does not answer:
+    the command then reports it), so that ``--queue`` may name a queue the run deleted."""
+    if not queues:
+        return set()
+    from jobsystem.ops.queue_counts import missing_queues
+
+    twins = [f"{queue}{TWIN_SUFFIX}" for queue in queues]
+    try:
+        missing = set(missing_queues(settings, twins))
+    except ConnectionError:
+        return set()
+    return {queue for queue, twin in zip(queues, twins, strict=True) if twin not in missing}
+
+
+def _left_twins(settings: Settings, existing: dict[str, QueueState]) -> list[str]:
+    """The work queues whose ``.migrating`` twin an interrupted run left (the queue itself, or its
+    ``.DQ``, may be gone): their messages wait there until a run moves them back."""
+    found = set()
+    for twin in existing:
+        if twin.endswith(TWIN_SUFFIX):
+            queue = twin.removesuffix(TWIN_SUFFIX).removesuffix(".DQ")
+            if is_work_queue(settings, queue):
+                found.add(queue)
+    return sorted(found)
+
+
+def _recreate(
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    state: QueueState | None,
+    name: str,
+    wanted: dict[str, Any],
+    twin_left: bool,
+) -> str | None:
+    """Recreate ``name`` with ``wanted`` through its twin, or finish a run interrupted half-way
+    (the twin holds messages, ``name`` is gone or already recreated); what was done, if anything."""
+    twin = f"{name}{TWIN_SUFFIX}"
+    out = 0
+    if state is not None and state.arguments != wanted:
+        if state.consumers:
+            raise MigrationError(f"queue {name!r} has {state.consumers} consumer(s): stop the workers first")
+        channel.queue_declare(twin, durable=True, arguments=wanted)
+        out = _move(channel, name, _publisher(channel, "", twin))
+        _delete_empty(channel, name, twin)
+    elif not twin_left:
+        return None
+    channel.queue_declare(name, durable=True, arguments=wanted)
+    back = _move(channel, twin, _publisher(channel, "", name))
+    _delete_empty(channel, twin, name)
+    if state is None or state.arguments == wanted:
+        return f"{name}: {back} message(s) moved back from {twin!r}, left by an interrupted run"
+    return f"{name}: recreated with the project's arguments ({out} moved out, {back} back)"
+
+
 def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None = None) -> list[str]:
-    """Migrate ``names`` (default: every work queue of this environment); returns what was done.
-    A name that is not a work queue (``delay.L3``: rebuilt as one, its messages would never move
-    on) is refused before anything changes."""
+    """Migrate ``names`` (default: every work queue of this environment, and those an interrupted
+    run left in their twins); returns what was done. A name that is not a work queue
+    (``delay.L3``: rebuilt as one, its messages would never move on) is refused before anything
+    changes. Stopped at any point, a second run finishes the job: no message is lost."""
     refused = [name for name in names or () if not is_work_queue(settings, name)]
     if refused:
         raise MigrationError(f"not a work queue, left as it is: {', '.join(map(repr, refused))}")
     existing = existing_queues(settings)
+    queues = names or sorted({*work_queues(settings, existing), *_left_twins(settings, existing)})
     report: list[str] = []
     parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
     connection = pika.BlockingConnection(parameters)
     channel = connection.channel()
     channel.confirm_delivery()
     try:
-        for queue in names or work_queues(settings, existing):
+        for queue in queues:
             wanted = broker.queue_arguments(queue)
             for name in (queue, f"{queue}.DQ"):
-                state = existing.get(name)
-                if state is None or state.arguments == wanted:
-                    continue
-                if state.consumers:
-                    raise MigrationError(
-                        f"queue {name!r} has {state.consumers} consumer(s): stop the workers first"
-                    )
-                twin = f"{name}.migrating"
-                channel.queue_declare(twin, durable=True, arguments=wanted)
-                out = _move(channel, name, _publisher(channel, "", twin))
-                _delete_empty(channel, name, twin)
-                channel.queue_declare(name, durable=True, arguments=wanted)
-                back = _move(channel, twin, _publisher(channel, "", name))
-                _delete_empty(channel, twin, name)
-                report.append(
-                    f"{name}: recreated with the project's arguments ({out} moved out, {back} back)"
-                )
+                twin_left = f"{name}{TWIN_SUFFIX}" in existing
+                done = _recreate(channel, existing.get(name), name, wanted, twin_left)
+                if done:
+                    report.append(done)
             broker.declare_queue(queue, ensure=True)  # the exchange and the .DLQ
             broker.bind_delays(queue)  # the delay cascade's exits, lost with a recreated .DQ
             old_dead = f"{queue}.XQ"

@@ -331,3 +331,23 @@ def test_a_dead_letter_that_cannot_be_published_is_held_then_published_without_r
     assert letter["properties"]["message_id"] == message.message_id
     assert letter["properties"]["headers"]["x-dl-reason"] == "non_retryable"
     assert queues.left_after_stop([worker], queue) == 0
+
+
+def test_a_migration_stopped_after_deleting_the_queue_is_finished_by_the_next_run(queues, prefix):
+    """Stopped once the queue was drained into its twin and deleted (Ctrl-C, a lost connection):
+    the next run, with or without --queue, moves the messages back instead of stranding them."""
+    queue = queues.name(workload.record)
+    for i in range(3):
+        queues.send(workload.record, f"m{i}")
+    channel = queues.broker.channel
+    channel.queue_declare(f"{queue}.migrating", durable=True, arguments={"x-max-priority": 10})
+    for _ in range(3):  # what the interrupted run did: drained, then deleted the queue
+        method, properties, body = channel.basic_get(queue)
+        channel.basic_publish("", f"{queue}.migrating", body, properties)
+        channel.basic_ack(method.delivery_tag)
+    channel.queue_delete(queue)
+
+    report = jobctl(prefix, "migrate-queues", "--queue", queue.removeprefix(prefix)).stdout
+    assert "left by an interrupted run" in report
+    bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=10))
+    assert bodies == ["m0", "m1", "m2"] and queues.declared(f"{queue}.migrating") is None
