@@ -276,6 +276,12 @@ class Settings(BaseModel):
             )
         if self.rate_limit_wait_ms >= self.rate_limit_max_delay_ms:
             problems.append("RATE_LIMIT_WAIT_MS: must be below RATE_LIMIT_MAX_DELAY_MS")
+        admin, viewer = self.dashboard_admin_password, self.dashboard_viewer_password
+        if admin is not None and viewer is not None and admin.get_secret_value() == viewer.get_secret_value():
+            problems.append(
+                "DASHBOARD_VIEWER_PASSWORD: must differ from DASHBOARD_ADMIN_PASSWORD "
+                "(the read-only viewer could log in as admin)"
+            )
         if problems:
             raise ValueError("\n".join(problems))
         return self

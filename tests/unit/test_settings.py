@@ -159,3 +159,17 @@ def test_smtp_credentials_without_tls_are_refused_saying_how_to_fix_it(url):
 )
 def test_smtp_urls_with_tls_or_without_credentials_pass(url):
     assert load_settings({"SMTP_URL": url}).smtp_url == url
+
+
+def test_a_viewer_password_equal_to_the_admins_is_refused_without_showing_it():
+    """The read-only viewer would know the admin's password and could log in as admin."""
+    same = "correct-horse-battery"
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"DASHBOARD_ADMIN_PASSWORD": same, "DASHBOARD_VIEWER_PASSWORD": same})
+    assert caught.value.problems == [
+        "DASHBOARD_VIEWER_PASSWORD: must differ from DASHBOARD_ADMIN_PASSWORD "
+        "(the read-only viewer could log in as admin)"
+    ]
+    assert same not in str(caught.value)
+    other = load_settings({"DASHBOARD_ADMIN_PASSWORD": same, "DASHBOARD_VIEWER_PASSWORD": same + "-v"})
+    assert other.dashboard_viewer_password is not None
