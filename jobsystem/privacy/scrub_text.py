@@ -244,29 +244,26 @@ def _domain(text: str, pos: int) -> re.Match[str] | None:
     return domain
 
 
-class _MarksAsLetters(dict[int, int]):
-    """A ``str.translate`` table that writes a mark or an invisible format character (U+0301
-    left after NFC as in ``n\\u0303\\u0301``, Devanagari's vowel signs, the ZWNJ of Persian names,
-    a soft hyphen) as the letter ``a``, and keeps every other character: the escaped form of
-    those characters is part of an address already (:func:`_separates`), so the raw form is too."""
-
-    def __missing__(self, code: int) -> int:
-        category = unicodedata.category(chr(code))
-        found = _LETTER_A if category[0] == "M" or category == "Cf" else code
-        if len(self) < 4096:  # the characters a process meets are few; bounded all the same
-            self[code] = found
-        return found
+#: A character that is neither ASCII nor a letter or digit: a mark, a format character, or
+#: punctuation, a symbol, a space (see :func:`_mark_as_letter`).
+_ODD = re.compile(r"[^\x00-\x7f\w]")
 
 
-_LETTER_A = ord("a")
-_MARKS_AS_LETTERS = _MarksAsLetters()
+def _mark_as_letter(match: re.Match[str]) -> str:
+    """A mark or an invisible format character (U+0301 left after NFC as in ``n\\u0303\\u0301``,
+    Devanagari's vowel signs, the ZWNJ of Persian names, a soft hyphen) as the letter ``a``, any
+    other character as it is: the escaped forms of those are part of an address already
+    (:func:`_separates`), so their raw forms are too."""
+    char = match.group()
+    category = unicodedata.category(char)
+    return "a" if category[0] == "M" or category == "Cf" else char
 
 
 def _addresses(text: str, at_sign: str, replace: Replace) -> str:
     parts: list[str] = []
     done = 0
     # Found in a copy of the same length where marks are letters; cut from the text itself.
-    shape = text if text.isascii() else text.translate(_MARKS_AS_LETTERS)
+    shape = text if text.isascii() else _ODD.sub(_mark_as_letter, text)
     at = text.find(at_sign)
     while at != -1:
         start = _local_start(shape, at, done)
