@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import logging
 import re
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -125,8 +126,10 @@ class Scrubber:
         self.label_for_key: Callable[[str], str | None] = self.keys.label
         self.numbers = NumberFinder(phone_regions)
         self._hash_key = hash_key.encode() if isinstance(hash_key, str) else hash_key
-        # Longest first: a secret that contains another is removed whole.
-        self._secrets = tuple(sorted({s for s in secrets if len(s) >= 6}, key=len, reverse=True))
+        # Longest first: a secret that contains another is removed whole. As NFC, as the text it
+        # is looked for in (see _scan_line): a password typed on a Mac may come decomposed.
+        normal = {_nfc(s) for s in secrets if len(s) >= 6}
+        self._secrets = tuple(sorted(normal, key=len, reverse=True))
         # Key name -> (its label, the key as scrubbed): log events repeat the same few keys.
         self._keys_seen: dict[str, tuple[str | None, str]] = {}
         self.max_length = max_length
@@ -138,7 +141,7 @@ class Scrubber:
     def _replace(self, label: str, value: str) -> str:
         if self._hash_key is None or label in SECRET_LABELS:
             return f"[{label}]"
-        normal = value.strip().lower()
+        normal = _nfc(value.strip().lower())  # one person, one hash: composed or decomposed
         if label in _COMPACT_LABELS:
             normal = "".join(c for c in normal if c.isalnum())
         digest = hmac.new(self._hash_key, normal.encode("utf-8", "replace"), hashlib.sha256)
@@ -187,6 +190,10 @@ class Scrubber:
         return self._scan_line(text)
 
     def _scan_line(self, text: str) -> str:
+        # Judged as NFC: a decomposed letter (``e`` + U+0301, from macOS file names, some forms) is
+        # no letter to ``isalnum`` or ``\w``, and would end an address or a name where it stands.
+        # The result is the normalized text with its replacements (the same text, composed).
+        text = _nfc(text)
         replace = self._replace
         if self._secrets:
             text = shapes.known_secrets(text, self._secrets)
@@ -353,6 +360,13 @@ class Scrubber:
 
 _CONTAINERS = (dict, list, tuple, set, frozenset)
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+def _nfc(text: str) -> str:
+    """``text`` in NFC; ASCII text and text already in NFC (nearly all) are only checked."""
+    if text.isascii() or unicodedata.is_normalized("NFC", text):
+        return text
+    return unicodedata.normalize("NFC", text)
 
 
 def _safe_repr(value: object) -> str:

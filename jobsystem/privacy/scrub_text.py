@@ -244,13 +244,30 @@ def _domain(text: str, pos: int) -> re.Match[str] | None:
     return domain
 
 
+#: A character that is neither ASCII nor a letter or digit: a mark, a format character, or
+#: punctuation, a symbol, a space (see :func:`_mark_as_letter`).
+_ODD = re.compile(r"[^\x00-\x7f\w]")
+
+
+def _mark_as_letter(match: re.Match[str]) -> str:
+    """A mark or an invisible format character (U+0301 left after NFC as in ``n\\u0303\\u0301``,
+    Devanagari's vowel signs, the ZWNJ of Persian names, a soft hyphen) as the letter ``a``, any
+    other character as it is: the escaped forms of those are part of an address already
+    (:func:`_separates`), so their raw forms are too."""
+    char = match.group()
+    category = unicodedata.category(char)
+    return "a" if category[0] == "M" or category == "Cf" else char
+
+
 def _addresses(text: str, at_sign: str, replace: Replace) -> str:
     parts: list[str] = []
     done = 0
+    # Found in a copy of the same length where marks are letters; cut from the text itself.
+    shape = text if text.isascii() else _ODD.sub(_mark_as_letter, text)
     at = text.find(at_sign)
     while at != -1:
-        start = _local_start(text, at, done)
-        domain = _domain(text, at + len(at_sign)) if start < at else None
+        start = _local_start(shape, at, done)
+        domain = _domain(shape, at + len(at_sign)) if start < at else None
         if domain is not None:
             address = text[start:at] + "@" + text[at + len(at_sign) : domain.end()]
             if at_sign != "@":
@@ -322,4 +339,6 @@ def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Repla
     shaped = SHAPED_LABELS.get(label)
     if not quote and shaped is not None and not shaped(inner):
         return None  # a bare word after a key, not a value of it (``'send_email': rate_limit``)
-    return f"{quote}{replace(label, inner)}{quote if closed else ''}"
+    # Hashed as the value it stands for: ``"Jos\\u00e9"`` in JSON text is ``José`` written elsewhere.
+    value_of = _unescaped(inner) if "\\" in inner else inner
+    return f"{quote}{replace(label, value_of)}{quote if closed else ''}"

@@ -556,3 +556,96 @@ def test_a_finnish_identity_code_is_replaced_whatever_its_century_sign(sign):
     in 1952, the most common case, and without its ``-`` it is no valid code at all."""
     code = _finnish_id("131052", sign)
     assert scrub.text(f"henkilötunnus {code} tarkistettu") == "henkilötunnus [id_number] tarkistettu"
+
+
+def _nfd(text: str) -> str:
+    import unicodedata
+
+    return unicodedata.normalize("NFD", text)
+
+
+@pytest.mark.parametrize(
+    "address", ["josé@example.com", "ana@exámple.com", "josé.garcía@correo.es", "zoë@exämple.com"]
+)
+def test_an_address_written_decomposed_is_replaced_whole_and_hashed_as_composed(address):
+    """NFD (macOS file names, some form inputs) writes ``é`` as ``e`` and U+0301, a mark that
+    neither ``isalnum`` nor ``\\w`` takes for a letter: judged as NFC, the address is one."""
+    decomposed = _nfd(address)
+    assert decomposed != address
+    assert scrub.text(f"write to {decomposed} now") == "write to [email] now"
+    expected = hashing.text(address)
+    assert hashing.text(f"write to {decomposed} now") == f"write to {expected} now"
+    assert hashing({"email": decomposed}) == {"email": expected}  # under a key: one person, one hash
+
+
+@pytest.mark.parametrize("address", ["josé@example.com", "ana@exámple.com"])
+def test_an_address_json_escaped_decomposed_hashes_as_composed(address):
+    """``json.dumps`` writes the decomposed ``é`` as ``e\\u0301``, the composed one as ``\\u00e9``."""
+    import json
+
+    escaped = json.dumps(_nfd(address))
+    assert "\\u0301" in escaped
+    assert scrub.text(escaped) == '"[email]"'
+    assert hashing.text(escaped) == f'"{hashing.text(address)}"'
+    assert hashing.text(json.dumps(address)) == f'"{hashing.text(address)}"'
+
+
+@pytest.mark.parametrize(
+    ("key", "name"), [("full_name", "José Pérez"), ("customer_name", "Renée Müller"), ("name", "Zoë")]
+)
+def test_a_keyed_name_written_decomposed_hashes_as_composed(key, name):
+    import json
+
+    expected = hashing({key: name})[key]
+    assert expected.startswith("name:")
+    assert hashing({key: _nfd(name)}) == {key: expected}
+    assert hashing.text(json.dumps({key: _nfd(name)})) == json.dumps({key: expected})
+    assert hashing.text(json.dumps({key: name})) == json.dumps({key: expected})  # escaped or not
+    first = name.split()[0]
+    assert hashing.text(f"{key}={_nfd(first)} ok") == f"{key}={hashing({key: first})[key]} ok"
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "अनिल@example.com",  # Devanagari: vowel signs are marks, in NFC too
+        "ana@उदाहरण.भारत",
+        "mi\u200cna@example.com",  # a ZWNJ, as Persian names have
+        "ana@exa\u00admple.com",  # a soft hyphen
+        "n\u0303\u0301o@example.com",  # a mark NFC has no composed letter for
+    ],
+)
+def test_a_mark_or_format_character_left_after_nfc_is_part_of_an_address(address):
+    """As their JSON escapes already were: no part of the address is left before ``[email]``."""
+    assert scrub.text(f"to {address} ok") == "to [email] ok"
+
+
+def test_a_configured_secret_is_found_in_either_form():
+    secret = "pässwörd-of-the-broker"
+    for configured in (secret, _nfd(secret)):
+        scrubber = Scrubber(secrets=[configured])
+        for written in (secret, _nfd(secret)):
+            assert scrubber.text(f"login with {written} failed") == "login with [secret] failed"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "Renée called +44 20 7946 0958 about order 73905561427",
+            "Renée called [phone] about order 73905561427",
+        ),
+        ("Zoë's card 4111 1111 1111 1111, NIE Y-4829173-S", "Zoë's card [card], NIE [id_number]"),
+        ("café at 81.2.69.142 on 2026-11-02", "café at [ip] on 2026-11-02"),
+    ],
+)
+def test_numbers_in_decomposed_text_are_found_as_before_and_the_text_comes_back_composed(text, expected):
+    assert scrub.text(_nfd(text)) == expected
+    assert scrub.text(text) == expected
+
+
+def test_ordinary_ascii_and_composed_text_is_returned_as_it_is():
+    line = "job_succeeded actor=send_email queue=emails duration_ms=12.3"
+    assert scrub.text(line) is line
+    composed = "Renée's report for café Zoë is ready"
+    assert scrub.text(composed) == composed
