@@ -9,9 +9,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import pika
@@ -29,6 +30,9 @@ from jobctl.project import (
     require_queues,
 )
 from jobsystem.settings import Settings, redact_url
+
+if TYPE_CHECKING:
+    from jobsystem.store.status_records import JobStatus
 
 
 class Seconds(click.ParamType[float, Any]):
@@ -307,14 +311,34 @@ def cancel(ids: tuple[str, ...]) -> None:
     system = load_system()
     from jobsystem.store.base import StoreUnavailable
     from jobsystem.workflows import cancel as cancel_ids
+    from middleware.status import find_status
 
+    status = find_status(system.broker)
     try:
         marked = cancel_ids(*ids, broker=system.broker)
+        records = status.backend.get_many(marked) if status is not None and marked else {}
     except StoreUnavailable as exc:
         click.echo(f"jobctl: state store unreachable ({exc})", err=True)
         sys.exit(EXIT_UNREACHABLE)
     click.echo(f"cancelled {len(marked)} job(s)")
+    if status is not None:
+        _echo_cancel_caveats(marked, records)
     sys.exit(EXIT_OK)
+
+
+def _echo_cancel_caveats(marked: list[str], records: Mapping[str, JobStatus]) -> None:
+    """Say which marked ids will change nothing now: a mark on a job that already finished, or
+    on an id with no status record (unknown here, or a job not recorded yet, which a mark still
+    stops when it arrives), would otherwise read as a job stopped."""
+    finished = sorted(i for i in marked if i in records and records[i].finished)
+    unknown = sorted(i for i in marked if i not in records)
+    if finished:
+        states = ", ".join(f"{i} ({records[i].state})" for i in finished)
+        click.echo(f"  already finished, nothing to stop: {states}")
+    if unknown:
+        click.echo(
+            f"  no status record (unknown, or not recorded yet: skipped if it arrives): {', '.join(unknown)}"
+        )
 
 
 def _number(value: float | None, digits: int = 0) -> str:
