@@ -176,10 +176,14 @@ class DeadLetter:
             failed_at=millis(self.failed_at) or 0,
         )
 
-    def replay_message(self) -> Message[Any]:
+    def replay_message(self) -> Message[Any] | None:
         """The message to publish again: original queue, attempts reset, same id and key, and
-        one more replay counted (its status then moves on from ``dead``)."""
-        message = Message.decode(self.body)
+        one more replay counted (its status then moves on from ``dead``); None for a body that is
+        not a well-formed message, whatever its headers say (the worker would only dead-letter it
+        again)."""
+        message = decode(self.body, None)
+        if not isinstance(message, Message):
+            return None
         options = {k: v for k, v in message.options.items() if k not in RESET_OPTIONS}
         options[record.REPLAYS] = int(message.options.get(record.REPLAYS, 0)) + 1
         return dataclasses.replace(message, queue_name=self.queue, options=options)

@@ -33,7 +33,6 @@ from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
 from jobsystem.ops.health import own_queue
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
-from jobsystem.runtime.message_shape import decode
 from jobsystem.settings import Settings
 from jobsystem.store.base import StoreUnavailable
 
@@ -141,7 +140,7 @@ def replay(
                 if not filters.match(dead):
                     continue
                 outcome.matched_one(dead, filters)
-                message = _replayable(dead)
+                message = None if dead.reason in NOT_REPLAYABLE else dead.replay_message()
                 if message is None:
                     outcome.skipped += 1
                     continue
@@ -163,15 +162,6 @@ def replay(
             f"not replayed, their queue is gone: {', '.join(sorted(gone))} (start a worker that declares it)"
         )
     return outcome
-
-
-def _replayable(dead: DeadLetter) -> Message[Any] | None:
-    """The message to publish for ``dead``; None for a body that is not a well-formed message
-    (its reason says so, or its body, whatever its headers say: the worker would only
-    dead-letter it again)."""
-    if dead.reason in NOT_REPLAYABLE or not isinstance(decode(dead.body, None), Message):
-        return None
-    return dead.replay_message()
 
 
 def _publish_then_ack(
