@@ -23,6 +23,7 @@ import pika.adapters.blocking_connection
 import pika.exceptions
 import requests
 
+from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.rabbitmq.delays import is_cascade_queue
 from jobsystem.settings import Settings
@@ -130,8 +131,6 @@ def twins_left(settings: Settings, queues: list[str]) -> set[str]:
     the command then reports it), so that ``--queue`` may name a queue the run deleted."""
     if not queues:
         return set()
-    from jobsystem.ops.queue_counts import missing_queues
-
     twins = [f"{queue}{TWIN_SUFFIX}" for queue in queues]
     try:
         missing = set(missing_queues(settings, twins))

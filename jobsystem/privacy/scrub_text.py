@@ -199,6 +199,8 @@ def encoded_emails(text: str, replace: Replace) -> str:
 def _unescaped(address: str) -> str:
     """``address`` with its ``\\uXXXX`` and ``\\xNN`` (UTF-8 bytes) escapes decoded; as it is if
     they do not decode."""
+    if "\\" not in address:
+        return address
     text = _ESCAPED.sub(lambda m: chr(int(m.group()[2:], 16)) if m.group()[1] == "u" else m.group(), address)
     if "\\x" not in text:
         return text
@@ -272,8 +274,7 @@ def _addresses(text: str, at_sign: str, replace: Replace) -> str:
             address = text[start:at] + "@" + text[at + len(at_sign) : domain.end()]
             if at_sign != "@":
                 address = unquote(address)  # one person, one hash: encoded or not
-            if "\\" in address:
-                address = _unescaped(address)  # escaped or not
+            address = _unescaped(address)  # one person, one hash: escaped or not
             parts += (text[done:start], replace("email", address))
             done = domain.end()
         at = text.find(at_sign, max(at + 1, done))
@@ -340,5 +341,4 @@ def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Repla
     if not quote and shaped is not None and not shaped(inner):
         return None  # a bare word after a key, not a value of it (``'send_email': rate_limit``)
     # Hashed as the value it stands for: ``"Jos\\u00e9"`` in JSON text is ``José`` written elsewhere.
-    value_of = _unescaped(inner) if "\\" in inner else inner
-    return f"{quote}{replace(label, value_of)}{quote if closed else ''}"
+    return f"{quote}{replace(label, _unescaped(inner))}{quote if closed else ''}"
