@@ -86,7 +86,8 @@ def test_chord_runs_the_next_step_once_with_results_in_order_despite_a_sigkill(
 ):
     first = start_worker(threads=4)
     members = [queues.message(workload.square, i, hold=(i == 3)) for i in range(5)]
-    chord = pipeline([group(members), queues.message(workload.total)], broker=queues.broker).run()
+    callback = queues.message(workload.total)
+    chord = pipeline([group(members), callback], broker=queues.broker).run()
     wait_for(lambda: store.exists(key("holding:3")), what="member 3 running")
     first.kill()  # SIGKILL while member 3 runs: RabbitMQ redelivers it
     first.proc.wait(10)
@@ -105,7 +106,8 @@ def test_chord_with_a_dead_lettered_member_never_runs_its_next_step(start_worker
         queues.message(workload.square_fails, 2),
         queues.message(workload.square, 3),
     ]
-    chord = pipeline([group(members), queues.message(workload.total)], broker=queues.broker).run()
+    callback = queues.message(workload.total)
+    chord = pipeline([group(members), callback], broker=queues.broker).run()
 
     def ended():
         flow = workflow_status(chord.workflow_id, broker=queues.broker)
@@ -248,12 +250,25 @@ def jobctl(prefix, *args):
 def test_jobctl_cancels_a_workflow_and_shows_its_steps(start_worker, queues, store, prefix, key):
     start_worker()
     members = [queues.message(workload.ticking, f"w{i}", 30) for i in range(2)]
-    chord = pipeline([group(members), queues.message(workload.total)], broker=queues.broker).run()
+    callback = queues.message(workload.total)
+    chord = pipeline([group(members), callback], broker=queues.broker).run()
     wait_for(lambda: all(ticks(store, key, f"w{i}") for i in range(2)), what="both members ticking")
     result = jobctl(prefix, "cancel", chord.workflow_id)
     assert result.returncode == 0, result.stderr
     assert "cancelled 3 job(s)" in result.stdout
+    # The running members are stopped; the callback, not sent yet, is named as having no record.
+    assert result.stdout.splitlines()[1:] == [
+        f"  no status record (unknown, or not recorded yet: skipped if it arrives): {callback.message_id}"
+    ]
     queues.wait_finished(members)
+    # A job that has finished, and an id nothing knows: marked, and named as such.
+    again = jobctl(prefix, "cancel", members[0].message_id, "no-such-job")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [
+        "cancelled 2 job(s)",
+        f"  already finished, nothing to stop: {members[0].message_id} (cancelled)",
+        "  no status record (unknown, or not recorded yet: skipped if it arrives): no-such-job",
+    ]
 
     shown = jobctl(prefix, "status", chord.workflow_id, "--json")
     assert shown.returncode == 0, shown.stderr
