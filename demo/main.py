@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                     "outcome": outcome,
                     "error": error,
                     "cleanup": demo.cleaned,
+                    "swept": demo.swept,
                 },
                 indent=2,
             )

@@ -19,6 +19,8 @@ from typing import Any
 from rich.live import Live
 
 from demo import services
+from demo.alive import AliveQueue
+from demo.sweep import sweep_dead_demos
 from demo.view import Snapshot, render
 from demo.watch import Watching
 from jobsystem.settings import Settings, load_settings, redact_url
@@ -70,6 +72,9 @@ class Demo(Watching):
         self.messages: dict[str, list[str]] = {}
         self.history: deque[tuple[float, dict[str, int]]] = deque(maxlen=20)
         self.cleaned: dict[str, Any] = {}
+        self.alive: AliveQueue | None = None
+        self.swept: dict[str, Any] = {}
+        self.sweep_note = ""
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -101,8 +106,25 @@ class Demo(Watching):
     def event(self, what: str) -> None:
         self.snapshot.events.append((time.monotonic() - self.started, what))
 
+    def claim_prefix(self) -> None:
+        """Declare the demo's alive queue, before anything else under its prefix, then remove what
+        dead demos left behind. A failed sweep is only noted: the run goes on without it."""
+        from jobsystem.rabbitmq.broker import connection_urls
+
+        self.alive = AliveQueue(connection_urls(self.settings)[0], self.prefix)
+        self.alive.start()
+        try:
+            swept = sweep_dead_demos(self.settings, self.prefix)
+        except Exception as exc:  # the management API or Redis down: the leftovers wait
+            self.swept = {"error": type(exc).__name__}  # its message may carry the API's password
+            self.sweep_note = f"Leftovers of dead demos not swept: {type(exc).__name__}"
+            return
+        self.swept = {"demos": swept.demos, "leftovers": swept.leftovers}
+        self.sweep_note = swept.line() if swept.demos else ""
+
     def start(self) -> None:
         """Start the mail server, the partner API (down), the worker and the scheduler."""
+        self.claim_prefix()
         if self.mail_server is not None:
             self.env["SMTP_URL"] = self.mail_server.start()
             self.settings = load_settings(self.env)
@@ -242,6 +264,8 @@ class Demo(Watching):
         """Drive the workload to its end; returns True when everything it expects happened."""
         profile = self.profile
         self.start()
+        if self.sweep_note:
+            live.console.print(self.sweep_note, markup=False)
         from jobsystem.ops.status import get_status
 
         self.snapshot.phase = "starting the worker and the scheduler"
@@ -340,3 +364,5 @@ class Demo(Watching):
             self.mail_server.stop()
         self.partner.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.alive is not None:
+            self.alive.close()  # last: until now a concurrent demo's sweep must see this one alive

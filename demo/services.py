@@ -24,6 +24,7 @@ from urllib.parse import quote
 
 import requests
 
+from demo.alive import alive_queue
 from demo.orphan_guard import guarded
 from jobsystem.settings import Settings
 
@@ -197,8 +198,26 @@ def count_events(log_path: Path, event: str) -> int:
     return total
 
 
-def _queues_api(settings: Settings) -> str:
-    return f"{settings.management_url}/api/queues/{quote(settings.rabbitmq_vhost, safe='')}"
+def _api(settings: Settings, kind: str) -> str:
+    """The management API's list of ``kind`` (``queues``, ``exchanges``) on the vhost."""
+    return f"{settings.management_url}/api/{kind}/{quote(settings.rabbitmq_vhost, safe='')}"
+
+
+def listed_names(settings: Settings, kind: str, prefix: str) -> list[str]:
+    """The names of the ``kind`` (``queues``, ``exchanges``) starting with ``prefix``."""
+    response = requests.get(_api(settings, kind), params={"columns": "name"}, timeout=10)
+    response.raise_for_status()
+    return [item["name"] for item in response.json() if item["name"].startswith(prefix)]
+
+
+def delete_named(settings: Settings, kind: str, name: str) -> bool:
+    """Delete one queue or exchange by the management API; False if it was already gone (another
+    demo's sweep may delete the same leftovers at the same time)."""
+    response = requests.delete(f"{_api(settings, kind)}/{quote(name, safe='')}", timeout=10)
+    if response.status_code == 404:
+        return False
+    response.raise_for_status()
+    return True
 
 
 #: The only prefixes the clean-up deletes under: the demo's own, never an environment's.
@@ -211,10 +230,9 @@ def _check_prefix(settings: Settings, prefix: str) -> None:
 
 
 def prefixed_queues(settings: Settings, prefix: str) -> list[str]:
-    """The queues whose name starts with ``prefix`` (work, ``.DQ`` and ``.DLQ`` queues)."""
-    response = requests.get(_queues_api(settings), params={"columns": "name"}, timeout=10)
-    response.raise_for_status()
-    return [q["name"] for q in response.json() if q["name"].startswith(prefix)]
+    """The queues whose name starts with ``prefix`` (work, ``.DQ`` and ``.DLQ`` queues), but its
+    alive queue: that one goes when the demo's connection closes, once all else is deleted."""
+    return [q for q in listed_names(settings, "queues", prefix) if q != alive_queue(prefix)]
 
 
 def abandon_connection(broker: Any) -> None:
@@ -249,7 +267,7 @@ def delete_topology(settings: Settings, prefix: str, declared: list[str]) -> tup
     try:
         queues = prefixed_queues(settings, prefix)
         for name in queues:
-            requests.delete(f"{_queues_api(settings)}/{quote(name, safe='')}", timeout=10).raise_for_status()
+            delete_named(settings, "queues", name)
     except requests.RequestException:
         suffixes = ("", ".DQ", DEAD_LETTER_SUFFIX)
         queues = over_amqp = [f"{q}{suffix}" for q in declared if q.startswith(prefix) for suffix in suffixes]

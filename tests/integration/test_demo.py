@@ -11,14 +11,19 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 import requests
 
+from demo.alive import dead_prefixes
 from demo.main import EXIT_INTERRUPTED
 from demo.run import SHORT
+from demo.sweep import find_leftovers, sweep
+from jobsystem.rabbitmq.broker import connection_urls
+from jobsystem.settings import load_settings
 from tests.servers import smtp_server
 from tests.support import (
     ROOT,
@@ -58,7 +63,25 @@ def _leftovers(prefix: str) -> tuple[list[str], list[bytes]]:
     return names, keys
 
 
-def test_the_demo_reports_what_happened_and_leaves_nothing_behind(tmp_path):
+@pytest.fixture
+def dead_demo(tmp_path: Path) -> Iterator[str]:
+    """A queue and a state key under a demo prefix with no alive queue: a killed demo's leftovers
+    (deleted after the test if the sweep it checks left them)."""
+    import uuid
+
+    import pika
+
+    prefix = f"demo-{uuid.uuid4().hex[:6]}-"
+    settings = load_settings({**os.environ, "STATE_URL": TEST_REDIS_URL})
+    connection = pika.BlockingConnection(pika.URLParameters(connection_urls(settings)[0]))
+    connection.channel().queue_declare(f"{prefix}emails", durable=True)
+    connection.close()
+    redis.Redis.from_url(TEST_REDIS_URL).set(f"jobs:{prefix}status:1", "x")
+    yield prefix
+    _clean_up_after(prefix, tmp_path)
+
+
+def test_the_demo_reports_what_happened_and_leaves_nothing_behind(tmp_path, dead_demo):
     with smtp_server() as (port, received):
         demo = _demo(tmp_path, "--smtp-url", f"smtp://127.0.0.1:{port}")
         code = demo.wait(240)
@@ -91,6 +114,10 @@ def test_the_demo_reports_what_happened_and_leaves_nothing_behind(tmp_path):
     assert cleanup["queues_deleted"] and cleanup["exchanges_deleted"] and cleanup["state_keys_deleted"] > 0
     assert _leftovers(summary["prefix"]) == ([], [])
     assert "Summary" in output and "jobctl dlq list" in output
+    # A dead demo's leftovers went at its start (a demo test running beside it may sweep first).
+    assert "error" not in summary["swept"]
+    assert dead_demo not in summary["swept"]["demos"] or "dead demo(s)" in output
+    assert _leftovers(dead_demo) == ([], [])
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
@@ -155,11 +182,21 @@ def test_a_demo_killed_with_sigkill_takes_its_worker_and_scheduler_down_with_it(
 
     try:
         wait_for(children_up, timeout=90, interval=0.1, what="the demo's worker and scheduler")
+        prefix = env["QUEUE_PREFIX"]
+        assert _leftovers(prefix)[0]  # its queues, and its alive queue among them
         demo.kill()
         assert demo.wait(10) == -signal.SIGKILL
         # dramatiq gives its worker processes WORKER_SHUTDOWN_TIMEOUT_MS (20 s in the demo) to
         # finish their jobs: 60 s leaves room for a loaded machine.
         wait_for(lambda: not any(map(running, tree)), timeout=60, interval=0.2, what="the children to exit")
+        # The next demo's sweep: the killed demo's alive queue went with its connection, so what
+        # it left is a dead demo's and goes (a demo test running beside this one may sweep first).
+        settings = load_settings({**os.environ, "STATE_URL": TEST_REDIS_URL})
+        assert dead_prefixes(connection_urls(settings)[0], [prefix]) == [prefix]
+        found = find_leftovers(settings)
+        swept = sweep(settings, "", {prefix: found[prefix]} if prefix in found else {})
+        assert swept.demos in ([prefix], [])
+        assert _leftovers(prefix) == ([], [])
     finally:
         demo.kill()
         demo.wait(10)

@@ -1,0 +1,122 @@
+"""The sweep a demo runs as it starts: what dead demos left behind goes.
+
+A demo killed with SIGKILL leaves its queues (work, ``.DQ``, ``.DLQ``, its delay cascade's), the
+cascade's exchanges and its state keys, and each killed run added more. Every prefix matching
+:data:`demo.services.DEMO_PREFIX` found on the vhost or in a Redis state store is a candidate; a
+candidate whose alive queue is gone (:mod:`demo.alive`) is dead, and everything under it is
+deleted. Demos of the releases before the alive queue have none: theirs are removed as dead.
+
+Races: a live demo declares its alive queue before anything else, and the check comes after the
+names were listed, so a live demo's names are never taken for a dead one's. Two sweeps removing
+the same leftovers at once both succeed (what is already gone is skipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import redis
+
+from demo.alive import dead_prefixes
+from demo.services import DEMO_PREFIX, delete_named, listed_names
+from jobsystem.settings import Settings
+
+__all__ = ["Leftovers", "Swept", "find_leftovers", "sweep", "sweep_dead_demos"]
+
+#: What every demo's queue, exchange and (after the state namespace) key starts with.
+_DEMO_START = "demo-"
+
+
+@dataclass
+class Leftovers:
+    """One demo prefix's queues and exchanges found on the vhost."""
+
+    queues: list[str] = field(default_factory=list)
+    exchanges: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Swept:
+    """What a sweep removed: the dead demos' prefixes, and how many of their things."""
+
+    demos: list[str] = field(default_factory=list)
+    queues: int = 0
+    exchanges: int = 0
+    state_keys: int = 0
+
+    @property
+    def leftovers(self) -> int:
+        return self.queues + self.exchanges + self.state_keys
+
+    def line(self) -> str:
+        """The one line the demo prints."""
+        return (
+            f"Removed {self.leftovers} leftovers of {len(self.demos)} dead demo(s): {self.queues} queues, "
+            f"{self.exchanges} exchanges, {self.state_keys} state keys"
+        )
+
+
+def _namespace(settings: Settings, prefix: str) -> str:
+    """The state store's key prefix of the demo running under ``prefix``."""
+    return settings.model_copy(update={"queue_prefix": prefix}).state_namespace
+
+
+def _redis(settings: Settings) -> redis.Redis | None:
+    """A client of the state store when it is Redis (a SQLite store is a file in the dead demo's
+    temporary folder, not shared between hosts)."""
+    if not settings.state_url.startswith(("redis://", "rediss://")):
+        return None
+    return redis.Redis.from_url(settings.state_url, socket_timeout=settings.state_timeout)
+
+
+def find_leftovers(settings: Settings) -> dict[str, Leftovers]:
+    """Every demo prefix with queues, exchanges or state keys, whether its demo is alive or not."""
+    found: dict[str, Leftovers] = {}
+    for kind in ("queues", "exchanges"):
+        for name in listed_names(settings, kind, _DEMO_START):
+            match = DEMO_PREFIX.match(name)
+            if match:
+                getattr(found.setdefault(match.group(), Leftovers()), kind).append(name)
+    client = _redis(settings)
+    if client is not None:
+        base = _namespace(settings, "")
+        try:
+            for key in client.scan_iter(f"{_namespace(settings, _DEMO_START)}*", count=1000):
+                match = DEMO_PREFIX.match(key.decode(errors="replace")[len(base) :])
+                if match:
+                    found.setdefault(match.group(), Leftovers())
+        finally:
+            client.close()
+    return found
+
+
+def _delete(settings: Settings, kind: str, names: list[str], prefix: str) -> int:
+    """Delete the ``names`` under ``prefix`` (only those); returns how many were still there."""
+    return sum(delete_named(settings, kind, name) for name in names if name.startswith(prefix))
+
+
+def sweep(settings: Settings, own_prefix: str, found: dict[str, Leftovers]) -> Swept:
+    """Delete the ``found`` leftovers of the prefixes whose demo is dead; never ``own_prefix``,
+    never a name outside a prefix matching ``DEMO_PREFIX``."""
+    from jobsystem.rabbitmq.broker import connection_urls
+    from jobsystem.store.redis import delete_matching
+
+    candidates = sorted(p for p in found if p != own_prefix and DEMO_PREFIX.fullmatch(p))
+    swept = Swept(demos=dead_prefixes(connection_urls(settings)[0], candidates) if candidates else [])
+    for prefix in swept.demos:
+        swept.queues += _delete(settings, "queues", found[prefix].queues, prefix)
+        swept.exchanges += _delete(settings, "exchanges", found[prefix].exchanges, prefix)
+    client = _redis(settings) if swept.demos else None
+    if client is not None:
+        try:
+            for prefix in swept.demos:
+                swept.state_keys += delete_matching(client, f"{_namespace(settings, prefix)}*")
+        finally:
+            client.close()
+    return swept
+
+
+def sweep_dead_demos(settings: Settings, own_prefix: str) -> Swept:
+    """Find every demo's leftovers, and delete those of the dead demos (call it once the own
+    alive queue is declared: the own prefix is skipped in any case)."""
+    return sweep(settings, own_prefix, find_leftovers(settings))
