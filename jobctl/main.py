@@ -292,7 +292,10 @@ def _print_workflow(flow: dict[str, Any], as_json: bool) -> None:
     click.echo(f"{'state':<10} {flow['state']}")
     failed = flow.get("failed_member")
     if failed:
-        click.echo(f"{'failed':<10} {failed['id']}  {failed.get('actor', '-')}  {failed.get('state') or ''}")
+        why = f"  ({failed['reason']})" if failed.get("reason") else ""
+        click.echo(
+            f"{'failed':<10} {failed['id']}  {failed.get('actor', '-')}  {failed.get('state') or ''}{why}"
+        )
     for step in flow["steps"]:
         click.echo(f"step {step['step']}  ({step['mode']})")
         for member in step["members"]:

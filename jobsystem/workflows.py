@@ -194,7 +194,10 @@ def workflow_status(workflow_id: str, *, broker: dramatiq.Broker | None = None) 
         members = []
         for member in step["members"]:
             record = status.get(member["id"]) if status is not None else None
-            members.append({**member, "state": _member_state(found.states.get(member["id"]), record)})
+            shown = {**member, "state": _member_state(found.states.get(member["id"]), record)}
+            if member["id"] in found.reasons:
+                shown["reason"] = found.reasons[member["id"]]
+            members.append(shown)
         steps.append({"step": number, "mode": step["mode"], "members": members})
     return {
         "workflow_id": workflow_id,
@@ -212,7 +215,12 @@ def _failed(found: WorkflowRecord) -> dict[str, Any] | None:
     for step in found.record["steps"]:
         for member in step["members"]:
             if member["id"] == found.failed:
-                return {**member, "state": found.states.get(found.failed)}
+                reason = found.reasons.get(found.failed)
+                return {
+                    **member,
+                    "state": found.states.get(found.failed),
+                    **({"reason": reason} if reason else {}),
+                }
     return {"id": found.failed}
 
 

@@ -295,6 +295,12 @@ def square(i: int, hold: bool = False) -> int:
     return i * i
 
 
+@dramatiq.actor(queue_name=QUEUE)
+def sized(size: int) -> str:
+    """A result of ``size`` characters (``size + 2`` bytes as JSON): one too large to hand on."""
+    return "x" * size
+
+
 @dramatiq.actor(queue_name=QUEUE, throws=(Permanent,))
 def square_fails(i: int) -> int:
     """Fail for good: a chord member that ends in the dead letters."""
