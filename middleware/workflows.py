@@ -9,6 +9,9 @@ did not succeed fails a chord: the next step is never sent and the workflow name
 So does a member whose result the next step is to get but that cannot be kept (larger than
 ``result_max_bytes`` as JSON, or not JSON): recorded ``failed`` with the reason, rather than
 handing the next step a ``None`` it would take for the member's result.
+A member that returned although it was cancelled while it ran (not interruptible, or it returned
+before the interrupt came; the cancellation watch ends before these hooks) is counted as
+cancelled by the store when its mark is there as its end is counted, so no next step follows it.
 
 The call that completes a step answers so exactly once; a later call for the same member (the
 completer's delivery again) answers so again only while the next step is not noted as sent (the

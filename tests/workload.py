@@ -329,6 +329,17 @@ def ticking(token: str, seconds: float) -> str:
 
 
 @dramatiq.actor(queue_name=QUEUE, interruptible=False)
+def gated(token: str) -> str:
+    """Say it runs (key ``gated:<token>``), then wait until the test opens the gate (key
+    ``open:<token>``, 30 s at most): a barrier the test holds while it cancels the job."""
+    store.set(key(f"gated:{token}"), "1")
+    deadline = time.monotonic() + 30
+    while not store.exists(key(f"open:{token}")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return token
+
+
+@dramatiq.actor(queue_name=QUEUE, interruptible=False)
 def ticking_uninterruptible(token: str, seconds: float) -> str:
     """:func:`ticking`, declared not interruptible."""
     _tick(token, seconds)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobsystem.store.base import Backends, StateStore, StoreUnavailable
+from jobsystem.store.cancel_marks import mark_name
 from jobsystem.store.redis import RedisStore, reply_text
 
 __all__ = [
@@ -149,7 +150,10 @@ class WorkflowBackend(ABC):
         """Count ``member`` of ``step`` as ended in ``state`` (succeeded, dead, cancelled, failed)
         with its JSON ``result`` (and why it failed, ``reason``), once however often it is called.
         A member that did not succeed fails the workflow unless its step's mode is ``finished``;
-        the last step complete succeeds it."""
+        the last step complete succeeds it. A member ending ``succeeded`` that carries a
+        cancellation mark counts as ``cancelled``: it was cancelled while it ran and returned
+        before the mark could interrupt it, and its step must not be handed on as if it had not
+        been cancelled."""
 
     @abstractmethod
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
@@ -167,6 +171,8 @@ class WorkflowBackend(ABC):
 _FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0, 0} end
 local step, member, state = ARGV[1], ARGV[2], ARGV[3]
+-- Cancelled while it ran, and returned before the mark could interrupt it: counted as cancelled.
+if state == 'succeeded' and redis.call('EXISTS', KEYS[3]) == 1 then state = 'cancelled' end
 local added = redis.call('SADD', KEYS[2], member)
 if added == 1 then
   redis.call('HSET', KEYS[1], 's:' .. member, state, 'r:' .. member, ARGV[4])
@@ -235,7 +241,8 @@ class RedisWorkflows(WorkflowBackend):
     ) -> StepProgress:
         key = self._key(workflow_id)
         reply = self._finish(
-            keys=[key, f"{key}:done:{step}"], args=[step, member, state, result, ttl_ms, reason]
+            keys=[key, f"{key}:done:{step}", self.store.key(mark_name(member))],
+            args=[step, member, state, result, ttl_ms, reason],
         )
         try:
             wf_state, added, finished, size, counts, sent, completer = reply

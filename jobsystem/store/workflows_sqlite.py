@@ -16,6 +16,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
+from jobsystem.store.cancel_marks import cancel_marks, sqlite_marked
 from jobsystem.store.sqlite import SqliteStore
 from jobsystem.store.workflows import (
     StepProgress,
@@ -54,6 +55,7 @@ class SqliteWorkflows(WorkflowBackend):
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
         store.ensure_schema(_SCHEMA)
+        cancel_marks(store)  # its table: read in finish's transaction
 
     def _wid(self, workflow_id: str) -> str:
         return self.store.key(workflow_id)
@@ -124,6 +126,8 @@ class SqliteWorkflows(WorkflowBackend):
             expiry = self._expiry(conn, workflow_id)
             if expiry is None:
                 return StepProgress("unknown", False, 0, 0)
+            if state == "succeeded" and sqlite_marked(conn, self.store, member):
+                state = "cancelled"  # cancelled while it ran: see WorkflowBackend.finish
             fields = self._fields(conn, workflow_id, _step_fields(step, state))
             added = (
                 conn.execute(

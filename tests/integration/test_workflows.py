@@ -268,6 +268,28 @@ def test_a_job_that_is_not_interruptible_runs_to_its_end(start_worker, queues, s
     assert store.exists(key("done:steady"))
 
 
+def test_a_member_cancelled_while_it_runs_to_its_end_sends_no_next_step(start_worker, queues, store, key):
+    """Not interruptible, it runs to its end after the cancel: its next step was sent all the same,
+    as if nothing had been cancelled. The mark is in the store when its end is counted: the member
+    counts as cancelled, the pipeline fails, and the next step is never sent."""
+    worker = start_worker()
+    first = queues.message(workload.gated, "g1")
+    after = queues.message(workload.record, "after").copy(options={"pipe_ignore": True})
+    flow = pipeline([first, after], broker=queues.broker).run()
+    wait_for(lambda: store.exists(key("gated:g1")), what="the member running")
+    assert cancel(first.message_id, broker=queues.broker) == [first.message_id]
+    store.set(key("open:g1"), "1")  # the barrier: the member returns only now
+    ended = wait_for(
+        lambda: (f := workflow_status(flow.workflow_id, broker=queues.broker))["state"] != "running" and f,
+        what="the pipeline's end",
+    )
+    assert ended["state"] == "failed" and ended["failed_member"]["id"] == first.message_id
+    assert ended["failed_member"]["state"] == "cancelled"
+    assert ended["steps"][1]["members"][0]["state"] == "waiting"
+    assert queues.left_after_stop([worker], queues.name(workload.record)) == 0
+    assert not store.sismember(key("tokens"), "after")
+
+
 def jobctl(prefix, *args):
     env = {**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL, "LOG_LEVEL": "WARNING"}
     return subprocess.run(
