@@ -292,7 +292,10 @@ def _print_workflow(flow: dict[str, Any], as_json: bool) -> None:
     click.echo(f"{'state':<10} {flow['state']}")
     failed = flow.get("failed_member")
     if failed:
-        click.echo(f"{'failed':<10} {failed['id']}  {failed.get('actor', '-')}  {failed.get('state') or ''}")
+        why = f"  ({failed['reason']})" if failed.get("reason") else ""
+        click.echo(
+            f"{'failed':<10} {failed['id']}  {failed.get('actor', '-')}  {failed.get('state') or ''}{why}"
+        )
     for step in flow["steps"]:
         click.echo(f"step {step['step']}  ({step['mode']})")
         for member in step["members"]:
@@ -311,12 +314,13 @@ def cancel(ids: tuple[str, ...]) -> None:
     system = load_system()
     from jobsystem.store.base import StoreUnavailable
     from jobsystem.workflows import cancel as cancel_ids
+    from jobsystem.workflows import status_records
     from middleware.status import find_status
 
     status = find_status(system.broker)
     try:
         marked = cancel_ids(*ids, broker=system.broker)
-        records = status.backend.get_many(marked) if status is not None and marked else {}
+        records = status_records(status, marked)
     except StoreUnavailable as exc:
         click.echo(f"jobctl: state store unreachable ({exc})", err=True)
         sys.exit(EXIT_UNREACHABLE)

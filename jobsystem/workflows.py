@@ -22,9 +22,10 @@ from dramatiq import Message
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.workflow_steps import Step, annotate, without_empty_steps
+from jobsystem.store.status_records import JobStatus
 from jobsystem.store.workflows import WorkflowRecord
 from middleware.results import StoreResults
-from middleware.status import find_status
+from middleware.status import Status, find_status
 from middleware.workflows import Workflows, find_workflows
 
 __all__ = ["cancel", "group", "pipeline", "workflow_status"]
@@ -189,12 +190,21 @@ def workflow_status(workflow_id: str, *, broker: dramatiq.Broker | None = None) 
     if found is None:
         return None
     status = find_status(broker)
+    # One batched read of the job status records, of the members the workflow has not counted as
+    # ended (a group of 10,000: one round trip, not 10,000).
+    unfinished = [
+        m["id"] for step in found.record["steps"] for m in step["members"] if m["id"] not in found.states
+    ]
+    records = status_records(status, unfinished)
     steps = []
     for number, step in enumerate(found.record["steps"]):
         members = []
         for member in step["members"]:
-            record = status.get(member["id"]) if status is not None else None
-            members.append({**member, "state": _member_state(found.states.get(member["id"]), record)})
+            record = records.get(member["id"])
+            shown = {**member, "state": _member_state(found.states.get(member["id"]), record)}
+            if member["id"] in found.reasons:
+                shown["reason"] = found.reasons[member["id"]]
+            members.append(shown)
         steps.append({"step": number, "mode": step["mode"], "members": members})
     return {
         "workflow_id": workflow_id,
@@ -212,8 +222,27 @@ def _failed(found: WorkflowRecord) -> dict[str, Any] | None:
     for step in found.record["steps"]:
         for member in step["members"]:
             if member["id"] == found.failed:
-                return {**member, "state": found.states.get(found.failed)}
+                reason = found.reasons.get(found.failed)
+                return {
+                    **member,
+                    "state": found.states.get(found.failed),
+                    **({"reason": reason} if reason else {}),
+                }
     return {"id": found.failed}
+
+
+#: The most job status records read in one call (SQLite's host parameters, 32,766 by default).
+STATUS_CHUNK = 10_000
+
+
+def status_records(status: Status | None, message_ids: list[str]) -> dict[str, JobStatus]:
+    """The job status records of ``message_ids`` that exist, in one call per ``STATUS_CHUNK``."""
+    if status is None:
+        return {}
+    found: dict[str, JobStatus] = {}
+    for start in range(0, len(message_ids), STATUS_CHUNK):
+        found.update(status.backend.get_many(message_ids[start : start + STATUS_CHUNK]))
+    return found
 
 
 def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
@@ -245,5 +274,5 @@ def mark_ttl_ms(broker: dramatiq.Broker, message_ids: list[str], ttl_ms: int) ->
     if status is None or not message_ids:
         return ttl_ms
     now = int(time.time() * 1000)
-    dues = [record.due_at for record in status.backend.get_many(message_ids).values() if record.due_at]
+    dues = [record.due_at for record in status_records(status, message_ids).values() if record.due_at]
     return max([ttl_ms, *(due - now + ttl_ms for due in dues)])

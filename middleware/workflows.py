@@ -6,6 +6,12 @@ ends for good (succeeded, dead-lettered or cancelled) is counted with one atomic
 its step is complete and the workflow still runs, the member's worker sends the next step with
 what the step hands on (its result, the group's results in order, or the counts). A member that
 did not succeed fails a chord: the next step is never sent and the workflow names the member.
+So does a member whose result the next step is to get but that cannot be kept (larger than
+``result_max_bytes`` as JSON, or not JSON): recorded ``failed`` with the reason, rather than
+handing the next step a ``None`` it would take for the member's result.
+A member that returned although it was cancelled while it ran (not interruptible, or it returned
+before the interrupt came; the cancellation watch ends before these hooks) is counted as
+cancelled by the store when its mark is there as its end is counted, so no next step follows it.
 
 The call that completes a step answers so exactly once; a later call for the same member (the
 completer's delivery again) answers so again only while the next step is not noted as sent (the
@@ -24,12 +30,13 @@ import threading
 import time
 from typing import Any
 
+from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 
 from jobsystem.dramatiq_internals import request_redelivery, wants_redelivery
 from jobsystem.runtime.idempotency_keys import CompletedDuplicate
 from jobsystem.runtime.options import option_of
-from jobsystem.runtime.result_json import result_json
+from jobsystem.runtime.result_json import result_json, why_not_kept
 from jobsystem.runtime.workflow_steps import WORKFLOW, next_messages
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import CancelMarks, cancel_marks
@@ -49,7 +56,8 @@ class Workflows(FailClosed):
       store: the shared state store.
       ttl_ms: how long a workflow's record is kept after its last change.
       cancel_ttl_ms: how long a cancellation mark is kept (``actors.workflows.cancel``).
-      result_max_bytes: a member's result larger than this once JSON-encoded is kept as null.
+      result_max_bytes: a member's result larger than this once JSON-encoded is not kept; the
+        member fails its workflow when the next step is to get it.
       dead_retry_s: first wait before counting a dead-lettered member again when the store did not
         answer (it doubles, up to a minute).
     """
@@ -91,7 +99,9 @@ class Workflows(FailClosed):
             # Its key was completed by an earlier run: that run's end may not have been counted,
             # or the next step it completed not sent (its publish failed and the delivery came
             # back). Counting again is a no-op once counted, and sends the step if still due.
-            self._finish(broker, message, "succeeded", _decoded(skipped.result))
+            # A key that kept no result (too large) has none to hand on: not a None.
+            kept = skipped.result is not None
+            self._finish(broker, message, "succeeded", _decoded(skipped.result) if kept else NOT_KEPT)
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         if wants_redelivery(message) or not isinstance(message.options.get(WORKFLOW), dict):
@@ -136,13 +146,15 @@ class Workflows(FailClosed):
         option = message.options.get(WORKFLOW)
         if not isinstance(option, dict):
             return
+        encoded, reason = self._encode(result), ""
+        if state == "succeeded" and not encoded and _hands_on(broker, option):
+            state, reason = "failed", self._why_not_kept(result)
+            logger.warning(
+                "workflow_member_result_not_kept",
+                extra={"workflow_id": option["id"], "message_id": message.message_id, "reason": reason},
+            )
         progress = self.backend.finish(
-            str(option["id"]),
-            int(option["step"]),
-            message.message_id,
-            state,
-            self._encode(result),
-            self.ttl_ms,
+            str(option["id"]), int(option["step"]), message.message_id, state, encoded, self.ttl_ms, reason
         )
         logger.info(
             "workflow_member_finished",
@@ -198,7 +210,27 @@ class Workflows(FailClosed):
 
     def _encode(self, result: Any) -> str:
         """``result`` as JSON, or empty when too large to keep (a kept ``None`` is ``null``)."""
+        if result is NOT_KEPT:
+            return ""
         return result_json(result, self.result_max_bytes) or ""
+
+    def _why_not_kept(self, result: Any) -> str:
+        if result is NOT_KEPT:
+            return "result not kept by its idempotency key (too large): nothing to hand on"
+        return why_not_kept(result, self.result_max_bytes)
+
+
+#: The result of a member skipped as the duplicate of a run whose key kept no result.
+NOT_KEPT: Any = object()
+
+
+def _hands_on(broker: Broker, option: dict[str, Any]) -> bool:
+    """Whether the member's result is an argument of the next step: its step pipes results
+    (``value``, ``list``) and a next message does not ignore the pipe (``pipe_ignore``)."""
+    if option.get("pipe") not in ("value", "list"):
+        return False
+    nexts: list[Message[Any]] = [Message(**data) for data in option.get("next") or []]
+    return any(not option_of(broker, m, "pipe_ignore") for m in nexts)
 
 
 def _decoded(result: str | None) -> Any:

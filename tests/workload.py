@@ -295,6 +295,12 @@ def square(i: int, hold: bool = False) -> int:
     return i * i
 
 
+@dramatiq.actor(queue_name=QUEUE)
+def sized(size: int) -> str:
+    """A result of ``size`` characters (``size + 2`` bytes as JSON): one too large to hand on."""
+    return "x" * size
+
+
 @dramatiq.actor(queue_name=QUEUE, throws=(Permanent,))
 def square_fails(i: int) -> int:
     """Fail for good: a chord member that ends in the dead letters."""
@@ -319,6 +325,17 @@ def _tick(token: str, seconds: float) -> None:
 def ticking(token: str, seconds: float) -> str:
     """Work for ``seconds``, writing a progress tick (time) every 50 ms: ticks stop when it stops."""
     _tick(token, seconds)
+    return token
+
+
+@dramatiq.actor(queue_name=QUEUE, interruptible=False)
+def gated(token: str) -> str:
+    """Say it runs (key ``gated:<token>``), then wait until the test opens the gate (key
+    ``open:<token>``, 30 s at most): a barrier the test holds while it cancels the job."""
+    store.set(key(f"gated:{token}"), "1")
+    deadline = time.monotonic() + 30
+    while not store.exists(key(f"open:{token}")) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return token
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["result_json"]
+__all__ = ["result_json", "why_not_kept"]
 
 
 def result_json(result: Any, max_bytes: int) -> str | None:
@@ -21,3 +21,13 @@ def result_json(result: Any, max_bytes: int) -> str | None:
     except Exception:
         return None
     return encoded if len(encoded) <= max_bytes else None
+
+
+def why_not_kept(result: Any, max_bytes: int) -> str:
+    """Why :func:`result_json` keeps no JSON of ``result``, in words free of its value (they are
+    shown by ``jobctl status``): its size against the limit, or the encoder's error type."""
+    try:
+        encoded = json.dumps(result)
+    except Exception as exc:
+        return f"result not JSON-encodable ({type(exc).__name__})"
+    return f"result too large: {len(encoded)} bytes > {max_bytes}"

@@ -8,13 +8,28 @@ table ``cancel_marks``. Message ids are UUIDs: no personal data in a key name.
 
 from __future__ import annotations
 
+import sqlite3
 from abc import ABC, abstractmethod
 
 from jobsystem.store.base import Backends, StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.sqlite import SqliteStore
 
-__all__ = ["CancelMarks", "cancel_marks"]
+__all__ = ["CancelMarks", "cancel_marks", "mark_name", "sqlite_marked"]
+
+
+def mark_name(message_id: str) -> str:
+    """The key of ``message_id``'s mark on Redis (in the store's namespace); the workflows' count
+    reads it in its own script (:mod:`jobsystem.store.workflows`)."""
+    return f"cancel:{message_id}"
+
+
+def sqlite_marked(conn: sqlite3.Connection, store: SqliteStore, message_id: str) -> bool:
+    """Whether ``message_id`` carries a mark, read in the caller's SQLite transaction."""
+    row = conn.execute(
+        "SELECT 1 FROM cancel_marks WHERE id = ? AND expires_at > ?", (store.key(message_id), store.now_ms())
+    ).fetchone()
+    return row is not None
 
 
 class CancelMarks(ABC):
@@ -64,7 +79,7 @@ class RedisCancelMarks(CancelMarks):
 
     def mark_cancelled(self, ids: list[str], ttl_ms: int) -> None:
         if ids:
-            keys = [self.store.key("cancels"), *(self.store.key(f"cancel:{i}") for i in ids)]
+            keys = [self.store.key("cancels"), *(self.store.key(mark_name(i)) for i in ids)]
             self._mark(keys=keys, args=[ttl_ms, *ids])
 
     def cancelled_since(self, since_ms: int) -> tuple[dict[str, int], int]:
@@ -80,7 +95,7 @@ class RedisCancelMarks(CancelMarks):
         if not ids:
             return set()
         with self.store.errors():
-            values = self.store.client.mget([self.store.key(f"cancel:{i}") for i in ids])
+            values = self.store.client.mget([self.store.key(mark_name(i)) for i in ids])
         return {i for i, value in zip(ids, values, strict=True) if value is not None}
 
 

@@ -8,25 +8,33 @@ is retried or delivered twice is counted once, and answers whether the step is n
 
 Redis: the hash ``wf:<id>`` (``record``, ``state``, ``failed``, ``steps``, per step ``size:<i>``,
 ``mode:<i>``, counters ``c:<i>:<state>``, ``by:<i>`` (the member that completed it) and
-``sent:<i>``, per member ``s:<id>`` and ``r:<id>``) and the set ``wf:<id>:done:<i>``. SQLite: the
-tables ``workflow_fields`` and ``workflow_done``. Ids are UUIDs: no personal data in a key name.
+``sent:<i>``, per member ``s:<id>``, ``r:<id>`` and, for one that failed for a reason of the
+workflow's own (a result too large to hand on), ``e:<id>``) and the set ``wf:<id>:done:<i>``.
+SQLite: the same fields as rows, in :mod:`jobsystem.store.workflows_sqlite`. Ids are UUIDs: no
+personal data in a key name.
 Cancellation marks are in :mod:`jobsystem.store.cancel_marks`.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from jobsystem.store.base import Backends, StateStore, StoreUnavailable
+from jobsystem.store.cancel_marks import mark_name
 from jobsystem.store.redis import RedisStore, reply_text
-from jobsystem.store.sqlite import SqliteStore
 
-__all__ = ["StepProgress", "WorkflowBackend", "WorkflowRecord", "workflow_backend"]
+__all__ = [
+    "StepProgress",
+    "WorkflowBackend",
+    "WorkflowRecord",
+    "initial_fields",
+    "parse_fields",
+    "workflow_backend",
+]
 
 #: A step's mode: its members must all succeed (a chord), or only finish (a "finished" callback).
 MODES = ("success", "finished")
@@ -77,6 +85,8 @@ class WorkflowRecord:
     results: dict[str, Any]
     #: The members whose result was kept (recorded empty: too large to keep, or not JSON).
     kept: frozenset[str] = frozenset()
+    #: Why a member failed, when the workflow failed it (its result could not be handed on).
+    reasons: dict[str, str] = field(default_factory=dict)
 
     def step_results(self, step: int) -> list[Any]:
         """The results of step ``step``'s members, in the step's order."""
@@ -92,12 +102,13 @@ def _loads(raw: str | None) -> Any:
         return None
 
 
-def _parse(fields: Mapping[str, str]) -> WorkflowRecord | None:
+def parse_fields(fields: Mapping[str, str]) -> WorkflowRecord | None:
     if "record" not in fields:
         return None
     states = {k[2:]: v for k, v in fields.items() if k.startswith("s:")}
     results = {k[2:]: _loads(v) for k, v in fields.items() if k.startswith("r:")}
     kept = frozenset(k[2:] for k, v in fields.items() if k.startswith("r:") and v)
+    reasons = {k[2:]: v for k, v in fields.items() if k.startswith("e:")}
     return WorkflowRecord(
         json.loads(fields["record"]),
         fields.get("state", "running"),
@@ -105,10 +116,11 @@ def _parse(fields: Mapping[str, str]) -> WorkflowRecord | None:
         states,
         results,
         kept,
+        reasons,
     )
 
 
-def _initial_fields(record: dict[str, Any]) -> dict[str, str]:
+def initial_fields(record: dict[str, Any]) -> dict[str, str]:
     steps = record["steps"]
     fields = {"record": json.dumps(record), "state": "running", "steps": str(len(steps))}
     for i, step in enumerate(steps):
@@ -126,11 +138,22 @@ class WorkflowBackend(ABC):
 
     @abstractmethod
     def finish(
-        self, workflow_id: str, step: int, member: str, state: str, result: str, ttl_ms: int
+        self,
+        workflow_id: str,
+        step: int,
+        member: str,
+        state: str,
+        result: str,
+        ttl_ms: int,
+        reason: str = "",
     ) -> StepProgress:
-        """Count ``member`` of ``step`` as ended in ``state`` (succeeded, dead, cancelled) with its
-        JSON ``result``, once however often it is called. A member that did not succeed fails the
-        workflow unless its step's mode is ``finished``; the last step complete succeeds it."""
+        """Count ``member`` of ``step`` as ended in ``state`` (succeeded, dead, cancelled, failed)
+        with its JSON ``result`` (and why it failed, ``reason``), once however often it is called.
+        A member that did not succeed fails the workflow unless its step's mode is ``finished``;
+        the last step complete succeeds it. A member ending ``succeeded`` that carries a
+        cancellation mark counts as ``cancelled``: it was cancelled while it ran and returned
+        before the mark could interrupt it, and its step must not be handed on as if it had not
+        been cancelled."""
 
     @abstractmethod
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
@@ -148,9 +171,12 @@ class WorkflowBackend(ABC):
 _FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0, 0} end
 local step, member, state = ARGV[1], ARGV[2], ARGV[3]
+-- Cancelled while it ran, and returned before the mark could interrupt it: counted as cancelled.
+if state == 'succeeded' and redis.call('EXISTS', KEYS[3]) == 1 then state = 'cancelled' end
 local added = redis.call('SADD', KEYS[2], member)
 if added == 1 then
   redis.call('HSET', KEYS[1], 's:' .. member, state, 'r:' .. member, ARGV[4])
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'e:' .. member, ARGV[6]) end
   redis.call('HINCRBY', KEYS[1], 'c:' .. step .. ':' .. state, 1)
   if state ~= 'succeeded' and redis.call('HGET', KEYS[1], 'mode:' .. step) ~= 'finished'
       and redis.call('HGET', KEYS[1], 'state') == 'running' then
@@ -199,15 +225,25 @@ class RedisWorkflows(WorkflowBackend):
         key = self._key(record["id"])
         with self.store.errors():
             pipe = self.store.client.pipeline(transaction=True)
-            pipe.hset(key, mapping=dict(_initial_fields(record)))  # type: ignore[arg-type]
+            pipe.hset(key, mapping=dict(initial_fields(record)))  # type: ignore[arg-type]
             pipe.pexpire(key, ttl_ms)
             pipe.execute()
 
     def finish(
-        self, workflow_id: str, step: int, member: str, state: str, result: str, ttl_ms: int
+        self,
+        workflow_id: str,
+        step: int,
+        member: str,
+        state: str,
+        result: str,
+        ttl_ms: int,
+        reason: str = "",
     ) -> StepProgress:
         key = self._key(workflow_id)
-        reply = self._finish(keys=[key, f"{key}:done:{step}"], args=[step, member, state, result, ttl_ms])
+        reply = self._finish(
+            keys=[key, f"{key}:done:{step}", self.store.key(mark_name(member))],
+            args=[step, member, state, result, ttl_ms, reason],
+        )
         try:
             wf_state, added, finished, size, counts, sent, completer = reply
             return StepProgress(
@@ -233,140 +269,15 @@ class RedisWorkflows(WorkflowBackend):
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         with self.store.errors():
             raw = self.store.client.hgetall(self._key(workflow_id))
-        return _parse({reply_text(k): reply_text(v) for k, v in raw.items()})
+        return parse_fields({reply_text(k): reply_text(v) for k, v in raw.items()})
 
     def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
         return bool(self._set_state(keys=[self._key(workflow_id)], args=[state, only_from]))
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS workflow_fields (
-    wid TEXT NOT NULL,
-    field TEXT NOT NULL,
-    value TEXT NOT NULL,
-    expires_at INTEGER NOT NULL,
-    PRIMARY KEY (wid, field)
-);
-CREATE TABLE IF NOT EXISTS workflow_done (
-    wid TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    member TEXT NOT NULL,
-    PRIMARY KEY (wid, step, member)
-);
-CREATE INDEX IF NOT EXISTS workflow_fields_expiry ON workflow_fields (expires_at)
-"""
-
-
-class SqliteWorkflows(WorkflowBackend):
-    """The same operations as rows; each read-then-write in one ``BEGIN IMMEDIATE`` transaction."""
-
-    def __init__(self, store: SqliteStore) -> None:
-        self.store = store
-        store.ensure_schema(_SCHEMA)
-
-    def _wid(self, workflow_id: str) -> str:
-        return self.store.key(workflow_id)
-
-    def _fields(self, conn: sqlite3.Connection, workflow_id: str) -> dict[str, str]:
-        rows = conn.execute(
-            "SELECT field, value FROM workflow_fields WHERE wid = ? AND expires_at > ?",
-            (self._wid(workflow_id), self.store.now_ms()),
-        ).fetchall()
-        return {f: v for f, v in rows}
-
-    def _put(
-        self, conn: sqlite3.Connection, workflow_id: str, values: Mapping[str, str], ttl_ms: int
-    ) -> None:
-        """Write ``values``; the workflow lives ``ttl_ms`` more, never less than it already did (a
-        member delayed past the TTL, or a delayed next step, must still find it)."""
-        (longest,) = conn.execute(
-            "SELECT MAX(expires_at) FROM workflow_fields WHERE wid = ?", (self._wid(workflow_id),)
-        ).fetchone()
-        expires = max(self.store.now_ms() + ttl_ms, longest or 0)
-        conn.executemany(
-            "INSERT INTO workflow_fields (wid, field, value, expires_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(wid, field) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
-            [(self._wid(workflow_id), k, v, expires) for k, v in values.items()],
-        )
-        conn.execute(
-            "UPDATE workflow_fields SET expires_at = ? WHERE wid = ?", (expires, self._wid(workflow_id))
-        )
-
-    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
-        with self.store.transaction() as conn:
-            self._sweep(conn)
-            self._put(conn, record["id"], _initial_fields(record), ttl_ms)
-
-    def _sweep(self, conn: sqlite3.Connection) -> None:
-        """Delete the expired workflows' rows (a workflow's rows expire together): nothing else
-        would, and every member's state and result would stay in the file for good."""
-        now = self.store.now_ms()
-        conn.execute(
-            "DELETE FROM workflow_done WHERE wid IN "
-            "(SELECT wid FROM workflow_fields WHERE expires_at <= ? AND field = 'record')",
-            (now,),
-        )
-        conn.execute("DELETE FROM workflow_fields WHERE expires_at <= ?", (now,))
-
-    def finish(
-        self, workflow_id: str, step: int, member: str, state: str, result: str, ttl_ms: int
-    ) -> StepProgress:
-        with self.store.transaction() as conn:
-            fields = self._fields(conn, workflow_id)
-            if "record" not in fields:
-                return StepProgress("unknown", False, 0, 0)
-            added = (
-                conn.execute(
-                    "INSERT OR IGNORE INTO workflow_done (wid, step, member) VALUES (?, ?, ?)",
-                    (self._wid(workflow_id), step, member),
-                ).rowcount
-                > 0
-            )
-            updates: dict[str, str] = {}
-            if added:
-                counter = f"c:{step}:{state}"
-                updates.update({f"s:{member}": state, f"r:{member}": result})
-                updates[counter] = str(int(fields.get(counter, "0")) + 1)
-                if (
-                    state != "succeeded"
-                    and fields.get(f"mode:{step}") != "finished"
-                    and fields["state"] == "running"
-                ):
-                    updates.update({"state": "failed", "failed": member})
-            fields.update(updates)
-            finished = conn.execute(
-                "SELECT COUNT(*) FROM workflow_done WHERE wid = ? AND step = ?",
-                (self._wid(workflow_id), step),
-            ).fetchone()[0]
-            size = int(fields[f"size:{step}"])
-            if added and finished >= size and f"by:{step}" not in fields:
-                updates[f"by:{step}"] = fields[f"by:{step}"] = member
-            if finished >= size and step == int(fields["steps"]) - 1 and fields["state"] == "running":
-                updates["state"] = fields["state"] = "succeeded"
-            self._put(conn, workflow_id, updates, ttl_ms)
-        counts = {s: int(fields.get(f"c:{step}:{s}", "0")) for s in ("succeeded", "dead", "cancelled")}
-        completer = finished >= size and fields.get(f"by:{step}", member) == member
-        return StepProgress(
-            fields["state"], added, int(finished), size, counts, f"sent:{step}" in fields, completer
-        )
-
-    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
-        with self.store.transaction() as conn:
-            self._put(conn, workflow_id, {f"sent:{step}": "1"}, ttl_ms)
-
-    def get(self, workflow_id: str) -> WorkflowRecord | None:
-        with self.store.transaction() as conn:
-            return _parse(self._fields(conn, workflow_id))
-
-    def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
-        with self.store.transaction() as conn:
-            cursor = conn.execute(
-                "UPDATE workflow_fields SET value = ? WHERE wid = ? AND field = 'state' AND value = ?",
-                (state, self._wid(workflow_id), only_from),
-            )
-            return cursor.rowcount > 0
-
-
 def workflow_backend(store: StateStore) -> WorkflowBackend:
     """The workflow operations for ``store``'s backend."""
+    # Imported here: the SQLite module builds on this one's types.
+    from jobsystem.store.workflows_sqlite import SqliteWorkflows
+
     return store.operations(Backends(redis=RedisWorkflows, sqlite=SqliteWorkflows))

@@ -126,6 +126,34 @@ def test_chord_with_a_dead_lettered_member_never_runs_its_next_step(start_worker
     assert queues.depth(queues.name(workload.square_fails) + ".DLQ") == 1
 
 
+def test_chord_member_with_a_result_too_large_fails_the_chord_with_the_reason(
+    start_worker, queues, store, prefix, key
+):
+    """Its result (over 64 KiB as JSON) cannot be kept: the callback was sent ``[1, None]`` as if
+    the member had returned None. Now the member fails the chord, and the status says why."""
+    worker = start_worker()
+    members = [queues.message(workload.square, 1), queues.message(workload.sized, 70_000)]
+    chord = pipeline([group(members), queues.message(workload.total)], broker=queues.broker).run()
+    flow = wait_for(
+        lambda: (f := workflow_status(chord.workflow_id, broker=queues.broker))["state"] != "running" and f,
+        what="the chord's end",
+    )
+    assert flow["state"] == "failed"
+    reason = "result too large: 70002 bytes > 65536"
+    assert flow["failed_member"] == {
+        "id": members[1].message_id,
+        "actor": "sized",
+        "queue": queues.name(workload.sized),
+        "state": "failed",
+        "reason": reason,
+    }
+    assert flow["steps"][1]["members"][0]["state"] == "waiting"
+    shown = jobctl(prefix, "status", chord.workflow_id)
+    assert shown.returncode == 0 and f"sized  failed  ({reason})" in shown.stdout
+    assert queues.left_after_stop([worker], queues.name(workload.total)) == 0
+    assert store.llen(key("total")) == 0
+
+
 def ticks(store, key, token):
     return [float(t) for t in store.lrange(key(f"tick:{token}"), 0, -1)]
 
@@ -238,6 +266,28 @@ def test_a_job_that_is_not_interruptible_runs_to_its_end(start_worker, queues, s
     cancel(message.message_id, broker=queues.broker)
     assert queues.wait_finished([message])[message.message_id].state == "succeeded"
     assert store.exists(key("done:steady"))
+
+
+def test_a_member_cancelled_while_it_runs_to_its_end_sends_no_next_step(start_worker, queues, store, key):
+    """Not interruptible, it runs to its end after the cancel: its next step was sent all the same,
+    as if nothing had been cancelled. The mark is in the store when its end is counted: the member
+    counts as cancelled, the pipeline fails, and the next step is never sent."""
+    worker = start_worker()
+    first = queues.message(workload.gated, "g1")
+    after = queues.message(workload.record, "after").copy(options={"pipe_ignore": True})
+    flow = pipeline([first, after], broker=queues.broker).run()
+    wait_for(lambda: store.exists(key("gated:g1")), what="the member running")
+    assert cancel(first.message_id, broker=queues.broker) == [first.message_id]
+    store.set(key("open:g1"), "1")  # the barrier: the member returns only now
+    ended = wait_for(
+        lambda: (f := workflow_status(flow.workflow_id, broker=queues.broker))["state"] != "running" and f,
+        what="the pipeline's end",
+    )
+    assert ended["state"] == "failed" and ended["failed_member"]["id"] == first.message_id
+    assert ended["failed_member"]["state"] == "cancelled"
+    assert ended["steps"][1]["members"][0]["state"] == "waiting"
+    assert queues.left_after_stop([worker], queues.name(workload.record)) == 0
+    assert not store.sismember(key("tokens"), "after")
 
 
 def jobctl(prefix, *args):

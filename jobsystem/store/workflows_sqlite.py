@@ -1,0 +1,217 @@
+"""Workflows on SQLite: the operations of :mod:`jobsystem.store.workflows` as rows, each
+read-then-write in one ``BEGIN IMMEDIATE`` transaction. The table ``workflow_fields`` holds the
+fields a Redis hash would, one row each; ``workflow_done`` the members counted, per step.
+
+Counting a member's end costs the same whatever the workflow's size: it reads the few fields of
+its step by primary key (never the members' rows), counts the step's finished members in the
+field ``n:<step>`` (not ``COUNT(*)``), and only the ``record`` row carries the workflow's expiry
+(every other row is written with :data:`FOLLOWS`, kept as long as its workflow), so lengthening
+the workflow's life rewrites one row, not one per member. Reading or finishing every member of a
+10,000-member group was quadratic before. Rows written by an earlier release (each with its own
+expiry, no ``n:<step>``) are read the same way: a step without the counter counts its rows once."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from jobsystem.store.cancel_marks import cancel_marks, sqlite_marked
+from jobsystem.store.sqlite import SqliteStore
+from jobsystem.store.workflows import (
+    StepProgress,
+    WorkflowBackend,
+    WorkflowRecord,
+    initial_fields,
+    parse_fields,
+)
+
+__all__ = ["FOLLOWS", "SqliteWorkflows"]
+
+#: The ``expires_at`` of a row that lives as long as its workflow's ``record`` row.
+FOLLOWS = 2**62
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS workflow_fields (
+    wid TEXT NOT NULL,
+    field TEXT NOT NULL,
+    value TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (wid, field)
+);
+CREATE TABLE IF NOT EXISTS workflow_done (
+    wid TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    member TEXT NOT NULL,
+    PRIMARY KEY (wid, step, member)
+);
+CREATE INDEX IF NOT EXISTS workflow_fields_expiry ON workflow_fields (expires_at)
+"""
+
+
+class SqliteWorkflows(WorkflowBackend):
+    """The same operations as rows; each read-then-write in one ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        store.ensure_schema(_SCHEMA)
+        cancel_marks(store)  # its table: read in finish's transaction
+
+    def _wid(self, workflow_id: str) -> str:
+        return self.store.key(workflow_id)
+
+    def _expiry(self, conn: sqlite3.Connection, workflow_id: str) -> int | None:
+        """When the workflow expires (its ``record`` row's), or None when unknown or expired."""
+        row = conn.execute(
+            "SELECT expires_at FROM workflow_fields WHERE wid = ? AND field = 'record' AND expires_at > ?",
+            (self._wid(workflow_id), self.store.now_ms()),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def _fields(self, conn: sqlite3.Connection, workflow_id: str, names: list[str]) -> dict[str, str]:
+        """The fields ``names`` of a live workflow, each found by primary key."""
+        marks = ",".join("?" * len(names))
+        rows = conn.execute(
+            f"SELECT field, value FROM workflow_fields WHERE wid = ? AND field IN ({marks})",
+            (self._wid(workflow_id), *names),
+        ).fetchall()
+        return {f: v for f, v in rows}
+
+    def _put(
+        self,
+        conn: sqlite3.Connection,
+        workflow_id: str,
+        values: Mapping[str, str],
+        ttl_ms: int,
+        expiry: int,
+    ) -> None:
+        """Write ``values``; the workflow (expiring at ``expiry``) lives ``ttl_ms`` more, never
+        less than it already did (a member delayed past the TTL, or a delayed next step, must
+        still find it). Only the ``record`` row's expiry changes; the others follow it."""
+        wid = self._wid(workflow_id)
+        conn.executemany(
+            "INSERT INTO workflow_fields (wid, field, value, expires_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(wid, field) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+            [(wid, k, v, FOLLOWS) for k, v in values.items()],
+        )
+        conn.execute(
+            "UPDATE workflow_fields SET expires_at = ? WHERE wid = ? AND field = 'record'",
+            (max(self.store.now_ms() + ttl_ms, expiry), wid),
+        )
+
+    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
+        with self.store.transaction() as conn:
+            self._sweep(conn)
+            self._put(conn, record["id"], initial_fields(record), ttl_ms, 0)
+
+    def _sweep(self, conn: sqlite3.Connection) -> None:
+        """Delete the expired workflows' rows (a workflow expires with its ``record`` row): nothing
+        else would, and every member's state and result would stay in the file for good."""
+        expired = "SELECT wid FROM workflow_fields WHERE expires_at <= ? AND field = 'record'"
+        now = self.store.now_ms()
+        conn.execute(f"DELETE FROM workflow_done WHERE wid IN ({expired})", (now,))
+        conn.execute(f"DELETE FROM workflow_fields WHERE wid IN ({expired})", (now,))
+
+    def finish(
+        self,
+        workflow_id: str,
+        step: int,
+        member: str,
+        state: str,
+        result: str,
+        ttl_ms: int,
+        reason: str = "",
+    ) -> StepProgress:
+        with self.store.transaction() as conn:
+            expiry = self._expiry(conn, workflow_id)
+            if expiry is None:
+                return StepProgress("unknown", False, 0, 0)
+            if state == "succeeded" and sqlite_marked(conn, self.store, member):
+                state = "cancelled"  # cancelled while it ran: see WorkflowBackend.finish
+            fields = self._fields(conn, workflow_id, _step_fields(step, state))
+            added = (
+                conn.execute(
+                    "INSERT OR IGNORE INTO workflow_done (wid, step, member) VALUES (?, ?, ?)",
+                    (self._wid(workflow_id), step, member),
+                ).rowcount
+                > 0
+            )
+            updates = _member_updates(fields, step, member, state, result, reason) if added else {}
+            fields.update(updates)
+            finished = self._finished(conn, workflow_id, step, fields, added)
+            updates[f"n:{step}"] = str(finished)
+            size = int(fields[f"size:{step}"])
+            if added and finished >= size and f"by:{step}" not in fields:
+                updates[f"by:{step}"] = fields[f"by:{step}"] = member
+            if finished >= size and step == int(fields["steps"]) - 1 and fields["state"] == "running":
+                updates["state"] = fields["state"] = "succeeded"
+            self._put(conn, workflow_id, updates, ttl_ms, expiry)
+        counts = {s: int(fields.get(f"c:{step}:{s}", "0")) for s in ("succeeded", "dead", "cancelled")}
+        completer = finished >= size and fields.get(f"by:{step}", member) == member
+        return StepProgress(
+            fields["state"], added, finished, size, counts, f"sent:{step}" in fields, completer
+        )
+
+    def _finished(
+        self, conn: sqlite3.Connection, workflow_id: str, step: int, fields: dict[str, str], added: bool
+    ) -> int:
+        """How many of the step's members are counted now: its counter, or (a step counted by an
+        earlier release, without one) its rows, counted once."""
+        if f"n:{step}" in fields:
+            return int(fields[f"n:{step}"]) + int(added)
+        (rows,) = conn.execute(
+            "SELECT COUNT(*) FROM workflow_done WHERE wid = ? AND step = ?", (self._wid(workflow_id), step)
+        ).fetchone()
+        return int(rows)
+
+    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        with self.store.transaction() as conn:
+            expiry = self._expiry(conn, workflow_id)
+            if expiry is not None:  # gone: nothing to note, and no row left behind for good
+                self._put(conn, workflow_id, {f"sent:{step}": "1"}, ttl_ms, expiry)
+
+    def get(self, workflow_id: str) -> WorkflowRecord | None:
+        with self.store.transaction() as conn:
+            if self._expiry(conn, workflow_id) is None:
+                return None
+            rows = conn.execute(
+                "SELECT field, value FROM workflow_fields WHERE wid = ?", (self._wid(workflow_id),)
+            ).fetchall()
+            return parse_fields({f: v for f, v in rows})
+
+    def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
+        with self.store.transaction() as conn:
+            cursor = conn.execute(
+                "UPDATE workflow_fields SET value = ? WHERE wid = ? AND field = 'state' AND value = ?",
+                (state, self._wid(workflow_id), only_from),
+            )
+            return cursor.rowcount > 0
+
+
+def _step_fields(step: int, state: str) -> list[str]:
+    """The fields :meth:`SqliteWorkflows.finish` reads: the workflow's state and the step's own."""
+    counters = [f"c:{step}:{s}" for s in ("succeeded", "dead", "cancelled", state)]
+    return [
+        "state",
+        "steps",
+        f"size:{step}",
+        f"mode:{step}",
+        f"by:{step}",
+        f"sent:{step}",
+        f"n:{step}",
+        *counters,
+    ]
+
+
+def _member_updates(
+    fields: dict[str, str], step: int, member: str, state: str, result: str, reason: str
+) -> dict[str, str]:
+    """The fields a member counted for the first time changes: its state, result and reason, its
+    step's counter of ``state``, and the workflow's state when it fails a step that needs success."""
+    counter = f"c:{step}:{state}"
+    updates = {f"s:{member}": state, f"r:{member}": result, counter: str(int(fields.get(counter, "0")) + 1)}
+    if reason:
+        updates[f"e:{member}"] = reason
+    if state != "succeeded" and fields.get(f"mode:{step}") != "finished" and fields["state"] == "running":
+        updates.update({"state": "failed", "failed": member})
+    return updates
