@@ -17,7 +17,7 @@ import pytest
 
 from dashboard.app import create_app
 from dashboard.auth import Credentials, User
-from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, rabbitmq_counts
+from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, Selection, rabbitmq_counts
 from jobsystem.settings import Settings
 from jobsystem.store import StateStore
 from jobsystem.store.audit import audit_backend
@@ -239,3 +239,30 @@ def test_the_dead_letter_counts_give_up_on_a_rabbitmq_that_never_answers(store):
         )
         _, project, _ = dashboard(store, answering)
         assert finished_within(10, lambda: rabbitmq_counts(project, ["t_emails"])) == {"t_emails": 0}
+
+
+def test_the_exception_filter_none_selects_the_dead_letters_without_an_exception(store):
+    """A dead letter without an exception (rejected, aged out) is listed as "(none)", and the
+    filter offered it: choosing it sent an empty value (every dead letter listed), typing it
+    filtered on the literal text (none listed), and "all matching" then acted on every one."""
+    app, project, _ = dashboard(store)
+    now = int(time.time() * 1000)
+    failed = DeadLetterEntry("t_q", "m1", "a1", "retries_exhausted", "E", "err", "tb", 3, now, now)
+    aged = DeadLetterEntry("t_q", "m2", "a1", "age_limit", "", "", "", 1, now, now + 1)
+    project.dead_letter_index.add([failed, aged], ttl_ms=None, max_length=None)
+    listed = call(app, "GET", "/api/dead-letters?exception=(none)").json()
+    assert [d["message_id"] for d in listed["dead_letters"]] == ["m2"]
+    assert listed["facets"]["exception"] == ["(none)", "E"]
+    assert [d["message_id"] for d in call(app, "GET", "/api/dead-letters").json()["dead_letters"]] == [
+        "m2",
+        "m1",
+    ]
+    page = call(app, "GET", "/dead-letters?exception=%28none%29").text
+    assert "<option selected>(none)</option>" in page and ">m1<" not in page
+    sent = json.loads(page.split("data-filter='")[1].split("'")[0])  # what "all matching" sends
+    matches = Selection.from_json({**sent, "all": True}).filters().match
+
+    def read(exception: str) -> Any:  # a dead letter as the operations read it from RabbitMQ
+        return SimpleNamespace(message_id="m", queue="t_q", actor="a1", exception=exception, failed_at=None)
+
+    assert matches(read("")) and not matches(read("E"))
