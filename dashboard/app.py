@@ -269,8 +269,10 @@ class Dashboard:
         }
         try:
             entry_id = await run_in_threadpool(self.project.audit.start, entry, int(time.time() * 1000))
-        except StoreUnavailable as exc:
-            return JSONResponse({"error": f"audit log unwritable, nothing done ({exc})"}, status_code=503)
+        except StoreUnavailable as exc:  # its text names the store's host and port: logged, not shown
+            logger.error("dashboard_audit_unwritable", extra={"action": action, "error": str(exc)})
+            error = f"audit log unwritable, nothing done ({type(exc).__name__})"
+            return JSONResponse({"error": error}, status_code=503)
         started = time.monotonic()
         try:
             outcome = await run_in_threadpool(run, subject)

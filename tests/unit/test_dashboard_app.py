@@ -18,8 +18,9 @@ import pytest
 from dashboard.app import create_app
 from dashboard.auth import Credentials, User
 from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, Selection, rabbitmq_counts
+from jobsystem.ops.health import HealthReport, Problem
 from jobsystem.settings import Settings
-from jobsystem.store import StateStore
+from jobsystem.store import StateStore, open_store
 from jobsystem.store.audit import audit_backend
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.buckets import bucket_backend
@@ -28,9 +29,11 @@ from jobsystem.store.heartbeats import heartbeat_backend
 from jobsystem.store.status import status_backend
 from jobsystem.store.status_records import StatusUpdate, order_of
 from tests.amqp_server import fake_rabbitmq
+from tests.servers import free_port
 from tests.support import finished_within
 
 ADMIN = ("admin", "admin-password-for-tests")
+VIEWER = ("viewer", "viewer-password-for-tests")
 #: RabbitMQ on a port nobody listens on: every connection is refused at once.
 DOWN = Settings(
     rabbitmq_url="amqp://guest:guest@127.0.0.1:1/%2F",
@@ -40,20 +43,27 @@ DOWN = Settings(
 
 
 class Answer:
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.status_code, self.text = status, body.decode(errors="replace")
+        self.headers = headers or {}
 
     def json(self) -> Any:
         return json.loads(self.text)
 
 
 def call(
-    app: Any, method: str, target: str, body: Any = None, headers: dict[str, str] | None = None
+    app: Any,
+    method: str,
+    target: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    auth: tuple[str, str] | None = ADMIN,
 ) -> Answer:
     """One request through the whole app (its middleware included), as an ASGI server sends it."""
     path, _, query = target.partition("?")
-    credentials = base64.b64encode(f"{ADMIN[0]}:{ADMIN[1]}".encode())
-    sent = [(b"host", b"testserver"), (b"authorization", b"Basic " + credentials)]
+    sent = [(b"host", b"testserver")]
+    if auth is not None:
+        sent.append((b"authorization", b"Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode())))
     sent += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     scope = {
         "type": "http",
@@ -70,7 +80,7 @@ def call(
         "server": ("testserver", 80),
     }
     incoming = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b""}]
-    status, chunks = [500], []
+    status, chunks, answered = [500], [], {}
 
     async def receive() -> dict[str, Any]:
         return incoming.pop(0) if incoming else {"type": "http.disconnect"}
@@ -78,6 +88,7 @@ def call(
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             status[0] = message["status"]
+            answered.update((k.decode().lower(), v.decode()) for k, v in message.get("headers", []))
         elif message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
 
@@ -85,11 +96,14 @@ def call(
         asyncio.run(app(scope, receive, send))
     except Exception as exc:  # Starlette answers 500, then raises it again for the server to log
         return Answer(500, repr(exc).encode())
-    return Answer(status[0], b"".join(chunks))
+    return Answer(status[0], b"".join(chunks), answered)
 
 
-def dashboard(store: StateStore, settings: Settings = DOWN) -> tuple[Any, SimpleNamespace, dict[str, str]]:
-    """The app over ``store``, RabbitMQ as ``settings`` say, and the headers an admin's POST carries."""
+def dashboard(
+    store: StateStore, settings: Settings = DOWN, report: HealthReport | None = None
+) -> tuple[Any, SimpleNamespace, dict[str, str]]:
+    """The app over ``store``, RabbitMQ as ``settings`` say, the queues' health as ``report`` says,
+    and the headers an admin's POST carries."""
     broker = SimpleNamespace(
         actors={"a1": None},
         dead_letter_index=None,
@@ -109,8 +123,8 @@ def dashboard(store: StateStore, settings: Settings = DOWN) -> tuple[Any, Simple
         dead_letter_index=dead_letter_index(store),
         idempotency=None,
     )
-    credentials = Credentials(ADMIN[1], None)
-    sampler = SimpleNamespace(latest=lambda: (None, 0.0, 0.0))
+    credentials = Credentials(ADMIN[1], VIEWER[1])
+    sampler = SimpleNamespace(latest=lambda: (report, time.time(), 0.1))
     post = {
         "Content-Type": "application/json",
         "Origin": "http://testserver",
@@ -266,3 +280,31 @@ def test_the_exception_filter_none_selects_the_dead_letters_without_an_exception
         return SimpleNamespace(message_id="m", queue="t_q", actor="a1", exception=exception, failed_at=None)
 
     assert matches(read("")) and not matches(read("E"))
+
+
+def test_an_outage_is_shown_without_the_address_or_the_text_of_the_error():
+    """A store error's text names the store's host and port (its URL may hold a password too): the
+    action's answer said "audit log unwritable, nothing done (redis: ConnectionError: Error 111
+    connecting to 127.0.0.1:...)", and the overview showed the health check's texts as they were."""
+    port = free_port()
+    down = open_store(f"redis://:password-in-url@127.0.0.1:{port}/0", namespace="t-down:")
+    try:
+        down.ping()
+    except StoreUnavailable as exc:
+        store_error = str(exc)
+    assert f"127.0.0.1:{port}" in store_error  # what must not be shown
+    degraded = HealthReport(
+        "degraded", [], "amqp", problems=[Problem("state_store", f"state store unreachable ({store_error})")]
+    )
+    unreachable = HealthReport("unreachable", [], error="amqp://guest:***@10.9.8.7:5672/%2F AMQPError")
+    app, _, post = dashboard(down, report=degraded)
+    action = call(app, "POST", "/api/dead-letters/purge", {"all": True}, post)
+    assert action.status_code == 503 and "audit log unwritable" in action.json()["error"]
+    shown = [action.text]
+    for report in (degraded, unreachable):
+        app, _, _ = dashboard(down, report=report)
+        shown += [call(app, "GET", "/").text, call(app, "GET", "/api/queues").text]
+    for text in shown:
+        assert str(port) not in text and "10.9.8.7" not in text and "password-in-url" not in text, text
+    assert "state store unreachable" in shown[1] and "RabbitMQ unreachable" in shown[3]
+    down.close()
