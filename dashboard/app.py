@@ -67,6 +67,13 @@ class Guard(BaseHTTPMiddleware):
         self.credentials = credentials
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        """Every answer, refusals and failures included, carries :data:`SECURITY_HEADERS`: a 401 or
+        403 page cached or framed is as much a page as any other."""
+        response = await self._answer(request, call_next)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def _answer(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         started = time.monotonic()
         header = request.headers.get("authorization")
         user = self.credentials.authenticate(header)
@@ -85,8 +92,11 @@ class Guard(BaseHTTPMiddleware):
             if refused is not None:
                 logger.warning("dashboard_action_refused", extra={"user": user.name, "reason": refused})
                 return JSONResponse({"error": refused}, status_code=403)
-        response = await call_next(request)
-        response.headers.update(SECURITY_HEADERS)
+        try:
+            response = await call_next(request)
+        except Exception:  # Starlette's own 500 would go out without the headers
+            logger.exception("dashboard_request_failed", extra={"path": request.url.path})
+            response = Response("the dashboard failed to answer (see its log)\n", status_code=500)
         logger.debug(
             "dashboard_request",
             extra={

@@ -15,7 +15,7 @@ from urllib.parse import quote, unquote, urljoin
 import pika
 import pytest
 
-from dashboard.app import create_app
+from dashboard.app import SECURITY_HEADERS, create_app
 from dashboard.auth import Credentials, User
 from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, Selection, rabbitmq_counts
 from jobsystem.ops.health import HealthReport, Problem
@@ -308,3 +308,36 @@ def test_an_outage_is_shown_without_the_address_or_the_text_of_the_error():
         assert str(port) not in text and "10.9.8.7" not in text and "password-in-url" not in text, text
     assert "state store unreachable" in shown[1] and "RabbitMQ unreachable" in shown[3]
     down.close()
+
+
+class _Broken:
+    """A store feature whose every call fails as a bug would, naming an address in its text."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("unexpected reply from 10.1.2.3:6379")
+
+        return fail
+
+
+def test_refusals_and_failures_carry_the_security_headers_and_are_not_cached(store):
+    """The headers were added to what the routes answered only: a 401, a 403 and a 500 went out
+    without them (no ``Cache-Control: no-store``, no framing or sniffing rules)."""
+    app, project, post = dashboard(store)
+    project.status = _Broken()
+    purge = ("POST", "/api/dead-letters/purge", {"all": True})
+    answers = {
+        401: [call(app, "GET", "/audit", auth=None), call(app, "GET", "/", auth=(ADMIN[0], VIEWER[1]))],
+        403: [
+            call(app, *purge, post, auth=VIEWER),
+            call(app, *purge, {**post, "Origin": "https://evil.example"}),
+        ],
+        500: [call(app, "GET", "/jobs/m1")],
+    }
+    for status, answered in answers.items():
+        for answer in answered:
+            assert answer.status_code == status, answer.text
+            for name, value in SECURITY_HEADERS.items():
+                assert answer.headers.get(name.lower()) == value, (status, name)
+    assert all(a.headers["www-authenticate"].startswith("Basic ") for a in answers[401])
+    assert "10.1.2.3" not in answers[500][0].text
