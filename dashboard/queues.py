@@ -16,11 +16,10 @@ import logging
 import threading
 import time
 from typing import Any
-from urllib.parse import quote
 
 import requests
 
-from dashboard.project import DEAD_LETTER_SUFFIX, HealthReport, Project, StoreUnavailable, check
+from dashboard.project import DEAD_LETTER_SUFFIX, HealthReport, Project, StoreUnavailable, check, queue_names
 
 __all__ = ["HealthSampler", "chart_points", "overview", "work_queues"]
 
@@ -34,13 +33,8 @@ def work_queues(project: Project, timeout: float = 3.0) -> list[str]:
     or dead-letter companions), with the queues this process's actors declare."""
     settings = project.settings
     names = set(project.broker.get_declared_queues())
-    vhost = quote(settings.rabbitmq_vhost, safe="")
     try:
-        response = requests.get(
-            f"{settings.management_url}/api/queues/{vhost}", params={"columns": "name"}, timeout=timeout
-        )
-        response.raise_for_status()
-        names.update(q["name"] for q in response.json())
+        names.update(queue_names(settings, timeout))
     except requests.RequestException as exc:
         logger.warning("dashboard_queue_list_failed", extra={"error": type(exc).__name__})
     return sorted(n for n in names if n.startswith(settings.queue_prefix) and not n.endswith(_SUFFIXES))
