@@ -67,6 +67,13 @@ class Guard(BaseHTTPMiddleware):
         self.credentials = credentials
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        """Every answer, refusals and failures included, carries :data:`SECURITY_HEADERS`: a 401 or
+        403 page cached or framed is as much a page as any other."""
+        response = await self._answer(request, call_next)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def _answer(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         started = time.monotonic()
         header = request.headers.get("authorization")
         user = self.credentials.authenticate(header)
@@ -85,8 +92,11 @@ class Guard(BaseHTTPMiddleware):
             if refused is not None:
                 logger.warning("dashboard_action_refused", extra={"user": user.name, "reason": refused})
                 return JSONResponse({"error": refused}, status_code=403)
-        response = await call_next(request)
-        response.headers.update(SECURITY_HEADERS)
+        try:
+            response = await call_next(request)
+        except Exception:  # Starlette's own 500 would go out without the headers
+            logger.exception("dashboard_request_failed", extra={"path": request.url.path})
+            response = Response("the dashboard failed to answer (see its log)\n", status_code=500)
         logger.debug(
             "dashboard_request",
             extra={
@@ -269,8 +279,10 @@ class Dashboard:
         }
         try:
             entry_id = await run_in_threadpool(self.project.audit.start, entry, int(time.time() * 1000))
-        except StoreUnavailable as exc:
-            return JSONResponse({"error": f"audit log unwritable, nothing done ({exc})"}, status_code=503)
+        except StoreUnavailable as exc:  # its text names the store's host and port: logged, not shown
+            logger.error("dashboard_audit_unwritable", extra={"action": action, "error": str(exc)})
+            error = f"audit log unwritable, nothing done ({type(exc).__name__})"
+            return JSONResponse({"error": error}, status_code=503)
         started = time.monotonic()
         try:
             outcome = await run_in_threadpool(run, subject)

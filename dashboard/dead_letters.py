@@ -32,13 +32,26 @@ from dashboard.project import (
     missing_queues,
 )
 
-__all__ = ["ActionError", "Selection", "dead_letter_list", "parse_since", "purge", "reindex", "retry"]
+__all__ = [
+    "NO_EXCEPTION",
+    "ActionError",
+    "Selection",
+    "dead_letter_list",
+    "exception_filter",
+    "parse_since",
+    "purge",
+    "reindex",
+    "retry",
+]
 
 PAGE, MAX_PAGE = 50, 200
 #: The longest a page waits for RabbitMQ's dead-letter counts.
 RABBITMQ_TIMEOUT_S = 2.0
 #: The most ids one request may name.
 MAX_IDS = 10_000
+#: The exception filter's name for the dead letters without an exception (rejected, aged out; the
+#: index holds ""): an empty filter means "any exception", and no exception class has this name.
+NO_EXCEPTION = "(none)"
 _ACTING = threading.Lock()
 
 
@@ -55,6 +68,11 @@ def parse_since(value: str | None) -> datetime | None:
     except ValueError:
         raise ActionError("since: use an ISO date or time, e.g. 2026-11-29 or 2026-11-29T08:00") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def exception_filter(value: str | None) -> str | None:
+    """The index's and the operations' value for the exception filter as the page names it."""
+    return "" if value == NO_EXCEPTION else value
 
 
 def _millis(moment: datetime | None) -> int | None:
@@ -81,7 +99,7 @@ def dead_letter_list(
     if queue:
         (named,) = dead_letter_ops.dead_letter_queues(project.settings, project.broker, queue)
         queue = named.removesuffix(DEAD_LETTER_SUFFIX)
-    dl_filter = DeadLetterFilter(queue, actor, exception, _millis(parse_since(since)))
+    dl_filter = DeadLetterFilter(queue, actor, exception_filter(exception), _millis(parse_since(since)))
     page = index.page(dl_filter, Cursor.decode(before), limit)
     indexed = index.counts()
     names = set(indexed) | ({h.queue for h in report.queues} if report else set())
@@ -96,11 +114,13 @@ def dead_letter_list(
         }
         for name in sorted(set(indexed) | {q for q, n in in_rabbitmq.items() if n})
     ]
+    facets = index.facets()
+    facets["exception"] = [e or NO_EXCEPTION for e in facets["exception"]]
     return {
         "dead_letters": [entry.to_dict() for entry in page.entries],
         "next": page.next.encode() if page.next else None,
         "queues": counts,
-        "facets": index.facets(),
+        "facets": facets,
         "queue": queue,
         "actor": actor,
         "exception": exception,
@@ -151,6 +171,15 @@ class Selection:
         parse_since(texts["since"])
         return cls(ids=tuple(ids), all=everything, **{k: v or None for k, v in texts.items()})
 
+    def filters(self) -> dead_letter_ops.Filters:
+        """What the operations match: the ids, or the filters (``(none)``: no exception)."""
+        return dead_letter_ops.Filters(
+            message_ids=frozenset(self.ids),
+            actor=self.actor,
+            exception=exception_filter(self.exception),
+            since=parse_since(self.since),
+        )
+
     def describe(self) -> dict[str, Any]:
         """The selection as the audit log keeps it (the first 100 ids; how many there were)."""
         data: dict[str, Any] = {"queue": self.queue}
@@ -166,13 +195,7 @@ def _target(project: Project, selection: Selection) -> tuple[list[str], Any]:
     queues = dead_letter_ops.dead_letter_queues(project.settings, project.broker, selection.queue)
     if selection.queue is not None and missing_queues(project.settings, queues):
         raise ActionError(f"RabbitMQ has no dead-letter queue for {selection.queue!r}")
-    filters = dead_letter_ops.Filters(
-        message_ids=frozenset(selection.ids),
-        actor=selection.actor,
-        exception=selection.exception,
-        since=parse_since(selection.since),
-    )
-    return queues, filters
+    return queues, selection.filters()
 
 
 def retry(project: Project, selection: Selection) -> dict[str, Any]:

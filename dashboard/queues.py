@@ -16,11 +16,10 @@ import logging
 import threading
 import time
 from typing import Any
-from urllib.parse import quote
 
 import requests
 
-from dashboard.project import DEAD_LETTER_SUFFIX, HealthReport, Project, StoreUnavailable, check
+from dashboard.project import DEAD_LETTER_SUFFIX, HealthReport, Project, StoreUnavailable, check, queue_names
 
 __all__ = ["HealthSampler", "chart_points", "overview", "work_queues"]
 
@@ -34,13 +33,8 @@ def work_queues(project: Project, timeout: float = 3.0) -> list[str]:
     or dead-letter companions), with the queues this process's actors declare."""
     settings = project.settings
     names = set(project.broker.get_declared_queues())
-    vhost = quote(settings.rabbitmq_vhost, safe="")
     try:
-        response = requests.get(
-            f"{settings.management_url}/api/queues/{vhost}", params={"columns": "name"}, timeout=timeout
-        )
-        response.raise_for_status()
-        names.update(q["name"] for q in response.json())
+        names.update(queue_names(settings, timeout))
     except requests.RequestException as exc:
         logger.warning("dashboard_queue_list_failed", extra={"error": type(exc).__name__})
     return sorted(n for n in names if n.startswith(settings.queue_prefix) and not n.endswith(_SUFFIXES))
@@ -60,6 +54,7 @@ class HealthSampler:
         self._report: HealthReport | None = None
         self._at = 0.0
         self._took = 0.0
+        self._logged: list[str] = []
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -78,6 +73,10 @@ class HealthSampler:
         started = time.monotonic()
         report = check(work_queues(self.project), config=self.project.settings, state=self.project.store)
         self._report, self._at, self._took = report, time.time(), time.monotonic() - started
+        details = [report.error or ""] + [p.detail for p in report.problems if p.kind in UNREACHABLE]
+        if any(details) and details != self._logged:  # once per change, not every 2 s
+            logger.warning("dashboard_health_unreachable", extra={"errors": [d for d in details if d]})
+        self._logged = details
         self._ready.set()
         return report
 
@@ -92,6 +91,22 @@ class HealthSampler:
             except Exception:  # the next interval tries again; the page shows the report's age
                 logger.exception("dashboard_health_sample_failed")
             self._stop.wait(max(self.interval, self._took * 2))
+
+
+#: What a page says of a service that did not answer: the error's own text names hosts and ports
+#: (a node's URL, the store's address), which the dashboard's log keeps (:meth:`HealthSampler.sample`).
+UNREACHABLE = {
+    "error": "RabbitMQ unreachable (the dashboard's log says why)",
+    "state_store": "state store unreachable, no totals (the dashboard's log says why)",
+}
+
+
+def _hide_details(data: dict[str, Any]) -> None:
+    """Replace the errors' texts in a report's data with :data:`UNREACHABLE`'s."""
+    if data.get("error"):
+        data["error"] = UNREACHABLE["error"]
+    for problem in data["problems"]:
+        problem["detail"] = UNREACHABLE.get(problem["kind"], problem["detail"])
 
 
 def chart_points(
@@ -111,6 +126,7 @@ def overview(project: Project, sampler: HealthSampler) -> dict[str, Any]:
     if report is None:
         return {"status": "unknown", "queues": [], "notes": ["measuring the queues..."], "sampled_at": None}
     data = report.to_dict()
+    _hide_details(data)
     data["notes"][:0] = [p["detail"] for p in data["problems"]]  # the system's own (the store down)
     now_ms = int(time.time() * 1000)
     names = [q["queue"] for q in data["queues"]]

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 import requests
 from dramatiq import Message
@@ -31,6 +30,7 @@ from dramatiq.common import q_name
 
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
 from jobsystem.ops.health import own_queue
+from jobsystem.ops.management import queue_names
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.settings import Settings
@@ -52,6 +52,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: The longest the list of dead-letter queues waits for the management API (then: the declared ones).
+MANAGEMENT_TIMEOUT_S = 10.0
 #: Reasons of dead letters that are not messages at all: never replayed.
 NOT_REPLAYABLE = ("malformed", "undecodable")
 
@@ -82,13 +84,8 @@ def dead_letter_queues(settings: Settings, broker: ProjectBroker, queue: str | N
     one of this environment's (the prefix added unless present), never another's on the vhost."""
     if queue is not None:
         return [own_queue(settings, q_name(queue)) + DEAD_LETTER_SUFFIX]
-    vhost = quote(settings.rabbitmq_vhost, safe="")
     try:
-        response = requests.get(
-            f"{settings.management_url}/api/queues/{vhost}", params={"columns": "name"}, timeout=10
-        )
-        response.raise_for_status()
-        names = [q["name"] for q in response.json()]
+        names = queue_names(settings, MANAGEMENT_TIMEOUT_S)
     except requests.RequestException:
         names = [q + DEAD_LETTER_SUFFIX for q in broker.get_declared_queues()]
     return sorted(n for n in names if n.endswith(DEAD_LETTER_SUFFIX) and n.startswith(settings.queue_prefix))

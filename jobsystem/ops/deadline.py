@@ -4,8 +4,9 @@ and the state store at once, and waits for none of them past the deadline.
 Asked in series, each with its own timeout, the waits add up, and a Prometheus scrape (10 s by
 default) fails exactly when one dependency is slow. A call that misses the deadline is reported
 as :class:`Late` by its caller; it runs in a daemon thread, so neither a caller nor the process's
-exit waits for it, and each call bounds itself: the management API's request and the state
-store's call with their own timeouts, the AMQP counts by dropping their connection at the deadline
+exit waits for it, and each call bounds itself: the management API's request by shutting its
+socket down at the deadline (:mod:`jobsystem.ops.management_http`), the state store's call with
+its own timeout, the AMQP counts by dropping their connection at the deadline
 (past the handshake, pika waits for an answer with no timeout but the heartbeat's).
 """
 

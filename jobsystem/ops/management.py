@@ -1,6 +1,8 @@
 """RabbitMQ's management API as health reads it: per-queue samples (unacked messages, rates;
 refreshed every 5 s by RabbitMQ) in one request, and a peek at a queue's head message for the
-age of the oldest waiting message (:func:`ready_since`)."""
+age of the oldest waiting message (:func:`ready_since`); and the names of the vhost's queues.
+Each call's ``timeout`` bounds the whole call (:mod:`jobsystem.ops.management_http`), not each
+socket operation."""
 
 from __future__ import annotations
 
@@ -9,11 +11,18 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-import requests
-
+from jobsystem.ops.management_http import ManagementTimeout, call_json
 from jobsystem.settings import Settings
 
-__all__ = ["Undated", "oldest_age_s", "queue_stats", "rate", "ready_since"]
+__all__ = [
+    "ManagementTimeout",
+    "Undated",
+    "oldest_age_s",
+    "queue_names",
+    "queue_stats",
+    "rate",
+    "ready_since",
+]
 
 _COLUMNS = (
     "name,messages_ready,messages_unacknowledged,consumers,"
@@ -27,9 +36,12 @@ def _vhost_api(config: Settings) -> str:
 
 def queue_stats(config: Settings, timeout: float) -> dict[str, dict[str, Any]]:
     """Every queue of the vhost with the columns health needs, in one request."""
-    response = requests.get(_vhost_api(config), params={"columns": _COLUMNS}, timeout=timeout)
-    response.raise_for_status()
-    return {q["name"]: q for q in response.json()}
+    return {q["name"]: q for q in call_json("GET", _vhost_api(config), timeout, params={"columns": _COLUMNS})}
+
+
+def queue_names(config: Settings, timeout: float) -> list[str]:
+    """The names of every queue of the vhost (``requests.RequestException`` when unanswered)."""
+    return [q["name"] for q in call_json("GET", _vhost_api(config), timeout, params={"columns": "name"})]
 
 
 def rate(info: dict[str, Any], name: str) -> float:
@@ -63,13 +75,12 @@ def ready_since(peeked: dict[str, Any]) -> float:
 def oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
     """Seconds since the head message of ``queue`` became ready; None when none is waiting.
     Raises Undated when its ready time cannot be read."""
-    response = requests.post(
+    peeked = call_json(
+        "POST",
         f"{_vhost_api(config)}/{quote(queue, safe='')}/get",
+        timeout,
         json={"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 65_536},
-        timeout=timeout,
     )
-    response.raise_for_status()
-    peeked = response.json()
     if not peeked:
         return None
     return max(0.0, time.time() - ready_since(peeked[0]))

@@ -75,7 +75,9 @@ class DeadLetterEntry:
 
 @dataclass(frozen=True)
 class DeadLetterFilter:
-    """Which dead letters a listing shows; empty fields match all (``since``: ms, failed at or after)."""
+    """Which dead letters a listing shows; None matches all (``since``: ms, failed at or after).
+    ``exception=""`` selects the dead letters without an exception (rejected, aged out), as they
+    are indexed."""
 
     queue: str | None = None
     actor: str | None = None
@@ -242,7 +244,7 @@ class RedisIndex(IndexBackend):
         given = [
             f"{base}{kind}:{value}"
             for kind, value in (("q", dl_filter.queue), ("a", dl_filter.actor), ("e", dl_filter.exception))
-            if value
+            if value is not None
         ]
         primary, verify = (given[0], given[1:]) if given else (f"{base}all", [])
         walk = redis_walk(self.store, primary, verify, cursor, limit, since=dl_filter.since)

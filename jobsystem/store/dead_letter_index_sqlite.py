@@ -118,7 +118,7 @@ class SqliteIndex(IndexBackend):
         clauses, params = ["ns = ?"], list[Any]([self.store.namespace])
         for column in ("queue", "actor", "exception"):
             value = getattr(dl_filter, column)
-            if value:
+            if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
         if dl_filter.since is not None:

@@ -15,11 +15,12 @@ from urllib.parse import quote, unquote, urljoin
 import pika
 import pytest
 
-from dashboard.app import create_app
+from dashboard.app import SECURITY_HEADERS, create_app
 from dashboard.auth import Credentials, User
-from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, rabbitmq_counts
+from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, Selection, rabbitmq_counts
+from jobsystem.ops.health import HealthReport, Problem
 from jobsystem.settings import Settings
-from jobsystem.store import StateStore
+from jobsystem.store import StateStore, open_store
 from jobsystem.store.audit import audit_backend
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.buckets import bucket_backend
@@ -28,9 +29,11 @@ from jobsystem.store.heartbeats import heartbeat_backend
 from jobsystem.store.status import status_backend
 from jobsystem.store.status_records import StatusUpdate, order_of
 from tests.amqp_server import fake_rabbitmq
+from tests.servers import free_port
 from tests.support import finished_within
 
 ADMIN = ("admin", "admin-password-for-tests")
+VIEWER = ("viewer", "viewer-password-for-tests")
 #: RabbitMQ on a port nobody listens on: every connection is refused at once.
 DOWN = Settings(
     rabbitmq_url="amqp://guest:guest@127.0.0.1:1/%2F",
@@ -40,20 +43,27 @@ DOWN = Settings(
 
 
 class Answer:
-    def __init__(self, status: int, body: bytes) -> None:
+    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.status_code, self.text = status, body.decode(errors="replace")
+        self.headers = headers or {}
 
     def json(self) -> Any:
         return json.loads(self.text)
 
 
 def call(
-    app: Any, method: str, target: str, body: Any = None, headers: dict[str, str] | None = None
+    app: Any,
+    method: str,
+    target: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    auth: tuple[str, str] | None = ADMIN,
 ) -> Answer:
     """One request through the whole app (its middleware included), as an ASGI server sends it."""
     path, _, query = target.partition("?")
-    credentials = base64.b64encode(f"{ADMIN[0]}:{ADMIN[1]}".encode())
-    sent = [(b"host", b"testserver"), (b"authorization", b"Basic " + credentials)]
+    sent = [(b"host", b"testserver")]
+    if auth is not None:
+        sent.append((b"authorization", b"Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode())))
     sent += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     scope = {
         "type": "http",
@@ -70,7 +80,7 @@ def call(
         "server": ("testserver", 80),
     }
     incoming = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b""}]
-    status, chunks = [500], []
+    status, chunks, answered = [500], [], {}
 
     async def receive() -> dict[str, Any]:
         return incoming.pop(0) if incoming else {"type": "http.disconnect"}
@@ -78,6 +88,7 @@ def call(
     async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             status[0] = message["status"]
+            answered.update((k.decode().lower(), v.decode()) for k, v in message.get("headers", []))
         elif message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
 
@@ -85,11 +96,14 @@ def call(
         asyncio.run(app(scope, receive, send))
     except Exception as exc:  # Starlette answers 500, then raises it again for the server to log
         return Answer(500, repr(exc).encode())
-    return Answer(status[0], b"".join(chunks))
+    return Answer(status[0], b"".join(chunks), answered)
 
 
-def dashboard(store: StateStore, settings: Settings = DOWN) -> tuple[Any, SimpleNamespace, dict[str, str]]:
-    """The app over ``store``, RabbitMQ as ``settings`` say, and the headers an admin's POST carries."""
+def dashboard(
+    store: StateStore, settings: Settings = DOWN, report: HealthReport | None = None
+) -> tuple[Any, SimpleNamespace, dict[str, str]]:
+    """The app over ``store``, RabbitMQ as ``settings`` say, the queues' health as ``report`` says,
+    and the headers an admin's POST carries."""
     broker = SimpleNamespace(
         actors={"a1": None},
         dead_letter_index=None,
@@ -109,8 +123,8 @@ def dashboard(store: StateStore, settings: Settings = DOWN) -> tuple[Any, Simple
         dead_letter_index=dead_letter_index(store),
         idempotency=None,
     )
-    credentials = Credentials(ADMIN[1], None)
-    sampler = SimpleNamespace(latest=lambda: (None, 0.0, 0.0))
+    credentials = Credentials(ADMIN[1], VIEWER[1])
+    sampler = SimpleNamespace(latest=lambda: (report, time.time(), 0.1))
     post = {
         "Content-Type": "application/json",
         "Origin": "http://testserver",
@@ -239,3 +253,91 @@ def test_the_dead_letter_counts_give_up_on_a_rabbitmq_that_never_answers(store):
         )
         _, project, _ = dashboard(store, answering)
         assert finished_within(10, lambda: rabbitmq_counts(project, ["t_emails"])) == {"t_emails": 0}
+
+
+def test_the_exception_filter_none_selects_the_dead_letters_without_an_exception(store):
+    """A dead letter without an exception (rejected, aged out) is listed as "(none)", and the
+    filter offered it: choosing it sent an empty value (every dead letter listed), typing it
+    filtered on the literal text (none listed), and "all matching" then acted on every one."""
+    app, project, _ = dashboard(store)
+    now = int(time.time() * 1000)
+    failed = DeadLetterEntry("t_q", "m1", "a1", "retries_exhausted", "E", "err", "tb", 3, now, now)
+    aged = DeadLetterEntry("t_q", "m2", "a1", "age_limit", "", "", "", 1, now, now + 1)
+    project.dead_letter_index.add([failed, aged], ttl_ms=None, max_length=None)
+    listed = call(app, "GET", "/api/dead-letters?exception=(none)").json()
+    assert [d["message_id"] for d in listed["dead_letters"]] == ["m2"]
+    assert listed["facets"]["exception"] == ["(none)", "E"]
+    assert [d["message_id"] for d in call(app, "GET", "/api/dead-letters").json()["dead_letters"]] == [
+        "m2",
+        "m1",
+    ]
+    page = call(app, "GET", "/dead-letters?exception=%28none%29").text
+    assert "<option selected>(none)</option>" in page and ">m1<" not in page
+    sent = json.loads(page.split("data-filter='")[1].split("'")[0])  # what "all matching" sends
+    matches = Selection.from_json({**sent, "all": True}).filters().match
+
+    def read(exception: str) -> Any:  # a dead letter as the operations read it from RabbitMQ
+        return SimpleNamespace(message_id="m", queue="t_q", actor="a1", exception=exception, failed_at=None)
+
+    assert matches(read("")) and not matches(read("E"))
+
+
+def test_an_outage_is_shown_without_the_address_or_the_text_of_the_error():
+    """A store error's text names the store's host and port (its URL may hold a password too): the
+    action's answer said "audit log unwritable, nothing done (redis: ConnectionError: Error 111
+    connecting to 127.0.0.1:...)", and the overview showed the health check's texts as they were."""
+    port = free_port()
+    down = open_store(f"redis://:password-in-url@127.0.0.1:{port}/0", namespace="t-down:")
+    try:
+        down.ping()
+    except StoreUnavailable as exc:
+        store_error = str(exc)
+    assert f"127.0.0.1:{port}" in store_error  # what must not be shown
+    degraded = HealthReport(
+        "degraded", [], "amqp", problems=[Problem("state_store", f"state store unreachable ({store_error})")]
+    )
+    unreachable = HealthReport("unreachable", [], error="amqp://guest:***@10.9.8.7:5672/%2F AMQPError")
+    app, _, post = dashboard(down, report=degraded)
+    action = call(app, "POST", "/api/dead-letters/purge", {"all": True}, post)
+    assert action.status_code == 503 and "audit log unwritable" in action.json()["error"]
+    shown = [action.text]
+    for report in (degraded, unreachable):
+        app, _, _ = dashboard(down, report=report)
+        shown += [call(app, "GET", "/").text, call(app, "GET", "/api/queues").text]
+    for text in shown:
+        assert str(port) not in text and "10.9.8.7" not in text and "password-in-url" not in text, text
+    assert "state store unreachable" in shown[1] and "RabbitMQ unreachable" in shown[3]
+    down.close()
+
+
+class _Broken:
+    """A store feature whose every call fails as a bug would, naming an address in its text."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("unexpected reply from 10.1.2.3:6379")
+
+        return fail
+
+
+def test_refusals_and_failures_carry_the_security_headers_and_are_not_cached(store):
+    """The headers were added to what the routes answered only: a 401, a 403 and a 500 went out
+    without them (no ``Cache-Control: no-store``, no framing or sniffing rules)."""
+    app, project, post = dashboard(store)
+    project.status = _Broken()
+    purge = ("POST", "/api/dead-letters/purge", {"all": True})
+    answers = {
+        401: [call(app, "GET", "/audit", auth=None), call(app, "GET", "/", auth=(ADMIN[0], VIEWER[1]))],
+        403: [
+            call(app, *purge, post, auth=VIEWER),
+            call(app, *purge, {**post, "Origin": "https://evil.example"}),
+        ],
+        500: [call(app, "GET", "/jobs/m1")],
+    }
+    for status, answered in answers.items():
+        for answer in answered:
+            assert answer.status_code == status, answer.text
+            for name, value in SECURITY_HEADERS.items():
+                assert answer.headers.get(name.lower()) == value, (status, name)
+    assert all(a.headers["www-authenticate"].startswith("Basic ") for a in answers[401])
+    assert "10.1.2.3" not in answers[500][0].text

@@ -1,0 +1,124 @@
+"""One call to RabbitMQ's management API, answered in full within one deadline or given up.
+
+``requests``' ``timeout`` bounds each socket operation, not the call: a server (or a proxy in
+front of it) that accepts and then sends a byte every few seconds holds the caller for as long
+as it likes, a health check thread or a dashboard request thread included. Here the socket of
+the call is shut down when the deadline passes, whatever phase the call is in (the headers, the
+body, a TLS handshake), so the blocked read ends at once and the call raises
+:class:`ManagementTimeout`. The connect itself is bounded by the time left (name resolution is
+not: the management API is normally named by an address or ``localhost``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+from jobsystem.ops.deadline import Deadline
+
+__all__ = ["ManagementTimeout", "call_json"]
+
+
+class ManagementTimeout(requests.Timeout):
+    """The management API had not answered in full when the call's deadline passed."""
+
+
+class _Cutter:
+    """The sockets one call opened, shut down together when its deadline passes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.fired = False
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.fired:  # opened after the deadline: no read on it may wait
+                _shut(sock)
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    """End every read blocked on ``sock`` now (the owner closes it)."""
+    with contextlib.suppress(OSError):  # already closed or not connected
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+_calling = threading.local()  # the cutter of the call this thread is making
+
+
+class _Watched(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        cutter: _Cutter | None = getattr(_calling, "cutter", None)
+        if cutter is not None:
+            cutter.add(sock)
+        return sock
+
+
+class _WatchedTLS(_Watched, HTTPSConnection):
+    pass
+
+
+class _Pool(HTTPConnectionPool):
+    ConnectionCls = _Watched
+
+
+class _TLSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedTLS
+
+
+class _Adapter(HTTPAdapter):
+    """requests' adapter, its connections' sockets handed to the calling thread's cutter."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+
+
+@contextlib.contextmanager
+def _cut_at(deadline: Deadline) -> Iterator[_Cutter]:
+    cutter = _Cutter()
+    timer = threading.Timer(deadline.remaining(), cutter.fire)
+    timer.daemon = True
+    _calling.cutter = cutter
+    timer.start()
+    try:
+        yield cutter
+    finally:
+        timer.cancel()
+        _calling.cutter = None
+
+
+def call_json(method: str, url: str, seconds: float, **kwargs: Any) -> Any:
+    """The JSON answer of ``method url`` (``requests``' keyword arguments: ``params``, ``json``)
+    within ``seconds`` in all. Raises :class:`ManagementTimeout` past it, and otherwise what
+    ``requests`` raises (an error status included): every error is a ``RequestException``."""
+    deadline = Deadline(seconds)
+    with requests.Session() as session, _cut_at(deadline) as cutter:
+        session.mount("http://", _Adapter())
+        session.mount("https://", _Adapter())
+        try:
+            response = session.request(method, url, timeout=deadline.remaining(), **kwargs)
+            response.raise_for_status()
+        except requests.RequestException as exc:
+            if cutter.fired:
+                raise ManagementTimeout(f"no full answer within {seconds:g} s") from exc
+            raise
+        if cutter.fired:  # the body may have been cut short where it could end (no length given)
+            raise ManagementTimeout(f"no full answer within {seconds:g} s")
+    return response.json()  # a body that is not JSON: requests.JSONDecodeError
