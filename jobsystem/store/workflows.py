@@ -211,12 +211,22 @@ end
 return 0
 """
 
+# Only a workflow still recorded: an expired one's hash would be made anew, with no expiry to end
+# it (``PEXPIRE ... GT`` leaves a key without a TTL as it is).
+_MARK_SENT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'sent:' .. ARGV[1], '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+return 1
+"""
+
 
 class RedisWorkflows(WorkflowBackend):
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self._finish = store.script(_FINISH)
         self._set_state = store.script(_SET_STATE)
+        self._mark_sent = store.script(_MARK_SENT)
 
     def _key(self, workflow_id: str) -> str:
         return self.store.key(f"wf:{workflow_id}")
@@ -259,12 +269,8 @@ class RedisWorkflows(WorkflowBackend):
             raise StoreUnavailable(f"unexpected reply to finish: {exc}") from exc
 
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
-        key = self._key(workflow_id)
-        with self.store.errors():
-            pipe = self.store.client.pipeline(transaction=True)
-            pipe.hset(key, f"sent:{step}", "1")
-            pipe.pexpire(key, ttl_ms, gt=True)  # the next step's delay: never shortened
-            pipe.execute()
+        # The TTL grows to cover the next step's delay; never shortened.
+        self._mark_sent(keys=[self._key(workflow_id)], args=[step, ttl_ms])
 
     def get(self, workflow_id: str) -> WorkflowRecord | None:
         with self.store.errors():

@@ -71,6 +71,20 @@ def test_only_the_member_that_completed_the_step_may_send_it_again(store):
     assert not backend.finish(record["id"], 0, "m2", "succeeded", "0", TTL).send_next
 
 
+def test_marking_a_step_sent_of_an_expired_workflow_records_nothing(store):
+    # Redis: HSET made the expired workflow's hash anew, and PEXPIRE GT gave it no TTL: for ever.
+    backend = workflow_backend(store)
+    record, _ = chord(store)
+    key = backend._key(record["id"]) if isinstance(store, RedisStore) else None
+    if key is not None:
+        store.client.delete(key)  # as its TTL would
+    workflow_id = record["id"] if key is not None else "expired-or-unknown"
+    backend.mark_sent(workflow_id, 0, TTL)
+    assert backend.get(workflow_id) is None
+    if key is not None:
+        assert store.client.exists(key) == 0
+
+
 def test_a_step_completed_before_the_completer_was_recorded_may_be_sent_by_any_member(store):
     # A workflow in flight across the upgrade: its step completed without ``by:<step>``.
     backend = workflow_backend(store)
