@@ -23,16 +23,27 @@ from typing import Any
 from dashboard.project import (
     DEAD_LETTER_SUFFIX,
     Cursor,
+    DeadLetterEntry,
     DeadLetterFilter,
     HealthReport,
     Project,
+    actor_label,
     dead_letter_counts,
     dead_letter_ops,
     dead_letter_queue,
     missing_queues,
 )
 
-__all__ = ["ActionError", "Selection", "dead_letter_list", "parse_since", "purge", "reindex", "retry"]
+__all__ = [
+    "ActionError",
+    "Selection",
+    "dead_letter_list",
+    "parse_since",
+    "purge",
+    "reindex",
+    "retry",
+    "shown_entry",
+]
 
 PAGE, MAX_PAGE = 50, 200
 #: The longest a page waits for RabbitMQ's dead-letter counts.
@@ -59,6 +70,16 @@ def parse_since(value: str | None) -> datetime | None:
 
 def _millis(moment: datetime | None) -> int | None:
     return int(moment.timestamp() * 1000) if moment else None
+
+
+def shown_entry(entry: DeadLetterEntry) -> dict[str, Any]:
+    """An entry as the page shows it: an actor that cannot be an actor's name (indexed before the
+    records checked it: the sender's text) as the placeholder, until a re-index rewrites it."""
+    return {**entry.to_dict(), "actor": actor_label(entry.actor)}
+
+
+def _facets(facets: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {**facets, "actor": sorted({actor_label(a) for a in facets.get("actor", [])})}
 
 
 def dead_letter_list(
@@ -97,10 +118,10 @@ def dead_letter_list(
         for name in sorted(set(indexed) | {q for q, n in in_rabbitmq.items() if n})
     ]
     return {
-        "dead_letters": [entry.to_dict() for entry in page.entries],
+        "dead_letters": [shown_entry(entry) for entry in page.entries],
         "next": page.next.encode() if page.next else None,
         "queues": counts,
-        "facets": index.facets(),
+        "facets": _facets(index.facets()),
         "queue": queue,
         "actor": actor,
         "exception": exception,

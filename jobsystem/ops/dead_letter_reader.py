@@ -96,7 +96,7 @@ class DeadLetter:
                 dead_letter_queue=dead_letter_queue,
                 message_id=properties.message_id or "",
                 queue=origin,
-                actor=_header(headers, record.HEADER_ACTOR),
+                actor=record.actor_label(_header(headers, record.HEADER_ACTOR)),
                 reason=_header(headers, record.HEADER_REASON) or "rejected",
                 exception=_header(headers, record.HEADER_EXCEPTION),
                 error=_header(headers, record.HEADER_ERROR),
@@ -112,12 +112,13 @@ class DeadLetter:
         if isinstance(message, Message):
             message_id, actor, reason = (
                 message.message_id,
-                message.actor_name,
+                record.actor_label(message.actor_name),
                 _header(death, "reason") or "rejected",
             )
             enqueued = _from_millis(message.message_timestamp)
         else:
-            message_id, actor, reason, enqueued = properties.message_id or "", "", "undecodable", None
+            message_id, reason, enqueued = properties.message_id or "", "undecodable", None
+            actor = record.UNKNOWN_ACTOR
         return cls(
             dead_letter_queue=dead_letter_queue,
             message_id=message_id,
