@@ -206,6 +206,7 @@ def retry(project: Project, selection: Selection) -> dict[str, Any]:
         "matched": outcome.matched,
         "failed": outcome.failed,
         "skipped": outcome.skipped,
+        "unconfirmed": outcome.unconfirmed,
         "notes": outcome.notes,
     }
 
@@ -215,7 +216,12 @@ def purge(project: Project, selection: Selection) -> dict[str, Any]:
     queues, filters = _target(project, selection)
     with _ACTING:
         outcome = dead_letter_ops.purge(project.broker, queues, filters)
-    return {"purged": outcome.done, "matched": outcome.matched}
+    return {
+        "purged": outcome.done,
+        "matched": outcome.matched,
+        "unconfirmed": outcome.unconfirmed,
+        "notes": outcome.notes,
+    }
 
 
 def reindex(project: Project, queue: str) -> dict[str, Any]:
