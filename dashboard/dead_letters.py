@@ -23,9 +23,11 @@ from typing import Any
 from dashboard.project import (
     DEAD_LETTER_SUFFIX,
     Cursor,
+    DeadLetterEntry,
     DeadLetterFilter,
     HealthReport,
     Project,
+    actor_label,
     dead_letter_counts,
     dead_letter_ops,
     dead_letter_queue,
@@ -42,6 +44,7 @@ __all__ = [
     "purge",
     "reindex",
     "retry",
+    "shown_entry",
 ]
 
 PAGE, MAX_PAGE = 50, 200
@@ -79,6 +82,16 @@ def _millis(moment: datetime | None) -> int | None:
     return int(moment.timestamp() * 1000) if moment else None
 
 
+def shown_entry(entry: DeadLetterEntry) -> dict[str, Any]:
+    """An entry as the page shows it: an actor that cannot be an actor's name (indexed before the
+    records checked it: the sender's text) as the placeholder, until a re-index rewrites it."""
+    return {**entry.to_dict(), "actor": actor_label(entry.actor)}
+
+
+def _facets(facets: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {**facets, "actor": sorted({actor_label(a) for a in facets.get("actor", [])})}
+
+
 def dead_letter_list(
     project: Project,
     report: HealthReport | None,
@@ -114,10 +127,10 @@ def dead_letter_list(
         }
         for name in sorted(set(indexed) | {q for q, n in in_rabbitmq.items() if n})
     ]
-    facets = index.facets()
+    facets = _facets(index.facets())
     facets["exception"] = [e or NO_EXCEPTION for e in facets["exception"]]
     return {
-        "dead_letters": [entry.to_dict() for entry in page.entries],
+        "dead_letters": [shown_entry(entry) for entry in page.entries],
         "next": page.next.encode() if page.next else None,
         "queues": counts,
         "facets": facets,
@@ -208,6 +221,7 @@ def retry(project: Project, selection: Selection) -> dict[str, Any]:
         "matched": outcome.matched,
         "failed": outcome.failed,
         "skipped": outcome.skipped,
+        "unconfirmed": outcome.unconfirmed,
         "notes": outcome.notes,
     }
 
@@ -217,7 +231,12 @@ def purge(project: Project, selection: Selection) -> dict[str, Any]:
     queues, filters = _target(project, selection)
     with _ACTING:
         outcome = dead_letter_ops.purge(project.broker, queues, filters)
-    return {"purged": outcome.done, "matched": outcome.matched}
+    return {
+        "purged": outcome.done,
+        "matched": outcome.matched,
+        "unconfirmed": outcome.unconfirmed,
+        "notes": outcome.notes,
+    }
 
 
 def reindex(project: Project, queue: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dashboard.dead_letters import shown_entry
 from dashboard.project import STATE_RANKS, Cursor, JobFilter, JobStatus, Project, dead_letter_queue
 
 __all__ = ["STATES", "job_detail", "job_list", "job_row"]
@@ -110,7 +111,7 @@ def job_detail(project: Project, message_id: str, queue: str | None = None) -> d
     data["args_shown"] = record is not None and record.args is not None
     if not data["args_shown"]:
         data.pop("args", None)
-    data["dead_letter"] = dead.to_dict() if dead else None
+    data["dead_letter"] = shown_entry(dead) if dead else None
     data["dead_letter_queue"] = dead_letter_queue(dead.queue) if dead else None
     data["can_retry"] = dead is not None and dead.reason not in ("malformed", "undecodable")
     data["can_cancel"] = dead is None and data.get("state") in CANCELLABLE

@@ -31,6 +31,7 @@ from jobsystem.store.status import StatusBackend, status_backend
 from jobsystem.store.status_records import STATE_RANKS, JobStatus
 from jobsystem.system import System, get_system
 from jobsystem.workflows import cancel
+from middleware.dead_letters import actor_label
 from middleware.idempotency import Idempotency
 from scheduler.schedules import DEFAULT_FILE, Schedule, ScheduleError, load_schedules
 from scheduler.service import LEADER_LEASE, last_fire_key, queue_of
@@ -51,6 +52,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "StoreUnavailable",
+    "actor_label",
     "cancel",
     "check",
     "dead_letter_counts",

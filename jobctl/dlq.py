@@ -201,9 +201,15 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
         outcome = ctx.ops.replay(
             ctx.broker, ctx.queues, ctx.filters, batch_size=batch_size, progress=progress
         )
-    notes = f" ({'; '.join(outcome.notes)})" if outcome.notes else ""
-    click.echo(f"retried {outcome.done} of {outcome.matched} matching, {outcome.failed} failed{notes}")
-    sys.exit(1 if outcome.failed or _not_found(message_ids, outcome.found) else 0)
+    click.echo(
+        f"retried {outcome.done} of {outcome.matched} matching, {outcome.failed} failed{_notes(outcome)}"
+    )
+    failed = outcome.failed or outcome.unconfirmed
+    sys.exit(1 if failed or _not_found(message_ids, outcome.found) else 0)
+
+
+def _notes(outcome: Any) -> str:
+    return f" ({'; '.join(outcome.notes)})" if outcome.notes else ""
 
 
 @dlq.command()
@@ -219,8 +225,8 @@ def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: boo
     ctx = Context(message_ids, selected)
     with ctx.progress("purging") as progress:
         outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
-    click.echo(f"purged {outcome.done} dead letter(s)")
-    sys.exit(1 if _not_found(message_ids, outcome.found) else 0)
+    click.echo(f"purged {outcome.done} dead letter(s){_notes(outcome)}")
+    sys.exit(1 if outcome.unconfirmed or _not_found(message_ids, outcome.found) else 0)
 
 
 def _not_found(message_ids: tuple[str, ...], found: set[str]) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,7 +41,9 @@ __all__ = [
     "MALFORMED_EXCEPTION",
     "REASONS",
     "REPLAYS",
+    "UNKNOWN_ACTOR",
     "DeadLetters",
+    "actor_label",
 ]
 
 #: Why a message ended in the dead letters.
@@ -75,6 +77,22 @@ ATTEMPTS = "attempts"
 #: Message option: how many times the message was replayed from the dead letters (status records
 #: order a replay's attempts after the dead attempt they follow).
 REPLAYS = "replays"
+
+
+#: The actor of a dead letter whose actor name is not an actor's (the label ``middleware.metrics``
+#: gives such names too): a bogus name is the sender's text, and could be an e-mail address.
+UNKNOWN_ACTOR = "unknown"
+
+
+def actor_label(name: Any, known: Container[str] | None = None) -> str:
+    """``name`` when it can name an actor, else :data:`UNKNOWN_ACTOR`, for every place that shows
+    or keeps a dead letter's actor (headers, the index and its key names, ``jobctl``, the
+    dashboard). Dramatiq's actor names are Python identifiers; with ``known`` (the broker's
+    actors) only a registered one is kept. A reader without the application's actors checks the
+    identifier only: the writer already kept registered names alone."""
+    if not isinstance(name, str) or not name.isidentifier():
+        return UNKNOWN_ACTOR
+    return name if known is None or name in known else UNKNOWN_ACTOR
 
 
 def _iso(millis: float) -> str:
@@ -168,12 +186,12 @@ class DeadLetters(Middleware):
             HEADER_TRACEBACK: _safely(lambda: self.scrub(trace)[-self.max_traceback :]),
             HEADER_ATTEMPTS: int_option(getattr(message, "options", None), ATTEMPTS),
             HEADER_QUEUE: _safely(lambda: dramatiq.common.q_name(message.queue_name)),
-            HEADER_ACTOR: _safely(lambda: message.actor_name),
+            HEADER_ACTOR: actor_label(_safely(lambda: message.actor_name), broker.actors),
             HEADER_ENQUEUED_AT: _safely(lambda: _iso(message.message_timestamp)),
             HEADER_FAILED_AT: _iso(time.time() * 1000),
         }
 
-    def malformed_record(self, queue_name: str, malformed: Malformed) -> dict[str, Any]:
+    def malformed_record(self, broker: Broker, queue_name: str, malformed: Malformed) -> dict[str, Any]:
         """The headers of a body that is not a well-formed message: what is wrong (never the
         value), where it came from, and what could be read of it; no attempt reached an actor."""
         enqueued = malformed.message_timestamp
@@ -185,7 +203,7 @@ class DeadLetters(Middleware):
             HEADER_TRACEBACK: "",
             HEADER_ATTEMPTS: 0,
             HEADER_QUEUE: dramatiq.common.q_name(queue_name),
-            HEADER_ACTOR: malformed.actor_name or "",
+            HEADER_ACTOR: actor_label(malformed.actor_name, broker.actors),
             HEADER_ENQUEUED_AT: _safely(lambda: _iso(enqueued)) if enqueued is not None else "",
             HEADER_FAILED_AT: _iso(time.time() * 1000),
         }

@@ -96,7 +96,7 @@ class DeadLetter:
                 dead_letter_queue=dead_letter_queue,
                 message_id=properties.message_id or "",
                 queue=origin,
-                actor=_header(headers, record.HEADER_ACTOR),
+                actor=record.actor_label(_header(headers, record.HEADER_ACTOR)),
                 reason=_header(headers, record.HEADER_REASON) or "rejected",
                 exception=_header(headers, record.HEADER_EXCEPTION),
                 error=_header(headers, record.HEADER_ERROR),
@@ -112,12 +112,13 @@ class DeadLetter:
         if isinstance(message, Message):
             message_id, actor, reason = (
                 message.message_id,
-                message.actor_name,
+                record.actor_label(message.actor_name),
                 _header(death, "reason") or "rejected",
             )
             enqueued = _from_millis(message.message_timestamp)
         else:
-            message_id, actor, reason, enqueued = properties.message_id or "", "", "undecodable", None
+            message_id, reason, enqueued = properties.message_id or "", "undecodable", None
+            actor = record.UNKNOWN_ACTOR
         return cls(
             dead_letter_queue=dead_letter_queue,
             message_id=message_id,
@@ -215,7 +216,19 @@ class Reader:
             yield DeadLetter.from_delivery(dead_letter_queue, properties, body), method.delivery_tag
 
     def ack(self, tag: int) -> None:
+        """Ack a dead letter: sent, not yet known to be done (an ack has no reply; see :meth:`settle`)."""
         self.channel.basic_ack(tag)
+
+    def settle(self, dead_letter_queue: str) -> bool:
+        """Whether RabbitMQ processed every ack sent so far: a synchronous round trip on the same
+        channel (a passive declare), whose reply comes only after the methods before it, acks
+        included. False when the connection or channel was lost first: the acks may not have
+        arrived, and their letters may be back in their queue (this reader is then unusable)."""
+        try:
+            self.count(dead_letter_queue)
+        except pika.exceptions.AMQPError:
+            return False
+        return True
 
     def queue_exists(self, name: str) -> bool:
         """Whether RabbitMQ has queue ``name``, asked on a channel of its own (a missing queue

@@ -10,12 +10,17 @@ consumer checked shapes) are not replayed: they would only be dead-lettered agai
 needs fixing; ``export`` keeps them for that.
 
 Whatever an operation removes from a queue it also removes from the dead-letter index in the
-state store (:mod:`jobsystem.store.dead_letter_index`), which the dashboard lists; :func:`reindex`
-builds a queue's index again from the queue itself.
+state store (:mod:`jobsystem.store.dead_letter_index`), which the dashboard lists, once RabbitMQ
+is known to have processed the acks: an ack has no reply, and acks lost with a connection leave
+their letters in the queue, so the index is changed only after a synchronous round trip on the
+channel that acked (:meth:`~jobsystem.ops.dead_letter_reader.Reader.settle`). A connection lost
+before it stops the operation, says so (``unconfirmed``) and leaves those letters indexed.
+:func:`reindex` builds a queue's index again from the queue itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -99,6 +104,8 @@ class Outcome:
     done: int = 0
     skipped: int = 0
     failed: int = 0
+    #: Acked, but the connection was lost before RabbitMQ confirmed it: maybe back in the queue.
+    unconfirmed: int = 0
     notes: list[str] = field(default_factory=list)
     #: The message ids matched, when the filters name ids (so a caller can name those not found).
     found: set[str] = field(default_factory=set)
@@ -110,6 +117,27 @@ class Outcome:
 
 
 Progress = Callable[[int], None]
+
+
+class _Unsettled(Exception):
+    """The reader's connection was lost before RabbitMQ confirmed its acks: the operation stops."""
+
+
+def _settle(
+    broker: ProjectBroker, reader: Reader, dead_letter_queue: str, acked: list[DeadLetter], outcome: Outcome
+) -> None:
+    """Forget ``acked`` in the index once RabbitMQ confirmed their acks; if it cannot be had, keep
+    them indexed (they may be back in their queue), say so and raise :class:`_Unsettled`."""
+    if not acked:
+        return
+    if not reader.settle(dead_letter_queue):
+        outcome.unconfirmed += len(acked)
+        outcome.notes.append(
+            f"{len(acked)} acked but not confirmed by RabbitMQ before the connection was lost: they may"
+            " still be dead letters, and stay listed; run the command again"
+        )
+        raise _Unsettled
+    forget(broker, acked)
 
 
 def _noop(_: int) -> None:
@@ -128,7 +156,7 @@ def replay(
     is gone stays (publishing would declare the queue again, where no worker reads it)."""
     outcome = Outcome()
     gone: set[str] = set()
-    with Reader(broker) as reader:
+    with Reader(broker) as reader, contextlib.suppress(_Unsettled):
         exists = functools.cache(reader.queue_exists)
         for dead_letter_queue in queues:
             batch: list[tuple[Message[Any], int, DeadLetter]] = []
@@ -147,9 +175,9 @@ def replay(
                     continue
                 batch.append((message, tag, dead))
                 if len(batch) >= batch_size:
-                    _publish_then_ack(broker, reader, batch, outcome)
+                    _publish_then_ack(broker, reader, dead_letter_queue, batch, outcome)
                     batch = []
-            _publish_then_ack(broker, reader, batch, outcome)
+            _publish_then_ack(broker, reader, dead_letter_queue, batch, outcome)
     if outcome.skipped:
         outcome.notes.append(
             f"{outcome.skipped} malformed, not replayed (fix the sender; export or purge them)"
@@ -164,9 +192,12 @@ def replay(
 def _publish_then_ack(
     broker: ProjectBroker,
     reader: Reader,
+    dead_letter_queue: str,
     batch: list[tuple[Message[Any], int, DeadLetter]],
     outcome: Outcome,
 ) -> None:
+    """Publish ``batch``'s replays, ack the dead letters of those RabbitMQ confirmed, and forget
+    them in the index once their acks are confirmed too."""
     if not batch:
         return
     try:
@@ -182,7 +213,7 @@ def _publish_then_ack(
             reader.ack(tag)
             removed.append(dead)
             outcome.done += 1
-    forget(broker, removed)
+    _settle(broker, reader, dead_letter_queue, removed, outcome)
 
 
 def forget(broker: ProjectBroker, removed: list[DeadLetter]) -> None:
@@ -200,22 +231,23 @@ def forget(broker: ProjectBroker, removed: list[DeadLetter]) -> None:
 def purge(
     broker: ProjectBroker, queues: list[str], filters: Filters, *, progress: Progress = _noop
 ) -> Outcome:
-    """Remove the matching dead letters for good."""
+    """Remove the matching dead letters for good (``done``: those whose acks RabbitMQ confirmed)."""
     outcome = Outcome()
-    removed: list[DeadLetter] = []
-    with Reader(broker) as reader:
+    with Reader(broker) as reader, contextlib.suppress(_Unsettled):
         for dead_letter_queue in queues:
+            acked: list[DeadLetter] = []
             for dead, tag in reader.stream(dead_letter_queue):
                 progress(1)
                 if filters.match(dead):
                     reader.ack(tag)
-                    removed.append(dead)
+                    acked.append(dead)
                     outcome.matched_one(dead, filters)
-                    outcome.done += 1
-                if len(removed) >= 500:
-                    forget(broker, removed)
-                    removed = []
-    forget(broker, removed)
+                if len(acked) >= 500:
+                    _settle(broker, reader, dead_letter_queue, acked, outcome)
+                    outcome.done += len(acked)
+                    acked = []
+            _settle(broker, reader, dead_letter_queue, acked, outcome)
+            outcome.done += len(acked)
     return outcome
 
 

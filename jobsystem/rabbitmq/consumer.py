@@ -254,7 +254,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
                 },
             )
         kept, original_headers = _kept(properties)
-        record = self.broker.dead_letters.malformed_record(self.queue_name, malformed)
+        record = self.broker.dead_letters.malformed_record(self.broker, self.queue_name, malformed)
         publish = partial(
             self.broker.publish_dead_letter,
             body,

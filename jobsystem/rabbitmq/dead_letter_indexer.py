@@ -43,7 +43,7 @@ def entry_from_headers(queue: str, message_id: str, headers: Mapping[str, Any]) 
     return DeadLetterEntry(
         queue=queue,
         message_id=message_id,
-        actor=_text(headers.get(record.HEADER_ACTOR)),
+        actor=record.actor_label(_text(headers.get(record.HEADER_ACTOR))),
         reason=_text(headers.get(record.HEADER_REASON)) or "rejected",
         exception=_text(headers.get(record.HEADER_EXCEPTION)),
         error=_text(headers.get(record.HEADER_ERROR))[:1_000],

@@ -102,7 +102,12 @@ def test_cross_site_posts_are_refused(start_dashboard, queues):
         assert response.status_code == 403, attempt
     assert dashboard.get("/api/audit", ADMIN).json()["entries"] == []  # nothing was even started
     accepted = dashboard.post("/api/dead-letters/purge", ADMIN, body, token=token)
-    assert accepted.status_code == 200 and accepted.json() == {"purged": 0, "matched": 0}
+    assert accepted.status_code == 200 and accepted.json() == {
+        "purged": 0,
+        "matched": 0,
+        "unconfirmed": 0,
+        "notes": [],
+    }
     # Behind a TLS proxy that keeps the Host header: the browser's origin is https.
     host = dashboard.url.split("://", 1)[1]
     proxied = {"Origin": f"https://{host}", "X-CSRF-Token": token}
@@ -157,7 +162,7 @@ def test_dead_letters_are_listed_from_the_index_retried_purged_and_audited(
     purged = dashboard.post(
         "/api/dead-letters/purge", ADMIN, {"queue": queue, "all": True, "actor": "depends"}
     )
-    assert purged.json() == {"purged": 4, "matched": 4}
+    assert purged.json() == {"purged": 4, "matched": 4, "unconfirmed": 0, "notes": []}
     assert queues.depth(queue + ".DLQ") == 0
     assert dashboard.get(f"/api/dead-letters?queue={queue}", ADMIN).json()["dead_letters"] == []
     assert store.hgetall(f"test:{prefix}effects") == {"d0": "1", "d1": "1"}

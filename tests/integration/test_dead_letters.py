@@ -45,7 +45,8 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
         "rejected": queues.send(workload.depends, "r", reject=True),
         "age_limit": queues.send_with_options(workload.record, args=("old",), max_age=1),
     }
-    unknown = Message(queue_name=queue, actor_name="no_such_actor", args=(), kwargs={}, options={})
+    # No actor's name: the sender's text, which the record must not carry anywhere.
+    unknown = Message(queue_name=queue, actor_name="ana@example.com", args=(), kwargs={}, options={})
     queues.publish_raw(unknown)
     get_system().broker.channel.basic_publish(
         "", queue, b"\xff not a message", pika.BasicProperties(message_id="junk")
@@ -68,7 +69,8 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
         letters[sent["time_limit"].message_id]["properties"]["headers"]["x-dl-exception"]
         == "TimeLimitExceeded"
     )
-    assert letters[unknown.message_id]["properties"]["headers"]["x-dl-reason"] == "unknown_actor"
+    unknown_headers = letters[unknown.message_id]["properties"]["headers"]
+    assert (unknown_headers["x-dl-reason"], unknown_headers["x-dl-actor"]) == ("unknown_actor", "unknown")
     junk = letters["junk"]["properties"]["headers"]  # not a message: dead-lettered as it came
     assert junk["x-dl-reason"] == "malformed" and junk["x-dl-field"] == "body"
     assert junk["x-dl-queue"] == queue and junk["x-dl-attempts"] == 0
@@ -79,7 +81,14 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
     missing = {m.message_id for m in sent.values()} - by_id.keys()
     assert not missing, (missing, sorted(by_id), listing.stderr[-1000:], queues.depth(queue + ".DLQ"))
     assert by_id["junk"]["reason"] == "malformed"
-    assert by_id[unknown.message_id]["reason"] == "unknown_actor"
+    assert (by_id[unknown.message_id]["reason"], by_id[unknown.message_id]["actor"]) == (
+        "unknown_actor",
+        "unknown",
+    )
+    assert "ana@example.com" not in listing.stdout
+    index = queues.broker.dead_letter_index.backend  # the worker's index, filed in the background
+    wait_for(lambda: index.get(queue, unknown.message_id) is not None, what="the letter indexed")
+    assert index.get(queue, unknown.message_id).actor == "unknown"
     assert {by_id[m.message_id]["reason"] for m in sent.values()} == set(sent)
     shown = jobctl(prefix, "dlq", "show", sent["retries_exhausted"].message_id).stdout
     assert "attempt 3 of x fails on purpose" in shown and "retries_exhausted" in shown

@@ -93,7 +93,7 @@ def test_attempts_are_counted_as_they_reach_the_actor(broker):
 
 def test_a_malformed_body_is_recorded_without_its_value(broker):
     malformed = Malformed("options.retries", "must be a non-negative integer; got a string", message_id="m1")
-    record = DeadLetters().malformed_record("work", malformed)
+    record = DeadLetters().malformed_record(broker, "work", malformed)
     assert (record["x-dl-reason"], record["x-dl-exception"]) == ("malformed", "MalformedMessage")
     assert record[HEADER_FIELD] == "options.retries" and record["x-dl-attempts"] == 0
     assert record["x-dl-error"] == "options.retries: must be a non-negative integer; got a string"

@@ -3,13 +3,16 @@ stand-in bulk send records what is published; what matters is what goes where an
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import Any
 
 import pika
 import pytest
+from click.testing import CliRunner
 from dramatiq import Message
 
+from jobctl import dlq
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import DeadLetter
 
@@ -38,6 +41,9 @@ class _Queues:
 
             def ack(self, tag: int) -> None:
                 queues.acked.append(tag)
+
+            def settle(self, name: str) -> bool:
+                return True
 
             def queue_exists(self, name: str) -> bool:
                 return True
@@ -101,3 +107,23 @@ def test_a_dead_letter_whose_body_is_not_a_message_is_kept_and_the_others_replay
     outcome = ops.replay(NO_INDEX, ["p-work.DLQ"], ops.Filters())  # type: ignore[arg-type]
     assert [m.message_id for m in made.published] == [good.message_id] and made.acked == [2]
     assert (outcome.done, outcome.skipped) == (1, 1)
+
+
+@pytest.mark.parametrize("command", [["purge", "--all", "--yes"], ["retry", "--all"]])
+def test_jobctl_says_when_rabbitmq_did_not_confirm_the_removal_and_fails(command, monkeypatch):
+    note = "2 acked but not confirmed by RabbitMQ before the connection was lost"
+    unsure = ops.Outcome(matched=2, done=2 if command[0] == "retry" else 0, unconfirmed=2, notes=[note])
+
+    class Context:
+        def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
+            self.ops, self.broker, self.queues, self.filters = ops, None, [], ops.Filters()
+
+        @contextlib.contextmanager
+        def progress(self, label: str) -> Any:
+            yield lambda n: None
+
+    monkeypatch.setattr(dlq, "Context", Context)
+    monkeypatch.setattr(ops, "purge", lambda *args, **kwargs: unsure)
+    monkeypatch.setattr(ops, "replay", lambda *args, **kwargs: unsure)
+    result = CliRunner().invoke(dlq.dlq, command)
+    assert result.exit_code == 1 and note in result.output

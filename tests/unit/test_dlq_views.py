@@ -24,8 +24,8 @@ def _dead(body: bytes, headers: dict[str, Any] | None = None, message_id: str = 
     return DeadLetter.from_delivery("p-work.DLQ", properties, body)
 
 
-def _export_to_terminal(dead: DeadLetter) -> str:
-    """`jobctl dlq export` (no -o) over ``dead`` alone, without RabbitMQ."""
+def _export_to_terminal(dead: DeadLetter, *command: str) -> str:
+    """`jobctl dlq export` (no -o), or ``command``, over ``dead`` alone, without RabbitMQ."""
 
     class OneDeadLetter:
         def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
@@ -36,7 +36,7 @@ def _export_to_terminal(dead: DeadLetter) -> str:
         mock.patch.object(dlq, "Context", OneDeadLetter),
         mock.patch.object(ops, "read", lambda broker, queues, filters: iter([dead])),
     ):
-        result = CliRunner().invoke(dlq.dlq, ["export"])
+        result = CliRunner().invoke(dlq.dlq, list(command or ["export"]))
     assert result.exception is None, result.output
     return result.output
 
@@ -48,6 +48,15 @@ def test_export_to_the_terminal_never_writes_a_body_whole_not_even_in_base64():
     (line,) = [line for line in output.splitlines() if line.startswith("{")]
     record = json.loads(line)
     assert "not shown" in record["body"] and "body_base64" not in record
+
+
+@pytest.mark.parametrize("command", [["list"], ["list", "--json"], ["show", "m1"], ["export"]])
+def test_jobctl_never_prints_the_senders_text_as_the_actor(command):
+    """A letter whose header names no actor (from before the records checked it, or by hand)."""
+    output = _export_to_terminal(
+        _dead(b"\xff", {"x-dl-reason": "unknown_actor", "x-dl-actor": "Ana Lopez"}), *command
+    )
+    assert "Ana" not in output and "unknown" in output
 
 
 def test_the_messages_a_body_carries_have_their_positional_arguments_hidden_too():

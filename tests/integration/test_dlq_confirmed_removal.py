@@ -1,0 +1,88 @@
+"""Purge and retry take dead letters out of the index only once RabbitMQ is known to have processed
+their acks (real RabbitMQ and Redis): an ack has no reply, so acks lost with the connection leave
+the letters in their queue, where the index must still list them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from dramatiq import Message
+
+from jobsystem.ops import dead_letters as ops
+from jobsystem.ops.dead_letter_reader import Reader
+from tests.support import wait_for
+
+COUNT = 5
+
+
+def _dead_letters(broker: Any, queue: str) -> str:
+    """``COUNT`` dead letters of ``queue``, published and indexed as a worker does; their ``.DLQ``."""
+    for i in range(COUNT):
+        message = Message(queue, "record", (f"d{i}",), {}, {})
+        headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-attempts": 1}
+        broker.publish_dead_letter(message.encode(), headers, message.message_id, queue)
+    assert broker.dead_letter_index.flush(10)
+    assert _indexed(broker, queue) == COUNT
+    return queue + ".DLQ"
+
+
+def _indexed(broker: Any, queue: str) -> int:
+    return broker.dead_letter_index.backend.counts().get(queue, 0)
+
+
+@pytest.fixture
+def acks_lost(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The reader's acks are written but lost with its connection, which closes after the last
+    one: RabbitMQ never processed them, and puts the letters back in their queue."""
+    lost: list[int] = []
+
+    def ack(reader: Reader, tag: int) -> None:
+        lost.append(tag)
+        if len(lost) == COUNT:
+            reader.connection.close()
+
+    monkeypatch.setattr(Reader, "ack", ack)
+    return lost
+
+
+def test_a_purge_forgets_the_letters_in_the_index_once_rabbitmq_confirmed_the_acks(queues, prefix):
+    broker = queues.broker
+    dead = _dead_letters(broker, f"{prefix}purged")
+    outcome = ops.purge(broker, [dead], ops.Filters())
+    assert (outcome.done, outcome.unconfirmed, outcome.notes) == (COUNT, 0, [])
+    assert queues.depth(dead) == 0 and _indexed(broker, f"{prefix}purged") == 0
+
+
+def test_a_purge_whose_acks_are_lost_with_the_connection_keeps_the_letters_indexed(queues, prefix, acks_lost):
+    broker = queues.broker
+    dead = _dead_letters(broker, f"{prefix}unsure")
+    outcome = ops.purge(broker, [dead], ops.Filters())
+    assert len(acks_lost) == COUNT
+    wait_for(lambda: queues.depth(dead) == COUNT, what="the letters back in their queue")
+    assert _indexed(broker, f"{prefix}unsure") == COUNT  # still listed, as they still are
+    assert (outcome.done, outcome.unconfirmed, outcome.matched) == (0, COUNT, COUNT)
+    assert "not confirmed" in outcome.notes[0]
+
+
+def test_a_retry_forgets_the_letters_in_the_index_once_rabbitmq_confirmed_the_acks(queues, prefix):
+    broker = queues.broker
+    queue = f"{prefix}replayed"
+    dead = _dead_letters(broker, queue)
+    outcome = ops.replay(broker, [dead], ops.Filters())
+    assert (outcome.done, outcome.unconfirmed, outcome.notes) == (COUNT, 0, [])
+    assert queues.depth(dead) == 0 and _indexed(broker, queue) == 0
+    assert queues.depth(queue) == COUNT
+
+
+def test_a_retry_whose_acks_are_lost_with_the_connection_keeps_the_letters_indexed(queues, prefix, acks_lost):
+    """The replays were confirmed (they run); the dead letters are back, and listed: retrying them
+    again publishes duplicates, which their idempotency keys make harmless."""
+    broker = queues.broker
+    queue = f"{prefix}unsure-replay"
+    dead = _dead_letters(broker, queue)
+    outcome = ops.replay(broker, [dead], ops.Filters())
+    wait_for(lambda: queues.depth(dead) == COUNT, what="the letters back in their queue")
+    assert _indexed(broker, queue) == COUNT
+    assert (outcome.done, outcome.unconfirmed) == (COUNT, COUNT) and queues.depth(queue) == COUNT
+    assert "not confirmed" in outcome.notes[0]
