@@ -190,6 +190,8 @@ class Scheduler:
                     last_fire=utc_iso(last) if last else None,
                     misfire_grace=format_duration(schedule.misfire_grace),
                 )
+            if self.checkins is not None:
+                self.checkins.given_up(schedule, last=last, due=plan.send)
             if plan.coalesced:
                 logger.info(
                     "schedule_misfire_coalesced",
@@ -223,6 +225,8 @@ class Scheduler:
         queue = message.queue_name if schedule.queue is None else self.settings.queue(schedule.queue)
         message = message.copy(queue_name=queue, message_id=fire_message_id(schedule.id, fire_time))
         late_ms = int((datetime.now(UTC) - fire_time).total_seconds() * 1000)
+        if self.checkins is not None:
+            self.checkins.started(schedule, fire_time, fire_key(schedule.id, fire_time))
         try:
             sent = self.broker.enqueue(message)
         except Exception as exc:  # RabbitMQ or the state store: the fire is tried again
@@ -233,9 +237,9 @@ class Scheduler:
                 error=f"{type(exc).__name__}: {exc}",
                 retry_in_s=RETRY_DELAY.total_seconds(),
             )
-            if self.checkins is not None:
-                self.checkins.report(schedule, ok=False)
-            return False
+            return False  # its check-in stays open: closed once sent, or given up after the grace
+        if self.checkins is not None:
+            self.checkins.sent(schedule, fire_time)
         if sent.options.get("duplicate"):
             logger.info(
                 "schedule_fire_duplicate",
@@ -254,8 +258,6 @@ class Scheduler:
                 late_ms=late_ms,
                 missed=missed,
             )
-            if self.checkins is not None:
-                self.checkins.report(schedule, ok=True)
         self._record(schedule, fire_time)
         return True
 
