@@ -104,6 +104,8 @@ class Scheduler:
         )
         self._locks = {schedule_id: threading.Lock() for schedule_id in self.schedules}
         self._skips_reported: dict[str, datetime | None] = {}
+        #: Per schedule, the fire whose send failed last: its retries log a warning, not an error.
+        self._failing: dict[str, datetime] = {}
         self._stop = StopRequest()
 
     # -- life cycle ------------------------------------------------------------------------------
@@ -230,7 +232,10 @@ class Scheduler:
         try:
             sent = self.broker.enqueue(message)
         except Exception as exc:  # RabbitMQ or the state store: the fire is tried again
-            logger.error(
+            # An error (a Sentry event) for a fire's first failure, not one every 5 s retry.
+            retried = self._failing.get(schedule.id) == fire_time
+            self._failing[schedule.id] = fire_time
+            (logger.warning if retried else logger.error)(
                 "schedule_send_failed",
                 schedule=schedule.id,
                 fire_time=utc_iso(fire_time),
@@ -238,6 +243,7 @@ class Scheduler:
                 retry_in_s=RETRY_DELAY.total_seconds(),
             )
             return False  # its check-in stays open: closed once sent, or given up after the grace
+        self._failing.pop(schedule.id, None)
         if self.checkins is not None:
             self.checkins.sent(schedule, fire_time)
         if sent.options.get("duplicate"):

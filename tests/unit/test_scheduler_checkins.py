@@ -55,6 +55,12 @@ def checkins_sent() -> Iterator[CheckInsSent]:
         yield sent
 
 
+def error_events() -> list[tuple[str, str]]:
+    """The events (not check-ins) Sentry captured, as (logger, level): ERROR lines become events."""
+    items = [item.payload.json for envelope in Capture.envelopes for item in envelope.items]
+    return [(i.get("logger"), i.get("level")) for i in items if i.get("type") != "check_in"]
+
+
 class Clock:
     """``datetime`` for ``scheduler.service``, its ``now`` set by the test."""
 
@@ -131,6 +137,7 @@ def test_retries_during_an_outage_check_in_once_then_ok_when_sent(store, monkeyp
     sched = leading_scheduler(store, broker, started_at=utc(2026, 1, 5, 9, 59))
     assert fire_every_5s(sched, until=utc(2026, 1, 5, 10, 2)) == 19
     assert [status for _, status, _ in checkins_sent()] == ["in_progress"]
+    assert error_events() == [("scheduler", "error")]  # schedule_send_failed once; its retries warn
     broker.refusing = False
     sched.fire(HOURLY.id, True)
     assert broker.sent == ["2026-01-05T10:00:00Z"]
