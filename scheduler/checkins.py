@@ -1,17 +1,23 @@
-"""Sentry cron monitors: one per schedule, a check-in per fire.
+"""Sentry cron monitors: one per schedule, one check-in per fire, as Sentry's crons model expects.
 
-The leader checks in ``ok`` when a fire's message is confirmed by RabbitMQ and ``error`` when it
-cannot be sent; Sentry raises an issue for an error and for a check-in that does not arrive
-within the schedule's margin (the scheduler down, no leader, a fire skipped). Each check-in carries
-the monitor's configuration, so monitors are created and kept in step with the schedules file.
-Duplicates (a fire another replica sent) do not check in.
+The leader opens a fire's check-in (``in_progress``) at its first attempt and closes it once:
+``ok`` when its message is confirmed by RabbitMQ, ``error`` when the fire is given up (still
+unsent when older than ``misfire_grace``). The sends retried every 5 s in between (RabbitMQ
+down) check in nothing, so an outage is not a flood of check-ins. Sentry raises an issue for an
+error, for a check-in that does not arrive within the schedule's margin (the scheduler down, no
+leader, a fire skipped) and for one left open past the grace (``max_runtime``). A check-in's id
+is derived from its fire, as the message id is: a leader taking over a fire closes the check-in
+the old one opened. Each check-in carries the monitor's configuration, so monitors are created
+and kept in step with the schedules file.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import uuid
 from collections.abc import Iterable
+from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 import sentry_sdk
@@ -32,6 +38,8 @@ _UNITS: tuple[tuple[Literal["day", "hour", "minute"], int], ...] = (
     ("hour", 3_600),
     ("minute", 60),
 )
+#: Sentry's longest check-in margin and run time, in minutes (28 days).
+_MAX_MINUTES = 40_320
 
 
 def monitor_slug(schedule_id: str) -> str:
@@ -42,12 +50,16 @@ def monitor_slug(schedule_id: str) -> str:
 def monitor_config(schedule: Schedule) -> MonitorConfig | None:
     """The monitor's configuration, or None when Sentry cannot express the schedule (an interval
     that is not a whole number of minutes)."""
-    margin = max(1, math.ceil(schedule.misfire_grace.total_seconds() / 60))
+    grace = max(1, math.ceil(schedule.misfire_grace.total_seconds() / 60))
+    margin = min(grace, _MAX_MINUTES)
+    # A fire stays in progress until sent or given up after the grace: no timeout before that.
+    runtime = min(grace + 1, _MAX_MINUTES)
     if schedule.cron is not None:
         return {
             "schedule": {"type": "crontab", "value": schedule.cron},
             "timezone": schedule.timezone,
             "checkin_margin": margin,
+            "max_runtime": runtime,
         }
     assert schedule.every is not None
     seconds = int(schedule.every.total_seconds())
@@ -56,31 +68,66 @@ def monitor_config(schedule: Schedule) -> MonitorConfig | None:
             return {
                 "schedule": {"type": "interval", "value": seconds // size, "unit": unit},
                 "checkin_margin": margin,
+                "max_runtime": runtime,
             }
     return None
 
 
+def check_in_id(fire_key: str) -> str:
+    """The Sentry check-in id of the fire named ``fire_key``: the same on every replica."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"sentry-check-in:{fire_key}").hex
+
+
 class CheckIns:
-    """Sends the check-ins of ``schedules``; those Sentry cannot monitor are logged once and left out."""
+    """Sends the check-ins of ``schedules``; those Sentry cannot monitor are logged once and left out.
+
+    Called from the scheduler's one sending thread, under the schedule's lock.
+    """
 
     def __init__(self, schedules: Iterable[Schedule]) -> None:
         self.monitors: dict[str, MonitorConfig] = {}
+        #: Per schedule, the fires whose check-in is open, and its id.
+        self._open: dict[str, dict[datetime, str]] = {}
         for schedule in schedules:
             config = monitor_config(schedule)
             if config is None:
                 logger.warning("sentry_monitor_unsupported", schedule=schedule.id, every=schedule.spec)
             else:
                 self.monitors[schedule.id] = config
+                self._open[schedule.id] = {}
 
-    def report(self, schedule: Schedule, *, ok: bool) -> None:
-        """Check in for one fire of ``schedule``: ``ok`` once sent, ``error`` when it could not be."""
-        config = self.monitors.get(schedule.id)
-        if config is None:
+    def started(self, schedule: Schedule, fire_time: datetime, fire_key: str) -> None:
+        """Open the check-in of a fire at its first attempt; its retries send nothing."""
+        opened = self._open.get(schedule.id)
+        if opened is None or fire_time in opened:
             return
+        opened[fire_time] = check_in_id(fire_key)
+        self._capture(schedule, opened[fire_time], MonitorStatus.IN_PROGRESS)
+
+    def sent(self, schedule: Schedule, fire_time: datetime) -> None:
+        """Close a fire's check-in ``ok``: its message is confirmed."""
+        opened = self._open.get(schedule.id)
+        if opened is not None and fire_time in opened:
+            self._capture(schedule, opened.pop(fire_time), MonitorStatus.OK)
+
+    def given_up(self, schedule: Schedule, *, last: datetime | None, due: Iterable[datetime]) -> None:
+        """Close ``error`` the open fires that are no longer ``due`` and were never sent (older
+        than the grace); those at or before ``last``, the last fire sent, were sent by another
+        leader, which closed them, and are forgotten."""
+        opened = self._open.get(schedule.id)
+        if not opened:
+            return
+        for fire_time in sorted(opened.keys() - set(due)):
+            checkin = opened.pop(fire_time)
+            if last is None or fire_time > last:
+                self._capture(schedule, checkin, MonitorStatus.ERROR)
+
+    def _capture(self, schedule: Schedule, checkin: str, status: str) -> None:
         capture_checkin(
             monitor_slug=monitor_slug(schedule.id),
-            status=MonitorStatus.OK if ok else MonitorStatus.ERROR,
-            monitor_config=config,
+            check_in_id=checkin,
+            status=status,
+            monitor_config=self.monitors[schedule.id],
         )
 
 

@@ -104,6 +104,8 @@ class Scheduler:
         )
         self._locks = {schedule_id: threading.Lock() for schedule_id in self.schedules}
         self._skips_reported: dict[str, datetime | None] = {}
+        #: Per schedule, the fire whose send failed last: its retries log a warning, not an error.
+        self._failing: dict[str, datetime] = {}
         self._stop = StopRequest()
 
     # -- life cycle ------------------------------------------------------------------------------
@@ -190,6 +192,8 @@ class Scheduler:
                     last_fire=utc_iso(last) if last else None,
                     misfire_grace=format_duration(schedule.misfire_grace),
                 )
+            if self.checkins is not None:
+                self.checkins.given_up(schedule, last=last, due=plan.send)
             if plan.coalesced:
                 logger.info(
                     "schedule_misfire_coalesced",
@@ -223,19 +227,25 @@ class Scheduler:
         queue = message.queue_name if schedule.queue is None else self.settings.queue(schedule.queue)
         message = message.copy(queue_name=queue, message_id=fire_message_id(schedule.id, fire_time))
         late_ms = int((datetime.now(UTC) - fire_time).total_seconds() * 1000)
+        if self.checkins is not None:
+            self.checkins.started(schedule, fire_time, fire_key(schedule.id, fire_time))
         try:
             sent = self.broker.enqueue(message)
         except Exception as exc:  # RabbitMQ or the state store: the fire is tried again
-            logger.error(
+            # An error (a Sentry event) for a fire's first failure, not one every 5 s retry.
+            retried = self._failing.get(schedule.id) == fire_time
+            self._failing[schedule.id] = fire_time
+            (logger.warning if retried else logger.error)(
                 "schedule_send_failed",
                 schedule=schedule.id,
                 fire_time=utc_iso(fire_time),
                 error=f"{type(exc).__name__}: {exc}",
                 retry_in_s=RETRY_DELAY.total_seconds(),
             )
-            if self.checkins is not None:
-                self.checkins.report(schedule, ok=False)
-            return False
+            return False  # its check-in stays open: closed once sent, or given up after the grace
+        self._failing.pop(schedule.id, None)
+        if self.checkins is not None:
+            self.checkins.sent(schedule, fire_time)
         if sent.options.get("duplicate"):
             logger.info(
                 "schedule_fire_duplicate",
@@ -254,8 +264,6 @@ class Scheduler:
                 late_ms=late_ms,
                 missed=missed,
             )
-            if self.checkins is not None:
-                self.checkins.report(schedule, ok=True)
         self._record(schedule, fire_time)
         return True
 

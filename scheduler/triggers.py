@@ -5,26 +5,29 @@ key is built from its scheduled time. So intervals are aligned to the Unix epoch
 fires at :00, :15, :30 and :45 UTC, whenever the process started) instead of APScheduler's
 default of "now + interval", and cron times come from the expression and its time zone only.
 
-APScheduler 3's cron trigger differs from standard cron in three ways, corrected here:
+APScheduler 3's cron trigger differs from standard cron in four ways, corrected here:
 
 - day of week: 0 is Sunday in crontab (7 too), Monday in APScheduler 3;
 - when both day of month and day of week are restricted, crontab fires when *either* matches
   (APScheduler requires both);
 - on the autumn DST change a fixed time such as ``30 1 * * *`` occurs twice; crontab runs it once
-  (the first time), APScheduler twice. Jobs whose minute or hour starts with ``*`` run by elapsed
-  time, in both passes, as in crontab. A fixed time that does not exist on the spring change
-  (``30 2 * * *`` in New York) fires once, at the same instant as before the change (03:30 EDT).
+  (the first time), APScheduler twice. A fixed time that does not exist on the spring change
+  (``30 2 * * *`` in New York) fires once, at the same instant as before the change (03:30 EDT);
+- jobs whose minute or hour starts with ``*`` run whenever the clock shows a matching time, as in
+  crontab: in both passes of a repeated hour, never in a skipped one (APScheduler 3 moved a
+  skipped time to the gap's end: ``0 */2 * * *`` in New York fired at 03:00 EDT on the spring
+  change day, where crontab runs 00:00 EST then 04:00 EDT).
 
-Fixed times are therefore found on the wall clock (a UTC trigger run over local times) and each
-mapped to its instant with ``fold=0``: APScheduler 3 stepping through a zone skips a fixed time in
-the gap when it reaches it from an earlier time of the same day (``0 1,2 * * *`` in New York) or
-when the gap is at midnight (``0 0 * * *`` in Santiago, Havana, Beirut, Cairo: a day without a fire).
+So all times are found on the wall clock (UTC triggers run over local times) and placed in the
+zone by :mod:`scheduler.wall_clock`: APScheduler 3 stepping through a zone also skips a fixed time
+in the gap when it reaches it from an earlier time of the same day (``0 1,2 * * *`` in New York)
+or when the gap is at midnight (``0 0 * * *`` in Santiago, Havana, Beirut, Cairo: a day without a
+fire).
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -33,6 +36,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
+
+from scheduler.wall_clock import next_fire
 
 #: Fixed intervals count from here, so every replica fires at the same instants.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -144,8 +149,6 @@ def _weekdays(field: str) -> str:
 #: Every month and day of the month that exist together come round within eight years (29 February:
 #: 2096, then 2104), so a cron trigger with no fire time within this span never fires.
 _RECURRENCE = timedelta(days=9 * 366)
-#: The largest change of a zone's UTC offset at once (DST: 30 minutes to 2 hours), with room.
-_MAX_JUMP = timedelta(hours=3)
 
 
 def _fires_before(trigger: CronTrigger, now: datetime, end: datetime) -> bool:
@@ -179,13 +182,13 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
             days = [(day, weekdays)]
         else:
             days = [(day, "*"), ("*", weekdays)]
-        # crontab's "fixed-time" jobs run once per wall-clock time; "wildcard" ones by elapsed time.
+        # crontab's "fixed-time" jobs run once per wall-clock time; "wildcard" ones at each instant
+        # their wall-clock time occurs (see scheduler.wall_clock).
         self._once_per_wall_time = not (minute.startswith("*") or hour.startswith("*"))
-        # Fixed times are searched on the wall clock: a trigger in UTC, which has no changes.
-        clock = UTC if self._once_per_wall_time else self.timezone
+        # Times are searched on the wall clock: triggers in UTC, which has no changes.
         try:
             triggers = [
-                CronTrigger(minute=minute, hour=hour, day=d, month=month, day_of_week=w, timezone=clock)
+                CronTrigger(minute=minute, hour=hour, day=d, month=month, day_of_week=w, timezone=UTC)
                 for d, w in days
             ]
         except ValueError as exc:
@@ -198,100 +201,16 @@ class CronSchedule(BaseTrigger):  # type: ignore[misc]
             raise ValueError("never fires: no date matches its day-of-month and month")
 
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
-        if self._once_per_wall_time:
-            return _next_wall_time(self._triggers, self.timezone, previous_fire_time, now)
-        after, start = previous_fire_time, now
-        while True:
-            candidates = [_next_within_offset(t, after, start) for t in self._triggers]
-            found = [c for c in candidates if c is not None]
-            if not found:
-                return None
-            fire = _utc(min(found, key=_utc)).astimezone(self.timezone)
-            # Compared in UTC: datetimes sharing a tzinfo compare by wall clock, ignoring ``fold``.
-            too_early = previous_fire_time is not None and _utc(fire) <= _utc(previous_fire_time)
-            if not too_early:
-                return fire
-            after, start = fire, fire
+        low = _utc(now)
+        if previous_fire_time is not None:
+            low = max(low, _utc(previous_fire_time) + timedelta(microseconds=1))
+        return next_fire(self._triggers, self.timezone, low, fixed=self._once_per_wall_time)
 
     def __str__(self) -> str:
         return f"cron[{self.expression} {self.timezone_name}]"
 
     def __repr__(self) -> str:
         return f"<CronSchedule {self.expression!r} {self.timezone_name}>"
-
-
-def _next_wall_time(
-    triggers: list[CronTrigger], zone: tzinfo, previous: datetime | None, now: datetime
-) -> datetime | None:
-    """The first instant at or after ``now`` (and after ``previous``) at which a wall-clock time of
-    ``triggers`` (UTC triggers read as local times) occurs in ``zone``, each time once: a repeated
-    time at its first pass, a skipped time at the instant it would have had before the change
-    (``fold=0``). Only after a forward change can a wall-clock time's instant fall after a later
-    one's (a skipped time, mapped past the gap), and by less than the gap: the search reaches that
-    far either side, not more (a dense schedule, ``0-59 0-23 * * *``, reads each minute there)."""
-    low = _utc(now) if previous is None else max(_utc(now), _utc(previous) + timedelta(microseconds=1))
-    start = _wall(low, zone) - _forward_jump(zone, low)
-    best: datetime | None = None
-    limit = datetime.max
-    wall = _next_wall(triggers, start)
-    while wall is not None and wall <= limit:
-        instant = _utc(wall.replace(tzinfo=zone))  # fold=0: the first pass, or the old offset in a gap
-        if instant >= low and (best is None or instant < best):
-            best = instant
-            limit = wall + _forward_jump(zone, instant)
-        wall = _next_wall(triggers, wall + timedelta(seconds=1))
-    return None if best is None else best.astimezone(zone)
-
-
-def _wall(moment: datetime, zone: tzinfo) -> datetime:
-    """``moment``'s wall-clock time in ``zone``, naive."""
-    return moment.astimezone(zone).replace(tzinfo=None, fold=0)
-
-
-def _next_wall(triggers: list[CronTrigger], wall: datetime) -> datetime | None:
-    """The first wall-clock time at or after naive ``wall`` that one of the UTC ``triggers`` names."""
-    found = [t.get_next_fire_time(None, wall.replace(tzinfo=UTC)) for t in triggers]
-    times = [f.replace(tzinfo=None) for f in found if f is not None]
-    return min(times) if times else None
-
-
-def _forward_jump(zone: tzinfo, moment: datetime) -> timedelta:
-    """How far ``zone``'s clocks jump forward within :data:`_MAX_JUMP` of ``moment`` (the gap of
-    wall-clock times it skips); zero without a change there, or for a change back."""
-    before, after = (moment - _MAX_JUMP).astimezone(zone), (moment + _MAX_JUMP).astimezone(zone)
-    jump = (after.utcoffset() or timedelta(0)) - (before.utcoffset() or timedelta(0))
-    return max(jump, timedelta(0))
-
-
-def _next_within_offset(trigger: CronTrigger, previous: datetime | None, now: datetime) -> datetime | None:
-    """``trigger.get_next_fire_time(previous, now)``, without APScheduler 3's error across a UTC
-    offset change: it steps a field by its wall-clock difference added in UTC, so a step over a
-    spring-forward change lands an hour late and skips a fire (``0 0 * * *`` in New York skipped
-    2024-03-11). When the fire found lies past a change, the search starts again at the change,
-    and the earlier of the two fires is the one."""
-    fire: datetime | None = trigger.get_next_fire_time(previous, now)
-    origin = _utc(now if previous is None else min(now, previous))
-    zone: tzinfo = trigger.timezone
-    while fire is not None and origin.astimezone(zone).utcoffset() != fire.utcoffset():
-        origin = _first_offset_change(zone, origin, _utc(fire))
-        again: datetime | None = trigger.get_next_fire_time(None, origin)
-        if again is not None and _utc(again) < _utc(fire):
-            fire = again
-    return fire
-
-
-def _first_offset_change(zone: tzinfo, start: datetime, end: datetime) -> datetime:
-    """The first whole second after ``start`` whose offset in ``zone`` is not ``start``'s (offsets
-    change on whole seconds); there is one at or before ``end``."""
-    before = start.astimezone(zone).utcoffset()
-    low, high = math.floor(start.timestamp()), math.ceil(end.timestamp())
-    while high - low > 1:
-        middle = (low + high) // 2
-        if datetime.fromtimestamp(middle, zone).utcoffset() == before:
-            low = middle
-        else:
-            high = middle
-    return datetime.fromtimestamp(high, UTC)
 
 
 def next_fires(trigger: BaseTrigger, after: datetime, count: int) -> Iterator[datetime]:

@@ -1,20 +1,16 @@
 """The scheduler without processes: fire times (cron, DST, intervals), the misfire plan, the
-schedules file's checks, ``--check``, and Sentry check-ins."""
+schedules file's checks and ``--check`` (Sentry check-ins: ``test_scheduler_checkins``)."""
 
 from __future__ import annotations
 
 import textwrap
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
 import pytest
-import sentry_sdk
-from sentry_sdk.transport import Transport
 
 from jobsystem.system import get_system
-from scheduler.checkins import CheckIns, monitor_config, sentry_checkins
 from scheduler.plan import plan_fires
 from scheduler.schedules import DEFAULT_FILE, ScheduleError, load_schedules
 from scheduler.triggers import CronSchedule, fires_between, interval_trigger, next_fires, parse_duration
@@ -362,52 +358,3 @@ def test_a_file_that_is_not_toml_or_is_missing(tmp_path):
         load(tmp_path, "[[schedule]\n")
     with pytest.raises(ScheduleError, match="cannot read"):
         load_schedules(tmp_path / "missing.toml", get_system().broker.actors)
-
-
-class Capture(Transport):
-    """A Sentry transport that keeps the envelopes instead of sending them."""
-
-    envelopes: ClassVar[list[Any]] = []
-
-    def capture_envelope(self, envelope):
-        Capture.envelopes.append(envelope)
-
-
-def test_check_ins_go_to_one_monitor_per_schedule(tmp_path):
-    schedules = load(
-        tmp_path,
-        """
-        [[schedule]]
-        id = "Daily.Report"
-        actor = "generate_report"
-        args = ["sales"]
-        cron = "0 9 * * *"
-        timezone = "America/New_York"
-        misfire_grace = "1h"
-
-        [[schedule]]
-        id = "odd"
-        actor = "purge_exports"
-        every = "90s"
-        """,
-    )
-    assert monitor_config(schedules[1]) is None  # Sentry counts intervals in whole minutes
-    Capture.envelopes.clear()
-    client = sentry_sdk.Client(dsn="https://key@o0.ingest.sentry.io/1", transport=Capture)
-    with sentry_sdk.isolation_scope() as scope:
-        scope.set_client(client)
-        checkins = CheckIns(schedules)
-        checkins.report(schedules[0], ok=True)
-        checkins.report(schedules[0], ok=False)
-        checkins.report(schedules[1], ok=True)
-    items = [item.payload.json for envelope in Capture.envelopes for item in envelope.items]
-    assert [(i["monitor_slug"], i["status"]) for i in items] == [
-        ("daily-report", "ok"),
-        ("daily-report", "error"),
-    ]
-    assert items[0]["monitor_config"] == {
-        "schedule": {"type": "crontab", "value": "0 9 * * *"},
-        "timezone": "America/New_York",
-        "checkin_margin": 60,
-    }
-    assert sentry_checkins(get_system().settings, schedules) is None  # no SENTRY_DSN here
