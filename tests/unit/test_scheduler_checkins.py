@@ -14,6 +14,8 @@ import sentry_sdk
 from sentry_sdk.transport import Transport
 
 import scheduler.service
+from jobsystem.observability.logs import configure_logging
+from jobsystem.settings import load_settings
 from jobsystem.system import get_system
 from scheduler.checkins import CheckIns, check_in_id, monitor_config, sentry_checkins
 from scheduler.schedules import Schedule, load_schedules
@@ -39,9 +41,11 @@ CheckInsSent = Callable[[], list[tuple[str, str, str]]]
 
 
 @pytest.fixture
-def checkins_sent() -> Iterator[CheckInsSent]:
+def checkins_sent(logging_restored: None) -> Iterator[CheckInsSent]:
     """Sentry captures into :class:`Capture`; the fixture gives a function listing the check-ins
-    sent so far as ``(monitor slug, status, check-in id)``."""
+    sent so far as ``(monitor slug, status, check-in id)``. Logging is set up as the scheduler's
+    (an earlier test may have left structlog printing past the standard library, and Sentry)."""
+    configure_logging(load_settings({"LOG_LEVEL": "INFO"}))
     Capture.envelopes.clear()
     client = sentry_sdk.Client(dsn="https://key@o0.ingest.sentry.io/1", transport=Capture)
 
