@@ -26,6 +26,10 @@ def _since(value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+#: How ``list`` shows, and ``--exception`` names, a dead letter without an exception.
+NO_EXCEPTION = "-"
+
+
 @dataclass(frozen=True)
 class Selected:
     """The filters a subcommand was given (none: every dead letter)."""
@@ -54,7 +58,11 @@ def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
         [
             click.option("--queue", help="Only dead letters of this (original) queue."),
             click.option("--actor", help="Only dead letters of this actor."),
-            click.option("--exception", "exception", help="Only this exception type, e.g. TimeoutError."),
+            click.option(
+                "--exception",
+                "exception",
+                help=f"Only this exception type, e.g. TimeoutError; {NO_EXCEPTION} for those without one.",
+            ),
             click.option("--since", help="Only those that failed at or after this ISO date/time (UTC)."),
         ]
     ):
@@ -79,7 +87,7 @@ class Context:
             message_ids=frozenset(ids),
             queue=None,
             actor=selected.actor,
-            exception=selected.exception,
+            exception="" if selected.exception == NO_EXCEPTION else selected.exception,
             since=_since(selected.since),
         )
 
@@ -111,7 +119,7 @@ def list_(selected: Selected, as_json: bool) -> None:
             failed = dead.failed_at.strftime("%Y-%m-%d %H:%M:%S") if dead.failed_at else "?"
             click.echo(
                 f"{dead.message_id}  {failed}  {dead.queue}  {dead.actor or '-'}  {dead.reason}  "
-                f"{dead.exception or '-'}  attempts={dead.attempts}  {dead.error[:80]}"
+                f"{dead.exception or NO_EXCEPTION}  attempts={dead.attempts}  {dead.error[:80]}"
             )
     click.echo(f"{count} dead letter(s) in {len(ctx.queues)} queue(s)", err=True)
 
