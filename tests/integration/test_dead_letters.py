@@ -87,7 +87,7 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
     )
     assert "ana@example.com" not in listing.stdout
     without = jobctl(prefix, "dlq", "list", "--json", "--exception", "-").stdout.splitlines()
-    no_exception = {i for i, d in by_id.items() if not d["exception"]}  # the age limit's, at least
+    no_exception = {i for i, d in by_id.items() if not d["exception"]}  # one kind at least
     assert no_exception and {json.loads(line)["message_id"] for line in without} == no_exception
     index = queues.broker.dead_letter_index.backend  # the worker's index, filed in the background
     wait_for(lambda: index.get(queue, unknown.message_id) is not None, what="the letter indexed")
