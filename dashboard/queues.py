@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from typing import Any
-from urllib.parse import quote
 
 import requests
 
@@ -34,11 +33,8 @@ def work_queues(project: Project, timeout: float = 3.0) -> list[str]:
     or dead-letter companions), with the queues this process's actors declare."""
     settings = project.settings
     names = set(project.broker.get_declared_queues())
-    vhost = quote(settings.rabbitmq_vhost, safe="")
     try:
-        response = requests.get(
-            f"{settings.management_url}/api/queues/{vhost}", params={"columns": "name"}, timeout=timeout
-        )
+        response = requests.get(settings.queues_api(), params={"columns": "name"}, timeout=timeout)
         response.raise_for_status()
         names.update(q["name"] for q in response.json())
     except requests.RequestException as exc:

@@ -20,7 +20,6 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import requests
 
@@ -197,10 +196,6 @@ def count_events(log_path: Path, event: str) -> int:
     return total
 
 
-def _queues_api(settings: Settings) -> str:
-    return f"{settings.management_url}/api/queues/{quote(settings.rabbitmq_vhost, safe='')}"
-
-
 #: The only prefixes the clean-up deletes under: the demo's own, never an environment's.
 DEMO_PREFIX = re.compile(r"demo-[0-9a-f]{6}-")
 
@@ -212,7 +207,7 @@ def _check_prefix(settings: Settings, prefix: str) -> None:
 
 def prefixed_queues(settings: Settings, prefix: str) -> list[str]:
     """The queues whose name starts with ``prefix`` (work, ``.DQ`` and ``.DLQ`` queues)."""
-    response = requests.get(_queues_api(settings), params={"columns": "name"}, timeout=10)
+    response = requests.get(settings.queues_api(), params={"columns": "name"}, timeout=10)
     response.raise_for_status()
     return [q["name"] for q in response.json() if q["name"].startswith(prefix)]
 
@@ -249,7 +244,7 @@ def delete_topology(settings: Settings, prefix: str, declared: list[str]) -> tup
     try:
         queues = prefixed_queues(settings, prefix)
         for name in queues:
-            requests.delete(f"{_queues_api(settings)}/{quote(name, safe='')}", timeout=10).raise_for_status()
+            requests.delete(settings.queues_api(name), timeout=10).raise_for_status()
     except requests.RequestException:
         suffixes = ("", ".DQ", DEAD_LETTER_SUFFIX)
         queues = over_amqp = [f"{q}{suffix}" for q in declared if q.startswith(prefix) for suffix in suffixes]

@@ -123,7 +123,7 @@ def ping(timeout: float) -> None:
     server = version.decode() if isinstance(version, bytes) else str(version)
     click.echo(f"rabbitmq    ok           {redact_url(settings.rabbitmq_url)}  (RabbitMQ {server})")
     try:
-        response = requests.get(f"{settings.management_url}/api/overview", timeout=timeout)
+        response = requests.get(settings.management_api("overview"), timeout=timeout)
         response.raise_for_status()
     except requests.RequestException as exc:
         click.echo(f"management  unreachable  {redact_url(settings.management_url)}  ({type(exc).__name__})")

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 import requests
 from dramatiq import Message
@@ -82,11 +81,8 @@ def dead_letter_queues(settings: Settings, broker: ProjectBroker, queue: str | N
     one of this environment's (the prefix added unless present), never another's on the vhost."""
     if queue is not None:
         return [own_queue(settings, q_name(queue)) + DEAD_LETTER_SUFFIX]
-    vhost = quote(settings.rabbitmq_vhost, safe="")
     try:
-        response = requests.get(
-            f"{settings.management_url}/api/queues/{vhost}", params={"columns": "name"}, timeout=10
-        )
+        response = requests.get(settings.queues_api(), params={"columns": "name"}, timeout=10)
         response.raise_for_status()
         names = [q["name"] for q in response.json()]
     except requests.RequestException:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
-from urllib.parse import quote
 
 import requests
 
@@ -21,13 +20,9 @@ _COLUMNS = (
 )
 
 
-def _vhost_api(config: Settings) -> str:
-    return f"{config.management_url}/api/queues/{quote(config.rabbitmq_vhost, safe='')}"
-
-
 def queue_stats(config: Settings, timeout: float) -> dict[str, dict[str, Any]]:
     """Every queue of the vhost with the columns health needs, in one request."""
-    response = requests.get(_vhost_api(config), params={"columns": _COLUMNS}, timeout=timeout)
+    response = requests.get(config.queues_api(), params={"columns": _COLUMNS}, timeout=timeout)
     response.raise_for_status()
     return {q["name"]: q for q in response.json()}
 
@@ -64,7 +59,7 @@ def oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
     """Seconds since the head message of ``queue`` became ready; None when none is waiting.
     Raises Undated when its ready time cannot be read."""
     response = requests.post(
-        f"{_vhost_api(config)}/{quote(queue, safe='')}/get",
+        config.queues_api(queue, "get"),
         json={"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 65_536},
         timeout=timeout,
     )

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import pika
 import pika.adapters.blocking_connection
@@ -53,12 +52,8 @@ class QueueState:
     consumers: int
 
 
-def _api(settings: Settings, path: str = "") -> str:
-    return f"{settings.management_url}/api/queues/{quote(settings.rabbitmq_vhost, safe='')}{path}"
-
-
 def existing_queues(settings: Settings) -> dict[str, QueueState]:
-    response = requests.get(_api(settings), params={"columns": "name,arguments,consumers"}, timeout=10)
+    response = requests.get(settings.queues_api(), params={"columns": "name,arguments,consumers"}, timeout=10)
     response.raise_for_status()
     return {
         q["name"]: QueueState(q["name"], q.get("arguments") or {}, int(q.get("consumers") or 0))

@@ -113,3 +113,21 @@ def test_a_migration_stopped_after_deleting_the_queue_is_finished_by_the_next_ru
     assert "left by an interrupted run" in report
     bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=10))
     assert bodies == ["m0", "m1", "m2"] and queues.declared(f"{queue}.migrating") is None
+
+
+@pytest.mark.parametrize("end", ["/?vhost=x", "?", "/#x", "#"])
+def test_a_management_url_with_a_query_or_fragment_is_refused_naming_the_variable(prefix, end):
+    """The API's paths are added after the URL: a query string or a fragment would swallow them
+    (the request went to the UI's page, read as an answer or a JSON error)."""
+    result = jobctl(prefix, "ping", check=False, RABBITMQ_MANAGEMENT_URL=f"http://127.0.0.1:15672{end}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert result.stderr.startswith("jobctl: invalid setting RABBITMQ_MANAGEMENT_URL: takes no query")
+    assert "15672" not in result.stdout + result.stderr  # the value is not shown
+
+
+def test_a_management_url_with_a_trailing_slash_works(queues, prefix):
+    queue = prefix + "emails"
+    queues.broker.channel.queue_declare(queue, durable=True)
+    url = {"RABBITMQ_MANAGEMENT_URL": "http://127.0.0.1:15672/"}
+    assert "management  ok" in jobctl(prefix, "ping", **url).stdout
+    assert f"{queue}: recreated" in jobctl(prefix, "migrate-queues", **url).stdout
