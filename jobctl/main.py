@@ -25,6 +25,7 @@ from jobctl.project import (
     EXIT_OK,
     EXIT_UNREACHABLE,
     fail,
+    import_application,
     import_modules,
     load_system,
     require_queues,
@@ -75,21 +76,30 @@ main.add_command(dlq)
 
 
 @main.command("migrate-queues")
+@click.argument("modules", nargs=-1)
 @click.option("--queue", "queues", multiple=True, help="Only this queue (repeatable); default: all of them.")
-def migrate_queues(queues: tuple[str, ...]) -> None:
-    """Recreate queues declared with other arguments (plain Dramatiq, an older configuration).
+def migrate_queues(modules: tuple[str, ...], queues: tuple[str, ...]) -> None:
+    """Recreate the project's queues declared with other arguments (plain Dramatiq, an older
+    configuration).
 
-    Stop the workers first. Messages move to a temporary twin and back with confirms, and
-    Dramatiq's old .XQ dead letters move into the project's .DLQ queues.
+    MODULES: the application's modules that declare more actors, as for `jobctl worker`: only the
+    queues of the actors declared (theirs and the project's) are migrated, never another
+    application's queue on the vhost. Stop the workers first. Messages move to a temporary twin
+    and back with confirms, and Dramatiq's old .XQ dead letters move into the project's .DLQ queues.
     """
     system = load_system()
+    import_application("jobctl", modules)
     from jobsystem.ops.health import own_queue
-    from jobsystem.ops.migration import MigrationError, migrate, twins_left
+    from jobsystem.ops.migration import MigrationError, foreign_queues, migrate, twins_left
 
     named = {own_queue(system.settings, queue): f"--queue {queue!r}" for queue in queues}
     # A queue an interrupted run deleted is there as its twin, whose messages this run moves back.
     twins = twins_left(system.settings, list(named))
     require_queues(system.settings, {q: how for q, how in named.items() if q not in twins})
+    # Recreated with the project's arguments, another application's queue would break it.
+    foreign = foreign_queues(system.broker, named)
+    if foreign:
+        fail("\n".join(f"jobctl: {named[q]}: {q!r} is not a queue of the project's actors" for q in foreign))
     try:
         report = migrate(system.broker, system.settings, list(named) or None)
     except (MigrationError, requests.RequestException) as exc:
@@ -189,8 +199,7 @@ def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> N
     (their schedules and idempotency keys are then known). Needs DASHBOARD_ADMIN_PASSWORD.
     """
     system = load_system()
-    sys.path.insert(0, os.getcwd())  # modules are found from here, as `dramatiq` finds them
-    import_modules("jobctl", modules)
+    import_application("jobctl", modules)
     settings = system.settings
     if settings.dashboard_admin_password is None:
         # Fixed text, no data: straight to the terminal (the scrubbing stream would read

@@ -1,6 +1,6 @@
 """``jobctl migrate-queues`` against the real RabbitMQ: queues of plain Dramatiq or an older
-configuration recreated without losing a message, whether a run is interrupted or a message
-arrives during the move."""
+configuration recreated without losing a message, and nothing outside the project's own queues
+touched (another application's queue on the vhost, a twin it cannot use)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from dramatiq import Message
 from jobsystem.system import get_system
 from tests import workload
 from tests.jobctl_run import jobctl
+
+#: Arguments of a queue another application declared on the vhost.
+THEIRS = {"x-message-ttl": 3_600_000}
 
 
 def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(queues, prefix):
@@ -35,14 +38,14 @@ def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(que
     with pytest.raises(QueueArgumentsMismatch, match="jobctl migrate-queues"):
         project.declare_queue(queue, ensure=True)
 
-    report = jobctl(prefix, "migrate-queues").stdout
+    report = jobctl(prefix, "migrate-queues", "tests.workload").stdout
     assert f"{queue}: recreated" in report and f"{queue}.XQ: 1 dead letter(s) moved" in report
     fresh = sender_broker(prefix, os.environ["STATE_URL"])
     fresh.declare_queue(queue, ensure=True)  # no 406 any more
     assert queues.depth(queue) == 20 and queues.depth(queue + ".DLQ") == 1
     bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=50))
     assert bodies == sorted(f"m{i}" for i in range(20))
-    assert "every queue already has" in jobctl(prefix, "migrate-queues").stdout
+    assert "every queue already has" in jobctl(prefix, "migrate-queues", "tests.workload").stdout
     # The recreated delay queue receives what leaves the delay cascade for it.
     deliver = queues.api(f"/../exchanges/%2F/{prefix}delay.deliver/bindings/source").replace(
         "/queues/%2F/..", ""
@@ -57,7 +60,7 @@ def test_priority_queues_migrate_to_plain_ones_without_losing_a_message(queues, 
         queues.send(workload.record, f"p{i}")
     assert queues.info(queue)["arguments"]["x-max-priority"] == 10
 
-    report = jobctl(prefix, "migrate-queues", RABBITMQ_MAX_PRIORITY="0").stdout
+    report = jobctl(prefix, "migrate-queues", "tests.workload", RABBITMQ_MAX_PRIORITY="0").stdout
     assert f"{queue}: recreated" in report
     assert "x-max-priority" not in queues.info(queue)["arguments"]
     assert "x-max-priority" not in queues.info(queue + ".DQ")["arguments"]
@@ -76,6 +79,7 @@ def test_a_message_routed_to_a_queue_while_it_is_migrated_is_not_lost(queues, pr
     for i in range(3):
         queues.send(workload.record, f"m{i}")
     system = build_system(load_settings({**os.environ, "QUEUE_PREFIX": prefix, "RABBITMQ_MAX_PRIORITY": "0"}))
+    system.broker.declare_queue(queue)  # the actor's queue, as the application's import declares it
     move = migration._move
 
     def move_then_a_producer(channel, source, publish):  # type: ignore[no-untyped-def]
@@ -109,10 +113,33 @@ def test_a_migration_stopped_after_deleting_the_queue_is_finished_by_the_next_ru
         channel.basic_ack(method.delivery_tag)
     channel.queue_delete(queue)
 
-    report = jobctl(prefix, "migrate-queues", "--queue", queue.removeprefix(prefix)).stdout
+    report = jobctl(prefix, "migrate-queues", "tests.workload", "--queue", queue.removeprefix(prefix)).stdout
     assert "left by an interrupted run" in report
     bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=10))
     assert bodies == ["m0", "m1", "m2"] and queues.declared(f"{queue}.migrating") is None
+
+
+def test_another_applications_queue_is_left_alone_named_or_not(queues, prefix):
+    """A queue that begins with ``QUEUE_PREFIX`` (with the default, empty, prefix: every queue of
+    the vhost) but that no actor of the project uses keeps its arguments and messages, while the
+    project's queue beside it is migrated."""
+    ours, theirs = prefix + "emails", prefix + "other_app_queue"
+    channel = queues.broker.channel
+    channel.queue_declare(ours, durable=True)  # as plain Dramatiq declared it
+    channel.queue_declare(theirs, durable=True, arguments=THEIRS)
+    channel.basic_publish("", theirs, b"their message", pika.BasicProperties(delivery_mode=2))
+
+    named = jobctl(prefix, "migrate-queues", "--queue", "other_app_queue", check=False)
+    assert named.returncode == 2 and "Traceback" not in named.stderr, named.stderr
+    assert (
+        named.stderr
+        == f"jobctl: --queue 'other_app_queue': {theirs!r} is not a queue of the project's actors\n"
+    )
+    report = jobctl(prefix, "migrate-queues").stdout
+    assert f"{ours}: recreated" in report and theirs not in report, report
+    assert queues.info(ours)["arguments"]["x-dead-letter-routing-key"] == ours
+    assert queues.info(theirs)["arguments"] == THEIRS
+    assert [m["payload"] for m in queues.peek(theirs)] == ["their message"]
 
 
 @pytest.mark.parametrize("end", ["/?vhost=x", "?", "/#x", "#"])
