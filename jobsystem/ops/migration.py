@@ -133,6 +133,24 @@ def _delete_empty(
         ) from None
 
 
+def _declare_twin(
+    channel: pika.adapters.blocking_connection.BlockingChannel, twin: str, name: str, wanted: dict[str, Any]
+) -> None:
+    """Declare ``name``'s ``twin`` with ``wanted``. RabbitMQ refuses (406, closing the channel) a
+    twin that exists with other arguments (left by an older version, made by hand): said in one
+    line, before any message of ``name`` moved."""
+    try:
+        channel.queue_declare(twin, durable=True, arguments=wanted)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != 406:
+            raise
+        raise MigrationError(
+            f"queue {twin!r} exists with other arguments than the project's (left by an older "
+            f"version, or made by hand): no message of {name!r} moved; empty the twin into it or "
+            "delete it, then run migrate-queues again"
+        ) from None
+
+
 def twins_left(settings: Settings, queues: list[str]) -> set[str]:
     """Those of ``queues`` whose twin an interrupted run left (none when RabbitMQ does not answer:
     the command then reports it), so that ``--queue`` may name a queue the run deleted."""
@@ -166,7 +184,7 @@ def _recreate(
     if state is not None and state.arguments != wanted:
         if state.consumers:
             raise MigrationError(f"queue {name!r} has {state.consumers} consumer(s): stop the workers first")
-        channel.queue_declare(twin, durable=True, arguments=wanted)
+        _declare_twin(channel, twin, name, wanted)
         out = _move(channel, name, _publisher(channel, "", twin))
         _delete_empty(channel, name, twin)
     elif not twin_left:

@@ -142,6 +142,27 @@ def test_another_applications_queue_is_left_alone_named_or_not(queues, prefix):
     assert [m["payload"] for m in queues.peek(theirs)] == ["their message"]
 
 
+def test_a_twin_left_with_other_arguments_is_one_line_and_moves_nothing(queues, prefix):
+    """A ``.migrating`` twin declared with other arguments (an older version's, made by hand) is
+    refused by RabbitMQ (406): one line naming it, the exit code of a migration error, every
+    message where it was."""
+    queue, twin = prefix + "emails", prefix + "emails.migrating"
+    channel = queues.broker.channel
+    channel.queue_declare(queue, durable=True)
+    channel.queue_declare(twin, durable=True, arguments={"x-max-priority": 3})
+    for name, count in ((queue, 3), (twin, 1)):
+        for i in range(count):
+            channel.basic_publish("", name, f"{name}-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+
+    result = jobctl(prefix, "migrate-queues", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"jobctl: queue {twin!r} exists with other arguments"), line
+    assert f"no message of {queue!r} moved" in line
+    assert queues.info(queue)["arguments"] == {} and queues.depth(queue) == 3
+    assert queues.info(twin)["arguments"] == {"x-max-priority": 3} and queues.depth(twin) == 1
+
+
 @pytest.mark.parametrize("end", ["/?vhost=x", "?", "/#x", "#"])
 def test_a_management_url_with_a_query_or_fragment_is_refused_naming_the_variable(prefix, end):
     """The API's paths are added after the URL: a query string or a fragment would swallow them
