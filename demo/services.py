@@ -20,7 +20,6 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import requests
 
@@ -198,9 +197,9 @@ def count_events(log_path: Path, event: str) -> int:
     return total
 
 
-def _api(settings: Settings, kind: str) -> str:
-    """The management API's list of ``kind`` (``queues``, ``exchanges``) on the vhost."""
-    return f"{settings.management_url}/api/{kind}/{quote(settings.rabbitmq_vhost, safe='')}"
+def _api(settings: Settings, kind: str, *name: str) -> str:
+    """The management API's list of ``kind`` (``queues``, ``exchanges``) on the vhost, or one."""
+    return settings.management_api(kind, settings.rabbitmq_vhost, *name)
 
 
 def listed_names(settings: Settings, kind: str, prefix: str) -> list[str]:
@@ -213,7 +212,7 @@ def listed_names(settings: Settings, kind: str, prefix: str) -> list[str]:
 def delete_named(settings: Settings, kind: str, name: str) -> bool:
     """Delete one queue or exchange by the management API; False if it was already gone (another
     demo's sweep may delete the same leftovers at the same time)."""
-    response = requests.delete(f"{_api(settings, kind)}/{quote(name, safe='')}", timeout=10)
+    response = requests.delete(_api(settings, kind, name), timeout=10)
     if response.status_code == 404:
         return False
     response.raise_for_status()

@@ -19,12 +19,14 @@ import pika
 import requests
 
 from jobctl.dlq import dlq
+from jobctl.migrate import migrate_queues
 from jobctl.project import (
     EXIT_CONFIG,
     EXIT_DEGRADED,
     EXIT_OK,
     EXIT_UNREACHABLE,
     fail,
+    import_application,
     import_modules,
     load_system,
     require_queues,
@@ -72,31 +74,7 @@ def main() -> None:
 
 
 main.add_command(dlq)
-
-
-@main.command("migrate-queues")
-@click.option("--queue", "queues", multiple=True, help="Only this queue (repeatable); default: all of them.")
-def migrate_queues(queues: tuple[str, ...]) -> None:
-    """Recreate queues declared with other arguments (plain Dramatiq, an older configuration).
-
-    Stop the workers first. Messages move to a temporary twin and back with confirms, and
-    Dramatiq's old .XQ dead letters move into the project's .DLQ queues.
-    """
-    system = load_system()
-    from jobsystem.ops.health import own_queue
-    from jobsystem.ops.migration import MigrationError, migrate, twins_left
-
-    named = {own_queue(system.settings, queue): f"--queue {queue!r}" for queue in queues}
-    # A queue an interrupted run deleted is there as its twin, whose messages this run moves back.
-    twins = twins_left(system.settings, list(named))
-    require_queues(system.settings, {q: how for q, how in named.items() if q not in twins})
-    try:
-        report = migrate(system.broker, system.settings, list(named) or None)
-    except (MigrationError, requests.RequestException) as exc:
-        click.echo(f"jobctl: {exc}", err=True)
-        sys.exit(EXIT_DEGRADED)
-    for line in report or ["every queue already has the project's arguments"]:
-        click.echo(line)
+main.add_command(migrate_queues)
 
 
 @main.command()
@@ -123,7 +101,7 @@ def ping(timeout: float) -> None:
     server = version.decode() if isinstance(version, bytes) else str(version)
     click.echo(f"rabbitmq    ok           {redact_url(settings.rabbitmq_url)}  (RabbitMQ {server})")
     try:
-        response = requests.get(f"{settings.management_url}/api/overview", timeout=timeout)
+        response = requests.get(settings.management_api("overview"), timeout=timeout)
         response.raise_for_status()
     except requests.RequestException as exc:
         click.echo(f"management  unreachable  {redact_url(settings.management_url)}  ({type(exc).__name__})")
@@ -189,8 +167,7 @@ def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> N
     (their schedules and idempotency keys are then known). Needs DASHBOARD_ADMIN_PASSWORD.
     """
     system = load_system()
-    sys.path.insert(0, os.getcwd())  # modules are found from here, as `dramatiq` finds them
-    import_modules("jobctl", modules)
+    import_application("jobctl", modules)
     settings = system.settings
     if settings.dashboard_admin_password is None:
         # Fixed text, no data: straight to the terminal (the scrubbing stream would read

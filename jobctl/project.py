@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, NoReturn
@@ -52,6 +53,12 @@ def import_modules(program: str, modules: Iterable[str]) -> None:
             fail(exc.report(program))
         except ImportError as exc:
             fail(f"{program}: cannot import {module}: {exc}")
+
+
+def import_application(program: str, modules: Iterable[str]) -> None:
+    """:func:`import_modules` found from the current directory, as ``dramatiq`` finds them."""
+    sys.path.insert(0, os.getcwd())
+    import_modules(program, modules)
 
 
 def require_queues(

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -184,6 +184,12 @@ class Settings(BaseModel):
     @classmethod
     def _check_http_url(cls, value: str) -> str:
         check_url(value, ("http", "https"))
+        # The API's paths go after the URL's own (a reverse proxy's prefix): a query string or a
+        # fragment would swallow them. No raw '?' or '#' is in credentials (check_url: no '@' after).
+        if "?" in value or "#" in value:
+            raise ValueError(
+                "takes no query string or fragment, only scheme, credentials, host, port and path"
+            )
         return value
 
     @field_validator("smtp_url")
@@ -296,6 +302,16 @@ class Settings(BaseModel):
         # urlsplit leaves the credentials percent-encoded, as the HTTP URL needs them.
         netloc = f"{amqp.username or 'guest'}:{amqp.password or 'guest'}@{parts.netloc}"
         return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+
+    def management_api(self, *segments: str) -> str:
+        """The management API's URL of ``segments`` (``"overview"``), each percent-encoded (a
+        ``/`` in a vhost or queue name too) and put after the base URL's own path: the one place
+        these URLs are built, so none is spelt differently."""
+        return "/".join([self.management_url, "api", *(quote(segment, safe="") for segment in segments)])
+
+    def queues_api(self, *segments: str) -> str:
+        """:meth:`management_api` of this vhost's queues, or of one (``name``, ``name, "get"``)."""
+        return self.management_api("queues", self.rabbitmq_vhost, *segments)
 
     @property
     def longest_time_limit_ms(self) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from typing import Any
-from urllib.parse import quote
 
 from jobsystem.ops.management_http import ManagementTimeout, call_json
 from jobsystem.settings import Settings
@@ -30,18 +29,15 @@ _COLUMNS = (
 )
 
 
-def _vhost_api(config: Settings) -> str:
-    return f"{config.management_url}/api/queues/{quote(config.rabbitmq_vhost, safe='')}"
-
-
 def queue_stats(config: Settings, timeout: float) -> dict[str, dict[str, Any]]:
     """Every queue of the vhost with the columns health needs, in one request."""
-    return {q["name"]: q for q in call_json("GET", _vhost_api(config), timeout, params={"columns": _COLUMNS})}
+    queues = call_json("GET", config.queues_api(), timeout, params={"columns": _COLUMNS})
+    return {q["name"]: q for q in queues}
 
 
 def queue_names(config: Settings, timeout: float) -> list[str]:
     """The names of every queue of the vhost (``requests.RequestException`` when unanswered)."""
-    return [q["name"] for q in call_json("GET", _vhost_api(config), timeout, params={"columns": "name"})]
+    return [q["name"] for q in call_json("GET", config.queues_api(), timeout, params={"columns": "name"})]
 
 
 def rate(info: dict[str, Any], name: str) -> float:
@@ -77,7 +73,7 @@ def oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
     Raises Undated when its ready time cannot be read."""
     peeked = call_json(
         "POST",
-        f"{_vhost_api(config)}/{quote(queue, safe='')}/get",
+        config.queues_api(queue, "get"),
         timeout,
         json={"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto", "truncate": 65_536},
     )

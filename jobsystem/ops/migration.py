@@ -13,10 +13,9 @@ Run it with the workers stopped: it refuses a queue that has consumers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import pika
 import pika.adapters.blocking_connection
@@ -33,6 +32,7 @@ __all__ = [
     "MigrationError",
     "QueueState",
     "existing_queues",
+    "foreign_queues",
     "is_work_queue",
     "migrate",
     "work_queues",
@@ -53,12 +53,8 @@ class QueueState:
     consumers: int
 
 
-def _api(settings: Settings, path: str = "") -> str:
-    return f"{settings.management_url}/api/queues/{quote(settings.rabbitmq_vhost, safe='')}{path}"
-
-
 def existing_queues(settings: Settings) -> dict[str, QueueState]:
-    response = requests.get(_api(settings), params={"columns": "name,arguments,consumers"}, timeout=10)
+    response = requests.get(settings.queues_api(), params={"columns": "name,arguments,consumers"}, timeout=10)
     response.raise_for_status()
     return {
         q["name"]: QueueState(q["name"], q.get("arguments") or {}, int(q.get("consumers") or 0))
@@ -78,9 +74,20 @@ def is_work_queue(settings: Settings, name: str) -> bool:
     )
 
 
-def work_queues(settings: Settings, existing: dict[str, QueueState]) -> list[str]:
-    """The work queues (:func:`is_work_queue`) found on the broker."""
-    return sorted(n for n in existing if is_work_queue(settings, n))
+def work_queues(settings: Settings, existing: dict[str, QueueState], own: Collection[str]) -> list[str]:
+    """The queues a run without names migrates: the project's (``own``, its actors' queues) that
+    are work queues (:func:`is_work_queue`) and that RabbitMQ has, or whose twin an interrupted run
+    left. Never every queue with the prefix: the default, empty, ``QUEUE_PREFIX`` would take other
+    applications' queues on the vhost and recreate them with the project's arguments."""
+    left = {_twin_owner(name) for name in existing if name.endswith(TWIN_SUFFIX)}
+    return sorted(q for q in own if is_work_queue(settings, q) and (q in existing or q in left))
+
+
+def foreign_queues(broker: ProjectBroker, names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that are not queues of the project's actors (declared on ``broker``):
+    a migration recreates them with the project's arguments, so only its own may be named."""
+    own = broker.get_declared_queues()
+    return [name for name in names if name not in own]
 
 
 def _publisher(
@@ -126,6 +133,24 @@ def _delete_empty(
         ) from None
 
 
+def _declare_twin(
+    channel: pika.adapters.blocking_connection.BlockingChannel, twin: str, name: str, wanted: dict[str, Any]
+) -> None:
+    """Declare ``name``'s ``twin`` with ``wanted``. RabbitMQ refuses (406, closing the channel) a
+    twin that exists with other arguments (left by an older version, made by hand): said in one
+    line, before any message of ``name`` moved."""
+    try:
+        channel.queue_declare(twin, durable=True, arguments=wanted)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != 406:
+            raise
+        raise MigrationError(
+            f"queue {twin!r} exists with other arguments than the project's (left by an older "
+            f"version, or made by hand): no message of {name!r} moved; empty the twin into it or "
+            "delete it, then run migrate-queues again"
+        ) from None
+
+
 def twins_left(settings: Settings, queues: list[str]) -> set[str]:
     """Those of ``queues`` whose twin an interrupted run left (none when RabbitMQ does not answer:
     the command then reports it), so that ``--queue`` may name a queue the run deleted."""
@@ -139,16 +164,10 @@ def twins_left(settings: Settings, queues: list[str]) -> set[str]:
     return {queue for queue, twin in zip(queues, twins, strict=True) if twin not in missing}
 
 
-def _left_twins(settings: Settings, existing: dict[str, QueueState]) -> list[str]:
-    """The work queues whose ``.migrating`` twin an interrupted run left (the queue itself, or its
-    ``.DQ``, may be gone): their messages wait there until a run moves them back."""
-    found = set()
-    for twin in existing:
-        if twin.endswith(TWIN_SUFFIX):
-            queue = twin.removesuffix(TWIN_SUFFIX).removesuffix(".DQ")
-            if is_work_queue(settings, queue):
-                found.add(queue)
-    return sorted(found)
+def _twin_owner(twin: str) -> str:
+    """The work queue of ``twin`` (``<queue>.migrating`` or ``<queue>.DQ.migrating``), whose
+    messages wait there until a run moves them back (the queue itself may be gone)."""
+    return twin.removesuffix(TWIN_SUFFIX).removesuffix(".DQ")
 
 
 def _recreate(
@@ -165,7 +184,7 @@ def _recreate(
     if state is not None and state.arguments != wanted:
         if state.consumers:
             raise MigrationError(f"queue {name!r} has {state.consumers} consumer(s): stop the workers first")
-        channel.queue_declare(twin, durable=True, arguments=wanted)
+        _declare_twin(channel, twin, name, wanted)
         out = _move(channel, name, _publisher(channel, "", twin))
         _delete_empty(channel, name, twin)
     elif not twin_left:
@@ -179,15 +198,19 @@ def _recreate(
 
 
 def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None = None) -> list[str]:
-    """Migrate ``names`` (default: every work queue of this environment, and those an interrupted
-    run left in their twins); returns what was done. A name that is not a work queue
-    (``delay.L3``: rebuilt as one, its messages would never move on) is refused before anything
-    changes. Stopped at any point, a second run finishes the job: no message is lost."""
+    """Migrate ``names`` (default: the project's queues, :func:`work_queues`); returns what was
+    done. A name that is not a work queue (``delay.L3``: rebuilt as one, its messages would never
+    move on) or not a queue of the project's actors is refused before anything changes. Stopped
+    at any point, a second run finishes the job: no message is lost."""
     refused = [name for name in names or () if not is_work_queue(settings, name)]
     if refused:
         raise MigrationError(f"not a work queue, left as it is: {', '.join(map(repr, refused))}")
+    foreign = foreign_queues(broker, names or ())
+    if foreign:
+        names_text = ", ".join(map(repr, foreign))
+        raise MigrationError(f"not a queue of the project's actors, left as it is: {names_text}")
     existing = existing_queues(settings)
-    queues = names or sorted({*work_queues(settings, existing), *_left_twins(settings, existing)})
+    queues = names or work_queues(settings, existing, broker.get_declared_queues())
     report: list[str] = []
     parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
     connection = pika.BlockingConnection(parameters)

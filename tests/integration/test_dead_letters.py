@@ -10,23 +10,12 @@ import subprocess
 from collections import Counter
 
 import pika
-import pytest
-import requests
 from dramatiq import Message
 
 from jobsystem.system import get_system
 from tests import workload
+from tests.jobctl_run import jobctl
 from tests.support import BIN, ROOT, wait_for, wait_for_final_events
-
-
-def jobctl(prefix, *args, check=True, **settings):
-    env = {**os.environ, "QUEUE_PREFIX": prefix, "LOG_LEVEL": "WARNING", **settings}
-    result = subprocess.run(
-        [str(BIN / "jobctl"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    if check:
-        assert result.returncode == 0, result.stdout + result.stderr
-    return result
 
 
 def dead_letters(queues, actor=workload.record):
@@ -183,54 +172,6 @@ def test_purge_removes_exactly_what_the_filters_say(start_worker, queues, store,
     )
 
 
-def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(queues, prefix):
-    from dramatiq.brokers.rabbitmq import RabbitmqBroker
-
-    from jobsystem.rabbitmq.broker import QueueArgumentsMismatch
-    from tests.support import sender_broker
-
-    queue = queues.name(workload.record)
-    plain = RabbitmqBroker(url=get_system().settings.rabbitmq_url, confirm_delivery=True)
-    for i in range(20):
-        plain.enqueue(Message(queue_name=queue, actor_name="record", args=(f"m{i}",), kwargs={}, options={}))
-    old_dead = pika.BasicProperties(delivery_mode=2)
-    plain.channel.basic_publish("", f"{queue}.XQ", b'{"old": "dead letter"}', old_dead)
-    plain.close()
-
-    project = sender_broker(prefix, os.environ["STATE_URL"])
-    with pytest.raises(QueueArgumentsMismatch, match="jobctl migrate-queues"):
-        project.declare_queue(queue, ensure=True)
-
-    report = jobctl(prefix, "migrate-queues").stdout
-    assert f"{queue}: recreated" in report and f"{queue}.XQ: 1 dead letter(s) moved" in report
-    fresh = sender_broker(prefix, os.environ["STATE_URL"])
-    fresh.declare_queue(queue, ensure=True)  # no 406 any more
-    assert queues.depth(queue) == 20 and queues.depth(queue + ".DLQ") == 1
-    bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=50))
-    assert bodies == sorted(f"m{i}" for i in range(20))
-    assert "every queue already has" in jobctl(prefix, "migrate-queues").stdout
-    # The recreated delay queue receives what leaves the delay cascade for it.
-    deliver = queues.api(f"/../exchanges/%2F/{prefix}delay.deliver/bindings/source").replace(
-        "/queues/%2F/..", ""
-    )
-    bound = {b["destination"] for b in requests.get(deliver, timeout=10).json()}
-    assert queue + ".DQ" in bound
-
-
-def test_priority_queues_migrate_to_plain_ones_without_losing_a_message(queues, prefix):
-    queue = queues.name(workload.record)
-    for i in range(5):
-        queues.send(workload.record, f"p{i}")
-    assert queues.info(queue)["arguments"]["x-max-priority"] == 10
-
-    report = jobctl(prefix, "migrate-queues", RABBITMQ_MAX_PRIORITY="0").stdout
-    assert f"{queue}: recreated" in report
-    assert "x-max-priority" not in queues.info(queue)["arguments"]
-    assert "x-max-priority" not in queues.info(queue + ".DQ")["arguments"]
-    bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=10))
-    assert bodies == [f"p{i}" for i in range(5)]
-
-
 def test_a_queue_named_on_the_command_line_is_never_another_environments(queues, prefix):
     """Two environments on one vhost: ``--queue`` names one of this QUEUE_PREFIX's queues, so an
     operator of the other cannot purge this one's dead letters nor migrate its queue."""
@@ -266,36 +207,6 @@ def test_ids_that_match_no_dead_letter_are_named_and_fail(queues, prefix):
     purged = jobctl(prefix, "dlq", "purge", "no-such-id", "--yes", check=False)
     for result in (retried, purged):
         assert result.returncode == 1 and "no dead letter no-such-id" in result.stderr
-
-
-def test_a_message_routed_to_a_queue_while_it_is_migrated_is_not_lost(queues, prefix, monkeypatch):
-    """Draining a queue then deleting it would destroy a message published in between: the delete
-    is refused while the queue is not empty, and the next run finishes the move."""
-    from jobsystem.ops import migration
-    from jobsystem.settings import load_settings
-    from jobsystem.system import build_system
-
-    queue = queues.name(workload.record)
-    for i in range(3):
-        queues.send(workload.record, f"m{i}")
-    system = build_system(load_settings({**os.environ, "QUEUE_PREFIX": prefix, "RABBITMQ_MAX_PRIORITY": "0"}))
-    move = migration._move
-
-    def move_then_a_producer(channel, source, publish):  # type: ignore[no-untyped-def]
-        moved = move(channel, source, publish)
-        if source == queue:
-            queues.send(workload.record, "late")
-        return moved
-
-    monkeypatch.setattr(migration, "_move", move_then_a_producer)
-    with pytest.raises(migration.MigrationError, match="nothing was lost"):
-        migration.migrate(system.broker, system.settings, [queue])
-    monkeypatch.undo()
-    migration.migrate(system.broker, system.settings, [queue])
-    assert "x-max-priority" not in queues.info(queue)["arguments"]
-    bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=10))
-    assert bodies == ["late", "m0", "m1", "m2"]
-    system.broker.close()
 
 
 def test_a_dead_letter_queue_deleted_under_a_running_worker_is_declared_again(start_worker, queues, prefix):
@@ -343,23 +254,3 @@ def test_a_dead_letter_that_cannot_be_published_is_held_then_published_without_r
     assert letter["properties"]["message_id"] == message.message_id
     assert letter["properties"]["headers"]["x-dl-reason"] == "non_retryable"
     assert queues.left_after_stop([worker], queue) == 0
-
-
-def test_a_migration_stopped_after_deleting_the_queue_is_finished_by_the_next_run(queues, prefix):
-    """Stopped once the queue was drained into its twin and deleted (Ctrl-C, a lost connection):
-    the next run, with or without --queue, moves the messages back instead of stranding them."""
-    queue = queues.name(workload.record)
-    for i in range(3):
-        queues.send(workload.record, f"m{i}")
-    channel = queues.broker.channel
-    channel.queue_declare(f"{queue}.migrating", durable=True, arguments={"x-max-priority": 10})
-    for _ in range(3):  # what the interrupted run did: drained, then deleted the queue
-        method, properties, body = channel.basic_get(queue)
-        channel.basic_publish("", f"{queue}.migrating", body, properties)
-        channel.basic_ack(method.delivery_tag)
-    channel.queue_delete(queue)
-
-    report = jobctl(prefix, "migrate-queues", "--queue", queue.removeprefix(prefix)).stdout
-    assert "left by an interrupted run" in report
-    bodies = sorted(json.loads(m["payload"])["args"][0] for m in queues.peek(queue, count=10))
-    assert bodies == ["m0", "m1", "m2"] and queues.declared(f"{queue}.migrating") is None

@@ -102,6 +102,10 @@ class Broker:
     def __init__(self, rabbit: Rabbit) -> None:
         self.rabbit = rabbit
 
+    def get_declared_queues(self) -> set[str]:
+        """The project's actors use one queue."""
+        return {QUEUE}
+
     def queue_arguments(self, queue: str) -> dict[str, Any]:
         return dict(NEW)
 
@@ -115,13 +119,15 @@ class Broker:
         """Bindings only: no message moves."""
 
 
-def _run(rabbit: Rabbit, monkeypatch: pytest.MonkeyPatch, names: list[str] | None) -> None:
+def _run(
+    rabbit: Rabbit, monkeypatch: pytest.MonkeyPatch, names: list[str] | None, prefix: str = PREFIX
+) -> None:
     channel = Channel(rabbit)
     connection = type("Connection", (), {"channel": lambda self: channel, "close": lambda self: None})()
     monkeypatch.setattr(migration.pika, "BlockingConnection", lambda parameters: connection)
     monkeypatch.setattr(migration, "existing_queues", lambda settings: rabbit.existing())
     try:
-        migration.migrate(Broker(rabbit), load_settings({"QUEUE_PREFIX": PREFIX}), names)  # type: ignore[arg-type]
+        migration.migrate(Broker(rabbit), load_settings({"QUEUE_PREFIX": prefix}), names)  # type: ignore[arg-type]
     finally:
         channel.requeue_unacked()
 
@@ -169,3 +175,22 @@ def test_a_queue_whose_twin_still_holds_its_messages_is_migrated_even_if_a_worke
     _run(rabbit, monkeypatch, None)
     assert rabbit.messages() == [b"m0"] and list(rabbit.queues[QUEUE][1]) == [b"m0"]
     assert f"{QUEUE}.migrating" not in rabbit.queues
+
+
+def test_with_the_default_empty_prefix_another_applications_queues_are_left_alone(monkeypatch):
+    """An empty ``QUEUE_PREFIX`` matches every queue of the vhost: only the queues of the
+    project's actors are migrated, not another application's (nor what looks like its twin), and
+    naming one is refused before anything changes."""
+    rabbit = _plain_dramatiq_queues()
+    theirs: dict[str, Any] = {"x-message-ttl": 60_000}
+    rabbit.queues["other_app_queue"] = (dict(theirs), deque([b"o0"]))
+    rabbit.queues["other_app_queue.migrating"] = (dict(theirs), deque([b"o1"]))
+    _run(rabbit, monkeypatch, None, prefix="")
+    assert rabbit.queues[QUEUE][0] == NEW and list(rabbit.queues[QUEUE][1]) == [b"m0", b"m1", b"m2"]
+    assert rabbit.queues["other_app_queue"] == (theirs, deque([b"o0"]))
+    assert rabbit.queues["other_app_queue.migrating"] == (theirs, deque([b"o1"]))
+    with pytest.raises(
+        migration.MigrationError, match=r"not a queue of the project's actors.*'other_app_queue'"
+    ):
+        _run(rabbit, monkeypatch, ["other_app_queue"], prefix="")
+    assert rabbit.queues["other_app_queue"] == (theirs, deque([b"o0"]))

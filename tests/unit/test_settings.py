@@ -24,6 +24,16 @@ def test_management_credentials_come_from_the_amqp_url_unless_given():
     assert own.management_url == "https://ops:pw@mq:15671"
 
 
+def test_management_api_urls_keep_the_base_path_and_encode_each_segment():
+    """Behind a reverse proxy the API lives under a path (RabbitMQ's ``path_prefix``): kept, with
+    or without a trailing slash; a ``/`` in a vhost or queue name is encoded, not a path step."""
+    for base in ("http://mq:15672/rabbitmq", "http://mq:15672/rabbitmq/"):
+        settings = load_settings({"RABBITMQ_MANAGEMENT_URL": base, "RABBITMQ_URL": "amqp://u:p@mq/a%2Fb"})
+        assert settings.management_api("overview") == "http://u:p@mq:15672/rabbitmq/api/overview"
+        assert settings.queues_api("q/1", "get") == "http://u:p@mq:15672/rabbitmq/api/queues/a%2Fb/q%2F1/get"
+    assert load_settings({}).queues_api() == "http://guest:guest@127.0.0.1:15672/api/queues/%2F"
+
+
 @pytest.mark.parametrize(
     ("environ", "variable"),
     [
@@ -55,6 +65,10 @@ def test_management_credentials_come_from_the_amqp_url_unless_given():
         ({"STATE_URL": "redis://u:12?hunter2@h/0"}, "STATE_URL"),
         ({"RABBITMQ_URL": "amqp://u:p@h/%2F?hunter2=1"}, "RABBITMQ_URL"),
         ({"QUEUE_PREFIX": "a b"}, "QUEUE_PREFIX"),
+        # The API's paths go after the URL: a query string or fragment would swallow them.
+        ({"RABBITMQ_MANAGEMENT_URL": "http://mq:15672/?hunter2=1"}, "RABBITMQ_MANAGEMENT_URL"),
+        ({"RABBITMQ_MANAGEMENT_URL": "http://mq:15672#hunter2"}, "RABBITMQ_MANAGEMENT_URL"),
+        ({"RABBITMQ_MANAGEMENT_URL": "http://mq:15672/hunter2?"}, "RABBITMQ_MANAGEMENT_URL"),
         ({"PII_HASH_KEY": "hunter2"}, "PII_HASH_KEY"),
         ({"PII_EXTRA_KEYS": "loyalty_id, hunter2 pw"}, "PII_EXTRA_KEYS"),
     ],

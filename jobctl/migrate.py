@@ -1,0 +1,44 @@
+"""``jobctl migrate-queues``: recreate the project's queues declared with other arguments."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import requests
+
+from jobctl.project import EXIT_DEGRADED, fail, import_application, load_system, require_queues
+
+
+@click.command("migrate-queues")
+@click.argument("modules", nargs=-1)
+@click.option("--queue", "queues", multiple=True, help="Only this queue (repeatable); default: all of them.")
+def migrate_queues(modules: tuple[str, ...], queues: tuple[str, ...]) -> None:
+    """Recreate the project's queues declared with other arguments (plain Dramatiq, an older
+    configuration).
+
+    MODULES: the application's modules that declare more actors, as for `jobctl worker`: only the
+    queues of the actors declared (theirs and the project's) are migrated, never another
+    application's queue on the vhost. Stop the workers first. Messages move to a temporary twin
+    and back with confirms, and Dramatiq's old .XQ dead letters move into the project's .DLQ queues.
+    """
+    system = load_system()
+    import_application("jobctl", modules)
+    from jobsystem.ops.health import own_queue
+    from jobsystem.ops.migration import MigrationError, foreign_queues, migrate, twins_left
+
+    named = {own_queue(system.settings, queue): f"--queue {queue!r}" for queue in queues}
+    # A queue an interrupted run deleted is there as its twin, whose messages this run moves back.
+    twins = twins_left(system.settings, list(named))
+    require_queues(system.settings, {q: how for q, how in named.items() if q not in twins})
+    # Recreated with the project's arguments, another application's queue would break it.
+    foreign = foreign_queues(system.broker, named)
+    if foreign:
+        fail("\n".join(f"jobctl: {named[q]}: {q!r} is not a queue of the project's actors" for q in foreign))
+    try:
+        report = migrate(system.broker, system.settings, list(named) or None)
+    except (MigrationError, requests.RequestException) as exc:
+        click.echo(f"jobctl: {exc}", err=True)
+        sys.exit(EXIT_DEGRADED)
+    for line in report or ["every queue already has the project's arguments"]:
+        click.echo(line)
