@@ -46,13 +46,15 @@ from jobsystem.privacy.scrub_keys import (
 )
 from jobsystem.privacy.scrub_numbers import DEFAULT_PHONE_REGIONS, NumberFinder
 
-__all__ = ["PLAIN_TYPES", "Scrubber", "exception_text"]
+__all__ = ["PLAIN_TYPES", "SHORT_INT", "Scrubber", "exception_text"]
 
 _SCALARS = (int, float, bool, type(None), dt.date, dt.time, dt.timedelta, uuid.UUID, decimal.Decimal)
 _UNCHANGED = (*_SCALARS, enum.Enum)
 #: Types of values (not subclasses: their repr could say anything) passed through as they are
-#: under a key that names nothing (see :meth:`Scrubber.key`).
+#: under a key that names nothing (see :meth:`Scrubber.key`); an ``int`` after :meth:`Scrubber.number`.
 PLAIN_TYPES = frozenset({int, float, bool, type(None)})
+#: Integers closer to zero have under seven digits: no card, phone or national number is that short.
+SHORT_INT = 1_000_000
 #: Five digits close together: the least any number worth a look has.
 _DIGITS = re.compile(r"\d(?:\D{0,3}\d){4}")
 # Whole strings that cannot hold personal data: ISO dates and timestamps, UUIDs, short numbers.
@@ -222,9 +224,19 @@ class Scrubber:
         except Exception:  # never let scrubbing break the caller
             return "[unscrubbable]"
 
+    def number(self, value: int) -> int | str:
+        """An ``int`` judged as the string of its digits (a card number stored as one), else itself."""
+        if -SHORT_INT < value < SHORT_INT:
+            return value
+        digits = str(value)
+        scrubbed = self._text(digits)
+        return value if scrubbed == digits else scrubbed
+
     def _value(self, value: Any, depth: int, seen: set[int]) -> Any:
         if isinstance(value, str):
             return self._text(value)
+        if type(value) is int:
+            return self.number(value)
         if isinstance(value, _UNCHANGED):
             return value
         if isinstance(value, (bytes, bytearray, memoryview)):
@@ -253,7 +265,8 @@ class Scrubber:
                 elif type(item) is str:  # the common cases, without _value's type tests
                     out[shown] = self._text(item)
                 elif type(item) in PLAIN_TYPES:
-                    out[shown] = item
+                    short = type(item) is not int or -SHORT_INT < item < SHORT_INT  # not worth a call
+                    out[shown] = item if short else self.number(item)
                 else:
                     out[shown] = self._value(item, depth, seen)
             return out

@@ -1,0 +1,62 @@
+"""Personal data that used to pass the scrubber: numbers given as ints, keys that are no strings,
+unquoted names of several words, Indian mobiles without their trunk 0, JSON text inside a JSON string."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from jobsystem.privacy.scrub import Scrubber
+from jobsystem.privacy.scrub_memo import ScrubMemo
+from tests.pii_corpus import NATIONAL_IDS
+
+scrub = Scrubber()
+hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
+
+#: Numbers people store as integers (cards, national ids written bare), each removed as a string.
+PERSONAL_INTS = [4111111111111111, 5555555555554444, 378282246310005] + [
+    int(value) for _, value in NATIONAL_IDS if value.isdigit() and value[0] != "0"
+]
+#: Integers of a job system: counts, ids, epoch seconds and milliseconds, amounts in cents.
+ORDINARY_INTS = [
+    0,
+    1,
+    3,
+    42,
+    65535,
+    999_999,
+    1_000_000,
+    1764432000,
+    1764432000123,
+    73905561427,
+    123456789,
+    -42,
+]
+
+
+@pytest.mark.parametrize("number", PERSONAL_INTS)
+def test_an_int_a_string_of_the_same_digits_would_lose_is_replaced_under_any_key(number):
+    written = scrub.text(str(number))
+    assert written != str(number) and written.startswith("[")  # the string rules catch it
+    assert scrub({"value": number}) == {"value": written}
+    assert scrub([number, (number,)]) == [written, (written,)]
+    assert scrub.mapping({"event": "paid", "n": number}) == {"event": "paid", "n": written}
+    assert ScrubMemo(scrub).mapping({"event": "paid", "n": number}) == {"event": "paid", "n": written}
+    assert hashing({"n": number}) == {"n": hashing.text(str(number))}  # one person, one hash
+    record = logging.makeLogRecord({"msg": "paid"})
+    record.n = number
+    scrub.filter(record)
+    assert record.n == written
+
+
+@pytest.mark.parametrize("number", ORDINARY_INTS)
+def test_ordinary_ints_stay_ints(number):
+    for out in (scrub({"n": number}), ScrubMemo(scrub).mapping({"n": number})):
+        assert out == {"n": number} and type(out["n"]) is int
+    assert scrub([number]) == [number]
+
+
+def test_bools_and_floats_are_not_judged_as_digits():
+    event = {"ok": True, "amount": 4111111111111111.0, "flag": False}
+    assert scrub(event) == event and ScrubMemo(scrub).mapping(event) == event
