@@ -259,7 +259,7 @@ class Scrubber:
         if isinstance(value, dict):
             out: dict[Any, Any] = {}
             for key, item in value.items():
-                label, shown = self.key(key) if isinstance(key, str) else (None, key)
+                label, shown = self.key(key) if isinstance(key, str) else self._other_key(key, depth, seen)
                 if label is not None:
                     out[key] = self._replace_keyed(label, item)
                 elif type(item) is str:  # the common cases, without _value's type tests
@@ -275,6 +275,15 @@ class Scrubber:
         items = [self._value(item, depth, seen) for item in value]
         return tuple(items) if isinstance(value, tuple) else items
 
+    def _other_key(self, key: Any, depth: int, seen: set[int]) -> tuple[None, Any]:
+        """No label, and a key that is no string judged as a value; a tuple as text, as JSON keys are."""
+        if type(key) is int:
+            return None, self.number(key)
+        if isinstance(key, _UNCHANGED):  # as the renderer writes them (an ISO date, a UUID)
+            return None, key
+        scrubbed = self._value(key, depth, seen)
+        return None, scrubbed if type(scrubbed) is str else _safe_repr(scrubbed)
+
     def _named_tuple(self, value: Any, depth: int, seen: set[int]) -> tuple[Any, ...]:
         """A named tuple judged by its field names, as a mapping would be by its keys (item by
         item, ``Customer(full_name=...)`` would lose them), given back as the plain tuple it was
@@ -287,7 +296,9 @@ class Scrubber:
         name as scrubbed. Memoised: key names come from code."""
         known = self._keys_seen.get(key)
         if known is None:
-            known = (self.label_for_key(key), self._text(key))
+            # Our replacements name nothing: ``{"[card]": 2}`` (was ``{4111111111111111: 2}``) keeps its 2.
+            named = shapes.REPLACEMENT.sub(" ", key) if "[" in key or ":" in key else key
+            known = (self.label_for_key(named), self._text(key))
             if len(self._keys_seen) < 8192:
                 self._keys_seen[key] = known
         return known

@@ -3,13 +3,15 @@ unquoted names of several words, Indian mobiles without their trunk 0, JSON text
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 
+from jobsystem.observability.direct_lines import dumps
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_memo import ScrubMemo
-from tests.pii_corpus import NATIONAL_IDS
+from tests.pii_corpus import NATIONAL_IDS, leaks
 
 scrub = Scrubber()
 hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
@@ -60,3 +62,21 @@ def test_ordinary_ints_stay_ints(number):
 def test_bools_and_floats_are_not_judged_as_digits():
     event = {"ok": True, "amount": 4111111111111111.0, "flag": False}
     assert scrub(event) == event and ScrubMemo(scrub).mapping(event) == event
+
+
+def test_a_key_that_is_no_string_is_judged_as_a_value_and_rendered_as_json():
+    event = {
+        4111111111111111: "x",
+        ("jose@example.com",): 1,
+        frozenset({"ana.lopez@example.com"}): 2,
+        7: "seven",
+        None: 2.5,
+    }
+    out = scrub.mapping(event)
+    assert out == {"[card]": "x", "('[email]',)": 1, "['[email]']": 2, 7: "seven", None: 2.5}
+    rendered = dumps(out)
+    assert leaks(rendered) == [] and "jose" not in rendered and json.loads(rendered)["[card]"] == "x"
+    assert scrub(out) == out  # scrubbing its own output changes nothing: ``[card]`` names no key
+    assert ScrubMemo(scrub).mapping(event) == out
+    hashed = hashing({4111111111111111: "x"})
+    assert hashed == {hashing.text("4111 1111 1111 1111"): "x"} and hashing(hashed) == hashed
