@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from itertools import pairwise
 from urllib.parse import unquote
 
+from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
+
 __all__ = [
     "REPLACEMENT",
     "SHAPED_LABELS",
@@ -319,10 +321,13 @@ def key_values(text: str, label_for_key: Callable[[str], str | None], replace: R
         if label is None or value is None:
             continue
         own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
-        replaced = _pair_value(label, text[start:end], value["val"], own_hash, replace)
+        begin, stop = value.span("val")
+        if label in NAME_LABELS and text[begin] not in "\"'\\":
+            stop = name_end(text, stop)
+        replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
         if replaced is not None:
-            parts += (text[done : value.start("val")], replaced)
-            done = value.end("val")
+            parts += (text[done:begin], replaced)
+            done = stop
     if not parts:
         return text
     parts.append(text[done:])

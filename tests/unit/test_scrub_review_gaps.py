@@ -80,3 +80,40 @@ def test_a_key_that_is_no_string_is_judged_as_a_value_and_rendered_as_json():
     assert ScrubMemo(scrub).mapping(event) == out
     hashed = hashing({4111111111111111: "x"})
     assert hashed == {hashing.text("4111 1111 1111 1111"): "x"} and hashing(hashed) == hashed
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name=José Pérez", "name=[name]"),
+        ("name=José Pérez, status=ok", "name=[name], status=ok"),
+        ("name=José status=ok", "name=[name] status=ok"),
+        ("name=José Pérez status=ok", "name=[name] status=ok"),
+        ("name=José Pérez Status=active", "name=[name] Status=active"),
+        ("full_name: Ana Lucia Lopez paid", "full_name: [name] paid"),
+        ("customer_name=María de la Cruz; tier=gold", "customer_name=[name]; tier=gold"),
+        ("recipient=Jean-Luc O'Brien. Next", "recipient=[recipient]. Next"),
+        ("name=J. R. Smith ok", "name=[name] ok"),
+        ("name=José\nPérez Reports", "name=[name]\nPérez Reports"),  # the line ends the value
+        ("name=ana status=ok", "name=[name] status=ok"),
+    ],
+)
+def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, expected):
+    assert scrub.text(text) == expected
+    assert scrub.text(expected) == expected
+
+
+def test_an_unquoted_name_hashes_as_the_same_name_under_a_key():
+    assert hashing.text("name=José Pérez ok") == f"name={hashing({'name': 'José Pérez'})['name']} ok"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "actor_name=send_email Retrying in 200 ms",  # no label: not a person's name
+        "queue_name=emails Default",
+        "template=Welcome Back Email",
+    ],
+)
+def test_text_after_a_key_that_names_no_person_stays(text):
+    assert scrub.text(text) == text
