@@ -117,3 +117,32 @@ def test_an_unquoted_name_hashes_as_the_same_name_under_a_key():
 )
 def test_text_after_a_key_that_names_no_person_stays(text):
     assert scrub.text(text) == text
+
+
+@pytest.mark.parametrize(
+    ("written", "international"),
+    [
+        ("70123 45678", "+91 70123 45678"),
+        ("91234-56789", "+91 91234 56789"),
+        ("81234 56789", "+91 8123456789"),
+    ],
+)
+def test_an_indian_mobile_written_without_its_trunk_zero_is_replaced(written, international):
+    assert scrub.text(f"call {written} today") == "call [phone] today"
+    assert scrub.text(f"call {international} today") == "call [phone] today"
+    assert hashing.text(written) == hashing.text(international)  # one person, one hash
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ports 15672 15673",  # starts as no Indian mobile does
+        "ids 12345 67890",
+        "order 7012345678 placed",  # a bare run of digits: an order number as often as a phone
+        "EUR 98 765 432,10",
+        "took 98765 ms of 43210",
+        "counts 70001 70002 70003",  # a list of numbers, two of which would make a mobile
+    ],
+)
+def test_two_groups_of_five_digits_that_are_no_indian_mobile_stay(text):
+    assert scrub.text(text) == text
