@@ -146,3 +146,27 @@ def test_an_indian_mobile_written_without_its_trunk_zero_is_replaced(written, in
 )
 def test_two_groups_of_five_digits_that_are_no_indian_mobile_stay(text):
     assert scrub.text(text) == text
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"name": "José Pérez", "n": 1},
+        {"full_name": 'José "Pepe" Pérez', "email": "ana.lopez@example.com"},
+        {"customer": {"name": "Zoë Gómez"}, "note": "ok"},
+    ],
+)
+def test_json_text_inside_a_json_string_loses_the_whole_value(record):
+    twice = json.dumps(json.dumps(record))
+    out = scrub.text(twice)
+    for word in ("Pérez", "P\\\\u00e9rez", "Pepe", "ana.lopez", "G\\\\u00f3mez", "Zo"):
+        assert word not in out, out
+    assert json.loads(json.loads(out)) == scrub(record)  # the same as the record scrubbed
+    assert scrub.text(out) == out
+
+
+def test_json_text_inside_a_json_string_hashes_as_the_value_alone():
+    hashed = hashing({"name": "José Pérez"})["name"]
+    assert hashing.text(json.dumps(json.dumps({"name": "José Pérez"}))) == json.dumps(
+        json.dumps({"name": hashed})
+    )
