@@ -132,8 +132,8 @@ class Scrubber:
         # is looked for in (see _scan_line): a password typed on a Mac may come decomposed.
         normal = {_nfc(s) for s in secrets if len(s) >= 6}
         self._secrets = tuple(sorted(normal, key=len, reverse=True))
-        # Key name -> (its label, the key as scrubbed): log events repeat the same few keys.
-        self._keys_seen: dict[str, tuple[str | None, str]] = {}
+        # Key name -> (label, key as scrubbed), filled by key(); read directly by loops over events' keys.
+        self.keys_seen: dict[str, tuple[str | None, str]] = {}
         self.max_length = max_length
         self.max_depth = max_depth
         self._cached_scan: Callable[[str], str] = lru_cache(maxsize=4096)(self._scan)
@@ -228,8 +228,7 @@ class Scrubber:
         """An ``int`` judged as the string of its digits (a card number stored as one), else itself."""
         if -SHORT_INT < value < SHORT_INT:
             return value
-        digits = str(value)
-        scrubbed = self._text(digits)
+        scrubbed = self._text(digits := str(value))
         return value if scrubbed == digits else scrubbed
 
     def _value(self, value: Any, depth: int, seen: set[int]) -> Any:
@@ -258,8 +257,9 @@ class Scrubber:
     def _container(self, value: Any, depth: int, seen: set[int]) -> Any:
         if isinstance(value, dict):
             out: dict[Any, Any] = {}
+            keys_seen = self.keys_seen
             for key, item in value.items():
-                label, shown = self.key(key) if isinstance(key, str) else self._other_key(key, depth, seen)
+                label, shown = keys_seen.get(key) or self._any_key(key, depth, seen)
                 if label is not None:
                     out[key] = self._replace_keyed(label, item)
                 elif type(item) is str:  # the common cases, without _value's type tests
@@ -275,13 +275,13 @@ class Scrubber:
         items = [self._value(item, depth, seen) for item in value]
         return tuple(items) if isinstance(value, tuple) else items
 
-    def _other_key(self, key: Any, depth: int, seen: set[int]) -> tuple[None, Any]:
-        """No label, and a key that is no string judged as a value; a tuple as text, as JSON keys are."""
-        if type(key) is int:
-            return None, self.number(key)
+    def _any_key(self, key: Any, depth: int, seen: set[int]) -> tuple[str | None, Any]:
+        """:meth:`key` of a string; any other key judged as a value, as text unless a number or date."""
+        if isinstance(key, str):
+            return self.key(key)
         if isinstance(key, _UNCHANGED):  # as the renderer writes them (an ISO date, a UUID)
-            return None, key
-        scrubbed = self._value(key, depth, seen)
+            return None, self.number(key) if type(key) is int else key
+        scrubbed = self._value(key, depth, seen)  # JSON keys are text: the renderer refuses a tuple
         return None, scrubbed if type(scrubbed) is str else _safe_repr(scrubbed)
 
     def _named_tuple(self, value: Any, depth: int, seen: set[int]) -> tuple[Any, ...]:
@@ -294,13 +294,13 @@ class Scrubber:
     def key(self, key: str) -> tuple[str | None, str]:
         """The label of a key name (``None``: its values are judged by their content only) and the
         name as scrubbed. Memoised: key names come from code."""
-        known = self._keys_seen.get(key)
+        known = self.keys_seen.get(key)
         if known is None:
             # Our replacements name nothing: ``{"[card]": 2}`` (was ``{4111111111111111: 2}``) keeps its 2.
             named = shapes.REPLACEMENT.sub(" ", key) if "[" in key or ":" in key else key
             known = (self.label_for_key(named), self._text(key))
-            if len(self._keys_seen) < 8192:
-                self._keys_seen[key] = known
+            if len(self.keys_seen) < 8192:
+                self.keys_seen[key] = known
         return known
 
     def item(self, key: Any, value: Any) -> tuple[Any, Any]:

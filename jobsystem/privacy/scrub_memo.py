@@ -65,7 +65,7 @@ class ScrubMemo:
         """
         scrubber = self.scrubber
         kept = self._kept()
-        short = SHORT_INT  # a local: ints are judged on every line (attempt)
+        short, keys_seen = SHORT_INT, scrubber.keys_seen  # locals: read for every entry
         out: dict[Any, Any] = {}
         for key, value in event.items():
             kind = type(value)
@@ -80,7 +80,7 @@ class ScrubMemo:
                         kept.clear()
                     kept[key] = (value, shown, scrubbed)
             elif (kind in PLAIN_TYPES or key in made_here) and type(key) is str:
-                label, shown = scrubber.key(key)
+                label, shown = keys_seen.get(key) or scrubber.key(key)
                 scrubbed = value
                 if label is not None:  # a key that names personal data: its value is replaced
                     shown, scrubbed = scrubber.item(key, value)
