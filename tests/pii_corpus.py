@@ -134,6 +134,7 @@ BY_PATTERN: list[tuple[str, str]] = [
     ("phone", "07700 900123"),
     ("phone", "06 12 34 56 78"),
     ("phone", "030-12345678"),
+    ("phone", "70123 45678"),  # an Indian mobile, as India writes it: no trunk 0
     ("card", "4111 1111 1111 1111"),
     ("card", "4012-8888-8888-1881"),
     ("card", "5555555555554444"),
@@ -256,6 +257,11 @@ ORDINARY: list[str] = [
     "mail_server=smtp.example.com",
     "ip_whitelist=10.0.0.0/8",
     "pass_rate: 0.97",
+    "ports 15672 15673",
+    "took 98765 ms of 43210",
+    "counts 70001 70002 70003",
+    "actor_name=send_email Retrying in 200 ms",
+    "template=Welcome Back Email",
 ]
 
 

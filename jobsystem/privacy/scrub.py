@@ -46,13 +46,15 @@ from jobsystem.privacy.scrub_keys import (
 )
 from jobsystem.privacy.scrub_numbers import DEFAULT_PHONE_REGIONS, NumberFinder
 
-__all__ = ["PLAIN_TYPES", "Scrubber", "exception_text"]
+__all__ = ["PLAIN_TYPES", "SHORT_INT", "Scrubber", "exception_text"]
 
 _SCALARS = (int, float, bool, type(None), dt.date, dt.time, dt.timedelta, uuid.UUID, decimal.Decimal)
 _UNCHANGED = (*_SCALARS, enum.Enum)
 #: Types of values (not subclasses: their repr could say anything) passed through as they are
-#: under a key that names nothing (see :meth:`Scrubber.key`).
+#: under a key that names nothing (see :meth:`Scrubber.key`); an ``int`` after :meth:`Scrubber.number`.
 PLAIN_TYPES = frozenset({int, float, bool, type(None)})
+#: Integers closer to zero have under seven digits: no card, phone or national number is that short.
+SHORT_INT = 1_000_000
 #: Five digits close together: the least any number worth a look has.
 _DIGITS = re.compile(r"\d(?:\D{0,3}\d){4}")
 # Whole strings that cannot hold personal data: ISO dates and timestamps, UUIDs, short numbers.
@@ -130,8 +132,8 @@ class Scrubber:
         # is looked for in (see _scan_line): a password typed on a Mac may come decomposed.
         normal = {_nfc(s) for s in secrets if len(s) >= 6}
         self._secrets = tuple(sorted(normal, key=len, reverse=True))
-        # Key name -> (its label, the key as scrubbed): log events repeat the same few keys.
-        self._keys_seen: dict[str, tuple[str | None, str]] = {}
+        # Key name -> (label, key as scrubbed), filled by key(); read directly by loops over events' keys.
+        self.keys_seen: dict[str, tuple[str | None, str]] = {}
         self.max_length = max_length
         self.max_depth = max_depth
         self._cached_scan: Callable[[str], str] = lru_cache(maxsize=4096)(self._scan)
@@ -222,9 +224,18 @@ class Scrubber:
         except Exception:  # never let scrubbing break the caller
             return "[unscrubbable]"
 
+    def number(self, value: int) -> int | str:
+        """An ``int`` judged as the string of its digits (a card number stored as one), else itself."""
+        if -SHORT_INT < value < SHORT_INT:
+            return value
+        scrubbed = self._text(digits := str(value))
+        return value if scrubbed == digits else scrubbed
+
     def _value(self, value: Any, depth: int, seen: set[int]) -> Any:
         if isinstance(value, str):
             return self._text(value)
+        if type(value) is int:
+            return self.number(value)
         if isinstance(value, _UNCHANGED):
             return value
         if isinstance(value, (bytes, bytearray, memoryview)):
@@ -246,14 +257,16 @@ class Scrubber:
     def _container(self, value: Any, depth: int, seen: set[int]) -> Any:
         if isinstance(value, dict):
             out: dict[Any, Any] = {}
+            keys_seen = self.keys_seen
             for key, item in value.items():
-                label, shown = self.key(key) if isinstance(key, str) else (None, key)
+                label, shown = keys_seen.get(key) or self._any_key(key, depth, seen)
                 if label is not None:
                     out[key] = self._replace_keyed(label, item)
                 elif type(item) is str:  # the common cases, without _value's type tests
                     out[shown] = self._text(item)
                 elif type(item) in PLAIN_TYPES:
-                    out[shown] = item
+                    short = type(item) is not int or -SHORT_INT < item < SHORT_INT  # not worth a call
+                    out[shown] = item if short else self.number(item)
                 else:
                     out[shown] = self._value(item, depth, seen)
             return out
@@ -261,6 +274,15 @@ class Scrubber:
             return self._named_tuple(value, depth, seen)
         items = [self._value(item, depth, seen) for item in value]
         return tuple(items) if isinstance(value, tuple) else items
+
+    def _any_key(self, key: Any, depth: int, seen: set[int]) -> tuple[str | None, Any]:
+        """:meth:`key` of a string; any other key judged as a value, as text unless a number or date."""
+        if isinstance(key, str):
+            return self.key(key)
+        if isinstance(key, _UNCHANGED):  # as the renderer writes them (an ISO date, a UUID)
+            return None, self.number(key) if type(key) is int else key
+        scrubbed = self._value(key, depth, seen)  # JSON keys are text: the renderer refuses a tuple
+        return None, scrubbed if type(scrubbed) is str else _safe_repr(scrubbed)
 
     def _named_tuple(self, value: Any, depth: int, seen: set[int]) -> tuple[Any, ...]:
         """A named tuple judged by its field names, as a mapping would be by its keys (item by
@@ -272,11 +294,13 @@ class Scrubber:
     def key(self, key: str) -> tuple[str | None, str]:
         """The label of a key name (``None``: its values are judged by their content only) and the
         name as scrubbed. Memoised: key names come from code."""
-        known = self._keys_seen.get(key)
+        known = self.keys_seen.get(key)
         if known is None:
-            known = (self.label_for_key(key), self._text(key))
-            if len(self._keys_seen) < 8192:
-                self._keys_seen[key] = known
+            # Our replacements name nothing: ``{"[card]": 2}`` (was ``{4111111111111111: 2}``) keeps its 2.
+            named = shapes.REPLACEMENT.sub(" ", key) if "[" in key or ":" in key else key
+            known = (self.label_for_key(named), self._text(key))
+            if len(self.keys_seen) < 8192:
+                self.keys_seen[key] = known
         return known
 
     def item(self, key: Any, value: Any) -> tuple[Any, Any]:

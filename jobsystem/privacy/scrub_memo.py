@@ -16,7 +16,8 @@ Why nothing escapes the scrubber:
   labels, secrets and hash key are fixed when it is made);
 - a number, boolean or ``None`` (exactly those types, ``PLAIN_TYPES``) under a key that names
   nothing (:meth:`~jobsystem.privacy.scrub.Scrubber.key` gives no label) is passed as it is, as the
-  scrubber itself passes it;
+  scrubber itself passes it, an ``int`` once :meth:`~jobsystem.privacy.scrub.Scrubber.number` has
+  judged its digits;
 - a value under a key in ``made_here`` is one the caller produced itself from no input (a
   timestamp it formatted from the clock): passed as it is, under a key that names nothing;
 - everything else (containers, other objects, strings not seen before) goes to the scrubber, every
@@ -31,7 +32,7 @@ import threading
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from jobsystem.privacy.scrub import PLAIN_TYPES, Scrubber
+from jobsystem.privacy.scrub import PLAIN_TYPES, SHORT_INT, Scrubber
 
 __all__ = ["ScrubMemo"]
 
@@ -64,6 +65,7 @@ class ScrubMemo:
         """
         scrubber = self.scrubber
         kept = self._kept()
+        short, keys_seen = SHORT_INT, scrubber.keys_seen  # locals: read for every entry
         out: dict[Any, Any] = {}
         for key, value in event.items():
             kind = type(value)
@@ -78,10 +80,12 @@ class ScrubMemo:
                         kept.clear()
                     kept[key] = (value, shown, scrubbed)
             elif (kind in PLAIN_TYPES or key in made_here) and type(key) is str:
-                label, shown = scrubber.key(key)
+                label, shown = keys_seen.get(key) or scrubber.key(key)
                 scrubbed = value
                 if label is not None:  # a key that names personal data: its value is replaced
                     shown, scrubbed = scrubber.item(key, value)
+                elif kind is int and not -short < value < short and key not in made_here:
+                    scrubbed = scrubber.number(value)
             else:
                 shown, scrubbed = scrubber.item(key, value)
             out[shown] = scrubbed

@@ -117,6 +117,9 @@ _NUMBERS = re.compile(
 )
 _GROUP = re.compile(r"\d+")
 _DECIMAL = re.compile(r"\d+\.\d+")
+#: An Indian mobile as India writes it: no trunk 0, two groups of five, the first digit 6 to 9.
+_INDIAN_MOBILE = re.compile(r"[6-9]\d{4}[ \-]\d{5}")
+_MOBILE = phonenumbers.PhoneNumberType.MOBILE
 _SSN_FORMAT = re.compile(r"\d{3}([ \-])\d\d\1\d{4}")
 _NINO_BAD_PREFIX = frozenset({"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"})
 
@@ -234,10 +237,15 @@ class NumberFinder:
         if not 7 <= len(digits) <= 17:
             return None
         without_trunk: tuple[str, ...] = ()
+        mobile_only = False
         if formatted.startswith(("+", "(+")) or digits.startswith("00"):
             candidates: tuple[tuple[str, str | None], ...] = (("+" + digits.removeprefix("00"), None),)
         elif digits[0] == "0":
             candidates = tuple((formatted, r) for r in self._trunk_zero + self._no_trunk)
+        elif "IN" in self.regions and _INDIAN_MOBILE.fullmatch(formatted):
+            # India writes its mobiles ``98765 43210``, without the trunk 0 and in two groups,
+            # a shape few amounts or ids take: only a valid mobile number of the plan is taken.
+            candidates, mobile_only = ((formatted, "IN"),), True
         elif formatted != digits and 9 <= len(digits) <= 11 and 3 <= len(_GROUP.findall(formatted)) <= 4:
             # In groups, without a 0: a region with no trunk 0, or one with it that writes this
             # number without it (Brazil's ``(11) 98765-4321``, China's mobiles): see _as_written.
@@ -248,8 +256,10 @@ class NumberFinder:
         for text, region in candidates:
             try:
                 number = phonenumbers.parse(text, region)
-                if phonenumbers.is_valid_number(number) and (
-                    region not in without_trunk or _as_written(number, text)
+                if (
+                    phonenumbers.is_valid_number(number)
+                    and (region not in without_trunk or _as_written(number, text))
+                    and (not mobile_only or phonenumbers.number_type(number) == _MOBILE)
                 ):
                     return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
             except Exception:  # NumberParseException, or a gap in the library's metadata
@@ -327,6 +337,8 @@ class NumberFinder:
             if formatted.count("(") > formatted.count(")"):
                 formatted = formatted.lstrip("(")  # a parenthesis around the number, not its area code
             label = self.classify(digits, formatted, whole)
+            if label == "phone" and last + 1 < len(groups) and _INDIAN_MOBILE.fullmatch(formatted):
+                label = None  # two groups of five among more: a list of numbers, not a mobile
             if label is not None:
                 value = self.phone(formatted) if label == "phone" else digits
                 return groups[last][1] - len(formatted), last, label, value or digits

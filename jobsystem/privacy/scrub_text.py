@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
 from itertools import pairwise
 from urllib.parse import unquote
+
+from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 
 __all__ = [
     "REPLACEMENT",
@@ -77,7 +80,12 @@ _EMAIL_DOMAIN = re.compile(
 _ENCODED_AT = re.compile(r"%40", re.IGNORECASE)
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _SEPARATOR = re.compile(r"[:=]")
-_VALUE = re.compile(r"\s*(?P<val>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)")
+#: A value: quoted in JSON text inside a JSON string first (``\\"Jos\\\\u00e9\\"``: each quote and
+#: escape escaped once more), then quoted, then a bare word.
+_VALUE = re.compile(
+    r'\s*(?P<val>\\"(?:[^\\"]|\\[^\\"]|\\\\(?:\\\\|\\"|[^\\"]))*\\"'
+    r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
+)
 _IPV6 = re.compile(
     r"(?<![\w:.%])(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)[0-9A-Fa-f:]{2,39}(?:%[\w.]+)?(?![\w:])"
 )
@@ -211,6 +219,16 @@ def _unescaped(address: str) -> str:
         return address
 
 
+def _json_unescaped(text: str) -> str:
+    """``text`` (a JSON string's content) with one level of JSON escapes decoded: JSON text inside
+    a JSON string hashes as the same text alone; as it is if it does not decode."""
+    try:
+        decoded = json.loads(f'"{text}"')
+    except ValueError:
+        return text
+    return decoded if isinstance(decoded, str) else text
+
+
 def _escaped_char(escapes: list[re.Match[str]], index: int) -> tuple[str | None, int]:
     """The character the escape at ``index`` begins (None if it begins none) and the index after
     it: one ``\\uXXXX`` or ASCII ``\\xNN``, or the ``\\xNN`` bytes of one UTF-8 character."""
@@ -312,6 +330,8 @@ def key_values(text: str, label_for_key: Callable[[str], str | None], replace: R
             end -= 1
         quoted = end > done and text[end - 1] in "\"'"
         start = end = end - quoted
+        if quoted and end > done and text[end - 1] == "\\":
+            start = end = end - 1  # ``\"name\":``, JSON text inside a JSON string
         while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
             start -= 1
         label = label_for_key(text[start:end]) if start < end else None
@@ -319,10 +339,13 @@ def key_values(text: str, label_for_key: Callable[[str], str | None], replace: R
         if label is None or value is None:
             continue
         own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
-        replaced = _pair_value(label, text[start:end], value["val"], own_hash, replace)
+        begin, stop = value.span("val")
+        if label in NAME_LABELS and text[begin] not in "\"'\\":
+            stop = name_end(text, stop)
+        replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
         if replaced is not None:
-            parts += (text[done : value.start("val")], replaced)
-            done = value.end("val")
+            parts += (text[done:begin], replaced)
+            done = stop
     if not parts:
         return text
     parts.append(text[done:])
@@ -330,6 +353,11 @@ def key_values(text: str, label_for_key: Callable[[str], str | None], replace: R
 
 
 def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:
+    if value.startswith('\\"') and len(value) >= 4:  # JSON text in a JSON string: quoted by ``\\"``
+        inner = value[2:-2]
+        if not inner.strip() or inner.startswith("[") or _kept(inner):
+            return None
+        return f'\\"{replace(label, _unescaped(_json_unescaped(inner)))}\\"'
     quote = value[0] if value[0] in "\"'" else ""
     closed = bool(quote) and len(value) > 1 and value.endswith(quote)
     inner = value[1:-1] if closed else value[len(quote) :]

@@ -1,0 +1,172 @@
+"""Personal data that used to pass the scrubber: numbers given as ints, keys that are no strings,
+unquoted names of several words, Indian mobiles without their trunk 0, JSON text inside a JSON string."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from jobsystem.observability.direct_lines import dumps
+from jobsystem.privacy.scrub import Scrubber
+from jobsystem.privacy.scrub_memo import ScrubMemo
+from tests.pii_corpus import NATIONAL_IDS, leaks
+
+scrub = Scrubber()
+hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
+
+#: Numbers people store as integers (cards, national ids written bare), each removed as a string.
+PERSONAL_INTS = [4111111111111111, 5555555555554444, 378282246310005] + [
+    int(value) for _, value in NATIONAL_IDS if value.isdigit() and value[0] != "0"
+]
+#: Integers of a job system: counts, ids, epoch seconds and milliseconds, amounts in cents.
+ORDINARY_INTS = [
+    0,
+    1,
+    3,
+    42,
+    65535,
+    999_999,
+    1_000_000,
+    1764432000,
+    1764432000123,
+    73905561427,
+    123456789,
+    -42,
+]
+
+
+@pytest.mark.parametrize("number", PERSONAL_INTS)
+def test_an_int_a_string_of_the_same_digits_would_lose_is_replaced_under_any_key(number):
+    written = scrub.text(str(number))
+    assert written != str(number) and written.startswith("[")  # the string rules catch it
+    assert scrub({"value": number}) == {"value": written}
+    assert scrub([number, (number,)]) == [written, (written,)]
+    assert scrub.mapping({"event": "paid", "n": number}) == {"event": "paid", "n": written}
+    assert ScrubMemo(scrub).mapping({"event": "paid", "n": number}) == {"event": "paid", "n": written}
+    assert hashing({"n": number}) == {"n": hashing.text(str(number))}  # one person, one hash
+    record = logging.makeLogRecord({"msg": "paid"})
+    record.n = number
+    scrub.filter(record)
+    assert record.n == written
+
+
+@pytest.mark.parametrize("number", ORDINARY_INTS)
+def test_ordinary_ints_stay_ints(number):
+    for out in (scrub({"n": number}), ScrubMemo(scrub).mapping({"n": number})):
+        assert out == {"n": number} and type(out["n"]) is int
+    assert scrub([number]) == [number]
+
+
+def test_bools_and_floats_are_not_judged_as_digits():
+    event = {"ok": True, "amount": 4111111111111111.0, "flag": False}
+    assert scrub(event) == event and ScrubMemo(scrub).mapping(event) == event
+
+
+def test_a_key_that_is_no_string_is_judged_as_a_value_and_rendered_as_json():
+    event = {
+        4111111111111111: "x",
+        ("jose@example.com",): 1,
+        frozenset({"ana.lopez@example.com"}): 2,
+        7: "seven",
+        None: 2.5,
+    }
+    out = scrub.mapping(event)
+    assert out == {"[card]": "x", "('[email]',)": 1, "['[email]']": 2, 7: "seven", None: 2.5}
+    rendered = dumps(out)
+    assert leaks(rendered) == [] and "jose" not in rendered and json.loads(rendered)["[card]"] == "x"
+    assert scrub(out) == out  # scrubbing its own output changes nothing: ``[card]`` names no key
+    assert ScrubMemo(scrub).mapping(event) == out
+    hashed = hashing({4111111111111111: "x"})
+    assert hashed == {hashing.text("4111 1111 1111 1111"): "x"} and hashing(hashed) == hashed
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name=José Pérez", "name=[name]"),
+        ("name=José Pérez, status=ok", "name=[name], status=ok"),
+        ("name=José status=ok", "name=[name] status=ok"),
+        ("name=José Pérez status=ok", "name=[name] status=ok"),
+        ("name=José Pérez Status=active", "name=[name] Status=active"),
+        ("full_name: Ana Lucia Lopez paid", "full_name: [name] paid"),
+        ("customer_name=María de la Cruz; tier=gold", "customer_name=[name]; tier=gold"),
+        ("recipient=Jean-Luc O'Brien. Next", "recipient=[recipient]. Next"),
+        ("name=J. R. Smith ok", "name=[name] ok"),
+        ("name=José\nPérez Reports", "name=[name]\nPérez Reports"),  # the line ends the value
+        ("name=ana status=ok", "name=[name] status=ok"),
+    ],
+)
+def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, expected):
+    assert scrub.text(text) == expected
+    assert scrub.text(expected) == expected
+
+
+def test_an_unquoted_name_hashes_as_the_same_name_under_a_key():
+    assert hashing.text("name=José Pérez ok") == f"name={hashing({'name': 'José Pérez'})['name']} ok"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "actor_name=send_email Retrying in 200 ms",  # no label: not a person's name
+        "queue_name=emails Default",
+        "template=Welcome Back Email",
+    ],
+)
+def test_text_after_a_key_that_names_no_person_stays(text):
+    assert scrub.text(text) == text
+
+
+@pytest.mark.parametrize(
+    ("written", "international"),
+    [
+        ("70123 45678", "+91 70123 45678"),
+        ("91234-56789", "+91 91234 56789"),
+        ("81234 56789", "+91 8123456789"),
+    ],
+)
+def test_an_indian_mobile_written_without_its_trunk_zero_is_replaced(written, international):
+    assert scrub.text(f"call {written} today") == "call [phone] today"
+    assert scrub.text(f"call {international} today") == "call [phone] today"
+    assert hashing.text(written) == hashing.text(international)  # one person, one hash
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "ports 15672 15673",  # starts as no Indian mobile does
+        "ids 12345 67890",
+        "order 7012345678 placed",  # a bare run of digits: an order number as often as a phone
+        "EUR 98 765 432,10",
+        "took 98765 ms of 43210",
+        "counts 70001 70002 70003",  # a list of numbers, two of which would make a mobile
+    ],
+)
+def test_two_groups_of_five_digits_that_are_no_indian_mobile_stay(text):
+    assert scrub.text(text) == text
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"name": "José Pérez", "n": 1},
+        {"full_name": 'José "Pepe" Pérez', "email": "ana.lopez@example.com"},
+        {"customer": {"name": "Zoë Gómez"}, "note": "ok"},
+    ],
+)
+def test_json_text_inside_a_json_string_loses_the_whole_value(record):
+    twice = json.dumps(json.dumps(record))
+    out = scrub.text(twice)
+    for word in ("Pérez", "P\\\\u00e9rez", "Pepe", "ana.lopez", "G\\\\u00f3mez", "Zo"):
+        assert word not in out, out
+    assert json.loads(json.loads(out)) == scrub(record)  # the same as the record scrubbed
+    assert scrub.text(out) == out
+
+
+def test_json_text_inside_a_json_string_hashes_as_the_value_alone():
+    hashed = hashing({"name": "José Pérez"})["name"]
+    assert hashing.text(json.dumps(json.dumps({"name": "José Pérez"}))) == json.dumps(
+        json.dumps({"name": hashed})
+    )
