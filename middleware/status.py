@@ -179,7 +179,7 @@ class Status(Middleware):
 
     def _update(
         self,
-        known: Container[str],
+        known: Container[str] | None,
         message: Message[Any] | MessageProxy,
         state: str | None,
         attempt: int,
@@ -190,9 +190,10 @@ class Status(Middleware):
         now: str | None = None,
     ) -> None:
         """Submit a change; ``known``: the broker's actors (the record names an actor only when it
-        is one of them: another name is the sender's text); ``rank``: the state whose place in the
-        order it takes (default ``state``); ``now``: the time of the change, when the caller read
-        it already (ms, as text)."""
+        is one of them: another name is the sender's text), None where a sender writes it (a
+        service may send to actors it does not import: any identifier is kept); ``rank``: the
+        state whose place in the order it takes (default ``state``); ``now``: the time of the
+        change, when the caller read it already (ms, as text)."""
         queue = q_name(message.queue_name)
         values = {"updated_at": now or _now_ms()}
         if fields:
@@ -232,7 +233,7 @@ class Status(Middleware):
             # Put back by its own attempt (the actor raised RateLimited): it waits to run that
             # attempt again, in the place of its ``running`` state, which the re-run writes again.
             self._update(
-                broker.actors,
+                None,
                 message,
                 "scheduled" if far else "queued",
                 running,
@@ -247,16 +248,14 @@ class Status(Middleware):
             if retries == 0:
                 shown = self._shown_args(broker, message)
                 fields.update({"args": shown} if shown else {})
-            self._update(
-                broker.actors, message, "scheduled", retries, fields, rank="retrying" if retries else None
-            )
+            self._update(None, message, "scheduled", retries, fields, rank="retrying" if retries else None)
         elif kind == "retry":
             # Retries counted the failed attempt already: ``retries`` attempts have run.
-            self._update(broker.actors, message, "retrying", retries, fields or None)
+            self._update(None, message, "retrying", retries, fields or None)
         elif retries == 0:
             # A send (or a deferral or delayed move of a message that never ran: it is still queued).
             shown = self._shown_args(broker, message)
-            self._update(broker.actors, message, "queued", 0, {"args": shown} if shown else None)
+            self._update(None, message, "queued", 0, {"args": shown} if shown else None)
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         _ACTIVE.set(self)

@@ -72,6 +72,20 @@ def test_the_status_record_names_only_a_registered_actor(broker, store, actor, s
     assert record is not None and (record.state, record.actor) == ("dead", shown)
 
 
+@pytest.mark.parametrize(
+    ("actor", "shown"), [("send_invoice", "send_invoice"), ("ana@example.com", UNKNOWN_ACTOR)]
+)
+def test_a_sender_records_the_name_of_an_actor_it_does_not_import(broker, store, actor, shown):
+    # A service may send to another's actors by name; its record is written once, at the send,
+    # so "unknown" there would stay for good. The sender's own code chose the name.
+    status = Status(store)
+    message = _message(actor)
+    status.after_enqueue(broker, message, None)
+    assert status.flush(10)
+    record = status.get(message.message_id)
+    assert record is not None and (record.state, record.actor) == ("queued", shown)
+
+
 def test_metrics_label_only_a_registered_actor(broker):
     assert _labels(broker, _message("Ana_Lopez_1980"))[1] == UNKNOWN_ACTOR
     assert _labels(broker, _message("job"))[1] == "job"
