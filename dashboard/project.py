@@ -19,6 +19,7 @@ from jobsystem.ops.health import HealthReport, QueueHealth, check
 from jobsystem.ops.management import queue_names
 from jobsystem.ops.queue_counts import dead_letter_counts, missing_queues
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker, dead_letter_queue
+from jobsystem.runtime.actor_names import actor_label
 from jobsystem.settings import Settings, redact_url
 from jobsystem.store.audit import AuditBackend, audit_backend
 from jobsystem.store.base import StateStore, StoreUnavailable
@@ -31,7 +32,6 @@ from jobsystem.store.status import StatusBackend, status_backend
 from jobsystem.store.status_records import STATE_RANKS, JobStatus
 from jobsystem.system import System, get_system
 from jobsystem.workflows import cancel
-from middleware.dead_letters import actor_label
 from middleware.idempotency import Idempotency
 from scheduler.schedules import DEFAULT_FILE, Schedule, ScheduleError, load_schedules
 from scheduler.service import LEADER_LEASE, last_fire_key, queue_of

@@ -21,7 +21,12 @@ from dramatiq.middleware import Pipelines
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
-from jobsystem.dramatiq_internals import ACTOR_ARGUMENTS_FORMAT, RESULTS_MISSING_WARNING, stored_exception
+from jobsystem.dramatiq_internals import (
+    ACTOR_ARGUMENTS_FORMAT,
+    RESULTS_MISSING_WARNING,
+    UNDEFINED_ACTOR_FORMAT,
+    stored_exception,
+)
 from jobsystem.runtime.message_shape import FIELDS
 
 __all__ = ["EXPECTATIONS", "DramatiqContractError", "check_contract"]
@@ -187,6 +192,10 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
     (
         f"the worker warns {RESULTS_MISSING_WARNING!r}",
         lambda: _says(importlib.import_module("dramatiq.worker"), RESULTS_MISSING_WARNING),
+    ),
+    (
+        f"the consumer logs {UNDEFINED_ACTOR_FORMAT!r}",
+        lambda: _says(importlib.import_module("dramatiq.worker"), UNDEFINED_ACTOR_FORMAT),
     ),
 )
 

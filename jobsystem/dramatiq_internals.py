@@ -29,6 +29,7 @@ from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFoll
 __all__ = [
     "ACTOR_ARGUMENTS_FORMAT",
     "RESULTS_MISSING_WARNING",
+    "UNDEFINED_ACTOR_FORMAT",
     "ConsumerThread",
     "FlagsNotHonoured",
     "Interrupt",
@@ -68,6 +69,10 @@ ConsumerThread = ConsumerThread
 
 #: The format of ``Actor.__call__``'s DEBUG record, whose arguments are the job's own (hidden).
 ACTOR_ARGUMENTS_FORMAT = "Received args=%r kwargs=%r."
+
+#: The format of the consumer's ERROR record for a message of no registered actor, whose argument
+#: (and its exception's message) is the message's actor name: the sender's text.
+UNDEFINED_ACTOR_FORMAT = "Received message for undefined actor %r. Moving it to the DLQ."
 
 #: Dramatiq's warning, on every job that returns a value, that no Results middleware keeps it.
 RESULTS_MISSING_WARNING = "you haven't added the Results middleware"

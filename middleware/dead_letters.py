@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Container
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +23,7 @@ from dramatiq.middleware import AgeLimit, Middleware, SkipMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
+from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label, unnamed_actor_not_found
 from jobsystem.runtime.message_shape import Malformed, int_option
 from jobsystem.runtime.options import option_of
 
@@ -77,22 +78,6 @@ ATTEMPTS = "attempts"
 #: Message option: how many times the message was replayed from the dead letters (status records
 #: order a replay's attempts after the dead attempt they follow).
 REPLAYS = "replays"
-
-
-#: The actor of a dead letter whose actor name is not an actor's (the label ``middleware.metrics``
-#: gives such names too): a bogus name is the sender's text, and could be an e-mail address.
-UNKNOWN_ACTOR = "unknown"
-
-
-def actor_label(name: Any, known: Container[str] | None = None) -> str:
-    """``name`` when it can name an actor, else :data:`UNKNOWN_ACTOR`, for every place that shows
-    or keeps a dead letter's actor (headers, the index and its key names, ``jobctl``, the
-    dashboard). Dramatiq's actor names are Python identifiers; with ``known`` (the broker's
-    actors) only a registered one is kept. A reader without the application's actors checks the
-    identifier only: the writer already kept registered names alone."""
-    if not isinstance(name, str) or not name.isidentifier():
-        return UNKNOWN_ACTOR
-    return name if known is None or name in known else UNKNOWN_ACTOR
 
 
 def _iso(millis: float) -> str:
@@ -178,6 +163,8 @@ class DeadLetters(Middleware):
         origin and times. Never fails: a field it cannot read is left empty."""
         error = exception if exception is not None and not isinstance(exception, SkipMessage) else None
         error = dead_letter_error(message) or error
+        if isinstance(error, ActorNotFound):  # its message is the name looked up: the sender's text
+            error = unnamed_actor_not_found(error)
         trace = _safely(lambda: "".join(traceback.format_exception(error))) if error is not None else ""
         return {
             HEADER_REASON: _safely(lambda: self.reason(broker, message, exception), "rejected"),

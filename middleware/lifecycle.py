@@ -4,7 +4,9 @@ Events: ``job_enqueued`` (DEBUG: producers send thousands at once), ``job_starte
 ``job_succeeded`` (with ``duration_ms``), ``job_failed`` (exception type and scrubbed message),
 ``job_retry_scheduled`` (``delay_ms``), ``job_dead_lettered`` and ``job_skipped``. While a job runs,
 ``message_id``, ``actor``, ``queue`` and ``attempt`` are bound in structlog's context variables,
-so every structlog and standard-library line logged inside the actor carries them.
+so every structlog and standard-library line logged inside the actor carries them. ``actor`` is
+the name of one of the broker's actors, else ``unknown``: a message's actor name is the sender's
+text, which for no registered actor may be anything (an e-mail address, a person's name).
 
 Arguments are not logged: personal data travels in them. An actor that wants them in
 ``job_started`` opts in with ``@dramatiq.actor(log_args=True)``; they are then logged by
@@ -16,7 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +31,7 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware
 
 from jobsystem.dramatiq_internals import dead_letter_reason, wants_redelivery
+from jobsystem.runtime.actor_names import actor_label
 from jobsystem.runtime.cancellation import JobCancelled
 from jobsystem.runtime.message_shape import int_option
 
@@ -55,11 +58,12 @@ DEFAULT_LOGGER = "jobs.lifecycle"
 _current: ContextVar[_Job | None] = ContextVar("lifecycle_job", default=None)
 
 
-def job_fields(message: Message[Any] | MessageProxy) -> dict[str, Any]:
-    """The job context of ``message``: the fields every line about it carries."""
+def job_fields(message: Message[Any] | MessageProxy, known: Container[str]) -> dict[str, Any]:
+    """The job context of ``message``: the fields every line about it carries. ``known``: the
+    broker's actors; a name none of them has is the sender's text, logged as ``unknown``."""
     return {
         "message_id": message.message_id,
-        "actor": message.actor_name,
+        "actor": actor_label(message.actor_name, known),
         "queue": q_name(message.queue_name),
         "attempt": int_option(message.options, "retries") + 1,
     }
@@ -115,7 +119,7 @@ class JobLifecycle(Middleware):
             self._held.discard(message.message_id)
             return
         delayed = {"delay_ms": delay} if delay is not None else {}
-        self.logger.log(self.enqueued_level, "job_enqueued", **job_fields(message), **delayed)
+        self.logger.log(self.enqueued_level, "job_enqueued", **job_fields(message, broker.actors), **delayed)
 
     def before_delay_message(self, broker: Broker, message: MessageProxy) -> None:
         self._held.add(message.message_id)
@@ -127,7 +131,7 @@ class JobLifecycle(Middleware):
             self.flush_logs()
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        fields = job_fields(message)
+        fields = job_fields(message, broker.actors)
         tokens = structlog.contextvars.bind_contextvars(**fields)
         _current.set(_Job(fields, self.clock(), tokens))
         if self._logs_args(broker, message):
@@ -164,7 +168,7 @@ class JobLifecycle(Middleware):
         self._end(job)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        self.logger.warning("job_skipped", **job_fields(message))
+        self.logger.warning("job_skipped", **job_fields(message, broker.actors))
         self._end(_current.get())
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
@@ -174,10 +178,12 @@ class JobLifecycle(Middleware):
         job = _current.get()
         fields = job.fields if job is not None and job.message_id == message.message_id else None
         if wants_redelivery(message):  # the dead letter could not be published: requeued instead
-            self.logger.error("job_requeued", **(fields or job_fields(message)))
+            self.logger.error("job_requeued", **(fields or job_fields(message, broker.actors)))
             return
         reason = dead_letter_reason(message)
-        self.logger.error("job_dead_lettered", reason=reason, **(fields or job_fields(message)))
+        self.logger.error(
+            "job_dead_lettered", reason=reason, **(fields or job_fields(message, broker.actors))
+        )
 
     # --- helpers ---
 

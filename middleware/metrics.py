@@ -32,6 +32,7 @@ from dramatiq.common import q_name
 from dramatiq.middleware import Middleware
 
 from jobsystem.dramatiq_internals import wants_redelivery
+from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.tally import Tally
 
@@ -114,13 +115,13 @@ class _Instruments:
 
 #: The label of a queue or an actor the broker does not know: names from a message body (anyone
 #: who may publish) would add series without bound, and could carry personal data.
-UNKNOWN = "unknown"
+UNKNOWN = UNKNOWN_ACTOR
 
 
 def _labels(broker: Broker, message: Message[Any] | MessageProxy) -> tuple[str, str]:
     """The queue and actor labels of ``message``: names declared on ``broker``, else UNKNOWN."""
     queue, actor = q_name(message.queue_name), message.actor_name
-    return (queue if queue in broker.queues else UNKNOWN, actor if actor in broker.actors else UNKNOWN)
+    return (queue if queue in broker.queues else UNKNOWN, actor_label(actor, broker.actors))
 
 
 class Metrics(Middleware):

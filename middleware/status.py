@@ -31,7 +31,7 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 import dramatiq
@@ -41,6 +41,7 @@ from dramatiq.common import q_name
 from dramatiq.middleware import CurrentMessage, Middleware
 
 from jobsystem.dramatiq_internals import wants_redelivery
+from jobsystem.runtime.actor_names import actor_label
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from jobsystem.runtime.deferred import DeferredWrites
@@ -178,6 +179,7 @@ class Status(Middleware):
 
     def _update(
         self,
+        known: Container[str] | None,
         message: Message[Any] | MessageProxy,
         state: str | None,
         attempt: int,
@@ -187,8 +189,11 @@ class Status(Middleware):
         rank: str | None = None,
         now: str | None = None,
     ) -> None:
-        """Submit a change; ``rank``: the state whose place in the order it takes (default ``state``);
-        ``now``: the time of the change, when the caller read it already (ms, as text)."""
+        """Submit a change; ``known``: the broker's actors (the record names an actor only when it
+        is one of them: another name is the sender's text), None where a sender writes it (a
+        service may send to actors it does not import: any identifier is kept); ``rank``: the
+        state whose place in the order it takes (default ``state``); ``now``: the time of the
+        change, when the caller read it already (ms, as text)."""
         queue = q_name(message.queue_name)
         values = {"updated_at": now or _now_ms()}
         if fields:
@@ -197,7 +202,7 @@ class Status(Middleware):
         if state is not None:
             values["state"] = state
             once = {
-                "actor": message.actor_name,
+                "actor": actor_label(message.actor_name, known),
                 "queue": queue,
                 "enqueued_at": str(message.message_timestamp),
             }
@@ -212,7 +217,8 @@ class Status(Middleware):
         fields = {"progress": f"{min(max(value, 0.0), 1.0):.4g}"}
         if note is not None:
             fields["note"] = self.scrub(note[:200])
-        self._update(message, None, message.options.get("retries", 0) + 1, fields)
+        # No state, so no once-fields: the actor is not written (nor needed).
+        self._update((), message, None, message.options.get("retries", 0) + 1, fields)
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -227,6 +233,7 @@ class Status(Middleware):
             # Put back by its own attempt (the actor raised RateLimited): it waits to run that
             # attempt again, in the place of its ``running`` state, which the re-run writes again.
             self._update(
+                None,
                 message,
                 "scheduled" if far else "queued",
                 running,
@@ -241,14 +248,14 @@ class Status(Middleware):
             if retries == 0:
                 shown = self._shown_args(broker, message)
                 fields.update({"args": shown} if shown else {})
-            self._update(message, "scheduled", retries, fields, rank="retrying" if retries else None)
+            self._update(None, message, "scheduled", retries, fields, rank="retrying" if retries else None)
         elif kind == "retry":
             # Retries counted the failed attempt already: ``retries`` attempts have run.
-            self._update(message, "retrying", retries, fields or None)
+            self._update(None, message, "retrying", retries, fields or None)
         elif retries == 0:
             # A send (or a deferral or delayed move of a message that never ran: it is still queued).
             shown = self._shown_args(broker, message)
-            self._update(message, "queued", 0, {"args": shown} if shown else None)
+            self._update(None, message, "queued", 0, {"args": shown} if shown else None)
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         _ACTIVE.set(self)
@@ -256,6 +263,7 @@ class Status(Middleware):
         self.attempts.started(message.message_id, attempt)
         now = _now_ms()
         self._update(
+            broker.actors,
             message,
             "running",
             attempt,
@@ -280,15 +288,15 @@ class Status(Middleware):
             encoded = self._encode_result(result)
             if encoded is not None:
                 fields["result"] = encoded
-            self._update(message, "succeeded", attempt, fields, now=now)
+            self._update(broker.actors, message, "succeeded", attempt, fields, now=now)
             return
         if isinstance(exception, JobCancelled):
-            self._update(message, "cancelled", attempt, {"finished_at": _now_ms()})
+            self._update(broker.actors, message, "cancelled", attempt, {"finished_at": _now_ms()})
             return
         self.attempts.failed(message.message_id)
         error = self.scrub(str(exception))[: self.error_max_chars]
         fields = {"error_type": type(exception).__name__, "error": error, "traceback": self._trace(exception)}
-        self._update(message, "failed", attempt, fields)
+        self._update(broker.actors, message, "failed", attempt, fields)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         if message.failed:
@@ -297,7 +305,7 @@ class Status(Middleware):
             return  # re-enqueued to be tried again, or requeued (its copy refused): it stays queued
         attempt = message.options.get("retries", 0) + 1
         state = "cancelled" if message.options.get(CANCELLED) else "skipped"
-        self._update(message, state, attempt, {"finished_at": _now_ms()})
+        self._update(broker.actors, message, state, attempt, {"finished_at": _now_ms()})
 
     def after_nack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()
@@ -305,7 +313,7 @@ class Status(Middleware):
             return  # its dead letter was refused: held and requeued, dead once the consumer publishes it
         # Failed for good (retries exhausted, ``throws``, too old, unknown actor): dead-lettered.
         attempt = message.options.get("retries", 0) + 1
-        self._update(message, "dead", attempt, {"finished_at": _now_ms()})
+        self._update(broker.actors, message, "dead", attempt, {"finished_at": _now_ms()})
 
     def after_ack(self, broker: Broker, message: MessageProxy) -> None:
         self.attempts.done()

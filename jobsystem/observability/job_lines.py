@@ -27,8 +27,9 @@ booleans, ``None``) wait; the others are made at once.
 
 What the scrubber sees: everything but the timestamp. The message id comes with the message (any
 producer may put any text there): scanned once per job, on its first line. Actor and queue names
-are chosen by developers (a name could hold anything): scanned, once per thread for as long as
-they repeat. The attempt and ``duration_ms`` are numbers, which the scrubber passes as they are
+are chosen by developers (a name could hold anything; ``JobLifecycle`` gives the actor of a message
+naming no registered actor as ``unknown``, not the sender's text): scanned, once per thread for as
+long as they repeat. The attempt and ``duration_ms`` are numbers, which the scrubber passes as they are
 (unless an operator named their key). The timestamp is made here from the clock, digits and
 separators only: not given to the scrubber, unless an operator named its key.
 

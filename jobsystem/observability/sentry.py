@@ -4,7 +4,7 @@
 ``Broker.__init__`` to add its middleware. ``send_default_pii`` stays off, and ``before_send`` /
 ``before_breadcrumb`` run the project's scrubber over the whole event: exception values (every
 exception of a chain or group), extra, contexts, breadcrumbs, request data. Events are tagged
-with the job's actor, queue and message id.
+with the job's actor (a registered actor's name, else ``unknown``), queue and message id.
 
 Frames' local variables (the SDK sends them by default) follow one rule: **only the application's
 own frames keep them** (``in_app``: the project's packages and code outside site-packages), and
@@ -36,6 +36,7 @@ from sentry_sdk.types import Event, Hint
 from jobsystem.privacy.message_arguments import carried_messages
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
+from jobsystem.runtime.actor_names import actor_label
 from jobsystem.runtime.cancellation import JobCancelled
 from jobsystem.settings import Settings
 from middleware.lifecycle import DEFAULT_LOGGER as LIFECYCLE_LOGGER
@@ -77,7 +78,9 @@ def _frames(event: Event) -> Iterator[dict[str, Any]]:
 
 
 def _job_tags(event: Event) -> dict[str, str]:
-    """Actor, queue and message id from the integration's context or the bound log context."""
+    """Actor, queue and message id from the integration's context or the bound log context. The
+    actor is a registered one's name there (the integration sees only messages whose actor ran;
+    ``JobLifecycle`` binds ``unknown`` for others); checked again as a name, it can be no other."""
     data = event.get("contexts", {}).get("dramatiq", {}).get("data")
     if isinstance(data, dict):
         found = {key: data.get(name) for key, name in _TAGS.items()}
@@ -85,6 +88,8 @@ def _job_tags(event: Event) -> dict[str, str]:
         bound = structlog.contextvars.get_contextvars()
         found = {key: bound.get(key) for key in _TAGS}
         found["message_id"] = found["message_id"] or event.get("extra", {}).get("dramatiq_message_id")
+    if found["actor"]:
+        found["actor"] = actor_label(found["actor"])
     return {key: str(value) for key, value in found.items() if value}
 
 

@@ -5,7 +5,9 @@ is skipped or, at DEBUG, received; an actor's logger prints its arguments at DEB
 body is logged whole inside the exception's message. Pattern scrubbing cannot recognise a name or
 an address passed as a positional argument, so this filter removes the values at the source:
 a message becomes ``actor(message_id=...)``, argument dumps become counts and key names, an
-undecodable body becomes its length. Attach it to the handlers before the scrubbing filter.
+undecodable body becomes its length. The consumer's line about a message of no registered actor
+names that actor, and so does its exception: that name is the sender's text (an e-mail address,
+a person's name), shown as ``unknown``. Attach it to the handlers before the scrubbing filter.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from typing import Any
 
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
-from dramatiq.errors import DecodeError
+from dramatiq.errors import ActorNotFound, DecodeError
 
-from jobsystem.dramatiq_internals import ACTOR_ARGUMENTS_FORMAT
+from jobsystem.dramatiq_internals import ACTOR_ARGUMENTS_FORMAT, UNDEFINED_ACTOR_FORMAT
+from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, unnamed_actor_not_found
 
 
 class _Shown:
@@ -60,6 +63,8 @@ class HideMessageArguments(logging.Filter):
             if isinstance(record.args, tuple) and record.args:
                 if record.msg == ACTOR_ARGUMENTS_FORMAT and len(record.args) == 2:
                     record.args = _hidden_arguments(*record.args)
+                elif record.msg == UNDEFINED_ACTOR_FORMAT:
+                    record.args = (_Shown(repr(UNKNOWN_ACTOR)),)
                 else:
                     record.args = tuple(
                         describe_message(a) if isinstance(a, (Message, MessageProxy)) else a
@@ -68,6 +73,11 @@ class HideMessageArguments(logging.Filter):
             if record.exc_info and isinstance(record.exc_info[1], DecodeError):
                 record.exc_info = (DecodeError, _safe_decode_error(record.exc_info[1]), record.exc_info[2])
                 record.exc_text = None
+            elif record.msg == UNDEFINED_ACTOR_FORMAT and record.exc_info:
+                error = record.exc_info[1]
+                if isinstance(error, ActorNotFound):
+                    record.exc_info = (ActorNotFound, unnamed_actor_not_found(error), record.exc_info[2])
+                    record.exc_text = None
         except Exception:  # when in doubt, drop the record's content, not the record
             record.msg, record.args, record.exc_info, record.exc_text = "[log record hidden]", (), None, None
         return True

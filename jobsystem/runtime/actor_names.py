@@ -1,0 +1,44 @@
+"""What a message's actor name may be shown as, wherever it is logged, kept or reported.
+
+A message's ``actor_name`` is the sender's text: for a registered actor, the actor's name; for a
+message naming no registered actor, anything at all, an e-mail address or a person's name
+included. So every place that shows or keeps it (lifecycle lines, job status records, Sentry
+tags, metrics labels, dead letters, Dramatiq's own "undefined actor" line) shows the name only
+when the broker has that actor, else :data:`UNKNOWN_ACTOR`. A place without the broker's actors
+(a reader of dead letters, Sentry's tags) keeps a name only when it could be an actor's.
+
+No imports from the project: middleware, observability and privacy all use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from typing import Any
+
+from dramatiq.errors import ActorNotFound
+
+__all__ = ["UNKNOWN_ACTOR", "actor_label", "unnamed_actor_not_found"]
+
+#: The label of a name no registered actor has (the sender's text, which could be anything).
+UNKNOWN_ACTOR = "unknown"
+
+
+def actor_label(name: Any, known: Container[str] | None = None) -> str:
+    """``name`` when the broker has that actor (``known``: its ``actors``; one lookup, cheap
+    enough for every job), else :data:`UNKNOWN_ACTOR`. Without ``known`` (a reader without the
+    application's actors, which the writer already checked) only a Python identifier is kept:
+    Dramatiq's actor names are those of functions."""
+    if not isinstance(name, str):
+        return UNKNOWN_ACTOR
+    if known is not None:
+        return name if name in known else UNKNOWN_ACTOR
+    return name if name.isidentifier() else UNKNOWN_ACTOR
+
+
+def unnamed_actor_not_found(error: ActorNotFound) -> ActorNotFound:
+    """``error`` naming :data:`UNKNOWN_ACTOR` instead of the name looked up (its message, shown in
+    logs, Sentry and dead letters, is that name: the sender's text), with the same traceback."""
+    unnamed = ActorNotFound(UNKNOWN_ACTOR)  # type: ignore[no-untyped-call]
+    unnamed.__traceback__ = error.__traceback__
+    unnamed.__suppress_context__ = True
+    return unnamed

@@ -1,0 +1,63 @@
+"""A message naming no registered actor: its ``actor_name`` is the sender's text (an e-mail
+address, a person's name), and no log line, job status record, Sentry event or dead letter of a
+real worker carries it; a registered actor's name is shown as before."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dramatiq import Message
+
+from jobsystem.store import open_store
+from jobsystem.store.status import status_backend
+from tests import workload
+from tests.servers import sentry_events, sentry_server
+from tests.support import TEST_REDIS_URL, wait_for
+
+#: An e-mail address, and a person's name shaped as an identifier (no pattern tells it apart).
+SENDERS_TEXT = ("ana@example.com", "Ana_Lopez_1980")
+
+
+def _undefined_actor_events(envelopes: list[bytes]) -> list[dict[str, Any]]:
+    return [e for e in sentry_events(list(envelopes)) if "undefined actor" in json.dumps(e.get("logentry"))]
+
+
+def test_a_message_of_no_registered_actor_leaves_no_trace_of_its_actor_name(start_worker, queues, prefix):
+    queue = queues.name(workload.record)
+    status = status_backend(open_store(TEST_REDIS_URL, namespace=f"jobs:{prefix}"))
+    with sentry_server() as (dsn, envelopes):
+        worker = start_worker(SENTRY_DSN=dsn)
+        bogus = [
+            Message(queue_name=queue, actor_name=name, args=(), kwargs={}, options={})
+            for name in SENDERS_TEXT
+        ]
+        for message in bogus:
+            queues.publish_raw(message)
+        known = queues.send(workload.record, "t1")
+        wait_for(lambda: queues.depth(queue + ".DLQ") == 2, timeout=60, what="both dead letters")
+        records = wait_for(
+            lambda: (
+                all(status.get(m.message_id) for m in [*bogus, known])
+                and {m.message_id: status.get(m.message_id) for m in [*bogus, known]}
+            ),
+            what="the status records",
+        )
+        wait_for(lambda: len(_undefined_actor_events(envelopes)) == 2, what="both errors in Sentry")
+        wait_for(lambda: worker.output().count("job_dead_lettered") == 2, what="both dead-letter lines")
+        assert worker.stop() == 0
+        received = b"".join(envelopes).decode("utf-8", "replace")
+        errors = [v["value"] for e in _undefined_actor_events(envelopes) for v in e["exception"]["values"]]
+    assert errors == ["unknown", "unknown"]  # ActorNotFound's message is the name it looked up
+    letters = json.dumps([m["properties"] for m in queues.peek(queue + ".DLQ", count=10)])
+    for message in bogus:
+        assert records[message.message_id].actor == "unknown"
+    assert records[known.message_id].actor == "record"
+    started = worker.events("job_started", "job_succeeded", message_id=known.message_id)
+    assert [line["actor"] for line in started] == ["record", "record"]
+    dead = [worker.events("job_dead_lettered", message_id=m.message_id) for m in bogus]
+    assert [[line["actor"] for line in lines] for lines in dead] == [["unknown"], ["unknown"]]
+    output = worker.output()
+    for name in SENDERS_TEXT:
+        for where, text in (("log", output), ("sentry", received), ("dead letters", letters)):
+            assert name.casefold() not in text.casefold(), where
