@@ -25,6 +25,7 @@ from dashboard.project import (
     Cursor,
     DeadLetterEntry,
     DeadLetterFilter,
+    ForeignQueue,
     HealthReport,
     Project,
     actor_label,
@@ -110,7 +111,7 @@ def dead_letter_list(
     limit = max(1, min(limit, MAX_PAGE))
     # Named as the actions name it (``emails``: this environment's): the page lists what they act on.
     if queue:
-        (named,) = dead_letter_ops.dead_letter_queues(project.settings, project.broker, queue)
+        (named,) = _dead_letter_queues(project, queue)
         queue = named.removesuffix(DEAD_LETTER_SUFFIX)
     dl_filter = DeadLetterFilter(queue, actor, exception_filter(exception), _millis(parse_since(since)))
     page = index.page(dl_filter, Cursor.decode(before), limit)
@@ -203,9 +204,18 @@ class Selection:
         return data
 
 
+def _dead_letter_queues(project: Project, queue: str | None) -> list[str]:
+    """The project's dead-letter queues (of ``queue`` only, when given), as ``jobctl dlq`` takes
+    them: another application's queue on the vhost is neither shown nor acted on."""
+    try:
+        return dead_letter_ops.dead_letter_queues(project.settings, project.broker, queue)
+    except ForeignQueue as exc:
+        raise ActionError(str(exc)) from None
+
+
 def _target(project: Project, selection: Selection) -> tuple[list[str], Any]:
     """The dead-letter queues and the filters of ``selection``, the queue checked to exist."""
-    queues = dead_letter_ops.dead_letter_queues(project.settings, project.broker, selection.queue)
+    queues = _dead_letter_queues(project, selection.queue)
     if selection.queue is not None and missing_queues(project.settings, queues):
         raise ActionError(f"RabbitMQ has no dead-letter queue for {selection.queue!r}")
     return queues, selection.filters()
@@ -241,7 +251,7 @@ def purge(project: Project, selection: Selection) -> dict[str, Any]:
 
 def reindex(project: Project, queue: str) -> dict[str, Any]:
     """Rebuild one queue's index from the queue (a full read; nothing removed)."""
-    (name,) = dead_letter_ops.dead_letter_queues(project.settings, project.broker, queue)
+    (name,) = _dead_letter_queues(project, queue)
     if missing_queues(project.settings, [name]):
         raise ActionError(f"RabbitMQ has no dead-letter queue for {queue!r}")
     with _ACTING:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from jobsystem.ops import dead_letters as dead_letter_ops
 from jobsystem.ops.health import HealthReport, QueueHealth, check
-from jobsystem.ops.management import queue_names
 from jobsystem.ops.queue_counts import dead_letter_counts, missing_queues
+from jobsystem.ops.scope import ForeignQueue, project_queues
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker, dead_letter_queue
 from jobsystem.runtime.actor_names import actor_label
 from jobsystem.settings import Settings, redact_url
@@ -43,6 +43,7 @@ __all__ = [
     "Cursor",
     "DeadLetterEntry",
     "DeadLetterFilter",
+    "ForeignQueue",
     "HealthReport",
     "JobFilter",
     "JobStatus",
@@ -60,7 +61,7 @@ __all__ = [
     "dead_letter_queue",
     "last_fire_key",
     "missing_queues",
-    "queue_names",
+    "project_queues",
     "queue_of",
     "redact_url",
 ]

@@ -17,27 +17,18 @@ import threading
 import time
 from typing import Any
 
-import requests
-
-from dashboard.project import DEAD_LETTER_SUFFIX, HealthReport, Project, StoreUnavailable, check, queue_names
+from dashboard.project import HealthReport, Project, StoreUnavailable, check, project_queues
 
 __all__ = ["HealthSampler", "chart_points", "overview", "work_queues"]
 
 logger = logging.getLogger("dashboard")
 
-_SUFFIXES = (".DQ", DEAD_LETTER_SUFFIX, ".XQ", ".migrating")
 
-
-def work_queues(project: Project, timeout: float = 3.0) -> list[str]:
-    """The environment's work queues: those RabbitMQ has with ``QUEUE_PREFIX`` (not their delay
-    or dead-letter companions), with the queues this process's actors declare."""
-    settings = project.settings
-    names = set(project.broker.get_declared_queues())
-    try:
-        names.update(queue_names(settings, timeout))
-    except requests.RequestException as exc:
-        logger.warning("dashboard_queue_list_failed", extra={"error": type(exc).__name__})
-    return sorted(n for n in names if n.startswith(settings.queue_prefix) and not n.endswith(_SUFFIXES))
+def work_queues(project: Project) -> list[str]:
+    """The project's work queues (:func:`~jobsystem.ops.scope.project_queues`: its actors', with
+    the modules given to ``jobctl dashboard``, and those its dead-letter index knows), never every
+    queue with ``QUEUE_PREFIX``: the default, empty, prefix would show every application's."""
+    return sorted(project_queues(project.broker))
 
 
 class HealthSampler:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from jobctl.project import load_system, require_queues
+from jobctl.project import fail, import_application, load_system, require_queues
 
 
 def _since(value: str | None) -> datetime | None:
@@ -30,14 +30,27 @@ def _since(value: str | None) -> datetime | None:
 NO_EXCEPTION = "-"
 
 
+#: Which dead-letter queues a command takes: the project's, never every one on the vhost.
+module_option = click.option(
+    "--module",
+    "modules",
+    multiple=True,
+    help="An application's module declaring more actors, as for `jobctl worker` (repeatable): their "
+    "queues are the project's too. Without it: the project's actors' queues and those the "
+    "dead-letter index knows.",
+)
+
+
 @dataclass(frozen=True)
 class Selected:
-    """The filters a subcommand was given (none: every dead letter)."""
+    """The filters a subcommand was given (none: every dead letter of the project's queues), and
+    the application's ``modules`` whose actors' queues are the project's too."""
 
     queue: str | None = None
     actor: str | None = None
     exception: str | None = None
     since: str | None = None
+    modules: tuple[str, ...] = ()
 
 
 def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,9 +63,10 @@ def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
         actor: str | None,
         exception: str | None,
         since: str | None,
+        modules: tuple[str, ...],
         **kwargs: Any,
     ) -> Any:
-        return command(*args, selected=Selected(queue, actor, exception, since), **kwargs)
+        return command(*args, selected=Selected(queue, actor, exception, since, modules), **kwargs)
 
     for option in reversed(
         [
@@ -64,6 +78,7 @@ def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 help=f"Only this exception type, e.g. TimeoutError; {NO_EXCEPTION} for those without one.",
             ),
             click.option("--since", help="Only those that failed at or after this ISO date/time (UTC)."),
+            module_option,
         ]
     ):
         with_filters = option(with_filters)
@@ -75,14 +90,20 @@ class Context:
 
     def __init__(self, ids: tuple[str, ...], selected: Selected) -> None:
         system = load_system()
+        import_application("jobctl", selected.modules)
         from jobsystem.ops import dead_letters as ops
+        from jobsystem.rabbitmq.broker import dead_letter_queue
 
         self.ops = ops
         self.broker = system.broker
-        queue = selected.queue
-        self.queues = ops.dead_letter_queues(system.settings, system.broker, queue)
+        queue, named = selected.queue, f"--queue {selected.queue!r}"
+        try:  # only the project's queues, never another application's on the vhost
+            self.queues = ops.dead_letter_queues(system.settings, system.broker, queue)
+        except ops.ForeignQueue as exc:
+            require_queues(system.settings, {dead_letter_queue(exc.name): named})  # a typo first
+            fail(f"jobctl: {named}: {exc} (an application's actors: name their --module)")
         if queue is not None:  # a typo: say so, rather than "0 dead letters" or a channel error
-            require_queues(system.settings, {name: f"--queue {queue!r}" for name in self.queues})
+            require_queues(system.settings, {name: named for name in self.queues})
         self.filters = ops.Filters(
             message_ids=frozenset(ids),
             queue=None,
@@ -168,12 +189,13 @@ def _shown(body: bytes) -> str:
 @dlq.command()
 @click.argument("message_id")
 @click.option("--queue", help="Look only in this (original) queue's dead letters.")
-def show(message_id: str, queue: str | None) -> None:
+@module_option
+def show(message_id: str, queue: str | None, modules: tuple[str, ...]) -> None:
     """Show one dead letter: record, traceback and body, scrubbed of personal data.
 
     Positional arguments are counted, not shown; `jobctl dlq export -o FILE` writes bodies whole.
     """
-    ctx = Context((message_id,), Selected(queue=queue))
+    ctx = Context((message_id,), Selected(queue=queue, modules=modules))
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
         data = dead.summary()
         width = max(len(k) for k in data)

@@ -164,7 +164,8 @@ def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> N
     """Serve the operators' web dashboard (log in as admin or viewer).
 
     MODULES: the application's modules that declare more actors, as for `jobctl worker`
-    (their schedules and idempotency keys are then known). Needs DASHBOARD_ADMIN_PASSWORD.
+    (their schedules, idempotency keys and queues are then known: only the project's queues are
+    shown and acted on). Needs DASHBOARD_ADMIN_PASSWORD.
     """
     system = load_system()
     import_application("jobctl", modules)

@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import requests
 from dramatiq import Message
 from dramatiq.common import q_name
 
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
-from jobsystem.ops.health import own_queue
-from jobsystem.ops.management import queue_names
+from jobsystem.ops.queue_counts import missing_queues
+from jobsystem.ops.scope import ForeignQueue, project_queue, project_queues
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.settings import Settings
@@ -44,6 +43,7 @@ from jobsystem.store.base import StoreUnavailable
 __all__ = [
     "NOT_REPLAYABLE",
     "Filters",
+    "ForeignQueue",
     "Outcome",
     "dead_letter_queues",
     "forget",
@@ -57,8 +57,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: The longest the list of dead-letter queues waits for the management API (then: the declared ones).
-MANAGEMENT_TIMEOUT_S = 10.0
+#: The longest the check of which dead-letter queues RabbitMQ has may take.
+RABBITMQ_TIMEOUT_S = 10.0
 #: Reasons of dead letters that are not messages at all: never replayed.
 NOT_REPLAYABLE = ("malformed", "undecodable")
 
@@ -84,16 +84,18 @@ class Filters:
 
 
 def dead_letter_queues(settings: Settings, broker: ProjectBroker, queue: str | None = None) -> list[str]:
-    """The dead-letter queues of this environment (``QUEUE_PREFIX``), from the management API,
-    or from the queues this process declared when the API does not answer. A ``queue`` named is
-    one of this environment's (the prefix added unless present), never another's on the vhost."""
+    """The dead-letter queues of the project's queues (:func:`~jobsystem.ops.scope.project_queues`)
+    that RabbitMQ has, never every ``.DLQ`` with ``QUEUE_PREFIX`` (the default, empty, prefix
+    would take every application's on the vhost). A ``queue`` named is the project's (the prefix
+    added unless present): another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`."""
     if queue is not None:
-        return [own_queue(settings, q_name(queue)) + DEAD_LETTER_SUFFIX]
+        return [project_queue(settings, broker, q_name(queue)) + DEAD_LETTER_SUFFIX]
+    names = sorted(q + DEAD_LETTER_SUFFIX for q in project_queues(broker))
     try:
-        names = queue_names(settings, MANAGEMENT_TIMEOUT_S)
-    except requests.RequestException:
-        names = [q + DEAD_LETTER_SUFFIX for q in broker.get_declared_queues()]
-    return sorted(n for n in names if n.endswith(DEAD_LETTER_SUFFIX) and n.startswith(settings.queue_prefix))
+        missing = set(missing_queues(settings, names, RABBITMQ_TIMEOUT_S))
+    except ConnectionError:
+        return names  # the operation's own connection reports the unreachable broker
+    return [name for name in names if name not in missing]
 
 
 @dataclass

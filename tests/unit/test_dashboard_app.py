@@ -106,9 +106,9 @@ def dashboard(
     and the headers an admin's POST carries."""
     broker = SimpleNamespace(
         actors={"a1": None},
-        dead_letter_index=None,
+        dead_letter_index=SimpleNamespace(backend=dead_letter_index(store)),
         middleware=[],
-        get_declared_queues=lambda: [],
+        get_declared_queues=lambda: [settings.queue("emails")],  # the reference actors' queue
         parameters=pika.URLParameters(settings.rabbitmq_url),
     )
     project = SimpleNamespace(
