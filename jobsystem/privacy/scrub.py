@@ -53,9 +53,7 @@ _UNCHANGED = (*_SCALARS, enum.Enum)
 #: Types of values (not subclasses: their repr could say anything) passed through as they are
 #: under a key that names nothing (see :meth:`Scrubber.key`); an ``int`` after :meth:`Scrubber.number`.
 PLAIN_TYPES = frozenset({int, float, bool, type(None)})
-#: Integers closer to zero (up to 12 digits) pass as they are: ids, sizes and epoch seconds are
-#: ints of 9-12 digits, and 6-16% of random ones pass some national number's check (measured);
-#: card numbers have 13 digits or more.
+#: Ints of up to 12 digits pass (ids, epoch seconds; 6-16% pass a national check); cards have 13+.
 SHORT_INT = 10**12
 #: Five digits close together: the least any number worth a look has.
 _DIGITS = re.compile(r"\d(?:\D{0,3}\d){4}")
