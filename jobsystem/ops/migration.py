@@ -20,8 +20,8 @@ from typing import Any
 import pika
 import pika.adapters.blocking_connection
 import pika.exceptions
-import requests
 
+from jobsystem.ops.management import call_api
 from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.rabbitmq.delays import is_cascade_queue
@@ -54,11 +54,11 @@ class QueueState:
 
 
 def existing_queues(settings: Settings) -> dict[str, QueueState]:
-    response = requests.get(settings.queues_api(), params={"columns": "name,arguments,consumers"}, timeout=10)
-    response.raise_for_status()
+    columns = {"columns": "name,arguments,consumers"}
+    found = call_api(settings, "GET", settings.queues_api(), 10, params=columns)
     return {
         q["name"]: QueueState(q["name"], q.get("arguments") or {}, int(q.get("consumers") or 0))
-        for q in response.json()
+        for q in found
     }
 
 

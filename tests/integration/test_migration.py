@@ -50,7 +50,7 @@ def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(que
     deliver = queues.api(f"/../exchanges/%2F/{prefix}delay.deliver/bindings/source").replace(
         "/queues/%2F/..", ""
     )
-    bound = {b["destination"] for b in requests.get(deliver, timeout=10).json()}
+    bound = {b["destination"] for b in requests.get(deliver, auth=queues.auth, timeout=10).json()}
     assert queue + ".DQ" in bound
 
 
