@@ -25,6 +25,7 @@ import requests
 
 from demo.alive import alive_queue
 from demo.orphan_guard import guarded
+from jobsystem.ops.management import call_api
 from jobsystem.settings import Settings
 
 
@@ -204,18 +205,19 @@ def _api(settings: Settings, kind: str, *name: str) -> str:
 
 def listed_names(settings: Settings, kind: str, prefix: str) -> list[str]:
     """The names of the ``kind`` (``queues``, ``exchanges``) starting with ``prefix``."""
-    response = requests.get(_api(settings, kind), params={"columns": "name"}, timeout=10)
-    response.raise_for_status()
-    return [item["name"] for item in response.json() if item["name"].startswith(prefix)]
+    listed = call_api(settings, "GET", _api(settings, kind), 10, params={"columns": "name"})
+    return [item["name"] for item in listed if item["name"].startswith(prefix)]
 
 
 def delete_named(settings: Settings, kind: str, name: str) -> bool:
     """Delete one queue or exchange by the management API; False if it was already gone (another
     demo's sweep may delete the same leftovers at the same time)."""
-    response = requests.delete(_api(settings, kind, name), timeout=10)
-    if response.status_code == 404:
-        return False
-    response.raise_for_status()
+    try:
+        call_api(settings, "DELETE", _api(settings, kind, name), 10)
+    except requests.HTTPError as exc:
+        if exc.response is not None and exc.response.status_code == 404:
+            return False
+        raise
     return True
 
 

@@ -85,6 +85,8 @@ def ping(timeout: float) -> None:
     Exit code 0 when everything answers, 1 when only the management API does not, 2 when the broker
     cannot be reached.
     """
+    from jobsystem.ops.management import call_api
+
     system = load_system()
     settings = system.settings
     parameters = system.broker.parameters
@@ -101,8 +103,7 @@ def ping(timeout: float) -> None:
     server = version.decode() if isinstance(version, bytes) else str(version)
     click.echo(f"rabbitmq    ok           {redact_url(settings.rabbitmq_url)}  (RabbitMQ {server})")
     try:
-        response = requests.get(settings.management_api("overview"), timeout=timeout)
-        response.raise_for_status()
+        call_api(settings, "GET", settings.management_api("overview"), timeout)
     except requests.RequestException as exc:
         click.echo(f"management  unreachable  {redact_url(settings.management_url)}  ({type(exc).__name__})")
         sys.exit(EXIT_DEGRADED)

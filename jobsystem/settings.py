@@ -294,14 +294,20 @@ class Settings(BaseModel):
 
     @property
     def management_url(self) -> str:
-        """The management API's base URL, carrying RabbitMQ's credentials unless it names its own."""
+        """The management API's base URL, without credentials (:attr:`management_auth`): HTTP
+        clients quote a request's URL in their errors (``404 Client Error: ... for url: ...``),
+        which end up in logs, CLI output and JSON summaries."""
         parts = urlsplit(self.rabbitmq_management_url)
-        if parts.username:
-            return self.rabbitmq_management_url.rstrip("/")
+        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+
+    @property
+    def management_auth(self) -> tuple[str, str]:
+        """The management API's user and password (decoded): the URL's own, else ``RABBITMQ_URL``'s."""
+        own = urlsplit(self.rabbitmq_management_url)
+        if own.username:
+            return unquote(own.username), unquote(own.password or "")
         amqp = urlsplit(self.rabbitmq_url.split(";")[0])
-        # urlsplit leaves the credentials percent-encoded, as the HTTP URL needs them.
-        netloc = f"{amqp.username or 'guest'}:{amqp.password or 'guest'}@{parts.netloc}"
-        return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+        return unquote(amqp.username or "guest"), unquote(amqp.password or "guest")
 
     def management_api(self, *segments: str) -> str:
         """The management API's URL of ``segments`` (``"overview"``), each percent-encoded (a

@@ -67,7 +67,7 @@ def _sweep_vhost(session: pytest.Session) -> None:
     run reproduced; failing on it would make CI fail at random on a race not yet understood."""
     settings = load_settings(os.environ)
     try:
-        left = delete_prefixed(settings.management_url, settings.rabbitmq_vhost, f"t{os.environ[_RUN_MARK]}")
+        left = delete_prefixed(settings, f"t{os.environ[_RUN_MARK]}")
     except requests.RequestException:
         return  # no management API: the tests that need it failed already
     if left:

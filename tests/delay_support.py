@@ -56,7 +56,7 @@ def refusing_cascade(queues: Queues) -> Iterator[None]:
         "apply-to": "queues",
         "priority": 10,
     }
-    requests.put(url, json=policy, timeout=10).raise_for_status()
+    requests.put(url, json=policy, auth=queues.auth, timeout=10).raise_for_status()
     try:
         level = DelayCascade(queues.prefix).level(6)
         wait_for(
@@ -66,7 +66,7 @@ def refusing_cascade(queues: Queues) -> Iterator[None]:
         )
         yield
     finally:
-        requests.delete(url, timeout=10)
+        requests.delete(url, auth=queues.auth, timeout=10)
 
 
 def in_cascade(prefix: str) -> dict[str, int]:

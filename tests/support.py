@@ -22,6 +22,7 @@ from urllib.parse import quote
 import dramatiq
 import requests
 
+from jobsystem.settings import Settings
 from jobsystem.store import StateStore, open_store
 from jobsystem.store.redis import RedisStore, delete_matching
 from jobsystem.system import get_system
@@ -340,27 +341,27 @@ def drop_closed(broker: Any) -> None:
 _TEST_PREFIX = re.compile(r"t[0-9a-f]{4,10}-?")
 
 
-def prefixed_topology(management_url: str, vhost: str, prefix: str) -> list[tuple[str, str]]:
+def prefixed_topology(settings: Settings, prefix: str) -> list[tuple[str, str]]:
     """``(url, name)`` of each queue and exchange (the delay cascade's carry the prefix too) whose
     name starts with ``prefix``, from the management API."""
     found = []
     for kind in ("queues", "exchanges"):
-        url = f"{management_url}/api/{kind}/{quote(vhost, safe='')}"
-        response = requests.get(url, params={"columns": "name"}, timeout=10)
+        url = settings.management_api(kind, settings.rabbitmq_vhost)
+        response = requests.get(url, params={"columns": "name"}, auth=settings.management_auth, timeout=10)
         response.raise_for_status()
         names = [item["name"] for item in response.json() if item["name"].startswith(prefix)]
         found += [(f"{url}/{quote(name, safe='')}", name) for name in names]
     return found
 
 
-def delete_prefixed(management_url: str, vhost: str, prefix: str) -> list[str]:
+def delete_prefixed(settings: Settings, prefix: str) -> list[str]:
     """Delete the queues and exchanges whose names start with ``prefix``, a test's or a run's;
     returns their names. Any other prefix is refused: the vhost may be shared."""
     if not _TEST_PREFIX.fullmatch(prefix):
         raise ValueError(f"not a test prefix: {prefix!r}")
-    found = prefixed_topology(management_url, vhost, prefix)
+    found = prefixed_topology(settings, prefix)
     for url, _ in found:
-        requests.delete(url, timeout=10)
+        requests.delete(url, auth=settings.management_auth, timeout=10)
     return [name for _, name in found]
 
 
@@ -401,13 +402,18 @@ class Queues:
                 "", message.queue_name, message.encode(), pika.BasicProperties(delivery_mode=2)
             )
 
+    @property
+    def auth(self) -> tuple[str, str]:
+        """The management API's credentials, for the URLs of :meth:`api` (which carry none)."""
+        return self.settings.management_auth
+
     def api(self, path: str) -> str:
         return (
             f"{self.settings.management_url}/api/queues/{quote(self.settings.rabbitmq_vhost, safe='')}{path}"
         )
 
     def info(self, queue: str) -> dict[str, Any]:
-        response = requests.get(self.api(f"/{quote(queue, safe='')}"), timeout=10)
+        response = requests.get(self.api(f"/{quote(queue, safe='')}"), auth=self.auth, timeout=10)
         response.raise_for_status()
         info: dict[str, Any] = response.json()
         return info
@@ -513,6 +519,7 @@ class Queues:
         response = requests.post(
             self.api(f"/{quote(queue, safe='')}/get"),
             json={"count": count, "ackmode": "ack_requeue_true", "encoding": "auto"},
+            auth=self.auth,
             timeout=10,
         )
         response.raise_for_status()
@@ -531,7 +538,7 @@ class Queues:
             "apply-to": "queues",
             "priority": 10,
         }
-        requests.put(url, json=policy, timeout=10).raise_for_status()
+        requests.put(url, json=policy, auth=self.auth, timeout=10).raise_for_status()
         try:
             wait_for(
                 lambda: (
@@ -542,7 +549,7 @@ class Queues:
             )
             yield
         finally:
-            requests.delete(url, timeout=10)
+            requests.delete(url, auth=self.auth, timeout=10)
 
     def delete_all(self) -> None:
-        delete_prefixed(self.settings.management_url, self.settings.rabbitmq_vhost, self.prefix)
+        delete_prefixed(self.settings, self.prefix)

@@ -16,6 +16,7 @@ from jobsystem.settings import Settings
 __all__ = [
     "ManagementTimeout",
     "Undated",
+    "call_api",
     "oldest_age_s",
     "queue_names",
     "queue_stats",
@@ -29,15 +30,22 @@ _COLUMNS = (
 )
 
 
+def call_api(config: Settings, method: str, url: str, seconds: float, **kwargs: Any) -> Any:
+    """:func:`call_json` as the configured management user (``config.management_auth``): the one
+    way this project calls the management API."""
+    return call_json(method, url, seconds, auth=config.management_auth, **kwargs)
+
+
 def queue_stats(config: Settings, timeout: float) -> dict[str, dict[str, Any]]:
     """Every queue of the vhost with the columns health needs, in one request."""
-    queues = call_json("GET", config.queues_api(), timeout, params={"columns": _COLUMNS})
+    queues = call_api(config, "GET", config.queues_api(), timeout, params={"columns": _COLUMNS})
     return {q["name"]: q for q in queues}
 
 
 def queue_names(config: Settings, timeout: float) -> list[str]:
     """The names of every queue of the vhost (``requests.RequestException`` when unanswered)."""
-    return [q["name"] for q in call_json("GET", config.queues_api(), timeout, params={"columns": "name"})]
+    listed = call_api(config, "GET", config.queues_api(), timeout, params={"columns": "name"})
+    return [q["name"] for q in listed]
 
 
 def rate(info: dict[str, Any], name: str) -> float:
@@ -71,7 +79,8 @@ def ready_since(peeked: dict[str, Any]) -> float:
 def oldest_age_s(config: Settings, queue: str, timeout: float) -> float | None:
     """Seconds since the head message of ``queue`` became ready; None when none is waiting.
     Raises Undated when its ready time cannot be read."""
-    peeked = call_json(
+    peeked = call_api(
+        config,
         "POST",
         config.queues_api(queue, "get"),
         timeout,

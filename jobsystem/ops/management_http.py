@@ -7,6 +7,11 @@ the call is shut down when the deadline passes, whatever phase the call is in (t
 body, a TLS handshake), so the blocked read ends at once and the call raises
 :class:`ManagementTimeout`. The connect itself is bounded by the time left (name resolution is
 not: the management API is normally named by an address or ``localhost``).
+
+Credentials never ride in the URL: ``requests`` quotes a call's URL in its errors (``401 Client
+Error: Unauthorized for url: ...``), and those texts reach logs, ``jobctl`` output and JSON
+summaries. They go in the ``Authorization`` header (``auth``); a URL given with userinfo has it
+split off here, so no caller can put a password back into an error text.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -104,16 +110,30 @@ def _cut_at(deadline: Deadline) -> Iterator[_Cutter]:
         _calling.cutter = None
 
 
-def call_json(method: str, url: str, seconds: float, **kwargs: Any) -> Any:
+def _without_credentials(url: str, auth: tuple[str, str] | None) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its userinfo, and the credentials to send: ``auth``, else the URL's own."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, auth
+    if auth is None and parts.username:
+        auth = (unquote(parts.username), unquote(parts.password or ""))
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), auth
+
+
+def call_json(
+    method: str, url: str, seconds: float, *, auth: tuple[str, str] | None = None, **kwargs: Any
+) -> Any:
     """The JSON answer of ``method url`` (``requests``' keyword arguments: ``params``, ``json``)
-    within ``seconds`` in all. Raises :class:`ManagementTimeout` past it, and otherwise what
-    ``requests`` raises (an error status included): every error is a ``RequestException``."""
+    within ``seconds`` in all, as ``auth`` (user, password); None for an empty answer (a DELETE's
+    204). Raises :class:`ManagementTimeout` past it, and otherwise what ``requests`` raises (an
+    error status included): every error is a ``RequestException``, its text free of credentials."""
+    url, auth = _without_credentials(url, auth)
     deadline = Deadline(seconds)
     with requests.Session() as session, _cut_at(deadline) as cutter:
         session.mount("http://", _Adapter())
         session.mount("https://", _Adapter())
         try:
-            response = session.request(method, url, timeout=deadline.remaining(), **kwargs)
+            response = session.request(method, url, timeout=deadline.remaining(), auth=auth, **kwargs)
             response.raise_for_status()
         except requests.RequestException as exc:
             if cutter.fired:
@@ -121,4 +141,6 @@ def call_json(method: str, url: str, seconds: float, **kwargs: Any) -> Any:
             raise
         if cutter.fired:  # the body may have been cut short where it could end (no length given)
             raise ManagementTimeout(f"no full answer within {seconds:g} s")
+    if not response.content:
+        return None
     return response.json()  # a body that is not JSON: requests.JSONDecodeError

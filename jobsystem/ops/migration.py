@@ -13,15 +13,16 @@ Run it with the workers stopped: it refuses a queue that has consumers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+import contextlib
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pika
 import pika.adapters.blocking_connection
 import pika.exceptions
-import requests
 
+from jobsystem.ops.management import call_api
 from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.rabbitmq.delays import is_cascade_queue
@@ -54,11 +55,11 @@ class QueueState:
 
 
 def existing_queues(settings: Settings) -> dict[str, QueueState]:
-    response = requests.get(settings.queues_api(), params={"columns": "name,arguments,consumers"}, timeout=10)
-    response.raise_for_status()
+    columns = {"columns": "name,arguments,consumers"}
+    found = call_api(settings, "GET", settings.queues_api(), 10, params=columns)
     return {
         q["name"]: QueueState(q["name"], q.get("arguments") or {}, int(q.get("consumers") or 0))
-        for q in response.json()
+        for q in found
     }
 
 
@@ -101,15 +102,33 @@ def _publisher(
     return publish
 
 
+@contextlib.contextmanager
+def _refused(reply_code: int, said: str) -> Iterator[None]:
+    """RabbitMQ's ``reply_code`` refusal of what the block asks (it closes the channel) raised as
+    the one-line :class:`MigrationError` ``said``; any other refusal as it is."""
+    try:
+        yield
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != reply_code:
+            raise
+        raise MigrationError(said) from None
+
+
 def _move(
     channel: pika.adapters.blocking_connection.BlockingChannel,
     source: str,
     publish: Callable[[pika.BasicProperties, bytes], None],
 ) -> int:
-    """Move every message of ``source`` through ``publish(properties, body)``, acking after each confirm."""
+    """Move every message of ``source`` through ``publish(properties, body)``, acking after each
+    confirm. A ``source`` deleted meanwhile (404) keeps what moved where it went."""
     moved = 0
     while True:
-        method, properties, body = channel.basic_get(source, auto_ack=False)
+        gone = (
+            f"queue {source!r} was deleted while its messages were moved (by hand, or by another "
+            f"run): the {moved} moved are kept; run migrate-queues again to finish"
+        )
+        with _refused(404, gone):
+            method, properties, body = channel.basic_get(source, auto_ack=False)
         if method is None:
             return moved
         publish(properties, body)
@@ -122,33 +141,40 @@ def _delete_empty(
 ) -> None:
     """Delete the drained queue ``name``, only if it is still empty: a producer still running, or
     the delay cascade, may have routed a message to it since (RabbitMQ refuses: nothing is lost)."""
-    try:
+    received = (
+        f"queue {name!r} received messages while it was moved to {moved_to!r} (stop whatever "
+        "publishes to it): nothing was lost; run migrate-queues again"
+    )
+    with _refused(406, received):
         channel.queue_delete(name, if_empty=True)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        if exc.reply_code != 406:
-            raise
-        raise MigrationError(
-            f"queue {name!r} received messages while it was moved to {moved_to!r} (stop whatever "
-            "publishes to it): nothing was lost; run migrate-queues again"
-        ) from None
 
 
-def _declare_twin(
-    channel: pika.adapters.blocking_connection.BlockingChannel, twin: str, name: str, wanted: dict[str, Any]
+def _declare(
+    channel: pika.adapters.blocking_connection.BlockingChannel, name: str, wanted: dict[str, Any], other: str
 ) -> None:
-    """Declare ``name``'s ``twin`` with ``wanted``. RabbitMQ refuses (406, closing the channel) a
-    twin that exists with other arguments (left by an older version, made by hand): said in one
-    line, before any message of ``name`` moved."""
-    try:
-        channel.queue_declare(twin, durable=True, arguments=wanted)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        if exc.reply_code != 406:
-            raise
-        raise MigrationError(
-            f"queue {twin!r} exists with other arguments than the project's (left by an older "
-            f"version, or made by hand): no message of {name!r} moved; empty the twin into it or "
-            "delete it, then run migrate-queues again"
-        ) from None
+    """Declare ``name`` with ``wanted``. RabbitMQ refuses (406, closing the channel) a queue that
+    exists with other arguments: said in the one line ``other``."""
+    with _refused(406, other):
+        channel.queue_declare(name, durable=True, arguments=wanted)
+
+
+def _twin_taken(twin: str, name: str) -> str:
+    """A twin left with other arguments (by an older version, by hand), before anything moved."""
+    return (
+        f"queue {twin!r} exists with other arguments than the project's (left by an older "
+        f"version, or made by hand): no message of {name!r} moved; empty the twin into it or "
+        "delete it, then run migrate-queues again"
+    )
+
+
+def _declared_again(name: str, twin: str) -> str:
+    """``name`` declared with other arguments between its delete and its new declare (a worker or
+    producer of the old configuration): its messages wait in the twin for the next run."""
+    return (
+        f"queue {name!r} was declared again with other arguments while it was migrated (a worker "
+        f"or producer of the old configuration: stop it): its messages wait in {twin!r}; run "
+        "migrate-queues again"
+    )
 
 
 def twins_left(settings: Settings, queues: list[str]) -> set[str]:
@@ -184,12 +210,12 @@ def _recreate(
     if state is not None and state.arguments != wanted:
         if state.consumers:
             raise MigrationError(f"queue {name!r} has {state.consumers} consumer(s): stop the workers first")
-        _declare_twin(channel, twin, name, wanted)
+        _declare(channel, twin, wanted, _twin_taken(twin, name))
         out = _move(channel, name, _publisher(channel, "", twin))
         _delete_empty(channel, name, twin)
     elif not twin_left:
         return None
-    channel.queue_declare(name, durable=True, arguments=wanted)
+    _declare(channel, name, wanted, _declared_again(name, twin))
     back = _move(channel, twin, _publisher(channel, "", name))
     _delete_empty(channel, twin, name)
     if state is None or state.arguments == wanted:

@@ -88,7 +88,7 @@ def test_alert_fires_once_per_condition_and_again_after_it_cleared(start_worker,
     assert sorted(e["tags"]["condition"] for e in events) == sorted(conditions)
     assert {e["level"] for e in events} == {"warning"}
 
-    requests.delete(queues.api(f"/{quote(backlog, safe='')}/contents"), timeout=10)
+    requests.delete(queues.api(f"/{quote(backlog, safe='')}/contents"), auth=queues.auth, timeout=10)
     run_check()
     assert worker.output().count("queue_recovered") == 2 and len(alerts()) == 2
 

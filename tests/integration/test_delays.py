@@ -202,7 +202,7 @@ def test_a_two_hour_backoff_and_three_hours_of_reservations_are_scheduled_not_he
         samples.append(unacked(queues, queue))
         time.sleep(1)
     assert samples == [0] * 7
-    health = requests.get(queues.api(f"/{queue}.DQ"), timeout=10).json()
+    health = requests.get(queues.api(f"/{queue}.DQ"), auth=queues.auth, timeout=10).json()
     assert health["messages"] == 0
 
 

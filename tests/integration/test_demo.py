@@ -58,7 +58,7 @@ def _demo(tmp_path: Path, *arguments: str, **overrides: str) -> subprocess.Popen
 def _leftovers(prefix: str) -> tuple[list[str], list[bytes]]:
     """The queues and exchanges (by the management API) and the state keys under ``prefix``."""
     settings = Queues(prefix).settings
-    names = [name for _, name in prefixed_topology(settings.management_url, settings.rabbitmq_vhost, prefix)]
+    names = [name for _, name in prefixed_topology(settings, prefix)]
     keys = list(redis.Redis.from_url(TEST_REDIS_URL).scan_iter(f"jobs:{prefix}*", count=1000))
     return names, keys
 
@@ -122,10 +122,11 @@ def test_the_demo_reports_what_happened_and_leaves_nothing_behind(tmp_path, dead
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
 def test_ctrl_c_or_a_closed_terminal_stops_the_demo_and_still_cleans_up(tmp_path, stop):
-    known = {q["name"] for q in requests.get(Queues("").api(""), timeout=10).json()}
+    every = Queues("")
+    known = {q["name"] for q in requests.get(every.api(""), auth=every.auth, timeout=10).json()}
 
     def demo_queue() -> str | None:
-        names = [q["name"] for q in requests.get(Queues("").api(""), timeout=10).json()]
+        names = [q["name"] for q in requests.get(every.api(""), auth=every.auth, timeout=10).json()]
         new = [n for n in names if n.startswith("demo-") and n.endswith("-partner") and n not in known]
         return new[0] if new else None
 

@@ -130,7 +130,7 @@ def test_a_message_ready_just_now_is_young_whatever_its_timestamps_and_size(queu
     assert source == "management" and health.waiting == 1
     assert health.oldest_age_s is not None and health.oldest_age_s < 60, health.oldest_age_s
 
-    requests.delete(queues.api(f"/{quote(queue, safe='')}/contents"), timeout=10)
+    requests.delete(queues.api(f"/{quote(queue, safe='')}/contents"), auth=queues.auth, timeout=10)
     queues.broker.enqueue(queues.message(workload.record, "x" * 100_000))  # past the peek's 64 KiB
     ((health,), _, notes) = measure(queues.settings, [queue])
     assert health.oldest_age_s is not None and health.oldest_age_s < 60, notes

@@ -50,7 +50,7 @@ def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(que
     deliver = queues.api(f"/../exchanges/%2F/{prefix}delay.deliver/bindings/source").replace(
         "/queues/%2F/..", ""
     )
-    bound = {b["destination"] for b in requests.get(deliver, timeout=10).json()}
+    bound = {b["destination"] for b in requests.get(deliver, auth=queues.auth, timeout=10).json()}
     assert queue + ".DQ" in bound
 
 
@@ -161,6 +161,66 @@ def test_a_twin_left_with_other_arguments_is_one_line_and_moves_nothing(queues, 
     assert f"no message of {queue!r} moved" in line
     assert queues.info(queue)["arguments"] == {} and queues.depth(queue) == 3
     assert queues.info(twin)["arguments"] == {"x-max-priority": 3} and queues.depth(twin) == 1
+
+
+def _interfered_run(queues, prefix: str, what: str) -> tuple[str, str, str]:  # type: ignore[no-untyped-def]
+    """``emails`` as plain Dramatiq declares it, holding ``<queue>-0`` to ``-2``, migrated while
+    ``what`` (:mod:`tests.migration_interference`) happens to it: its name, its twin's, and the
+    one line the failed run printed (exit code 1, no traceback)."""
+    queue, twin = prefix + "emails", prefix + "emails.migrating"
+    channel = queues.broker.channel
+    channel.queue_declare(queue, durable=True)
+    for i in range(3):
+        channel.basic_publish("", queue, f"{queue}-{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    interfered = {"MIGRATION_INTERFERENCE": f"{what}:{queue}"}
+    result = jobctl(prefix, "migrate-queues", "tests.migration_interference", check=False, **interfered)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    return queue, twin, line
+
+
+def _payloads(queues, queue: str) -> list[str]:  # type: ignore[no-untyped-def]
+    return sorted(m["payload"] for m in queues.peek(queue, count=10))
+
+
+def test_a_queue_declared_again_with_other_arguments_mid_migration_is_one_line_and_loses_nothing(
+    queues, prefix
+):
+    """A worker of the old configuration declares the queue between its delete and its new declare:
+    RabbitMQ refuses the project's arguments (406). One line naming the queue, the exit code of a
+    migration error, the messages waiting in the twin; the next run (that worker gone) finishes."""
+    from jobsystem.ops.migration import twins_left
+
+    queue, twin, line = _interfered_run(queues, prefix, "redeclare")
+    assert line.startswith(f"jobctl: queue {queue!r} was declared again with other arguments"), line
+    assert f"its messages wait in {twin!r}" in line
+    assert queues.info(queue)["arguments"] == {} and queues.depth(queue) == 0
+    assert _payloads(queues, twin) == [f"{queue}-{i}" for i in range(3)]
+    assert twins_left(queues.settings, [queue]) == {queue}
+
+    report = jobctl(prefix, "migrate-queues").stdout
+    assert f"{queue}: recreated with the project's arguments (0 moved out, 3 back)" in report, report
+    assert queues.info(queue)["arguments"]["x-dead-letter-routing-key"] == queue
+    assert _payloads(queues, queue) == [f"{queue}-{i}" for i in range(3)]
+    assert queues.declared(twin) is None
+
+
+def test_a_queue_deleted_while_its_messages_move_out_is_one_line_and_the_next_run_finishes(queues, prefix):
+    """The queue is deleted (by hand, another run) after one of its messages moved to the twin:
+    the next ``basic_get`` is a 404. One line naming the queue, the exit code of a migration error,
+    the moved message kept in the twin, and the next run, naming the queue RabbitMQ no longer
+    has, moves it back."""
+    from jobsystem.ops.migration import twins_left
+
+    queue, twin, line = _interfered_run(queues, prefix, "delete")
+    assert line.startswith(f"jobctl: queue {queue!r} was deleted while its messages were moved"), line
+    assert "the 1 moved are kept" in line
+    assert queues.declared(queue) is None and _payloads(queues, twin) == [f"{queue}-0"]
+    assert twins_left(queues.settings, [queue]) == {queue}
+
+    report = jobctl(prefix, "migrate-queues", "--queue", "emails").stdout
+    assert f"{queue}: 1 message(s) moved back from {twin!r}" in report, report
+    assert _payloads(queues, queue) == [f"{queue}-0"] and queues.declared(twin) is None
 
 
 @pytest.mark.parametrize("end", ["/?vhost=x", "?", "/#x", "#"])

@@ -11,17 +11,23 @@ def test_defaults_are_valid():
     settings = load_settings({})
     assert settings.rabbitmq_url == "amqp://guest:guest@127.0.0.1:5672/%2F"
     assert settings.rabbitmq_vhost == "/"
-    assert settings.management_url == "http://guest:guest@127.0.0.1:15672"
+    assert settings.management_url == "http://127.0.0.1:15672"
+    assert settings.management_auth == ("guest", "guest")
     assert settings.job_time_limit_ms < settings.rabbitmq_consumer_timeout_ms
     assert settings.delay_horizon_ms * 2 <= settings.rabbitmq_consumer_timeout_ms
 
 
-def test_management_credentials_come_from_the_amqp_url_unless_given():
+def test_management_credentials_come_from_the_amqp_url_unless_given_and_never_ride_in_its_urls():
+    """The credentials go in ``management_auth`` (decoded), never in a URL: HTTP clients quote a
+    request's URL in their error texts."""
     settings = load_settings({"RABBITMQ_URL": "amqp://app:s%40cret@mq:5672/prod"})
-    assert settings.management_url == "http://app:s%40cret@127.0.0.1:15672"
+    assert settings.management_url == "http://127.0.0.1:15672"
+    assert settings.management_auth == ("app", "s@cret")
     assert settings.rabbitmq_vhost == "prod"
-    own = load_settings({"RABBITMQ_MANAGEMENT_URL": "https://ops:pw@mq:15671/"})
-    assert own.management_url == "https://ops:pw@mq:15671"
+    own = load_settings({"RABBITMQ_MANAGEMENT_URL": "https://ops:p%23w@mq:15671/"})
+    assert own.management_url == "https://mq:15671"
+    assert own.management_auth == ("ops", "p#w")
+    assert "p%23w" not in own.queues_api("q", "get") and "ops" not in own.management_api("overview")
 
 
 def test_management_api_urls_keep_the_base_path_and_encode_each_segment():
@@ -29,9 +35,9 @@ def test_management_api_urls_keep_the_base_path_and_encode_each_segment():
     or without a trailing slash; a ``/`` in a vhost or queue name is encoded, not a path step."""
     for base in ("http://mq:15672/rabbitmq", "http://mq:15672/rabbitmq/"):
         settings = load_settings({"RABBITMQ_MANAGEMENT_URL": base, "RABBITMQ_URL": "amqp://u:p@mq/a%2Fb"})
-        assert settings.management_api("overview") == "http://u:p@mq:15672/rabbitmq/api/overview"
-        assert settings.queues_api("q/1", "get") == "http://u:p@mq:15672/rabbitmq/api/queues/a%2Fb/q%2F1/get"
-    assert load_settings({}).queues_api() == "http://guest:guest@127.0.0.1:15672/api/queues/%2F"
+        assert settings.management_api("overview") == "http://mq:15672/rabbitmq/api/overview"
+        assert settings.queues_api("q/1", "get") == "http://mq:15672/rabbitmq/api/queues/a%2Fb/q%2F1/get"
+    assert load_settings({}).queues_api() == "http://127.0.0.1:15672/api/queues/%2F"
 
 
 @pytest.mark.parametrize(
