@@ -17,7 +17,7 @@ import math
 import re
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 import sentry_sdk
@@ -86,7 +86,8 @@ class CheckIns:
 
     def __init__(self, schedules: Iterable[Schedule]) -> None:
         self.monitors: dict[str, MonitorConfig] = {}
-        #: Per schedule, the fires whose check-in is open, and its id.
+        #: Per schedule, the fires whose check-in is open (by UTC instant: the two passes of an
+        #: hour the clock repeats are equal as times of one zone), and its id.
         self._open: dict[str, dict[datetime, str]] = {}
         for schedule in schedules:
             config = monitor_config(schedule)
@@ -98,17 +99,17 @@ class CheckIns:
 
     def started(self, schedule: Schedule, fire_time: datetime, fire_key: str) -> None:
         """Open the check-in of a fire at its first attempt; its retries send nothing."""
-        opened = self._open.get(schedule.id)
-        if opened is None or fire_time in opened:
+        opened, instant = self._open.get(schedule.id), fire_time.astimezone(UTC)
+        if opened is None or instant in opened:
             return
-        opened[fire_time] = check_in_id(fire_key)
-        self._capture(schedule, opened[fire_time], MonitorStatus.IN_PROGRESS)
+        opened[instant] = check_in_id(fire_key)
+        self._capture(schedule, opened[instant], MonitorStatus.IN_PROGRESS)
 
     def sent(self, schedule: Schedule, fire_time: datetime) -> None:
         """Close a fire's check-in ``ok``: its message is confirmed."""
-        opened = self._open.get(schedule.id)
-        if opened is not None and fire_time in opened:
-            self._capture(schedule, opened.pop(fire_time), MonitorStatus.OK)
+        opened, instant = self._open.get(schedule.id), fire_time.astimezone(UTC)
+        if opened is not None and instant in opened:
+            self._capture(schedule, opened.pop(instant), MonitorStatus.OK)
 
     def given_up(self, schedule: Schedule, *, last: datetime | None, due: Iterable[datetime]) -> None:
         """Close ``error`` the open fires that are no longer ``due`` and were never sent (older
@@ -117,9 +118,10 @@ class CheckIns:
         opened = self._open.get(schedule.id)
         if not opened:
             return
-        for fire_time in sorted(opened.keys() - set(due)):
-            checkin = opened.pop(fire_time)
-            if last is None or fire_time > last:
+        last_sent = last.astimezone(UTC) if last is not None else None
+        for instant in sorted(opened.keys() - {fire_time.astimezone(UTC) for fire_time in due}):
+            checkin = opened.pop(instant)
+            if last_sent is None or instant > last_sent:
                 self._capture(schedule, checkin, MonitorStatus.ERROR)
 
     def _capture(self, schedule: Schedule, checkin: str, status: str) -> None:

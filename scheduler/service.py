@@ -233,8 +233,9 @@ class Scheduler:
             sent = self.broker.enqueue(message)
         except Exception as exc:  # RabbitMQ or the state store: the fire is tried again
             # An error (a Sentry event) for a fire's first failure, not one every 5 s retry.
-            retried = self._failing.get(schedule.id) == fire_time
-            self._failing[schedule.id] = fire_time
+            instant = fire_time.astimezone(UTC)  # the passes of a repeated hour are equal wall times
+            retried = self._failing.get(schedule.id) == instant
+            self._failing[schedule.id] = instant
             (logger.warning if retried else logger.error)(
                 "schedule_send_failed",
                 schedule=schedule.id,

@@ -223,3 +223,27 @@ def test_check_ins_go_to_one_monitor_per_schedule(tmp_path, checkins_sent):
         "max_runtime": 61,  # in progress until sent or given up: never timed out before the grace
     }
     assert sentry_checkins(get_system().settings, schedules) is None  # no SENTRY_DSN here
+
+
+def test_the_two_passes_of_a_repeated_hour_have_a_check_in_each(checkins_sent):
+    """01:00 EDT and 01:00 EST (1 November 2026 in New York) are equal as times of one zone: the
+    second pass found the first's check-in open, and closing it closed the first's (a fire never
+    sent reported ``ok``)."""
+    hourly = Schedule(
+        id="hourly-ny",
+        actor="purge_exports",
+        trigger=CronSchedule("0 * * * *", "America/New_York"),
+        cron="0 * * * *",
+        misfire_grace=timedelta(hours=2),
+    )
+    checkins = CheckIns([hourly])
+    zone = hourly.trigger.timezone
+    first, second = (datetime(2026, 11, 1, 1, 0, fold=fold, tzinfo=zone) for fold in (0, 1))
+    assert first == second and second - first.astimezone(UTC) == timedelta(hours=1)  # the trap
+    checkins.started(hourly, first, fire_key(hourly.id, first))
+    checkins.started(hourly, second, fire_key(hourly.id, second))
+    checkins.sent(hourly, second)
+    checkins.given_up(hourly, last=None, due=[])  # the first, never sent, past its grace
+    sent = checkins_sent()
+    assert [status for _, status, _ in sent] == ["in_progress", "in_progress", "ok", "error"]
+    assert sent[0][2] == sent[3][2] != sent[1][2] == sent[2][2]
