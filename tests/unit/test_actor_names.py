@@ -16,6 +16,7 @@ from jobsystem.dramatiq_internals import UNDEFINED_ACTOR_FORMAT, mark_dead_lette
 from jobsystem.observability.sentry import scrub_event
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
+from jobsystem.rabbitmq.dead_letter_indexer import entry_from_headers
 from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
 from middleware.dead_letters import DeadLetters
 from middleware.lifecycle import JobLifecycle
@@ -136,3 +137,29 @@ def test_sentry_tags_name_only_a_registered_actor(broker):
     data = {"actor_name": "ana@example.com", "queue_name": "emails", "message_id": "m-2"}
     event = scrub_event(Scrubber(), {"contexts": {"dramatiq": {"data": data}}})
     assert event is not None and event["tags"]["actor"] == UNKNOWN_ACTOR
+
+
+#: Names Dramatiq takes for an actor that are not Python identifiers.
+NOT_IDENTIFIERS = ["emails.send", "send-email", "billing:charge"]
+
+
+@pytest.mark.parametrize("name", NOT_IDENTIFIERS)
+def test_an_actor_name_that_is_no_identifier_is_kept_without_a_registry(broker, store, name):
+    """A sender's record (written once), Sentry's tags and the index keep the registered
+    ``emails.send``: without the registry, the shape of an actor's name decides, not ``isidentifier``."""
+    assert actor_label(name) == name and actor_label(name, {name}) == name
+    status = Status(store)
+    message = _message(name)
+    status.after_enqueue(broker, message, None)
+    assert status.flush(10)
+    record = status.get(message.message_id)
+    assert record is not None and record.actor == name
+    data = {"actor_name": name, "queue_name": "emails", "message_id": "m-1"}
+    event = scrub_event(Scrubber(), {"contexts": {"dramatiq": {"data": data}}})
+    assert event is not None and event["tags"]["actor"] == name
+    assert entry_from_headers("p-work", "m1", {"x-dl-actor": name}).actor == name
+
+
+@pytest.mark.parametrize("name", ["ana@example.com", "Ana Lopez", "ana\nlopez", "1ana", ".x", "x" * 201])
+def test_a_name_no_actor_can_have_is_unknown_without_a_registry(name):
+    assert actor_label(name) == UNKNOWN_ACTOR
