@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from unittest import mock
 
 import dramatiq
 import pytest
@@ -163,3 +164,31 @@ def test_an_actor_name_that_is_no_identifier_is_kept_without_a_registry(broker, 
 @pytest.mark.parametrize("name", ["ana@example.com", "Ana Lopez", "ana\nlopez", "1ana", ".x", "x" * 201])
 def test_a_name_no_actor_can_have_is_unknown_without_a_registry(name):
     assert actor_label(name) == UNKNOWN_ACTOR
+
+
+@pytest.mark.parametrize(("actor", "shown"), [("Ana_Lopez_1980", UNKNOWN_ACTOR), ("job", "job")])
+def test_a_worker_releasing_a_delayed_message_records_only_a_registered_actor(broker, store, actor, shown):
+    """The worker's move of a ``.DQ`` message to its queue runs ``after_enqueue``; the record's
+    actor, written once there, names no sender's text (the later ``dead`` cannot replace it)."""
+    status = Status(store)
+    status.before_worker_boot(broker, mock.Mock())
+    message = _message(actor)
+    status.after_enqueue(broker, message, None)
+    assert status.flush(10)
+    record = status.get(message.message_id)
+    assert record is not None and (record.state, record.actor) == ("queued", shown)
+
+
+def test_an_actor_sending_from_a_worker_is_a_sender(broker, store):
+    """An actor may send to another service's actors by name: its send keeps the name."""
+    status = Status(store)
+    status.before_worker_boot(broker, mock.Mock())
+    running = delivery(_message("job"))
+    status.before_process_message(broker, running)
+    sent = _message("emails.send")
+    status.after_enqueue(broker, sent, None)
+    status.after_process_message(broker, running)
+    moved = _message("Ana_Lopez_1980")
+    status.after_enqueue(broker, moved, None)  # the actor is done: the worker's own move
+    assert status.flush(10)
+    assert [status.get(m.message_id).actor for m in (sent, moved)] == ["emails.send", UNKNOWN_ACTOR]  # type: ignore[union-attr]
