@@ -9,12 +9,15 @@ import sys
 from unittest import mock
 
 import dramatiq
+import pika
 import pytest
 import structlog
+from dramatiq import Message
 from dramatiq.errors import ActorNotFound
 
 from jobsystem.dramatiq_internals import UNDEFINED_ACTOR_FORMAT, mark_dead_lettered
 from jobsystem.observability.sentry import scrub_event
+from jobsystem.ops import dead_letter_reader
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.rabbitmq.dead_letter_indexer import entry_from_headers
@@ -192,3 +195,22 @@ def test_an_actor_sending_from_a_worker_is_a_sender(broker, store):
     status.after_enqueue(broker, moved, None)  # the actor is done: the worker's own move
     assert status.flush(10)
     assert [status.get(m.message_id).actor for m in (sent, moved)] == ["emails.send", UNKNOWN_ACTOR]  # type: ignore[union-attr]
+
+
+def test_a_letter_rabbitmq_dead_lettered_itself_names_only_an_actor_of_the_readers_broker():
+    """``jobctl dlq`` and a re-index read an ``x-death`` letter (no record a worker checked)
+    with the broker's actors: a person's name shaped as an identifier is not shown."""
+    headers = {"x-death": [{"reason": "rejected", "count": 1}]}
+    letters = [
+        (Message("p-work", name, (), {}, {}).encode(), pika.BasicProperties(message_id=name, headers=headers))
+        for name in ("Ana_Lopez_1980", "job")
+    ]
+    channel = mock.Mock()
+    channel.queue_declare.return_value.method.message_count = len(letters)
+    channel.basic_get.side_effect = [(mock.Mock(delivery_tag=n), p, b) for n, (b, p) in enumerate(letters)]
+    connection = mock.Mock(channel=mock.Mock(return_value=channel))
+    broker = mock.Mock(parameters=pika.ConnectionParameters(), actors={"job": object()})
+    with mock.patch.object(dead_letter_reader.pika, "BlockingConnection", return_value=connection):
+        read = [dead for dead, _ in dead_letter_reader.Reader(broker).stream("p-work.DLQ")]
+    assert [dead.actor for dead in read] == [UNKNOWN_ACTOR, "job"]
+    assert [dead.index_entry().actor for dead in read] == [UNKNOWN_ACTOR, "job"]
