@@ -128,6 +128,8 @@ class Status(Middleware):
         self._pending: dict[str, list[StatusUpdate]] = {}
         self._lock = threading.Lock()
         self._dropping = False
+        #: Set when this process boots a worker (see :meth:`_enqueue_known`).
+        self._in_worker = False
         # A sender that exits right after a send still writes its ``queued`` records.
         atexit.register(self.flush, 2.0)
 
@@ -191,7 +193,8 @@ class Status(Middleware):
     ) -> None:
         """Submit a change; ``known``: the broker's actors (the record names an actor only when it
         is one of them: another name is the sender's text), None where a sender writes it (a
-        service may send to actors it does not import: any identifier is kept); ``rank``: the
+        service may send to actors it does not import: any name of an actor's shape is kept);
+        ``rank``: the
         state whose place in the order it takes (default ``state``); ``now``: the time of the
         change, when the caller read it already (ms, as text)."""
         queue = q_name(message.queue_name)
@@ -220,9 +223,21 @@ class Status(Middleware):
         # No state, so no once-fields: the actor is not written (nor needed).
         self._update((), message, None, message.options.get("retries", 0) + 1, fields)
 
+    def _enqueue_known(self, broker: Broker) -> Container[str] | None:
+        """The names an ``after_enqueue`` keeps as the record's actor (written once). A sender's
+        send: any of an actor's shape (None), as an actor's send from a worker (it runs in this
+        thread). Any other enqueue in a worker is the worker's own move of a message it consumed
+        (a delayed one released to its queue or moved into the delay cascade, a retry, a
+        deferral), which may name no actor at all: the broker's actors."""
+        return broker.actors if self._in_worker and _ACTIVE.get() is None else None
+
     # -- hooks -----------------------------------------------------------------------------------
 
+    def before_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        self._in_worker = True
+
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        known = self._enqueue_known(broker)
         kind = self.attempts.enqueued(message, delay)
         retries = int(message.options.get("retries", 0))
         eta = message.options.get("eta")
@@ -233,7 +248,7 @@ class Status(Middleware):
             # Put back by its own attempt (the actor raised RateLimited): it waits to run that
             # attempt again, in the place of its ``running`` state, which the re-run writes again.
             self._update(
-                None,
+                known,
                 message,
                 "scheduled" if far else "queued",
                 running,
@@ -248,14 +263,14 @@ class Status(Middleware):
             if retries == 0:
                 shown = self._shown_args(broker, message)
                 fields.update({"args": shown} if shown else {})
-            self._update(None, message, "scheduled", retries, fields, rank="retrying" if retries else None)
+            self._update(known, message, "scheduled", retries, fields, rank="retrying" if retries else None)
         elif kind == "retry":
             # Retries counted the failed attempt already: ``retries`` attempts have run.
-            self._update(None, message, "retrying", retries, fields or None)
+            self._update(known, message, "retrying", retries, fields or None)
         elif retries == 0:
             # A send (or a deferral or delayed move of a message that never ran: it is still queued).
             shown = self._shown_args(broker, message)
-            self._update(None, message, "queued", 0, {"args": shown} if shown else None)
+            self._update(known, message, "queued", 0, {"args": shown} if shown else None)
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         _ACTIVE.set(self)
@@ -299,6 +314,7 @@ class Status(Middleware):
         self._update(broker.actors, message, "failed", attempt, fields)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        _ACTIVE.set(None)  # no after_process_message follows a skip: its actor no longer runs
         if message.failed:
             return  # nacked next: after_nack records it dead
         if self.attempts.deferred(message.message_id) or wants_redelivery(message):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -84,11 +84,17 @@ class DeadLetter:
 
     @classmethod
     def from_delivery(
-        cls, dead_letter_queue: str, properties: pika.spec.BasicProperties, body: bytes
+        cls,
+        dead_letter_queue: str,
+        properties: pika.spec.BasicProperties,
+        body: bytes,
+        actors: Container[str] | None = None,
     ) -> DeadLetter:
         """Read the project's ``x-dl-*`` record, or RabbitMQ's ``x-death`` for a body it dead-lettered
         itself (an undecodable one). Its queue is the one whose dead-letter queue holds it, not
-        one its headers name: a replay never leaves the queues the operator chose."""
+        one its headers name: a replay never leaves the queues the operator chose. ``actors``: the
+        broker's, which alone tell a body's actor name from the sender's text where no worker
+        checked it (``x-death`` only); ``x-dl-actor`` was checked by the worker that wrote it."""
         headers: dict[str, Any] = dict(properties.headers or {})
         origin = dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX)
         if record.HEADER_REASON in headers:
@@ -112,7 +118,7 @@ class DeadLetter:
         if isinstance(message, Message):
             message_id, actor, reason = (
                 message.message_id,
-                record.actor_label(message.actor_name),
+                record.actor_label(message.actor_name, actors),
                 _header(death, "reason") or "rejected",
             )
             enqueued = _from_millis(message.message_timestamp)
@@ -196,6 +202,8 @@ class Reader:
     def __init__(self, broker: ProjectBroker) -> None:
         parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
         self.connection = pika.BlockingConnection(parameters)
+        #: The actors declared in this process (the project's, and the ``--module`` ones).
+        self.actors = broker.actors
         self.channel = self.connection.channel()
 
     def __enter__(self) -> Reader:
@@ -213,7 +221,8 @@ class Reader:
             method, properties, body = self.channel.basic_get(dead_letter_queue, auto_ack=False)
             if method is None:  # the queue shrank under us (another operator purged it)
                 return
-            yield DeadLetter.from_delivery(dead_letter_queue, properties, body), method.delivery_tag
+            dead = DeadLetter.from_delivery(dead_letter_queue, properties, body, self.actors)
+            yield dead, method.delivery_tag
 
     def ack(self, tag: int) -> None:
         """Ack a dead letter: sent, not yet known to be done (an ack has no reply; see :meth:`settle`)."""

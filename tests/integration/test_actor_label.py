@@ -4,7 +4,9 @@ real worker carries it; a registered actor's name is shown as before."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from typing import Any
 
 from dramatiq import Message
@@ -61,3 +63,27 @@ def test_a_message_of_no_registered_actor_leaves_no_trace_of_its_actor_name(star
     for name in SENDERS_TEXT:
         for where, text in (("log", output), ("sentry", received), ("dead letters", letters)):
             assert name.casefold() not in text.casefold(), where
+
+
+def test_a_delayed_message_the_worker_releases_records_only_a_registered_actor(start_worker, queues, prefix):
+    """The worker moves a due ``.DQ`` message to its queue through ``enqueue``: the status record,
+    whose actor is written once, there and then, names no actor the worker does not have."""
+    queue = queues.name(workload.record)
+    status = status_backend(open_store(TEST_REDIS_URL, namespace=f"jobs:{prefix}"))
+    worker = start_worker()
+    now = int(time.time() * 1000)
+    delayed = [
+        Message(queue_name=queue + ".DQ", actor_name=name, args=args, kwargs={}, options={"eta": now})
+        for name, args in (("Ana_Lopez_1980", ()), ("record", ("t2",)))
+    ]
+    for message in delayed:
+        queues.publish_raw(message)
+
+    def final() -> list[Any] | None:
+        found = [status.get(m.message_id) for m in delayed]
+        return found if all(r is not None and r.state in ("dead", "succeeded") for r in found) else None
+
+    records = wait_for(final, timeout=60, what="both records final")
+    assert worker.stop() == 0
+    assert [(r.state, r.actor) for r in records] == [("dead", "unknown"), ("succeeded", "record")]
+    assert "Ana" not in json.dumps([dataclasses.asdict(r) for r in records])

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import logging
 import sys
+from unittest import mock
 
 import dramatiq
+import pika
 import pytest
 import structlog
+from dramatiq import Message
 from dramatiq.errors import ActorNotFound
 
 from jobsystem.dramatiq_internals import UNDEFINED_ACTOR_FORMAT, mark_dead_lettered
 from jobsystem.observability.sentry import scrub_event
+from jobsystem.ops import dead_letter_reader
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
+from jobsystem.rabbitmq.dead_letter_indexer import entry_from_headers
 from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
 from middleware.dead_letters import DeadLetters
 from middleware.lifecycle import JobLifecycle
@@ -136,3 +141,76 @@ def test_sentry_tags_name_only_a_registered_actor(broker):
     data = {"actor_name": "ana@example.com", "queue_name": "emails", "message_id": "m-2"}
     event = scrub_event(Scrubber(), {"contexts": {"dramatiq": {"data": data}}})
     assert event is not None and event["tags"]["actor"] == UNKNOWN_ACTOR
+
+
+#: Names Dramatiq takes for an actor that are not Python identifiers.
+NOT_IDENTIFIERS = ["emails.send", "send-email", "billing:charge"]
+
+
+@pytest.mark.parametrize("name", NOT_IDENTIFIERS)
+def test_an_actor_name_that_is_no_identifier_is_kept_without_a_registry(broker, store, name):
+    """A sender's record (written once), Sentry's tags and the index keep the registered
+    ``emails.send``: without the registry, the shape of an actor's name decides, not ``isidentifier``."""
+    assert actor_label(name) == name and actor_label(name, {name}) == name
+    status = Status(store)
+    message = _message(name)
+    status.after_enqueue(broker, message, None)
+    assert status.flush(10)
+    record = status.get(message.message_id)
+    assert record is not None and record.actor == name
+    data = {"actor_name": name, "queue_name": "emails", "message_id": "m-1"}
+    event = scrub_event(Scrubber(), {"contexts": {"dramatiq": {"data": data}}})
+    assert event is not None and event["tags"]["actor"] == name
+    assert entry_from_headers("p-work", "m1", {"x-dl-actor": name}).actor == name
+
+
+@pytest.mark.parametrize("name", ["ana@example.com", "Ana Lopez", "ana\nlopez", "1ana", ".x", "x" * 201])
+def test_a_name_no_actor_can_have_is_unknown_without_a_registry(name):
+    assert actor_label(name) == UNKNOWN_ACTOR
+
+
+@pytest.mark.parametrize(("actor", "shown"), [("Ana_Lopez_1980", UNKNOWN_ACTOR), ("job", "job")])
+def test_a_worker_releasing_a_delayed_message_records_only_a_registered_actor(broker, store, actor, shown):
+    """The worker's move of a ``.DQ`` message to its queue runs ``after_enqueue``; the record's
+    actor, written once there, names no sender's text (the later ``dead`` cannot replace it)."""
+    status = Status(store)
+    status.before_worker_boot(broker, mock.Mock())
+    message = _message(actor)
+    status.after_enqueue(broker, message, None)
+    assert status.flush(10)
+    record = status.get(message.message_id)
+    assert record is not None and (record.state, record.actor) == ("queued", shown)
+
+
+def test_an_actor_sending_from_a_worker_is_a_sender(broker, store):
+    """An actor may send to another service's actors by name: its send keeps the name."""
+    status = Status(store)
+    status.before_worker_boot(broker, mock.Mock())
+    running = delivery(_message("job"))
+    status.before_process_message(broker, running)
+    sent = _message("emails.send")
+    status.after_enqueue(broker, sent, None)
+    status.after_process_message(broker, running)
+    moved = _message("Ana_Lopez_1980")
+    status.after_enqueue(broker, moved, None)  # the actor is done: the worker's own move
+    assert status.flush(10)
+    assert [status.get(m.message_id).actor for m in (sent, moved)] == ["emails.send", UNKNOWN_ACTOR]  # type: ignore[union-attr]
+
+
+def test_a_letter_rabbitmq_dead_lettered_itself_names_only_an_actor_of_the_readers_broker():
+    """``jobctl dlq`` and a re-index read an ``x-death`` letter (no record a worker checked)
+    with the broker's actors: a person's name shaped as an identifier is not shown."""
+    headers = {"x-death": [{"reason": "rejected", "count": 1}]}
+    letters = [
+        (Message("p-work", name, (), {}, {}).encode(), pika.BasicProperties(message_id=name, headers=headers))
+        for name in ("Ana_Lopez_1980", "job")
+    ]
+    channel = mock.Mock()
+    channel.queue_declare.return_value.method.message_count = len(letters)
+    channel.basic_get.side_effect = [(mock.Mock(delivery_tag=n), p, b) for n, (b, p) in enumerate(letters)]
+    connection = mock.Mock(channel=mock.Mock(return_value=channel))
+    broker = mock.Mock(parameters=pika.ConnectionParameters(), actors={"job": object()})
+    with mock.patch.object(dead_letter_reader.pika, "BlockingConnection", return_value=connection):
+        read = [dead for dead, _ in dead_letter_reader.Reader(broker).stream("p-work.DLQ")]
+    assert [dead.actor for dead in read] == [UNKNOWN_ACTOR, "job"]
+    assert [dead.index_entry().actor for dead in read] == [UNKNOWN_ACTOR, "job"]
