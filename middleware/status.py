@@ -194,9 +194,8 @@ class Status(Middleware):
         """Submit a change; ``known``: the broker's actors (the record names an actor only when it
         is one of them: another name is the sender's text), None where a sender writes it (a
         service may send to actors it does not import: any name of an actor's shape is kept);
-        ``rank``: the
-        state whose place in the order it takes (default ``state``); ``now``: the time of the
-        change, when the caller read it already (ms, as text)."""
+        ``rank``: the state whose place in the order it takes (default ``state``); ``now``: the
+        time of the change, when the caller read it already (ms, as text)."""
         queue = q_name(message.queue_name)
         values = {"updated_at": now or _now_ms()}
         if fields:
