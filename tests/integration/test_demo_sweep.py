@@ -76,10 +76,12 @@ class Made:
         self.client.set(f"jobs:{name}", "x")
 
     def under(self, start: str) -> tuple[list[str], list[str], list[bytes]]:
+        """The queues, exchanges and keys under ``start``, sorted (SCAN's order changes as Redis
+        rehashes, e.g. after other keys were deleted)."""
         return (
-            listed_names(self.settings, "queues", start),
-            listed_names(self.settings, "exchanges", start),
-            list(self.client.scan_iter(f"jobs:{start}*", count=1000)),
+            sorted(listed_names(self.settings, "queues", start)),
+            sorted(listed_names(self.settings, "exchanges", start)),
+            sorted(self.client.scan_iter(f"jobs:{start}*", count=1000)),
         )
 
     def delete_all(self) -> None:
