@@ -3,10 +3,12 @@
 A demo killed with SIGKILL leaves its queues (work, ``.DQ``, ``.DLQ``, its delay cascade's), the
 cascade's exchanges and its state keys, and each killed run added more. Every prefix matching
 :data:`demo.services.DEMO_PREFIX` found on the vhost or in a Redis state store is a candidate; a
-candidate whose alive queue is gone (:mod:`demo.alive`) is dead, and everything under it is
-deleted. Demos of the releases before the alive queue have none: theirs are removed as dead.
+candidate is dead when its alive queue is absent and none of its queues has a consumer, on two
+looks a few seconds apart (:func:`demo.alive.dead_prefixes`: a live demo's alive queue is gone
+too while its connection is down), and then everything under it is deleted. Demos of the
+releases before the alive queue have none: theirs are removed as dead once their worker stopped.
 
-Races: a live demo declares its alive queue before anything else, and the check comes after the
+Races: a live demo declares its alive queue before anything else, and the checks come after the
 names were listed, so a live demo's names are never taken for a dead one's. Two sweeps removing
 the same leftovers at once both succeed (what is already gone is skipped).
 """
@@ -102,7 +104,8 @@ def sweep(settings: Settings, own_prefix: str, found: dict[str, Leftovers]) -> S
     from jobsystem.store.redis import delete_matching
 
     candidates = sorted(p for p in found if p != own_prefix and DEMO_PREFIX.fullmatch(p))
-    swept = Swept(demos=dead_prefixes(connection_urls(settings)[0], candidates) if candidates else [])
+    queues = {prefix: found[prefix].queues for prefix in candidates}
+    swept = Swept(demos=dead_prefixes(connection_urls(settings)[0], queues) if candidates else [])
     for prefix in swept.demos:
         swept.queues += _delete(settings, "queues", found[prefix].queues, prefix)
         swept.exchanges += _delete(settings, "exchanges", found[prefix].exchanges, prefix)

@@ -190,11 +190,13 @@ def test_a_demo_killed_with_sigkill_takes_its_worker_and_scheduler_down_with_it(
         # dramatiq gives its worker processes WORKER_SHUTDOWN_TIMEOUT_MS (20 s in the demo) to
         # finish their jobs: 60 s leaves room for a loaded machine.
         wait_for(lambda: not any(map(running, tree)), timeout=60, interval=0.2, what="the children to exit")
-        # The next demo's sweep: the killed demo's alive queue went with its connection, so what
-        # it left is a dead demo's and goes (a demo test running beside this one may sweep first).
+        # The next demo's sweep: the killed demo's alive queue went with its connection and its
+        # worker's consumers with the worker, so what it left is a dead demo's and goes (a demo
+        # test running beside this one may sweep first).
         settings = load_settings({**os.environ, "STATE_URL": TEST_REDIS_URL})
-        assert dead_prefixes(connection_urls(settings)[0], [prefix]) == [prefix]
         found = find_leftovers(settings)
+        queues = {prefix: found[prefix].queues if prefix in found else []}
+        assert dead_prefixes(connection_urls(settings)[0], queues) == [prefix]
         swept = sweep(settings, "", {prefix: found[prefix]} if prefix in found else {})
         assert swept.demos in ([prefix], [])
         assert _leftovers(prefix) == ([], [])

@@ -1,6 +1,7 @@
 """The sweep a demo runs as it starts, against the real RabbitMQ and Redis: a dead demo's queues,
 delay-cascade exchanges and state keys go; a live demo's (its alive queue held by another
-connection), the sweeping demo's own and every name outside ``demo-xxxxxx-`` stay.
+connection, or gone while its connection is down but its worker consuming, or back within the
+second look), the sweeping demo's own and every name outside ``demo-xxxxxx-`` stay.
 
 The tests sweep only the prefixes they made (``sweep`` on their part of ``find_leftovers``): the
 vhost is shared, and a demo of an older release running beside them has no alive queue."""
@@ -8,22 +9,25 @@ vhost is shared, and a demo of an older release running beside them has no alive
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pika
 import pytest
 import redis
 
-from demo.alive import alive_queue
+from demo.alive import SECOND_LOOK_S, AliveQueue, alive_queue
 from demo.services import delete_named, listed_names
 from demo.sweep import Leftovers, find_leftovers, sweep
+from jobsystem.ops.management import call_api
 from jobsystem.rabbitmq.broker import connection_urls
 from jobsystem.rabbitmq.delays import DelayCascade
 from jobsystem.settings import Settings, load_settings
 from jobsystem.store.redis import delete_matching
-from tests.support import TEST_REDIS_URL
+from tests.support import TEST_REDIS_URL, wait_for
 
 _WORK_QUEUES = ("emails", "emails.DQ", "emails.DLQ")
 
@@ -76,10 +80,12 @@ class Made:
         self.client.set(f"jobs:{name}", "x")
 
     def under(self, start: str) -> tuple[list[str], list[str], list[bytes]]:
+        """The queues, exchanges and keys under ``start``, sorted (SCAN's order changes as Redis
+        rehashes, e.g. after other keys were deleted)."""
         return (
-            listed_names(self.settings, "queues", start),
-            listed_names(self.settings, "exchanges", start),
-            list(self.client.scan_iter(f"jobs:{start}*", count=1000)),
+            sorted(listed_names(self.settings, "queues", start)),
+            sorted(listed_names(self.settings, "exchanges", start)),
+            sorted(self.client.scan_iter(f"jobs:{start}*", count=1000)),
         )
 
     def delete_all(self) -> None:
@@ -134,3 +140,109 @@ def test_names_outside_the_demo_prefix_are_never_candidates(settings, made):
     assert swept.demos == []
     for name in lookalikes:
         assert made.under(name) == ([name], [], [f"jobs:{name}".encode()])
+
+
+def _named_url(settings: Settings, name: str) -> str:
+    """The AMQP URL with a connection name, by which the management API finds the connection."""
+    url = connection_urls(settings)[0]
+    return f"{url}{'&' if '?' in url else '?'}client_properties={quote(repr({'connection_name': name}))}"
+
+
+def _open(settings: Settings, name: str) -> Any:
+    return pika.BlockingConnection(pika.URLParameters(_named_url(settings, name)))
+
+
+def _close_by_api(settings: Settings, name: str) -> None:
+    """Close the connection called ``name`` by the management API, as RabbitMQ closes one whose
+    heartbeats stopped (a network blip, the demo paused past two missed heartbeats)."""
+
+    def listed() -> list[str]:
+        api = settings.management_api("connections")
+        found = call_api(settings, "GET", api, 10, params={"columns": "name,client_properties"})
+        return [c["name"] for c in found if c.get("client_properties", {}).get("connection_name") == name]
+
+    for connection in wait_for(listed, timeout=30, what=f"the connection {name}"):
+        call_api(settings, "DELETE", settings.management_api("connections", connection), 10)
+
+
+def _absent(channel: Any, queue: str) -> bool:
+    """Whether ``queue`` is gone (a passive declare on a channel of its own)."""
+    probe = channel.connection.channel()
+    try:
+        probe.queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return exc.reply_code == 404
+    probe.close()
+    return False
+
+
+def test_a_demo_whose_alive_connection_dropped_but_whose_worker_consumes_stays(settings, made, channel):
+    paused, dead = _demo_prefix(), _demo_prefix()
+    made.demo(paused)
+    made.demo(dead)
+    holder = _open(settings, f"test-alive-{paused}")  # never reconnects: the demo stays paused
+    holder.channel().queue_declare(alive_queue(paused), exclusive=True)
+    worker = _open(settings, f"test-worker-{paused}")  # the paused demo's worker goes on consuming
+    worker.channel().basic_consume(paused + "emails", lambda *_: None)
+    try:
+        _close_by_api(settings, f"test-alive-{paused}")
+        wait_for(lambda: _absent(channel, alive_queue(paused)), timeout=30, what="the alive queue to go")
+        found = find_leftovers(settings)
+        live_before = made.under(paused)
+
+        swept = sweep(settings, "", {p: found[p] for p in (paused, dead)})
+
+        assert swept.demos == [dead] and made.under(dead) == ([], [], [])
+        assert made.under(paused) == live_before and paused + "emails" in live_before[0]
+    finally:
+        worker.close()
+
+
+def test_a_demo_whose_alive_connection_dropped_is_kept_by_its_reconnect(settings, made):
+    live = _demo_prefix()
+    made.demo(live)
+    alive = AliveQueue(_named_url(settings, f"test-alive-{live}"), live)
+    alive.start()
+    try:
+        _close_by_api(settings, f"test-alive-{live}")
+        found = find_leftovers(settings)
+        live_before = made.under(live)
+
+        swept = sweep(settings, "", {live: found[live]})
+
+        assert swept.demos == []
+        after = made.under(live)
+        assert set(live_before[0]) - {alive_queue(live)} <= set(after[0])
+        assert after[1:] == live_before[1:]
+    finally:
+        alive.close()
+
+
+def test_an_alive_queue_back_before_the_second_look_keeps_its_demo(settings, made, channel):
+    live = _demo_prefix()
+    made.demo(live)
+    holder = _open(settings, f"test-alive-{live}")
+    holder.channel().queue_declare(alive_queue(live), exclusive=True)
+    holder.close()  # the demo's connection down: no alive queue, and no consumer anywhere
+    assert _absent(channel, alive_queue(live))
+    back: list[Any] = []
+
+    def reconnect() -> None:
+        back.append(_open(settings, f"test-alive-{live}"))
+        back[0].channel().queue_declare(alive_queue(live), exclusive=True)
+
+    timer = threading.Timer(SECOND_LOOK_S / 3, reconnect)  # within the wait, after the first look
+    found = find_leftovers(settings)
+    live_before = made.under(live)
+    timer.start()
+    try:
+        swept = sweep(settings, "", {live: found[live]})
+
+        assert swept.demos == []
+        after = made.under(live)
+        assert set(live_before[0]) | {alive_queue(live)} <= set(after[0])
+        assert after[1:] == live_before[1:]
+    finally:
+        timer.join()
+        for connection in back:
+            connection.close()

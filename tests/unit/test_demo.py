@@ -102,3 +102,15 @@ def test_the_guard_runs_nothing_once_its_parent_is_gone(tmp_path):
     guard[3] = str(os.getpid())  # the real parent: the command runs
     assert subprocess.run(guard, cwd=ROOT, timeout=30).returncode == 0
     assert marker.exists()
+
+
+def test_the_alive_thread_reconnects_at_once_then_backs_off_within_the_second_look():
+    from itertools import islice
+
+    from demo.alive import MAX_RETRY_S, SECOND_LOOK_S, retry_delays
+
+    delays = list(islice(retry_delays(), 12))
+    assert delays[0] == 0  # no fixed wait before the first new attempt
+    assert all(0 < d <= MAX_RETRY_S for d in delays[1:])  # then never a spin, never past the cap
+    assert delays[1:] == sorted(delays[1:]) and delays[-1] == MAX_RETRY_S
+    assert SECOND_LOOK_S > MAX_RETRY_S  # a reconnecting demo is back before the sweep looks again
