@@ -28,6 +28,7 @@ from urllib.parse import unquote
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 
 __all__ = [
+    "KEY_REPLACEMENT",
     "REPLACEMENT",
     "SHAPED_LABELS",
     "Replace",
@@ -45,6 +46,9 @@ Replace = Callable[[str, str], str]
 
 #: What a replaced value looks like: scrubbing its own output changes nothing.
 REPLACEMENT = re.compile(r"\[[a-z_]+\]|[a-z_]+:[0-9a-f]{12}")
+#: A replacement standing alone in a key, as in a key we scrubbed (``[card]``, ``('[email]',)``), not
+#: a form field's part after a name or index (``params[password]``, ``items[0][email]``): it names its value.
+KEY_REPLACEMENT = re.compile(r"(?<![\w\]])(?:\[[a-z_]+\]|[a-z_]+:[0-9a-f]{12})(?![\w\[])")
 _HEX12 = re.compile(r"[0-9a-f]{12}")
 
 #: The password of a URL: up to the last ``@`` of the authority, as ``urlsplit`` reads it.

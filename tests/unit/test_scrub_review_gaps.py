@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from jobsystem.observability.direct_lines import dumps
+from jobsystem.observability.sentry import scrub_event
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_memo import ScrubMemo
 from tests.pii_corpus import NATIONAL_IDS, leaks
@@ -83,6 +84,34 @@ def test_a_key_that_is_no_string_is_judged_as_a_value_and_rendered_as_json():
     assert ScrubMemo(scrub).mapping(event) == out
     hashed = hashing({4111111111111111: "x"})
     assert hashed == {hashing.text("4111 1111 1111 1111"): "x"} and hashing(hashed) == hashed
+
+
+#: Form-style keys (a web framework's ``params``): the bracketed part names the value.
+FORM_KEYS = {
+    "params[password]": ("hunter2-Secret", "[password]"),
+    "user[first_name]": ("Ana", "[name]"),
+    "customer[email]": ("ana.lopez@example.com", "[email]"),
+    "data[api_key]": ("abc123xyz", "[secret]"),
+    "form[iban]": ("GB82WEST12345698765432", "[iban]"),
+    "items[0][email]": ("jose@example.com", "[email]"),
+}
+
+
+def test_a_bracketed_key_names_its_value_though_it_looks_like_a_replacement():
+    event = {key: value for key, (value, _) in FORM_KEYS.items()}
+    expected = {key: label for key, (_, label) in FORM_KEYS.items()}
+    assert scrub.mapping(event) == expected  # structlog's processor
+    assert ScrubMemo(scrub).mapping(event) == expected  # the job lines' memo
+    assert scrub(expected) == expected
+    sentry = scrub_event(Scrubber(), {"extra": dict(event), "breadcrumbs": {"values": [{"data": event}]}})
+    assert sentry is not None and leaks(json.dumps(sentry)) == [] and "hunter2" not in json.dumps(sentry)
+    assert sentry["extra"] == expected and sentry["breadcrumbs"]["values"][0]["data"] == expected
+    hashed = hashing.mapping(event)
+    assert hashed["params[password]"] == "[password]" and hashed["user[first_name]"].startswith("name:")
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "login %(params[password])s", (event,), None)
+    assert scrub.filter(record) and record.msg == "login [password]"  # the logging filter
+    # A key that is a replacement standing alone (a key we scrubbed) still names nothing.
+    assert scrub.mapping({"[card]": 2, "('[email]',)": 3}) == {"[card]": 2, "('[email]',)": 3}
 
 
 @pytest.mark.parametrize(
