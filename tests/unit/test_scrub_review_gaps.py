@@ -155,12 +155,14 @@ def test_text_after_a_key_that_names_no_person_stays(text):
     ("written", "international"),
     [
         ("70123 45678", "+91 70123 45678"),
-        ("91234-56789", "+91 91234 56789"),
+        ("91234 56789", "+91 91234 56789"),
         ("81234 56789", "+91 8123456789"),
     ],
 )
 def test_an_indian_mobile_written_without_its_trunk_zero_is_replaced(written, international):
     assert scrub.text(f"call {written} today") == "call [phone] today"
+    for before in ("my number is", "sms", "Ana's", "phones", "whatsapp"):  # no list named before it
+        assert scrub.text(f"{before} {written}") == f"{before} [phone]"
     assert scrub.text(f"call {international} today") == "call [phone] today"
     assert hashing.text(written) == hashing.text(international)  # one person, one hash
 
@@ -174,6 +176,11 @@ def test_an_indian_mobile_written_without_its_trunk_zero_is_replaced(written, in
         "EUR 98 765 432,10",
         "took 98765 ms of 43210",
         "counts 70001 70002 70003",  # a list of numbers, two of which would make a mobile
+        "passive ports 60000-61000",  # a range: India writes its mobiles with a space
+        "ids 70001-70500 reindexed",
+        "offsets 98304 99328",  # after a plural: a list of two numbers
+        "zip codes 90210 94105",
+        "zip codes: 90210 94105",
     ],
 )
 def test_two_groups_of_five_digits_that_are_no_indian_mobile_stay(text):
