@@ -345,7 +345,7 @@ def key_values(text: str, label_for_key: Callable[[str], str | None], replace: R
         own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
         begin, stop = value.span("val")
         if label in NAME_LABELS and text[begin] not in "\"'\\":
-            stop = name_end(text, stop)
+            stop = name_end(text, begin, stop)
         replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
         if replaced is not None:
             parts += (text[done:begin], replaced)

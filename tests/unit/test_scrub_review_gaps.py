@@ -135,6 +135,22 @@ def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, e
     assert scrub.text(expected) == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("queue name=default Processing 3 messages", "queue name=[name] Processing 3 messages"),
+        ("name=cleanup Failed: timeout", "name=[name] Failed: timeout"),
+        ("recipient=ana@example.com Status: sent", "recipient=[recipient] Status: sent"),
+        ("task name=report OK", "task name=[name] OK"),
+        ("name=Ana Failed: timeout", "name=[name] Failed: timeout"),  # a heading ends a name
+        ("name=María de la Cruz Status: sent", "name=[name] Status: sent"),
+    ],
+)
+def test_the_words_after_a_name_in_lower_case_or_before_a_colon_stay(text, expected):
+    assert scrub.text(text) == expected
+    assert scrub.text(expected) == expected
+
+
 def test_an_unquoted_name_hashes_as_the_same_name_under_a_key():
     assert hashing.text("name=José Pérez ok") == f"name={hashing({'name': 'José Pérez'})['name']} ok"
 
