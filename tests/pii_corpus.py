@@ -260,6 +260,10 @@ ORDINARY: list[str] = [
     "ports 15672 15673",
     "took 98765 ms of 43210",
     "counts 70001 70002 70003",
+    "passive ports 60000-61000",
+    "ids 70001-70500 reindexed",
+    "offsets 98304 99328",
+    "zip codes 90210 94105",
     "actor_name=send_email Retrying in 200 ms",
     "template=Welcome Back Email",
 ]

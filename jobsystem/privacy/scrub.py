@@ -297,7 +297,7 @@ class Scrubber:
         known = self.keys_seen.get(key)
         if known is None:
             # Our replacements name nothing: ``{"[card]": 2}`` (was ``{4111111111111111: 2}``) keeps its 2.
-            named = shapes.REPLACEMENT.sub(" ", key) if "[" in key or ":" in key else key
+            named = shapes.KEY_REPLACEMENT.sub(" ", key) if "[" in key or ":" in key else key
             known = (self.label_for_key(named), self._text(key))
             if len(self.keys_seen) < 8192:
                 self.keys_seen[key] = known

@@ -1,10 +1,12 @@
 """How far a person's name runs after its key in free text (``name=José Pérez status=ok``).
 
 A quoted value ends at its quote; an unquoted one was taken up to the first space, so
-``name=José Pérez`` lost ``José`` and logged ``Pérez``. A name's value runs on over the words that
-follow it while they are capitalised, up to four in all (``Ana Lucia Lopez``), with the particles
-between them (``María de la Cruz``); a word in lower case (``status``), a word that is a key
-(``Status=ok``), a separator (``,`` ``;`` ``.`` after a word) or the line's end stops it.
+``name=José Pérez`` lost ``José`` and logged ``Pérez``. A name whose first word is capitalised (a
+person's) runs on over the words that follow it while they are capitalised, up to four in all
+(``Ana Lucia Lopez``), with the particles between them (``María de la Cruz``); a word in lower case
+(``status``), a word that is a key (``Status=ok``) or a heading (``Failed:``), a separator (``,``
+``;`` ``.`` after a word) or the line's end stops it. A first word in lower case is a thing's name
+(``name=default Processing``, ``name=report OK``): the value is that word alone.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ __all__ = ["NAME_LABELS", "name_end"]
 
 #: Labels of the keys whose values are people's names.
 NAME_LABELS = frozenset({"name", "recipient", "contact"})
-#: The next word of a name (``-`` and ``'`` inside, an initial's ``.``), unless it is a key (``status=``).
-_NAME_WORD = re.compile(r"[ \t]+([^\W\d_][\w'\u2019\-]*(?:(?<=\s\w)\.)?)(?![\w'\u2019\-]|\s*=)")
+#: The next word of a name (``-`` and ``'`` inside, an initial's ``.``), unless it is a key
+#: (``status=``) or a heading (``Failed:``).
+_NAME_WORD = re.compile(r"[ \t]+([^\W\d_][\w'\u2019\-]*(?:(?<=\s\w)\.)?)(?![\w'\u2019\-]|\s*[=:])")
 #: Small words between the parts of a name (``María de la Cruz``, ``Ludwig van Beethoven``).
 _PARTICLES = frozenset(
     {"al", "bin", "da", "das", "de", "del", "della", "der", "di", "do", "dos", "du", "ibn", "la", "le"}
@@ -26,8 +29,10 @@ _PARTICLES = frozenset(
 _MAX_WORDS = 4
 
 
-def name_end(text: str, end: int) -> int:
-    """Where an unquoted name whose first word ends at ``end`` in ``text`` ends (see the module)."""
+def name_end(text: str, begin: int, end: int) -> int:
+    """Where an unquoted name whose first word is ``text[begin:end]`` ends (see the module)."""
+    if not text[begin].isupper():
+        return end
     words, pos = 1, end
     while words < _MAX_WORDS and (match := _NAME_WORD.match(text, pos)):
         word, pos = match[1], match.end()

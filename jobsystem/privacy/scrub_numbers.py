@@ -38,6 +38,8 @@ from stdnum import luhn
 from stdnum.us import ssn as us_ssn
 from stdnum.util import get_cc_module
 
+from jobsystem.privacy.scrub_mobiles_in import INDIAN_MOBILE, after_a_plural
+
 __all__ = ["DEFAULT_PHONE_REGIONS", "NATIONAL_IDS", "NumberFinder", "Replace"]
 
 #: ``replace(label, value)``: the text that takes a found value's place.
@@ -117,8 +119,6 @@ _NUMBERS = re.compile(
 )
 _GROUP = re.compile(r"\d+")
 _DECIMAL = re.compile(r"\d+\.\d+")
-#: An Indian mobile as India writes it: no trunk 0, two groups of five, the first digit 6 to 9.
-_INDIAN_MOBILE = re.compile(r"[6-9]\d{4}[ \-]\d{5}")
 _MOBILE = phonenumbers.PhoneNumberType.MOBILE
 _SSN_FORMAT = re.compile(r"\d{3}([ \-])\d\d\1\d{4}")
 _NINO_BAD_PREFIX = frozenset({"BG", "GB", "KN", "NK", "NT", "TN", "ZZ"})
@@ -242,7 +242,7 @@ class NumberFinder:
             candidates: tuple[tuple[str, str | None], ...] = (("+" + digits.removeprefix("00"), None),)
         elif digits[0] == "0":
             candidates = tuple((formatted, r) for r in self._trunk_zero + self._no_trunk)
-        elif "IN" in self.regions and _INDIAN_MOBILE.fullmatch(formatted):
+        elif "IN" in self.regions and INDIAN_MOBILE.fullmatch(formatted):
             # India writes its mobiles ``98765 43210``, without the trunk 0 and in two groups,
             # a shape few amounts or ids take: only a valid mobile number of the plan is taken.
             candidates, mobile_only = ((formatted, "IN"),), True
@@ -292,16 +292,19 @@ class NumberFinder:
             return replace("ip", found) if _public_ip(found) else found
         if _DECIMAL.fullmatch(found):
             return found
-        return self._run(found, replace)
+        return self._run(found, replace, match.string, match.start())
 
-    def _run(self, run: str, replace: Replace) -> str:
+    def _run(self, run: str, replace: Replace, text: str = "", at: int = 0) -> str:
+        """``run`` (found at ``at`` in ``text``) with its confirmed values replaced."""
         groups = [(m.start(), m.end()) for m in _GROUP.finditer(run)]
         if sum(end - start for start, end in groups) < 7:
             return run
+        before = text[max(0, at - 40) : at]
         parts: list[str] = []
         done = index = 0
         while index < len(groups):
-            hit = self._window(run, groups, index, done, whole=index == 0 or done == groups[index - 1][1])
+            whole = index == 0 or done == groups[index - 1][1]
+            hit = self._window(run, groups, index, done, whole=whole, before=before)
             if hit is None:
                 index += 1
                 continue
@@ -312,10 +315,10 @@ class NumberFinder:
         return "".join(parts) + run[done:] if parts else run
 
     def _window(
-        self, run: str, groups: list[tuple[int, int]], first: int, done: int, *, whole: bool
+        self, run: str, groups: list[tuple[int, int]], first: int, done: int, *, whole: bool, before: str
     ) -> tuple[int, int, str, str] | None:
         """The longest window of digit groups from ``first`` that is a confirmed value; ``whole``
-        when the window starts the run or follows a replaced value."""
+        when the window starts the run or follows a replaced value; ``before``: the text before the run."""
         begin = groups[first][0]
         while begin > done and run[begin - 1] in "+(":
             begin -= 1
@@ -337,8 +340,9 @@ class NumberFinder:
             if formatted.count("(") > formatted.count(")"):
                 formatted = formatted.lstrip("(")  # a parenthesis around the number, not its area code
             label = self.classify(digits, formatted, whole)
-            if label == "phone" and last + 1 < len(groups) and _INDIAN_MOBILE.fullmatch(formatted):
-                label = None  # two groups of five among more: a list of numbers, not a mobile
+            mobile_in = label == "phone" and INDIAN_MOBILE.fullmatch(formatted)
+            if mobile_in and (last + 1 < len(groups) or after_a_plural(before)):
+                label = None  # two groups of five among more, or after a plural: a list of numbers
             if label is not None:
                 value = self.phone(formatted) if label == "phone" else digits
                 return groups[last][1] - len(formatted), last, label, value or digits

@@ -28,6 +28,7 @@ from urllib.parse import unquote
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 
 __all__ = [
+    "KEY_REPLACEMENT",
     "REPLACEMENT",
     "SHAPED_LABELS",
     "Replace",
@@ -45,6 +46,9 @@ Replace = Callable[[str, str], str]
 
 #: What a replaced value looks like: scrubbing its own output changes nothing.
 REPLACEMENT = re.compile(r"\[[a-z_]+\]|[a-z_]+:[0-9a-f]{12}")
+#: A replacement standing alone in a key, as in a key we scrubbed (``[card]``, ``('[email]',)``), not
+#: a form field's part after a name or index (``params[password]``, ``items[0][email]``): it names its value.
+KEY_REPLACEMENT = re.compile(r"(?<![\w\]])(?:\[[a-z_]+\]|[a-z_]+:[0-9a-f]{12})(?![\w\[])")
 _HEX12 = re.compile(r"[0-9a-f]{12}")
 
 #: The password of a URL: up to the last ``@`` of the authority, as ``urlsplit`` reads it.
@@ -341,7 +345,7 @@ def key_values(text: str, label_for_key: Callable[[str], str | None], replace: R
         own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
         begin, stop = value.span("val")
         if label in NAME_LABELS and text[begin] not in "\"'\\":
-            stop = name_end(text, stop)
+            stop = name_end(text, begin, stop)
         replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
         if replaced is not None:
             parts += (text[done:begin], replaced)

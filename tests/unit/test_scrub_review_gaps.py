@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from jobsystem.observability.direct_lines import dumps
+from jobsystem.observability.sentry import scrub_event
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_memo import ScrubMemo
 from tests.pii_corpus import NATIONAL_IDS, leaks
@@ -85,6 +86,34 @@ def test_a_key_that_is_no_string_is_judged_as_a_value_and_rendered_as_json():
     assert hashed == {hashing.text("4111 1111 1111 1111"): "x"} and hashing(hashed) == hashed
 
 
+#: Form-style keys (a web framework's ``params``): the bracketed part names the value.
+FORM_KEYS = {
+    "params[password]": ("hunter2-Secret", "[password]"),
+    "user[first_name]": ("Ana", "[name]"),
+    "customer[email]": ("ana.lopez@example.com", "[email]"),
+    "data[api_key]": ("abc123xyz", "[secret]"),
+    "form[iban]": ("GB82WEST12345698765432", "[iban]"),
+    "items[0][email]": ("jose@example.com", "[email]"),
+}
+
+
+def test_a_bracketed_key_names_its_value_though_it_looks_like_a_replacement():
+    event = {key: value for key, (value, _) in FORM_KEYS.items()}
+    expected = {key: label for key, (_, label) in FORM_KEYS.items()}
+    assert scrub.mapping(event) == expected  # structlog's processor
+    assert ScrubMemo(scrub).mapping(event) == expected  # the job lines' memo
+    assert scrub(expected) == expected
+    sentry = scrub_event(Scrubber(), {"extra": dict(event), "breadcrumbs": {"values": [{"data": event}]}})
+    assert sentry is not None and leaks(json.dumps(sentry)) == [] and "hunter2" not in json.dumps(sentry)
+    assert sentry["extra"] == expected and sentry["breadcrumbs"]["values"][0]["data"] == expected
+    hashed = hashing.mapping(event)
+    assert hashed["params[password]"] == "[password]" and hashed["user[first_name]"].startswith("name:")
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "login %(params[password])s", (event,), None)
+    assert scrub.filter(record) and record.msg == "login [password]"  # the logging filter
+    # A key that is a replacement standing alone (a key we scrubbed) still names nothing.
+    assert scrub.mapping({"[card]": 2, "('[email]',)": 3}) == {"[card]": 2, "('[email]',)": 3}
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -99,6 +128,13 @@ def test_a_key_that_is_no_string_is_judged_as_a_value_and_rendered_as_json():
         ("name=J. R. Smith ok", "name=[name] ok"),
         ("name=José\nPérez Reports", "name=[name]\nPérez Reports"),  # the line ends the value
         ("name=ana status=ok", "name=[name] status=ok"),
+        # A first word in lower case is a thing's name, and a heading (``Failed:``) ends a name.
+        ("queue name=default Processing 3 messages", "queue name=[name] Processing 3 messages"),
+        ("name=cleanup Failed: timeout", "name=[name] Failed: timeout"),
+        ("recipient=ana@example.com Status: sent", "recipient=[recipient] Status: sent"),
+        ("task name=report OK", "task name=[name] OK"),
+        ("name=Ana Failed: timeout", "name=[name] Failed: timeout"),
+        ("name=María de la Cruz Status: sent", "name=[name] Status: sent"),
     ],
 )
 def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, expected):
@@ -126,12 +162,14 @@ def test_text_after_a_key_that_names_no_person_stays(text):
     ("written", "international"),
     [
         ("70123 45678", "+91 70123 45678"),
-        ("91234-56789", "+91 91234 56789"),
+        ("91234 56789", "+91 91234 56789"),
         ("81234 56789", "+91 8123456789"),
     ],
 )
 def test_an_indian_mobile_written_without_its_trunk_zero_is_replaced(written, international):
     assert scrub.text(f"call {written} today") == "call [phone] today"
+    for before in ("my number is", "sms", "Ana's", "phones", "whatsapp"):  # no list named before it
+        assert scrub.text(f"{before} {written}") == f"{before} [phone]"
     assert scrub.text(f"call {international} today") == "call [phone] today"
     assert hashing.text(written) == hashing.text(international)  # one person, one hash
 
@@ -145,6 +183,11 @@ def test_an_indian_mobile_written_without_its_trunk_zero_is_replaced(written, in
         "EUR 98 765 432,10",
         "took 98765 ms of 43210",
         "counts 70001 70002 70003",  # a list of numbers, two of which would make a mobile
+        "passive ports 60000-61000",  # a range: India writes its mobiles with a space
+        "ids 70001-70500 reindexed",
+        "offsets 98304 99328",  # after a plural: a list of two numbers
+        "zip codes 90210 94105",
+        "zip codes: 90210 94105",
     ],
 )
 def test_two_groups_of_five_digits_that_are_no_indian_mobile_stay(text):
