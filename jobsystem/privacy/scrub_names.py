@@ -4,8 +4,8 @@ A quoted value ends at its quote; an unquoted one was taken up to the first spac
 ``name=José Pérez`` lost ``José`` and logged ``Pérez``. A name whose first word is capitalised (a
 person's) runs on over the words that follow it while they are capitalised, up to four in all
 (``Ana Lucia Lopez``), with the particles between them (``María de la Cruz``); a word in lower case
-(``status``), a word that is a key (``Status=ok``) or a heading (``Failed:``), a separator (``,``
-``;`` ``.`` after a word) or the line's end stops it. A first word in lower case is a thing's name
+(``status``), a word that is a key (``Status=ok``), a separator (``,`` ``;`` ``.`` after a word)
+or the line's end stops it. A first word in lower case is a thing's name
 (``name=default Processing``, ``name=report OK``): the value is that word alone.
 """
 
@@ -18,8 +18,9 @@ __all__ = ["NAME_LABELS", "name_end"]
 #: Labels of the keys whose values are people's names.
 NAME_LABELS = frozenset({"name", "recipient", "contact"})
 #: The next word of a name (``-`` and ``'`` inside, an initial's ``.``), unless it is a key
-#: (``status=``) or a heading (``Failed:``).
-_NAME_WORD = re.compile(r"[ \t]+([^\W\d_][\w'\u2019\-]*(?:(?<=\s\w)\.)?)(?![\w'\u2019\-]|\s*[=:])")
+#: (``status=``). A word before ``:`` is taken: ``Pérez:`` and ``Failed:`` look alike, and a
+#: heading lost is better than a surname kept.
+_NAME_WORD = re.compile(r"[ \t]+([^\W\d_][\w'\u2019\-]*(?:(?<=\s\w)\.)?)(?![\w'\u2019\-]|\s*=)")
 #: Small words between the parts of a name (``María de la Cruz``, ``Ludwig van Beethoven``).
 _PARTICLES = frozenset(
     {"al", "bin", "da", "das", "de", "del", "della", "der", "di", "do", "dos", "du", "ibn", "la", "le"}

@@ -128,13 +128,15 @@ def test_a_bracketed_key_names_its_value_though_it_looks_like_a_replacement():
         ("name=J. R. Smith ok", "name=[name] ok"),
         ("name=José\nPérez Reports", "name=[name]\nPérez Reports"),  # the line ends the value
         ("name=ana status=ok", "name=[name] status=ok"),
-        # A first word in lower case is a thing's name, and a heading (``Failed:``) ends a name.
+        # A first word in lower case is a thing's name; after a person's, a heading (``Failed:``)
+        # is taken with it, as a surname before a colon is (``Pérez:``).
         ("queue name=default Processing 3 messages", "queue name=[name] Processing 3 messages"),
         ("name=cleanup Failed: timeout", "name=[name] Failed: timeout"),
         ("recipient=ana@example.com Status: sent", "recipient=[recipient] Status: sent"),
         ("task name=report OK", "task name=[name] OK"),
-        ("name=Ana Failed: timeout", "name=[name] Failed: timeout"),
-        ("name=María de la Cruz Status: sent", "name=[name] Status: sent"),
+        ("name=Ana Failed: timeout", "name=[name]: timeout"),
+        ("name=María de la Cruz Status: sent", "name=[name]: sent"),
+        ("name=José Pérez: failed", "name=[name]: failed"),
     ],
 )
 def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, expected):
