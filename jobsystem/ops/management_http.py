@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 from requests.adapters import HTTPAdapter
+from requests.auth import HTTPBasicAuth
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
@@ -158,12 +159,15 @@ def call_json(
     204). Raises :class:`ManagementTimeout` past it, and otherwise what ``requests`` raises (an
     error status included): every error is a ``RequestException``, its text free of credentials."""
     url, auth = _without_credentials(url, auth)
+    # requests encodes str credentials as latin-1 (a "€" raises, an "ä" is one byte RabbitMQ,
+    # which compares UTF-8, refuses): the header gets their UTF-8 bytes.
+    credentials = None if auth is None else HTTPBasicAuth(auth[0].encode(), auth[1].encode())
     deadline = Deadline(seconds)
     with requests.Session() as session, _cut_at(deadline) as cutter:
         session.mount("http://", _Adapter())
         session.mount("https://", _Adapter())
         try:
-            response = session.request(method, url, timeout=deadline.remaining(), auth=auth, **kwargs)
+            response = session.request(method, url, timeout=deadline.remaining(), auth=credentials, **kwargs)
             response.raise_for_status()
         except requests.RequestException as exc:
             if cutter.fired:
