@@ -11,14 +11,14 @@ import socket
 import ssl
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from jobsystem.ops.management_http import ManagementTimeout, call_json
-from tests.support import within
-from tests.unit.test_management_deadline import DEADLINE_S, Trickle, _answer, trickling_server
+from tests.support import wait_for, within
+from tests.unit.test_management_deadline import DEADLINE_S, Trickle, _answer, serving, trickling_server
 
 Handler = Callable[[socket.socket, Trickle], None]
 
@@ -39,27 +39,6 @@ def no_proxy_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
-
-
-@contextlib.contextmanager
-def serving(handler: Handler) -> Iterator[Trickle]:
-    """A local server running ``handler`` on each connection, in a thread of its own."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    trickle = Trickle(port=listener.getsockname()[1])
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):  # the listener closed
-            while True:
-                connection = listener.accept()[0]
-                threading.Thread(target=handler, args=(connection, trickle), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        yield trickle
-    finally:
-        with contextlib.suppress(OSError):
-            listener.shutdown(socket.SHUT_RDWR)
-        listener.close()
 
 
 def _tls(certificate: tuple[Path, Path], phase: str) -> Handler:
@@ -139,4 +118,4 @@ def test_a_proxy_that_answers_at_once_is_read_as_before(monkeypatch):
     with trickling_server("none") as proxy:
         monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
         assert len(call_json("GET", "http://127.0.0.1:1/api/queues", DEADLINE_S)) == 10
-        assert proxy.finished == 1
+        wait_for(lambda: proxy.finished == 1, what="the proxy to count its answer sent")
