@@ -204,11 +204,12 @@ class Selection:
         return data
 
 
-def _dead_letter_queues(project: Project, queue: str | None) -> list[str]:
+def _dead_letter_queues(project: Project, queue: str | None, *, reading: bool = False) -> list[str]:
     """The project's dead-letter queues (of ``queue`` only, when given), as ``jobctl dlq`` takes
-    them: another application's queue on the vhost is neither shown nor acted on."""
+    them: another application's queue on the vhost is neither shown nor acted on; ``reading``
+    (a re-index) takes a queue named whose ``.DLQ`` exists too, as ``jobctl dlq list`` does."""
     try:
-        return dead_letter_ops.dead_letter_queues(project.settings, project.broker, queue)
+        return dead_letter_ops.dead_letter_queues(project.settings, project.broker, queue, reading=reading)
     except ForeignQueue as exc:
         raise ActionError(str(exc)) from None
 
@@ -250,8 +251,10 @@ def purge(project: Project, selection: Selection) -> dict[str, Any]:
 
 
 def reindex(project: Project, queue: str) -> dict[str, Any]:
-    """Rebuild one queue's index from the queue (a full read; nothing removed)."""
-    (name,) = _dead_letter_queues(project, queue)
+    """Rebuild one queue's index from the queue (a full read; nothing removed): the documented
+    recovery, so a removed actor's queue the index lost is taken when named (its letters are
+    then indexed, and can be retried or purged)."""
+    (name,) = _dead_letter_queues(project, queue, reading=True)
     if missing_queues(project.settings, [name]):
         raise ActionError(f"RabbitMQ has no dead-letter queue for {queue!r}")
     with _ACTING:

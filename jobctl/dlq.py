@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from jobctl.project import fail, import_application, load_system, require_queues
+from jobctl.project import EXIT_DEGRADED, fail, import_application, load_system, require_queues
 
 
 def _since(value: str | None) -> datetime | None:
@@ -86,9 +86,10 @@ def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Context:
-    """The project and the filters of one command."""
+    """The project and the filters of one command; ``reading`` (list, show, export) also takes a
+    queue named by ``--queue`` that is none of the project's, if its ``.DLQ`` exists."""
 
-    def __init__(self, ids: tuple[str, ...], selected: Selected) -> None:
+    def __init__(self, ids: tuple[str, ...], selected: Selected, *, reading: bool = False) -> None:
         system = load_system()
         import_application("jobctl", selected.modules)
         from jobsystem.ops import dead_letters as ops
@@ -98,12 +99,16 @@ class Context:
         self.broker = system.broker
         queue, named = selected.queue, f"--queue {selected.queue!r}"
         try:  # only the project's queues, never another application's on the vhost
-            self.queues = ops.dead_letter_queues(system.settings, system.broker, queue)
+            self.queues, self.complete = ops.dead_letter_scope(
+                system.settings, system.broker, queue, reading=reading
+            )
         except ops.ForeignQueue as exc:
             require_queues(system.settings, {dead_letter_queue(exc.name): named})  # a typo first
             fail(f"jobctl: {named}: {exc} (an application's actors: name their --module)")
         if queue is not None:  # a typo: say so, rather than "0 dead letters" or a channel error
             require_queues(system.settings, {name: named for name in self.queues})
+        if not self.complete:  # a removed actor's letters may be left out: never "all of them"
+            click.echo(f"jobctl: {ops.INDEX_UNREAD}: only the declared queues' dead letters", err=True)
         self.filters = ops.Filters(
             message_ids=frozenset(ids),
             queue=None,
@@ -130,7 +135,7 @@ def dlq() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
 def list_(selected: Selected, as_json: bool) -> None:
     """List dead letters (streamed: fine for 100k)."""
-    ctx = Context((), selected)
+    ctx = Context((), selected, reading=True)
     count = 0
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
         count += 1
@@ -143,6 +148,7 @@ def list_(selected: Selected, as_json: bool) -> None:
                 f"{dead.exception or NO_EXCEPTION}  attempts={dead.attempts}  {dead.error[:80]}"
             )
     click.echo(f"{count} dead letter(s) in {len(ctx.queues)} queue(s)", err=True)
+    sys.exit(0 if ctx.complete else EXIT_DEGRADED)
 
 
 def body_view(body: bytes) -> dict[str, Any] | str:
@@ -195,7 +201,7 @@ def show(message_id: str, queue: str | None, modules: tuple[str, ...]) -> None:
 
     Positional arguments are counted, not shown; `jobctl dlq export -o FILE` writes bodies whole.
     """
-    ctx = Context((message_id,), Selected(queue=queue, modules=modules))
+    ctx = Context((message_id,), Selected(queue=queue, modules=modules), reading=True)
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
         data = dead.summary()
         width = max(len(k) for k in data)
@@ -234,7 +240,7 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
     click.echo(
         f"retried {outcome.done} of {outcome.matched} matching, {outcome.failed} failed{_notes(outcome)}"
     )
-    failed = outcome.failed or outcome.unconfirmed
+    failed = outcome.failed or outcome.unconfirmed or (all_ and not ctx.complete)
     sys.exit(1 if failed or _not_found(message_ids, outcome.found) else 0)
 
 
@@ -256,7 +262,8 @@ def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: boo
     with ctx.progress("purging") as progress:
         outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
     click.echo(f"purged {outcome.done} dead letter(s){_notes(outcome)}")
-    sys.exit(1 if outcome.unconfirmed or _not_found(message_ids, outcome.found) else 0)
+    failed = outcome.unconfirmed or (all_ and not ctx.complete)
+    sys.exit(1 if failed or _not_found(message_ids, outcome.found) else 0)
 
 
 def _not_found(message_ids: tuple[str, ...], found: set[str]) -> bool:
@@ -276,7 +283,7 @@ def export(selected: Selected, output: Any) -> None:
     Bodies are the jobs' own data, personal data included: written whole to a file (-o), scrubbed
     when written to the terminal.
     """
-    ctx = Context((), selected)
+    ctx = Context((), selected, reading=True)
     terminal = getattr(output, "name", None) == "<stdout>"
     count = 0
     for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
@@ -287,3 +294,4 @@ def export(selected: Selected, output: Any) -> None:
         (sys.stdout if terminal else output).write(ctx.ops.to_json_line(data) + "\n")
         count += 1
     click.echo(f"exported {count} dead letter(s)", err=True)
+    sys.exit(0 if ctx.complete else EXIT_DEGRADED)

@@ -10,6 +10,7 @@ library buffer the whole queue faster than it is read).
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
@@ -232,9 +233,16 @@ class Reader:
         """Whether RabbitMQ processed every ack sent so far: a synchronous round trip on the same
         channel (a passive declare), whose reply comes only after the methods before it, acks
         included. False when the connection or channel was lost first: the acks may not have
-        arrived, and their letters may be back in their queue (this reader is then unusable)."""
+        arrived, and their letters may be back in their queue (this reader is then unusable).
+        A 404 (the queue was deleted meanwhile) is a reply too, after the acks: settled; it
+        closed the channel, so the reader goes on with a new one."""
         try:
             self.count(dead_letter_queue)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404:  # closed for an earlier method: the acks may be lost
+                return False
+            with contextlib.suppress(pika.exceptions.AMQPError):  # lost now: the next read says so
+                self.channel = self.connection.channel()
         except pika.exceptions.AMQPError:
             return False
         return True

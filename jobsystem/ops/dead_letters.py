@@ -34,18 +34,20 @@ from dramatiq.common import q_name
 
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
 from jobsystem.ops.queue_counts import missing_queues
-from jobsystem.ops.scope import ForeignQueue, project_queue, project_queues
+from jobsystem.ops.scope import INDEX_UNREAD, ForeignQueue, project_queue, project_scope
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.settings import Settings
 from jobsystem.store.base import StoreUnavailable
 
 __all__ = [
+    "INDEX_UNREAD",
     "NOT_REPLAYABLE",
     "Filters",
     "ForeignQueue",
     "Outcome",
     "dead_letter_queues",
+    "dead_letter_scope",
     "forget",
     "purge",
     "read",
@@ -83,19 +85,45 @@ class Filters:
         )
 
 
-def dead_letter_queues(settings: Settings, broker: ProjectBroker, queue: str | None = None) -> list[str]:
+def dead_letter_queues(
+    settings: Settings, broker: ProjectBroker, queue: str | None = None, *, reading: bool = False
+) -> list[str]:
+    """The queues of :func:`dead_letter_scope` (whether or not the scope is complete)."""
+    return dead_letter_scope(settings, broker, queue, reading=reading)[0]
+
+
+def dead_letter_scope(
+    settings: Settings, broker: ProjectBroker, queue: str | None = None, *, reading: bool = False
+) -> tuple[list[str], bool]:
     """The dead-letter queues of the project's queues (:func:`~jobsystem.ops.scope.project_queues`)
     that RabbitMQ has, never every ``.DLQ`` with ``QUEUE_PREFIX`` (the default, empty, prefix
-    would take every application's on the vhost). A ``queue`` named is the project's (the prefix
-    added unless present): another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`."""
+    would take every application's on the vhost), and whether the dead-letter index was read to
+    find them (False: the declared queues' only). A ``queue`` named is the project's (the prefix
+    added unless present): another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`,
+    unless ``reading`` (list, show, export, re-index) and its ``.DLQ`` exists: named explicitly,
+    a removed actor's letters the index does not know stay readable, and can be re-indexed."""
     if queue is not None:
-        return [project_queue(settings, broker, q_name(queue)) + DEAD_LETTER_SUFFIX]
-    names = sorted(q + DEAD_LETTER_SUFFIX for q in project_queues(broker))
+        return [_named(settings, broker, q_name(queue), reading)], True
+    scope = project_scope(broker)
+    names = sorted(q + DEAD_LETTER_SUFFIX for q in scope.queues)
     try:
         missing = set(missing_queues(settings, names, RABBITMQ_TIMEOUT_S))
     except ConnectionError:
-        return names  # the operation's own connection reports the unreachable broker
-    return [name for name in names if name not in missing]
+        return names, scope.complete  # the operation's own connection reports the unreachable broker
+    return [name for name in names if name not in missing], scope.complete
+
+
+def _named(settings: Settings, broker: ProjectBroker, queue: str, reading: bool) -> str:
+    """The dead-letter queue of ``queue`` named by an operator (see :func:`dead_letter_scope`)."""
+    try:
+        return project_queue(settings, broker, queue) + DEAD_LETTER_SUFFIX
+    except ForeignQueue as exc:
+        named = exc.name + DEAD_LETTER_SUFFIX
+        if reading:
+            with contextlib.suppress(ConnectionError):  # unreachable: refused, as not known
+                if not missing_queues(settings, [named], RABBITMQ_TIMEOUT_S):
+                    return named
+        raise
 
 
 @dataclass

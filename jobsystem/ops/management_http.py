@@ -4,9 +4,15 @@
 front of it) that accepts and then sends a byte every few seconds holds the caller for as long
 as it likes, a health check thread or a dashboard request thread included. Here the socket of
 the call is shut down when the deadline passes, whatever phase the call is in (the headers, the
-body, a TLS handshake), so the blocked read ends at once and the call raises
+body, a TLS handshake, a proxy's tunnel), so the blocked read ends at once and the call raises
 :class:`ManagementTimeout`. The connect itself is bounded by the time left (name resolution is
 not: the management API is normally named by an address or ``localhost``).
+
+The call watches a duplicate of each socket's descriptor: TLS wraps a socket by detaching its
+descriptor (shutting the plain socket object down then does nothing), but a shutdown through
+any descriptor of a connection ends every read on it, the TLS socket's included (HTTPS through
+a proxy: TLS in a tunnel, still one TCP connection). A proxy (``HTTP(S)_PROXY``) gets the same
+watched pools; ``trust_env`` stays on, as ``REQUESTS_CA_BUNDLE`` is read from the environment.
 
 Credentials never ride in the URL: ``requests`` quotes a call's URL in its errors (``401 Client
 Error: Unauthorized for url: ...``), and those texts reach logs, ``jobctl`` output and JSON
@@ -25,6 +31,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 from requests.adapters import HTTPAdapter
+from requests.auth import HTTPBasicAuth
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
@@ -38,24 +45,37 @@ class ManagementTimeout(requests.Timeout):
 
 
 class _Cutter:
-    """The sockets one call opened, shut down together when its deadline passes."""
+    """Duplicates of the sockets one call opened, shut down together when its deadline passes
+    (a duplicate outlives TLS's detaching of the original), closed when the call ends."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self.fired = False
+        self._closed = False
 
     def add(self, sock: socket.socket) -> None:
         with self._lock:
-            self._sockets.append(sock)
+            if self._closed:  # not this call's: nothing to watch
+                return
+            watched = sock.dup()
+            self._sockets.append(watched)
             if self.fired:  # opened after the deadline: no read on it may wait
-                _shut(sock)
+                _shut(watched)
 
     def fire(self) -> None:
         with self._lock:
             self.fired = True
             for sock in self._sockets:
                 _shut(sock)
+
+    def close(self) -> None:
+        """Close the duplicates (the connection itself closes with its owner)."""
+        with self._lock:
+            self._closed = True
+            for sock in self._sockets:
+                sock.close()
+            self._sockets.clear()
 
 
 def _shut(sock: socket.socket) -> None:
@@ -88,12 +108,22 @@ class _TLSPool(HTTPSConnectionPool):
     ConnectionCls = _WatchedTLS
 
 
+_WATCHED_POOLS = {"http": _Pool, "https": _TLSPool}
+
+
 class _Adapter(HTTPAdapter):
-    """requests' adapter, its connections' sockets handed to the calling thread's cutter."""
+    """requests' adapter, its connections' sockets handed to the calling thread's cutter, direct
+    or through an HTTP(S) proxy."""
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
         super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
+        self.poolmanager.pool_classes_by_scheme = dict(_WATCHED_POOLS)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):  # SOCKS pools have connections of their own
+            manager.pool_classes_by_scheme = dict(_WATCHED_POOLS)
+        return manager
 
 
 @contextlib.contextmanager
@@ -108,6 +138,7 @@ def _cut_at(deadline: Deadline) -> Iterator[_Cutter]:
     finally:
         timer.cancel()
         _calling.cutter = None
+        cutter.close()
 
 
 def _without_credentials(url: str, auth: tuple[str, str] | None) -> tuple[str, tuple[str, str] | None]:
@@ -128,12 +159,15 @@ def call_json(
     204). Raises :class:`ManagementTimeout` past it, and otherwise what ``requests`` raises (an
     error status included): every error is a ``RequestException``, its text free of credentials."""
     url, auth = _without_credentials(url, auth)
+    # requests encodes str credentials as latin-1 (a "€" raises, an "ä" is one byte RabbitMQ,
+    # which compares UTF-8, refuses): the header gets their UTF-8 bytes.
+    credentials = None if auth is None else HTTPBasicAuth(auth[0].encode(), auth[1].encode())
     deadline = Deadline(seconds)
     with requests.Session() as session, _cut_at(deadline) as cutter:
         session.mount("http://", _Adapter())
         session.mount("https://", _Adapter())
         try:
-            response = session.request(method, url, timeout=deadline.remaining(), auth=auth, **kwargs)
+            response = session.request(method, url, timeout=deadline.remaining(), auth=credentials, **kwargs)
             response.raise_for_status()
         except requests.RequestException as exc:
             if cutter.fired:

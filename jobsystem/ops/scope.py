@@ -11,45 +11,74 @@ under any prefix. The project's queues are:
   namespace of the state store and only the project's workers write it, so the dead letters of
   an actor since removed, or of an application whose modules were not given, stay reachable.
 
-A state store that does not answer leaves the declared queues only: nothing else is taken.
+A state store that does not answer leaves the declared queues only: nothing else is taken, and
+the scope says it is incomplete (:attr:`Scope.complete`), so a command over "every dead letter"
+can say so rather than report a partial answer as the whole.
+
+A queue the operator *names* whose ``.DLQ`` exists is taken for reading and re-indexing even when
+it is none of these (a removed actor's letters from before the index, an index lost): see
+:func:`~jobsystem.ops.dead_letters.dead_letter_queues`. Purge and retry still take only the
+project's queues; a re-index makes the letters indexed, and so the project's.
 """
 
 from __future__ import annotations
 
-import contextlib
+from dataclasses import dataclass
 
 from jobsystem.ops.health import own_queue
 from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.settings import Settings
 from jobsystem.store.base import StoreUnavailable
 
-__all__ = ["ForeignQueue", "project_queue", "project_queues"]
+__all__ = ["ForeignQueue", "Scope", "project_queue", "project_queues", "project_scope"]
+
+#: Said when the dead-letter index could not be read.
+INDEX_UNREAD = "the dead-letter index could not be read (state store unreachable)"
 
 
 class ForeignQueue(ValueError):
-    """A queue named by an operator that is not one of the project's (:func:`project_queues`)."""
+    """A queue named by an operator that is not one of the project's (:func:`project_queues`);
+    ``index_read`` false: maybe it is, but the index that would say so did not answer."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"{name!r} is not a queue of the project's actors")
+    def __init__(self, name: str, index_read: bool = True) -> None:
+        why = "" if index_read else f" as far as is known: {INDEX_UNREAD}"
+        super().__init__(f"{name!r} is not a queue of the project's actors{why}")
         self.name = name
+        self.index_read = index_read
 
 
-def project_queues(broker: ProjectBroker) -> set[str]:
+@dataclass(frozen=True)
+class Scope:
+    """The project's work queues, and whether the dead-letter index was read to find them."""
+
+    queues: frozenset[str]
+    complete: bool
+
+
+def project_scope(broker: ProjectBroker) -> Scope:
     """The project's work queues: those its actors declared on ``broker``, and those its
     dead-letter index holds letters of (see the module doc)."""
     own = set(broker.get_declared_queues())
     index = broker.dead_letter_index
+    complete = True
     if index is not None:
-        # Unanswered: the declared queues only (the commands report the store where it matters).
-        with contextlib.suppress(StoreUnavailable):
+        try:
             own.update(index.backend.counts())
-    return own
+        except StoreUnavailable:  # the declared queues only
+            complete = False
+    return Scope(frozenset(own), complete)
+
+
+def project_queues(broker: ProjectBroker) -> set[str]:
+    """The queues of :func:`project_scope` (the declared ones only when the index did not answer)."""
+    return set(project_scope(broker).queues)
 
 
 def project_queue(settings: Settings, broker: ProjectBroker, name: str) -> str:
     """The project's queue ``name`` (``QUEUE_PREFIX`` added unless present); raises
     :class:`ForeignQueue` when it is not one of :func:`project_queues`."""
     queue = own_queue(settings, name)
-    if queue not in project_queues(broker):
-        raise ForeignQueue(queue)
+    scope = project_scope(broker)
+    if queue not in scope.queues:
+        raise ForeignQueue(queue, scope.complete)
     return queue

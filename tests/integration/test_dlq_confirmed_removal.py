@@ -5,8 +5,10 @@ the letters in their queue, where the index must still list them."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import pytest
+import requests
 from dramatiq import Message
 
 from jobsystem.ops import dead_letters as ops
@@ -86,3 +88,29 @@ def test_a_retry_whose_acks_are_lost_with_the_connection_keeps_the_letters_index
     assert _indexed(broker, queue) == COUNT
     assert (outcome.done, outcome.unconfirmed) == (COUNT, COUNT) and queues.depth(queue) == COUNT
     assert "not confirmed" in outcome.notes[0]
+
+
+def test_a_purge_whose_dead_letter_queue_is_deleted_after_the_acks_counts_them_removed(
+    queues, prefix, monkeypatch
+):
+    """The passive declare that settles the acks answers 404 when the ``.DLQ`` was deleted
+    meanwhile: a reply after the acks all the same, so they were processed. The 404 closed the
+    reader's channel: the next queue is read on a new one."""
+    broker = queues.broker
+    gone, kept = _dead_letters(broker, f"{prefix}deleted"), _dead_letters(broker, f"{prefix}kept")
+    acked: list[int] = []
+    ack = Reader.ack
+
+    def ack_then_delete(reader: Reader, tag: int) -> None:
+        ack(reader, tag)
+        acked.append(tag)
+        if len(acked) == COUNT:  # the last of the first queue's
+            requests.delete(
+                queues.api(f"/{quote(gone, safe='')}"), auth=queues.auth, timeout=10
+            ).raise_for_status()
+
+    monkeypatch.setattr(Reader, "ack", ack_then_delete)
+    outcome = ops.purge(broker, [gone, kept], ops.Filters())
+    assert (outcome.done, outcome.unconfirmed, outcome.notes) == (2 * COUNT, 0, [])
+    assert queues.declared(gone) is None and queues.depth(kept) == 0
+    assert _indexed(broker, f"{prefix}deleted") == 0 and _indexed(broker, f"{prefix}kept") == 0

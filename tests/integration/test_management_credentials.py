@@ -8,6 +8,7 @@ every caller of the API hold the password nowhere, in ``str()``, ``repr()`` or a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -37,19 +38,28 @@ def _texts(exc: BaseException) -> str:
     return "\n".join(texts)
 
 
-@pytest.fixture
-def api_user() -> Iterator[tuple[str, str]]:
-    """A RabbitMQ user of our own allowed the management API, with a recognisable password."""
+@contextlib.contextmanager
+def _management_user(password: str) -> Iterator[str]:
+    """A RabbitMQ user of our own with ``password``, allowed the management API (deleted after)."""
     admin = ("guest", "guest")
-    user, password = f"mgmt-{secrets.token_hex(4)}", f"MgmtPw-{secrets.token_hex(8)}"
+    user = f"mgmt-{secrets.token_hex(4)}"
     body = {"password": password, "tags": "management"}
     requests.put(f"{_API}/api/users/{user}", json=body, auth=admin, timeout=10).raise_for_status()
     rights = {"configure": ".*", "write": ".*", "read": ".*"}
-    requests.put(f"{_API}/api/permissions/%2F/{user}", json=rights, auth=admin, timeout=10).raise_for_status()
     try:
-        yield user, password
+        granted = requests.put(f"{_API}/api/permissions/%2F/{user}", json=rights, auth=admin, timeout=10)
+        granted.raise_for_status()
+        yield user
     finally:
         requests.delete(f"{_API}/api/users/{user}", auth=admin, timeout=10)
+
+
+@pytest.fixture
+def api_user() -> Iterator[tuple[str, str]]:
+    """A RabbitMQ user of our own allowed the management API, with a recognisable password."""
+    password = f"MgmtPw-{secrets.token_hex(8)}"
+    with _management_user(password) as user:
+        yield user, password
 
 
 def _callers(prefix: str) -> dict[str, Callable[[Settings], Any]]:
@@ -122,3 +132,19 @@ def test_jobctl_says_the_management_api_refused_without_the_password(prefix):
     for output in (migrated.stdout + migrated.stderr, pinged.stdout + pinged.stderr):
         for variant in _variants(password):
             assert variant not in output, output
+
+
+@pytest.mark.parametrize("password", ["pässwörd-1234", "mot-de-passe-€-123"], ids=["latin-1", "euro"])
+def test_a_password_beyond_ascii_is_accepted_by_the_management_api(prefix, password):
+    """RabbitMQ compares the UTF-8 bytes; requests sent str credentials as latin-1 (a 401 for
+    "ä", a UnicodeEncodeError holding the password for "€")."""
+    from jobsystem.ops.management import queue_names
+    from jobsystem.ops.management_http import call_json
+
+    with _management_user(password) as user:
+        assert call_json("GET", f"{_API}/api/whoami", 5, auth=(user, password))["name"] == user
+        url = f"amqp://{user}:{quote(password, safe='')}@127.0.0.1:5672/%2F"
+        settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "RABBITMQ_URL": url})
+        assert isinstance(queue_names(settings, 5), list)
+        pinged = jobctl(prefix, "ping", check=False, RABBITMQ_URL=url)
+        assert pinged.returncode == 0, pinged.stdout + pinged.stderr

@@ -118,3 +118,39 @@ def test_the_dashboard_neither_shows_nor_acts_on_another_applications_queues(sta
     purged = dashboard.post("/api/dead-letters/purge", ADMIN, {"all": True})
     assert purged.json() == {"purged": 1, "matched": 1, "unconfirmed": 0, "notes": []}
     assert queues.depth(ours + ".DLQ") == 0 and queues.depth(theirs + ".DLQ") == 1
+
+
+def test_a_removed_actors_dead_letters_are_read_by_name_reindexed_then_purged(
+    start_dashboard, queues, prefix
+):
+    """``retired``: no actor declares it any more, and the index never held its letters (from
+    before the index, or the index lost). Named, it is read; re-indexed on the dashboard (the
+    documented recovery), its letters are the project's and can be purged."""
+    retired = prefix + "retired"
+    queues.broker.declare_queue(retired, ensure=True)
+    message = Message(queue_name=retired, actor_name="retired_job", args=(), kwargs={}, options={})
+    queues.broker.channel.basic_publish("", retired + ".DLQ", message.encode(), pika.BasicProperties())
+
+    listed = jobctl(prefix, "dlq", "list", "--queue", "retired")
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [message.message_id]
+    refused = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", "retired", check=False)
+    assert refused.returncode == 2 and "not a queue of the project's" in refused.stderr, refused.stderr
+
+    dashboard = start_dashboard()
+    reindexed = dashboard.post("/api/dead-letters/reindex", ADMIN, {"queue": "retired"})
+    assert reindexed.status_code == 200 and reindexed.json() == {"indexed": 1}, reindexed.text
+    purged = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", "retired")
+    assert "purged 1 dead letter(s)" in purged.stdout
+    assert queues.depth(retired + ".DLQ") == 0
+
+
+def test_dlq_says_when_the_dead_letter_index_could_not_be_read(queues, prefix):
+    our_dead_letters(queues, prefix, 1)
+    down = {"STATE_URL": "redis://127.0.0.1:1/0"}  # nothing listens there
+    listed = jobctl(prefix, "dlq", "list", check=False, **down)
+    assert listed.returncode == 1 and "Traceback" not in listed.stderr, listed.stderr
+    assert "the dead-letter index could not be read" in listed.stderr
+    ours = queues.name(workload.record)
+    named = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", ours, check=False, **down)
+    assert named.returncode == 2 and "the dead-letter index could not be read" in named.stderr, named.stderr
+    assert queues.depth(ours + ".DLQ") == 1

@@ -28,9 +28,9 @@ def _export_to_terminal(dead: DeadLetter, *command: str) -> str:
     """`jobctl dlq export` (no -o), or ``command``, over ``dead`` alone, without RabbitMQ."""
 
     class OneDeadLetter:
-        def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
+        def __init__(self, ids: tuple[str, ...], selected: Any, reading: bool = False) -> None:
             self.ops, self.broker, self.filters = ops, None, ops.Filters()
-            self.queues = [dead.dead_letter_queue]
+            self.queues, self.complete = [dead.dead_letter_queue], True
 
     with (
         mock.patch.object(dlq, "Context", OneDeadLetter),

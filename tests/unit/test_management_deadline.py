@@ -9,14 +9,14 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
 from jobsystem.ops.management import ManagementTimeout, oldest_age_s, queue_names, queue_stats
 from jobsystem.settings import Settings
-from tests.support import within
+from tests.support import wait_for, within
 
 DEADLINE_S = 1.5
 #: A byte this often: far inside the per-read timeout, so only a total deadline stops the call.
@@ -59,9 +59,8 @@ def _answer(connection: socket.socket, trickle: Trickle, phase: str) -> None:
 
 
 @contextlib.contextmanager
-def trickling_server(phase: str) -> Iterator[Trickle]:
-    """An HTTP server answering every request with 200 and a JSON list, its ``phase`` ("headers",
-    "body": from the status line or after the headers; "none": at once) sent a byte at a time."""
+def serving(handler: Callable[[socket.socket, Trickle], None]) -> Iterator[Trickle]:
+    """A local server running ``handler`` on each connection, in a thread of its own."""
     listener = socket.create_server(("127.0.0.1", 0))
     trickle = Trickle(port=listener.getsockname()[1])
 
@@ -69,7 +68,7 @@ def trickling_server(phase: str) -> Iterator[Trickle]:
         with contextlib.suppress(OSError):  # the listener closed
             while True:
                 connection = listener.accept()[0]
-                threading.Thread(target=_answer, args=(connection, trickle, phase), daemon=True).start()
+                threading.Thread(target=handler, args=(connection, trickle), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
     try:
@@ -78,6 +77,12 @@ def trickling_server(phase: str) -> Iterator[Trickle]:
         with contextlib.suppress(OSError):
             listener.shutdown(socket.SHUT_RDWR)
         listener.close()
+
+
+def trickling_server(phase: str) -> contextlib.AbstractContextManager[Trickle]:
+    """An HTTP server answering every request with 200 and a JSON list, its ``phase`` ("headers",
+    "body": from the status line or after the headers; "none": at once) sent a byte at a time."""
+    return serving(lambda connection, trickle: _answer(connection, trickle, phase))
 
 
 def _settings(port: int) -> Settings:
@@ -102,4 +107,6 @@ def test_a_management_api_that_trickles_its_answer_is_given_up_at_the_deadline(p
 def test_a_management_api_that_answers_at_once_is_read_as_before():
     with trickling_server("none") as trickle:
         assert queue_names(_settings(trickle.port), DEADLINE_S) == [f"queue-{i}" for i in range(10)]
-        assert trickle.finished == 1
+        wait_for(
+            lambda: trickle.finished == 1, what="the server to count its answer sent"
+        )  # after the client read it

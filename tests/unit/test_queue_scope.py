@@ -16,8 +16,12 @@ from jobsystem.ops import dead_letters as ops
 from jobsystem.settings import load_settings
 from jobsystem.store.base import StoreUnavailable
 
-#: What RabbitMQ has on the vhost: the project's queues and another application's.
-ON_THE_VHOST = ["emails", "emails.DQ", "emails.DLQ", "retired", "retired.DLQ", "billing", "billing.DLQ"]
+#: What RabbitMQ has on the vhost: the project's queues and another application's; ``removed``'s
+#: ``.DLQ`` holds letters of an actor since removed, from before the index (or the index was lost).
+ON_THE_VHOST = [
+    *("emails", "emails.DQ", "emails.DLQ", "retired", "retired.DLQ", "billing", "billing.DLQ"),
+    "removed.DLQ",
+]
 
 
 class Index:
@@ -84,3 +88,33 @@ def test_the_dashboard_neither_shows_nor_acts_on_another_applications_queue() ->
     assert dashboard_queues.work_queues(project) == ["emails", "retired"]  # type: ignore[arg-type]
     with pytest.raises(ActionError, match="'billing' is not a queue of the project's actors"):
         dashboard_dead_letters.purge(project, Selection(queue="billing", all=True))  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("vhost")
+def test_a_queue_named_whose_dead_letter_queue_exists_is_read_and_reindexed_not_acted_on(monkeypatch) -> None:
+    """Re-indexing is the documented recovery of a removed actor's letters the index lost: the
+    queue named is taken for reading and re-indexing; purge and retry wait for the index."""
+    assert ops.dead_letter_queues(SETTINGS, broker(), "removed", reading=True) == ["removed.DLQ"]
+    with pytest.raises(ops.ForeignQueue):
+        ops.dead_letter_queues(SETTINGS, broker(), "nowhere", reading=True)  # no .DLQ: not taken
+    with pytest.raises(ops.ForeignQueue, match="'removed' is not a queue of the project's actors"):
+        ops.dead_letter_queues(SETTINGS, broker(), "removed")
+    project = SimpleNamespace(settings=SETTINGS, broker=broker())
+    reindexed: list[str] = []
+    monkeypatch.setattr(ops, "reindex", lambda broker, name: reindexed.append(name) or 3)
+    assert dashboard_dead_letters.reindex(project, "removed") == {"indexed": 3}  # type: ignore[arg-type]
+    assert reindexed == ["removed.DLQ"]
+    with pytest.raises(ActionError, match="'removed' is not a queue of the project's actors"):
+        dashboard_dead_letters.purge(project, Selection(queue="removed", all=True))  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("vhost")
+def test_an_unread_index_is_said_not_taken_for_an_empty_one() -> None:
+    assert ops.dead_letter_scope(SETTINGS, broker()) == (["emails.DLQ", "retired.DLQ"], True)
+    assert ops.dead_letter_scope(SETTINGS, broker(Index(down=True))) == (["emails.DLQ"], False)
+    with pytest.raises(ops.ForeignQueue, match="the dead-letter index could not be read"):
+        ops.dead_letter_queues(SETTINGS, broker(Index(down=True)), "retired")
+    # Named for reading, its .DLQ there: read whatever the index says.
+    assert ops.dead_letter_queues(SETTINGS, broker(Index(down=True)), "retired", reading=True) == [
+        "retired.DLQ"
+    ]
