@@ -40,7 +40,14 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
     get_system().broker.channel.basic_publish(
         "", queue, b"\xff not a message", pika.BasicProperties(message_id="junk")
     )
-    wait_for(lambda: queues.depth(queue + ".DLQ") == 7, timeout=60, what="seven dead letters")
+    try:
+        wait_for(lambda: queues.depth(queue + ".DLQ") == 7, timeout=60, what="seven dead letters")
+    except AssertionError:  # once under a loaded CI run: say which one is missing, and where it is
+        there = {m["properties"].get("message_id") for m in queues.peek(queue + ".DLQ")}
+        expected = {m.message_id: reason for reason, m in sent.items()}
+        expected |= {unknown.message_id: "unknown_actor", "junk": "junk"}
+        missing = sorted(reason for message_id, reason in expected.items() if message_id not in there)
+        raise AssertionError(f"missing {missing}, {queues.depth(queue)} ready in the queue") from None
 
     letters = dead_letters(queues)
     # The peek's requeue lands a moment later; until then jobctl (reading what is ready) sees less.
