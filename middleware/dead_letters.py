@@ -23,7 +23,7 @@ from dramatiq.middleware import AgeLimit, Middleware, SkipMessage
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
-from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label, unnamed_actor_not_found
+from jobsystem.runtime.actor_names import actor_label, unnamed_actor_not_found
 from jobsystem.runtime.message_shape import Malformed, int_option
 from jobsystem.runtime.options import option_of
 
@@ -42,9 +42,7 @@ __all__ = [
     "MALFORMED_EXCEPTION",
     "REASONS",
     "REPLAYS",
-    "UNKNOWN_ACTOR",
     "DeadLetters",
-    "actor_label",
 ]
 
 #: Why a message ended in the dead letters.

@@ -24,6 +24,7 @@ import pika.spec
 from dramatiq import Message
 
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
+from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
 from jobsystem.runtime.message_shape import decode
 from jobsystem.store.dead_letter_index import DeadLetterEntry
 from middleware import dead_letters as record
@@ -103,7 +104,7 @@ class DeadLetter:
                 dead_letter_queue=dead_letter_queue,
                 message_id=properties.message_id or "",
                 queue=origin,
-                actor=record.actor_label(_header(headers, record.HEADER_ACTOR)),
+                actor=actor_label(_header(headers, record.HEADER_ACTOR)),
                 reason=_header(headers, record.HEADER_REASON) or "rejected",
                 exception=_header(headers, record.HEADER_EXCEPTION),
                 error=_header(headers, record.HEADER_ERROR),
@@ -119,13 +120,13 @@ class DeadLetter:
         if isinstance(message, Message):
             message_id, actor, reason = (
                 message.message_id,
-                record.actor_label(message.actor_name, actors),
+                actor_label(message.actor_name, actors),
                 _header(death, "reason") or "rejected",
             )
             enqueued = _from_millis(message.message_timestamp)
         else:
             message_id, reason, enqueued = properties.message_id or "", "undecodable", None
-            actor = record.UNKNOWN_ACTOR
+            actor = UNKNOWN_ACTOR
         return cls(
             dead_letter_queue=dead_letter_queue,
             message_id=message_id,

@@ -30,7 +30,7 @@ from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.settings import Settings
 from jobsystem.store.base import StoreUnavailable
 
-__all__ = ["ForeignQueue", "Scope", "project_queue", "project_queues", "project_scope"]
+__all__ = ["INDEX_UNREAD", "ForeignQueue", "Scope", "project_queue", "project_queues", "project_scope"]
 
 #: Said when the dead-letter index could not be read.
 INDEX_UNREAD = "the dead-letter index could not be read (state store unreachable)"

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from jobsystem.runtime.actor_names import actor_label
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.store.base import StateStore
 from jobsystem.store.dead_letter_index import DeadLetterEntry, IndexBackend, dead_letter_index
@@ -43,7 +44,7 @@ def entry_from_headers(queue: str, message_id: str, headers: Mapping[str, Any]) 
     return DeadLetterEntry(
         queue=queue,
         message_id=message_id,
-        actor=record.actor_label(_text(headers.get(record.HEADER_ACTOR))),
+        actor=actor_label(_text(headers.get(record.HEADER_ACTOR))),
         reason=_text(headers.get(record.HEADER_REASON)) or "rejected",
         exception=_text(headers.get(record.HEADER_EXCEPTION)),
         error=_text(headers.get(record.HEADER_ERROR))[:1_000],

@@ -17,9 +17,10 @@ from dramatiq.errors import ActorNotFound
 from dashboard.dead_letters import dead_letter_list, shown_entry
 from jobsystem.ops.dead_letter_reader import DeadLetter
 from jobsystem.rabbitmq.dead_letter_indexer import entry_from_headers
+from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
 from jobsystem.runtime.message_shape import decode
 from jobsystem.store.dead_letter_index import DeadLetterEntry, IndexPage
-from middleware.dead_letters import UNKNOWN_ACTOR, DeadLetters, actor_label
+from middleware.dead_letters import DeadLetters
 from tests.unit.stub import RecordingBroker, delivery
 
 #: What a sender may put where an actor's name goes: an e-mail address, a person's name, a
