@@ -28,7 +28,14 @@ from pydantic import (
 )
 
 from jobsystem.limits import Limit, parse_limits
-from jobsystem.urls import check_amqp_url, check_redis_url, check_smtp_url, check_sqlite_url, check_url
+from jobsystem.urls import (
+    check_amqp_url,
+    check_redis_url,
+    check_smtp_url,
+    check_sqlite_url,
+    check_url,
+    split_credentials,
+)
 
 #: ``RATE_LIMITS`` when unset: the reference email actor spends from ``smtp``. 100 mails a minute
 #: with bursts of 20 stays within what ordinary SMTP relays accept; raise it for a transactional
@@ -297,15 +304,14 @@ class Settings(BaseModel):
         """The management API's base URL, without credentials (:attr:`management_auth`): HTTP
         clients quote a request's URL in their errors (``404 Client Error: ... for url: ...``),
         which end up in logs, CLI output and JSON summaries."""
-        parts = urlsplit(self.rabbitmq_management_url)
-        return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+        return split_credentials(self.rabbitmq_management_url)[0].rstrip("/")
 
     @property
     def management_auth(self) -> tuple[str, str]:
         """The management API's user and password (decoded): the URL's own, else ``RABBITMQ_URL``'s."""
-        own = urlsplit(self.rabbitmq_management_url)
-        if own.username:
-            return unquote(own.username), unquote(own.password or "")
+        own = split_credentials(self.rabbitmq_management_url)[1]
+        if own is not None:
+            return own
         amqp = urlsplit(self.rabbitmq_url.split(";")[0])
         return unquote(amqp.username or "guest"), unquote(amqp.password or "guest")
 

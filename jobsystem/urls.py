@@ -12,12 +12,31 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import SplitResult, parse_qsl, urlencode, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import pika
 import redis
 
-__all__ = ["check_amqp_url", "check_redis_url", "check_smtp_url", "check_sqlite_url", "check_url"]
+__all__ = [
+    "check_amqp_url",
+    "check_redis_url",
+    "check_smtp_url",
+    "check_sqlite_url",
+    "check_url",
+    "split_credentials",
+]
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its userinfo, and its user and password (decoded; None without a user):
+    for clients that quote a request's URL in their errors, where a password must not be."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    bare = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    if not parts.username:
+        return bare, None
+    return bare, (unquote(parts.username), unquote(parts.password or ""))
 
 
 @dataclass(frozen=True)

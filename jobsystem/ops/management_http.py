@@ -27,7 +27,6 @@ import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -36,6 +35,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from jobsystem.ops.deadline import Deadline
+from jobsystem.urls import split_credentials
 
 __all__ = ["ManagementTimeout", "call_json"]
 
@@ -141,16 +141,6 @@ def _cut_at(deadline: Deadline) -> Iterator[_Cutter]:
         cutter.close()
 
 
-def _without_credentials(url: str, auth: tuple[str, str] | None) -> tuple[str, tuple[str, str] | None]:
-    """``url`` without its userinfo, and the credentials to send: ``auth``, else the URL's own."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url, auth
-    if auth is None and parts.username:
-        auth = (unquote(parts.username), unquote(parts.password or ""))
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), auth
-
-
 def call_json(
     method: str, url: str, seconds: float, *, auth: tuple[str, str] | None = None, **kwargs: Any
 ) -> Any:
@@ -158,7 +148,8 @@ def call_json(
     within ``seconds`` in all, as ``auth`` (user, password); None for an empty answer (a DELETE's
     204). Raises :class:`ManagementTimeout` past it, and otherwise what ``requests`` raises (an
     error status included): every error is a ``RequestException``, its text free of credentials."""
-    url, auth = _without_credentials(url, auth)
+    url, own = split_credentials(url)
+    auth = auth or own
     # requests encodes str credentials as latin-1 (a "€" raises, an "ä" is one byte RabbitMQ,
     # which compares UTF-8, refuses): the header gets their UTF-8 bytes.
     credentials = None if auth is None else HTTPBasicAuth(auth[0].encode(), auth[1].encode())
