@@ -45,7 +45,7 @@ class HealthSampler:
         self._report: HealthReport | None = None
         self._at = 0.0
         self._took = 0.0
-        self._logged: list[str] = []
+        self._logged: dict[str, str] = {}
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -64,10 +64,10 @@ class HealthSampler:
         started = time.monotonic()
         report = check(work_queues(self.project), config=self.project.settings, state=self.project.store)
         self._report, self._at, self._took = report, time.time(), time.monotonic() - started
-        details = [report.error or ""] + [p.detail for p in report.problems if p.kind in UNREACHABLE]
-        if any(details) and details != self._logged:  # once per change, not every 2 s
-            logger.warning("dashboard_health_unreachable", extra={"errors": [d for d in details if d]})
-        self._logged = details
+        # What did not answer, in the errors' own words (hosts, ports): for the log, not the pages.
+        if report.causes and report.causes != self._logged:  # once per change, not every 2 s
+            logger.warning("dashboard_health_unreachable", extra={"errors": report.causes})
+        self._logged = report.causes
         self._ready.set()
         return report
 
@@ -82,22 +82,6 @@ class HealthSampler:
             except Exception:  # the next interval tries again; the page shows the report's age
                 logger.exception("dashboard_health_sample_failed")
             self._stop.wait(max(self.interval, self._took * 2))
-
-
-#: What a page says of a service that did not answer: the error's own text names hosts and ports
-#: (a node's URL, the store's address), which the dashboard's log keeps (:meth:`HealthSampler.sample`).
-UNREACHABLE = {
-    "error": "RabbitMQ unreachable (the dashboard's log says why)",
-    "state_store": "state store unreachable, no totals (the dashboard's log says why)",
-}
-
-
-def _hide_details(data: dict[str, Any]) -> None:
-    """Replace the errors' texts in a report's data with :data:`UNREACHABLE`'s."""
-    if data.get("error"):
-        data["error"] = UNREACHABLE["error"]
-    for problem in data["problems"]:
-        problem["detail"] = UNREACHABLE.get(problem["kind"], problem["detail"])
 
 
 def chart_points(
@@ -116,8 +100,7 @@ def overview(project: Project, sampler: HealthSampler) -> dict[str, Any]:
     report, at, took = sampler.latest()
     if report is None:
         return {"status": "unknown", "queues": [], "notes": ["measuring the queues..."], "sampled_at": None}
-    data = report.to_dict()
-    _hide_details(data)
+    data = report.to_dict()  # what did not answer said without hosts and ports (its causes: logged)
     data["notes"][:0] = [p["detail"] for p in data["problems"]]  # the system's own (the store down)
     now_ms = int(time.time() * 1000)
     names = [q["queue"] for q in data["queues"]]

@@ -358,7 +358,7 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
         click.echo(json.dumps(report.to_dict()))
         sys.exit(report.exit_code)
     if report.status == "unreachable":
-        click.echo(f"unreachable  rabbitmq: {report.error}")
+        click.echo(f"unreachable  {report.error}")
         sys.exit(report.exit_code)
     header: tuple[str, ...] = ("queue", "verdict", "waiting", "running", "delayed", "scheduled")
     header += ("next due", "dead", "consumers", "publish/s", "ack/s", "oldest s", "succeeded", "failed")

@@ -29,11 +29,13 @@ from pydantic import (
 
 from jobsystem.limits import Limit, parse_limits
 from jobsystem.urls import (
+    SOCKS_REFUSED,
     check_amqp_url,
     check_redis_url,
     check_smtp_url,
     check_sqlite_url,
     check_url,
+    socks_proxy_variable,
     split_credentials,
 )
 
@@ -377,7 +379,12 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     # An empty variable counts as unset, as compose files and shells often pass them.
     values = {name: env[name.upper()] for name in Settings.model_fields if env.get(name.upper())}
     try:
-        return Settings.model_validate(values)
+        settings = Settings.model_validate(values)
     except ValidationError as exc:
         errors = exc.errors(include_input=False, include_url=False, include_context=False)
         raise SettingsError([line for e in errors for line in _describe(dict(e))]) from None
+    # requests reads the proxy variables from the process's environment at each call, as here.
+    socks = socks_proxy_variable(settings.management_url)
+    if socks:
+        raise SettingsError([f"{socks}: {SOCKS_REFUSED}"])
+    return settings

@@ -9,6 +9,7 @@ raises ValueError saying which part is wrong, never its value: URLs carry passwo
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,11 +19,13 @@ import pika
 import redis
 
 __all__ = [
+    "SOCKS_REFUSED",
     "check_amqp_url",
     "check_redis_url",
     "check_smtp_url",
     "check_sqlite_url",
     "check_url",
+    "socks_proxy_variable",
     "split_credentials",
 ]
 
@@ -37,6 +40,29 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
     if not parts.username:
         return bare, None
     return bare, (unquote(parts.username), unquote(parts.password or ""))
+
+
+#: Why a SOCKS proxy for the management API is refused (at start-up, and at each call).
+SOCKS_REFUSED = (
+    "a SOCKS proxy for RABBITMQ_MANAGEMENT_URL is not supported (no deadline can end its "
+    "connections): use an HTTP proxy, or name the host in NO_PROXY"
+)
+
+
+def socks_proxy_variable(url: str) -> str | None:
+    """The environment variable (``HTTPS_PROXY``, ``ALL_PROXY``, ...) by which ``requests`` would
+    reach ``url`` through a SOCKS proxy (``NO_PROXY`` heeded, as requests reads them); None when
+    it would not. Its name only: a proxy's URL may hold a password."""
+    from requests.utils import get_environ_proxies  # here: only the callers pay for it
+
+    proxies, parts = get_environ_proxies(url), urlsplit(url)
+    # requests' own order (requests.utils.select_proxy): the scheme's proxy before ALL_PROXY.
+    keys = (f"{parts.scheme}://{parts.hostname}", parts.scheme, f"all://{parts.hostname}", "all")
+    key = next((key for key in keys if key in proxies), None)
+    if key is None or not proxies[key].lower().startswith("socks"):
+        return None
+    named = [name for name in os.environ if name.lower() == f"{key}_proxy"]
+    return min(named, key=str.isupper, default=f"{key.upper()}_PROXY")  # requests prefers lower case
 
 
 @dataclass(frozen=True)

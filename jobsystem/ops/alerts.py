@@ -4,6 +4,10 @@ Open conditions are remembered in the state store (``health:open``), so a condit
 alerts once, not sixty times, and alerts again only after it cleared and came back. A condition
 this check could not measure is not taken as cleared. While the store is down nothing
 de-duplicates: every condition (the store's own among them) is sent at each check.
+
+What is sent says of a dependency that did not answer only which one, and the error's class
+name (the report's texts, :mod:`jobsystem.ops.outages`); the error's own text, which names hosts
+and ports, is in the ``queue_degraded`` log line only (``cause``).
 """
 
 from __future__ import annotations
@@ -119,7 +123,10 @@ def alert(report: HealthReport, *, state: StateStore, settings: Settings) -> lis
     new, cleared = recorded
     for condition in new:
         info = current[condition]
-        logger.warning("queue_degraded", condition=condition, queue=info["queue"], detail=info["detail"])
+        cause = {"cause": report.causes[info["kind"]]} if info["kind"] in report.causes else {}
+        logger.warning(
+            "queue_degraded", condition=condition, queue=info["queue"], detail=info["detail"], **cause
+        )
         _send_to_sentry(settings, condition, info["queue"], info["kind"], info["detail"])
     for condition, queue in cleared.items():
         logger.info("queue_recovered", condition=condition, queue=queue)

@@ -14,6 +14,11 @@ and the whole check waits ``timeout`` seconds at most (5 s by default, under a P
 10 s): a dependency that has not answered by then is reported as not answering, with the rest of
 the report. When the management API does not answer, the verdict rests on the AMQP counts, and
 the age is not judged. A state store that does not answer is a problem of the whole system.
+
+What the report says of a dependency that did not answer is a fixed text with the error's class
+name at most (:mod:`jobsystem.ops.outages`): the report leaves the process (``jobctl`` output,
+alerts, the dashboard), and the errors' own texts name hosts and ports. Those are kept apart,
+in ``causes``, for the callers' logs only.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from typing import Any, Literal
 import requests
 from dramatiq import Broker
 
+from jobsystem.observability.logs import get_logger
 from jobsystem.ops.deadline import Call, Deadline, Lane, Late
 from jobsystem.ops.management import Undated, oldest_age_s, queue_stats, rate
+from jobsystem.ops.outages import reason, unreachable
 from jobsystem.ops.queue_counts import AmqpCounts, count_queues
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
@@ -47,6 +54,8 @@ __all__ = [
     "resolve_queues",
 ]
 
+
+logger = get_logger(__name__)
 
 #: Each state store is asked on one thread of its own (an SQLite store opens a connection per
 #: thread), which a call hanging on another store does not hold up.
@@ -115,7 +124,8 @@ class QueueHealth:
 class HealthReport:
     """The verdict over all queues checked, the system's own ``problems`` (the state store down)
     and the kinds of them it could not judge (``unjudged``), and what could not be measured in
-    ``notes``."""
+    ``notes``. ``causes``: the own texts of the errors of what did not answer, by ``unreachable``
+    (RabbitMQ), ``management`` or ``state_store``: for a log, never in :meth:`to_dict`."""
 
     status: Literal["healthy", "degraded", "unreachable"]
     queues: list[QueueHealth]
@@ -124,6 +134,7 @@ class HealthReport:
     error: str | None = None
     problems: list[Problem] = field(default_factory=list)
     unjudged: list[str] = field(default_factory=list)
+    causes: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -131,6 +142,7 @@ class HealthReport:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["causes"]
         for queue, health in zip(data["queues"], self.queues, strict=True):
             queue["verdict"] = health.verdict
         return data
@@ -152,14 +164,16 @@ def resolve_queues(settings: Settings, broker: Broker, names: list[str] | None =
 
 @dataclass
 class _Measured:
-    """What RabbitMQ said: each queue's numbers, their source, what could not be measured, and
-    the messages waiting in ``unroutable`` (this environment's ``delay.unroutable``)."""
+    """What RabbitMQ said: each queue's numbers, their source, what could not be measured, the
+    messages waiting in ``unroutable`` (this environment's ``delay.unroutable``), and the text of
+    the management API's error when it did not answer (for a log)."""
 
     queues: list[QueueHealth]
     source: Literal["management", "amqp"]
     notes: list[str]
     unroutable: str
     stranded: int
+    cause: str | None = None
 
 
 def _counted(counts: AmqpCounts) -> list[QueueHealth]:
@@ -208,11 +222,10 @@ def _measure(
     try:
         found = stats.result()
     except (requests.RequestException, Late) as exc:
-        reason = str(exc) if isinstance(exc, Late) else type(exc).__name__
-        notes.append(f"management API unreachable ({reason}): no unacked, rates or age")
+        notes.append(f"{unreachable('management API', exc)}: no unacked, rates or age")
         for health in measured:
             health.unjudged.append("oldest_age")
-        return _Measured(measured, "amqp", notes, counts.unroutable, counts.stranded)
+        return _Measured(measured, "amqp", notes, counts.unroutable, counts.stranded, str(exc))
     for health in measured:
         main, delayed = found.get(health.queue, {}), found.get(health.queue + ".DQ", {})
         health.in_progress = int(main.get("messages_unacknowledged", 0))
@@ -334,12 +347,16 @@ def check(
     try:
         measured = _measure(config, queues, timeout, deadline, peek=True)
     except ConnectionError as exc:
-        return HealthReport("unreachable", [], error=str(exc))
+        causes = {"unreachable": str(exc)}
+        return _logged(HealthReport("unreachable", [], error=unreachable("RabbitMQ", exc), causes=causes))
     report = HealthReport("healthy", measured.queues, measured.source, measured.notes)
+    if measured.cause is not None:
+        report.causes["management"] = measured.cause
     try:
         scheduled, counts = totals.result()
     except (StoreUnavailable, Late) as exc:
-        report.problems.append(Problem("state_store", f"state store unreachable, no totals ({exc})"))
+        report.problems.append(Problem("state_store", f"state store unreachable, no totals ({reason(exc)})"))
+        report.causes["state_store"] = str(exc)
     else:
         _add_scheduled(report.queues, scheduled)
         for health in report.queues:
@@ -354,4 +371,11 @@ def check(
         _judge(health, config)
     if report.problems or any(h.problems for h in report.queues):
         report.status = "degraded"
+    return _logged(report)
+
+
+def _logged(report: HealthReport) -> HealthReport:
+    """``report``, its causes logged at DEBUG (``LOG_LEVEL=DEBUG jobctl health`` shows them)."""
+    if report.causes:
+        logger.debug("health_unreachable", causes=report.causes)
     return report

@@ -285,7 +285,8 @@ def test_the_exception_filter_none_selects_the_dead_letters_without_an_exception
 def test_an_outage_is_shown_without_the_address_or_the_text_of_the_error():
     """A store error's text names the store's host and port (its URL may hold a password too): the
     action's answer said "audit log unwritable, nothing done (redis: ConnectionError: Error 111
-    connecting to 127.0.0.1:...)", and the overview showed the health check's texts as they were."""
+    connecting to 127.0.0.1:...)", and the overview showed the health check's texts as they were.
+    The health check keeps them in its report's ``causes`` (for the log), which no page shows."""
     port = free_port()
     down = open_store(f"redis://:password-in-url@127.0.0.1:{port}/0", namespace="t-down:")
     try:
@@ -293,10 +294,12 @@ def test_an_outage_is_shown_without_the_address_or_the_text_of_the_error():
     except StoreUnavailable as exc:
         store_error = str(exc)
     assert f"127.0.0.1:{port}" in store_error  # what must not be shown
-    degraded = HealthReport(
-        "degraded", [], "amqp", problems=[Problem("state_store", f"state store unreachable ({store_error})")]
+    problem = Problem("state_store", "state store unreachable, no totals (StoreUnavailable)")
+    degraded = HealthReport("degraded", [], "amqp", problems=[problem], causes={"state_store": store_error})
+    causes = {"unreachable": "amqp://guest:***@10.9.8.7:5672/%2F AMQPError"}
+    unreachable = HealthReport(
+        "unreachable", [], error="RabbitMQ unreachable (ConnectionError)", causes=causes
     )
-    unreachable = HealthReport("unreachable", [], error="amqp://guest:***@10.9.8.7:5672/%2F AMQPError")
     app, _, post = dashboard(down, report=degraded)
     action = call(app, "POST", "/api/dead-letters/purge", {"all": True}, post)
     assert action.status_code == 503 and "audit log unwritable" in action.json()["error"]
@@ -308,6 +311,25 @@ def test_an_outage_is_shown_without_the_address_or_the_text_of_the_error():
         assert str(port) not in text and "10.9.8.7" not in text and "password-in-url" not in text, text
     assert "state store unreachable" in shown[1] and "RabbitMQ unreachable" in shown[3]
     down.close()
+
+
+def test_the_sampler_logs_why_a_service_did_not_answer_once_per_change(monkeypatch, caplog):
+    """What pages no longer show (hosts, ports) the dashboard's log keeps: the report's causes."""
+    import dashboard.queues
+
+    causes = {"state_store": "redis: ConnectionError: Error 111 connecting to 10.1.2.3:6379."}
+    reports = iter(
+        [HealthReport("degraded", [], "amqp", causes=dict(causes)) for _ in range(2)]
+        + [HealthReport("healthy", [], "amqp")]
+    )
+    monkeypatch.setattr(dashboard.queues, "check", lambda *_a, **_kw: next(reports))
+    monkeypatch.setattr(dashboard.queues, "work_queues", lambda _project: [])
+    sampler = dashboard.queues.HealthSampler(SimpleNamespace(settings=None, store=None))  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="dashboard"):
+        for _ in range(3):
+            sampler.sample()
+    logged = [r for r in caplog.records if r.getMessage() == "dashboard_health_unreachable"]
+    assert [r.__dict__["errors"] for r in logged] == [causes]
 
 
 class _Broken:
