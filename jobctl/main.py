@@ -30,6 +30,7 @@ from jobctl.project import (
     import_modules,
     load_system,
     require_queues,
+    store_unreachable,
 )
 from jobsystem.settings import Settings, redact_url
 
@@ -218,8 +219,7 @@ def status(message_id: str, as_json: bool) -> None:
         record = get_status(message_id, state=system.store)
         flow = workflow_status(message_id, broker=system.broker) if record is None else None
     except StoreUnavailable as exc:
-        click.echo(f"jobctl: state store unreachable ({exc})", err=True)
-        sys.exit(EXIT_UNREACHABLE)
+        store_unreachable(exc)
     if flow is not None:
         _print_workflow(flow, as_json)
         sys.exit(EXIT_OK)
@@ -301,8 +301,7 @@ def cancel(ids: tuple[str, ...]) -> None:
         marked = cancel_ids(*ids, broker=system.broker)
         records = status_records(status, marked)
     except StoreUnavailable as exc:
-        click.echo(f"jobctl: state store unreachable ({exc})", err=True)
-        sys.exit(EXIT_UNREACHABLE)
+        store_unreachable(exc)
     click.echo(f"cancelled {len(marked)} job(s)")
     if status is not None:
         _echo_cancel_caveats(marked, records)

@@ -32,6 +32,17 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_CONFIG)
 
 
+def store_unreachable(exc: BaseException) -> NoReturn:
+    """Say on stderr that the state store did not answer, by its error's class only (its text
+    names hosts and ports: the log gets it, at DEBUG), and exit 2."""
+    from jobsystem.observability.logs import get_logger
+    from jobsystem.ops.outages import unreachable
+
+    get_logger("jobctl").debug("state_store_unreachable", cause=str(exc))
+    click.echo(f"jobctl: {unreachable('state store', exc)}", err=True)
+    sys.exit(EXIT_UNREACHABLE)
+
+
 def load_project(program: str) -> System:
     """This process's system, with the project's actors declared on its broker (``actors``)."""
     try:

@@ -38,3 +38,29 @@ def test_jobctl_cancel_without_job_status_says_only_what_it_marked(monkeypatch):
     monkeypatch.setattr(jobsystem.workflows, "cancel", lambda *ids, broker: list(ids))
     shown = CliRunner().invoke(cli.main, ["cancel", "m-1"])
     assert (shown.exit_code, shown.output) == (0, "cancelled 1 job(s)\n")
+
+
+def test_jobctl_status_and_cancel_name_an_unreachable_store_by_its_error_class_only(
+    monkeypatch, logging_restored
+):
+    """The store's error text names its host and port (and may quote a URL): never on stdout/stderr
+    (at jobctl's default LOG_LEVEL; its DEBUG line goes through the scrubbing log)."""
+    import logging
+
+    import structlog
+
+    from jobsystem.store.base import StoreUnavailable
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+
+    def unreachable(*args, **kwargs):
+        raise StoreUnavailable("Error 111 connecting to 10.20.30.40:6390 (redis://:s3cret-token@db)")
+
+    monkeypatch.setattr(cli, "load_system", lambda: SimpleNamespace(broker=object(), store=object()))
+    monkeypatch.setattr(middleware.status, "find_status", lambda broker: None)
+    monkeypatch.setattr(jobsystem.workflows, "cancel", unreachable)
+    monkeypatch.setattr("jobsystem.ops.status.get_status", unreachable)
+    for command in (["cancel", "m-1"], ["status", "m-1"]):
+        shown = CliRunner().invoke(cli.main, command)
+        assert shown.exit_code == 2, shown.output
+        assert shown.output == "jobctl: state store unreachable (StoreUnavailable)\n"
