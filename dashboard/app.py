@@ -1,4 +1,4 @@
-"""The dashboard's ASGI application: pages, their JSON twins, actions, and the guard around them.
+"""The dashboard's ASGI application: pages, their JSON twins and actions, behind :mod:`dashboard.guard`.
 
 Every page ``/x`` has a JSON endpoint ``/api/x`` with the same data, built by the same function
 (:mod:`dashboard.queues`, :mod:`dashboard.jobs`, :mod:`dashboard.dead_letters`,
@@ -6,8 +6,8 @@ Every page ``/x`` has a JSON endpoint ``/api/x`` with the same data, built by th
 page's content, which ``static/app.js`` fetches every few seconds to keep the page live.
 
 Actions are ``POST /api/...`` with a JSON body, for admins only, checked against cross-site
-requests (:mod:`dashboard.auth`), written to the audit log before they run (an action whose
-entry cannot be written does not run) and completed there after.
+requests (:mod:`dashboard.guard`, :mod:`dashboard.auth`), written to the audit log before they
+run (an action whose entry cannot be written does not run) and completed there after.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from dashboard import dead_letters, jobs, system
-from dashboard.auth import CSRF_HEADER, Credentials, User, cross_site_refusal
+from dashboard.auth import Credentials, User
 from dashboard.dead_letters import ActionError, Selection
 from dashboard.format import register_filters
+from dashboard.guard import Guard
 from dashboard.project import Project, StoreUnavailable, cancel
 from dashboard.queues import HealthSampler, overview
 
@@ -50,77 +50,6 @@ NAV = [
     ("/workers", "Workers"),
     ("/audit", "Audit"),
 ]
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    "Cache-Control": "no-store",
-}
-
-
-class Guard(BaseHTTPMiddleware):
-    """Basic auth on every path (401), viewers read only (403), POSTs checked against forgery."""
-
-    def __init__(self, app: Any, credentials: Credentials) -> None:
-        super().__init__(app)
-        self.credentials = credentials
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        """Every answer, refusals and failures included, carries :data:`SECURITY_HEADERS`: a 401 or
-        403 page cached or framed is as much a page as any other."""
-        response = await self._answer(request, call_next)
-        response.headers.update(SECURITY_HEADERS)
-        return response
-
-    async def _answer(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        started = time.monotonic()
-        header = request.headers.get("authorization")
-        user = self.credentials.authenticate(header)
-        if user is None:
-            client = request.client.host if request.client else "-"
-            if header and self.credentials.should_log_refusal(client):
-                logger.warning("dashboard_login_refused", extra={"client": client})
-            return Response(
-                "log in to the dashboard\n",
-                status_code=401,
-                headers={"WWW-Authenticate": 'Basic realm="jobsystem dashboard", charset="UTF-8"'},
-            )
-        request.state.user = user
-        if request.method not in ("GET", "HEAD"):
-            refused = self._refusal(request, user)
-            if refused is not None:
-                logger.warning("dashboard_action_refused", extra={"user": user.name, "reason": refused})
-                return JSONResponse({"error": refused}, status_code=403)
-        try:
-            response = await call_next(request)
-        except Exception:  # Starlette's own 500 would go out without the headers
-            logger.exception("dashboard_request_failed", extra={"path": request.url.path})
-            response = Response("the dashboard failed to answer (see its log)\n", status_code=500)
-        logger.debug(
-            "dashboard_request",
-            extra={
-                "method": request.method,
-                "path": request.url.path,
-                "status": response.status_code,
-                "user": user.name,
-                "duration_ms": round((time.monotonic() - started) * 1000, 1),
-            },
-        )
-        return response
-
-    def _refusal(self, request: Request, user: User) -> str | None:
-        if not user.can_act:
-            return "read-only: the viewer cannot act"
-        headers = request.headers
-        return cross_site_refusal(
-            host=headers.get("host", ""),
-            content_type=headers.get("content-type"),
-            origin=headers.get("origin"),
-            referer=headers.get("referer"),
-            fetch_site=headers.get("sec-fetch-site"),
-            token_ok=self.credentials.token_matches(user, headers.get(CSRF_HEADER)),
-        )
 
 
 #: What an action meets when RabbitMQ or the state store does not answer: an outage (503), not a bug.

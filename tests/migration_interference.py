@@ -8,6 +8,8 @@ else act on RabbitMQ at the worst moment of the migration, on a connection of it
   migration declares it with the project's.
 - ``delete:<queue>``: once the first message of ``<queue>`` moved out, ``<queue>`` is deleted (by
   hand, another run), before the migration asks for the next.
+- ``delete-declared:<queue>``: once the migration declared ``<queue>`` (the twin ``<name>.migrating``,
+  or ``<name>`` recreated), it is deleted, before the migration publishes the first message to it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def _elsewhere(act: Callable[[Any], object]) -> None:
 
 _delete_empty = migration._delete_empty
 _move = migration._move
+_declare = migration._declare
 
 
 def _delete_then_redeclare(channel: Any, name: str, moved_to: str) -> None:
@@ -52,7 +55,15 @@ def _move_then_delete(channel: Any, source: str, publish: Callable[[Any, bytes],
     return _move(channel, source, publish_then_delete if source == _queue else publish)
 
 
+def _declare_then_delete(channel: Any, name: str, wanted: dict[str, Any], other: str) -> None:
+    _declare(channel, name, wanted, other)
+    if name == _queue:
+        _elsewhere(lambda other_channel: other_channel.queue_delete(name))
+
+
 if _what == "redeclare":
     migration._delete_empty = _delete_then_redeclare
 elif _what == "delete":
     migration._move = _move_then_delete
+elif _what == "delete-declared":
+    migration._declare = _declare_then_delete

@@ -91,13 +91,30 @@ def foreign_queues(broker: ProjectBroker, names: Iterable[str]) -> list[str]:
     return [name for name in names if name not in own]
 
 
+class _TargetGone(Exception):
+    """A move's publish came back unroutable: its target queue is gone (deleted meanwhile)."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.target = target
+
+
 def _publisher(
-    channel: pika.adapters.blocking_connection.BlockingChannel, exchange: str, routing_key: str
+    channel: pika.adapters.blocking_connection.BlockingChannel,
+    exchange: str,
+    routing_key: str,
+    *,
+    target: str | None = None,
 ) -> Callable[[pika.BasicProperties, bytes], None]:
-    """Publish unchanged to ``exchange``/``routing_key`` (the channel waits for each confirm)."""
+    """Publish unchanged to ``exchange``/``routing_key``, which route to the queue ``target``
+    (default: ``routing_key``), the channel waiting for each confirm; RabbitMQ returning it
+    unroutable raises :class:`_TargetGone`."""
 
     def publish(properties: pika.BasicProperties, body: bytes) -> None:
-        channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+        try:
+            channel.basic_publish(exchange, routing_key, body, properties, mandatory=True)
+        except pika.exceptions.UnroutableError:
+            raise _TargetGone(target or routing_key) from None
 
     return publish
 
@@ -120,7 +137,8 @@ def _move(
     publish: Callable[[pika.BasicProperties, bytes], None],
 ) -> int:
     """Move every message of ``source`` through ``publish(properties, body)``, acking after each
-    confirm. A ``source`` deleted meanwhile (404) keeps what moved where it went."""
+    confirm. A ``source`` deleted meanwhile (404) keeps what moved where it went; a target deleted
+    meanwhile (the publish returned unroutable) gets nothing more, the message back in ``source``."""
     moved = 0
     while True:
         gone = (
@@ -131,9 +149,23 @@ def _move(
             method, properties, body = channel.basic_get(source, auto_ack=False)
         if method is None:
             return moved
-        publish(properties, body)
+        try:
+            publish(properties, body)
+        except _TargetGone as exc:
+            channel.basic_nack(method.delivery_tag, requeue=True)
+            raise MigrationError(_target_gone(exc.target, source, moved)) from None
         channel.basic_ack(method.delivery_tag)
         moved += 1
+
+
+def _target_gone(target: str, source: str, moved: int) -> str:
+    """``target`` deleted while ``source``'s messages moved into it: the message it refused waits
+    in ``source``; those moved before went with ``target``, deleted by whoever deleted it."""
+    before = f"; the {moved} moved before were deleted with it" if moved else ""
+    return (
+        f"queue {target!r} was deleted while messages of {source!r} moved into it (by hand, or by "
+        f"another run): those not moved wait in {source!r}{before}; run migrate-queues again to finish"
+    )
 
 
 def _delete_empty(
@@ -254,9 +286,11 @@ def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None =
             broker.bind_delays(queue)  # the delay cascade's exits, lost with a recreated .DQ
             old_dead = f"{queue}.XQ"
             if old_dead in existing:
-                moved = _move(channel, old_dead, _publisher(channel, broker.dead_letter_exchange, queue))
-                _delete_empty(channel, old_dead, f"{queue}.DLQ")
-                report.append(f"{old_dead}: {moved} dead letter(s) moved to {queue}.DLQ, queue deleted")
+                dead = f"{queue}.DLQ"  # where the dead-letter exchange routes ``queue``
+                to_dead = _publisher(channel, broker.dead_letter_exchange, queue, target=dead)
+                moved = _move(channel, old_dead, to_dead)
+                _delete_empty(channel, old_dead, dead)
+                report.append(f"{old_dead}: {moved} dead letter(s) moved to {dead}, queue deleted")
     finally:
         connection.close()
     return report

@@ -82,6 +82,8 @@ class _Publisher:
     progress_at: float = 0.0
     #: The connection is being closed (or dropped): no more timeouts, no second close.
     closing: bool = False
+    #: The socket is being dropped (see :meth:`_drop_stream`).
+    dropped: bool = False
     channel: pika.channel.Channel | None = None
     connection: pika.SelectConnection | None = None
 
@@ -124,7 +126,8 @@ class _Publisher:
 
     def _close(self) -> None:
         """Close the connection, its channel first; RabbitMQ's answer is awaited ``close_timeout``
-        at most, then the socket is dropped. pika calls a close (or open error) callback either way."""
+        at most, then the socket is dropped. One still opening has no close to answer: its socket
+        is dropped at once. pika calls a close (or open error) callback either way."""
         assert self.connection is not None
         if self.connection.is_closed:
             self.connection.ioloop.stop()
@@ -132,15 +135,17 @@ class _Publisher:
         if self.closing:
             return
         self.closing = True
-        if not self.connection.is_closing:
-            self.connection.close()  # while opening too: pika then drops the stream at once
+        if self.connection.is_open:
+            self.connection.close()
+        elif not self.connection.is_closing:  # still opening
+            self._drop_stream(self.error or "given up while opening")
         self.connection.ioloop.call_later(self.close_timeout, self._on_close_timeout)
 
     def _on_close_timeout(self) -> None:
         assert self.connection is not None
         if not self.connection.is_closed:
             logger.warning("bulk_send_close_unanswered", extra={"waited_s": self.close_timeout})
-            _drop_stream(self.connection, "close not answered")
+            self._drop_stream("close not answered")
 
     def _drop(self) -> None:
         """After an interrupt (or an error out of the loop): drop the socket now, without waiting
@@ -150,7 +155,7 @@ class _Publisher:
         self.closing = True
         try:
             if not self.connection.is_closed:
-                _drop_stream(self.connection, "interrupted")
+                self._drop_stream("interrupted")
                 self.connection.ioloop.call_later(self.close_timeout, self.connection.ioloop.stop)
                 self.connection.ioloop.start()  # until the close callback stops it
         except Exception:
@@ -243,6 +248,20 @@ class _Publisher:
     def _done(self) -> bool:
         return len(self.confirmed) + len(self.rejected) == len(self.messages)
 
+    def _drop_stream(self, why: str) -> None:
+        """Close the socket without the AMQP close handshake, once; pika then calls the close (or
+        open error) callback from the loop. pika has no public call for it: ``_terminate_stream``
+        is what its own heartbeat and blocked-connection timeouts use. It is also how a connection
+        still opening is given up: there pika 1.4's ``close()`` aborts with ``ConnectionOpenAborted``,
+        which its connection workflow, once the AMQP handshake began, passes on as a class instead
+        of an instance, and pika logs the AssertionError that follows. A second drop would abort the
+        workflow twice (its completion reported twice: a TypeError)."""
+        assert self.connection is not None
+        if self.dropped or self.connection.is_closed:
+            return
+        self.dropped = True
+        self.connection._terminate_stream(pika.exceptions.ConnectionClosedByClient(200, why))
+
     def sent(self) -> list[Message[Any]]:
         """The messages RabbitMQ confirmed (acked, not returned as unroutable) so far, in order."""
         return [
@@ -250,13 +269,6 @@ class _Publisher:
             for i, m in enumerate(self.messages)
             if i in self.confirmed and m.message_id not in self.returned_ids
         ]
-
-
-def _drop_stream(connection: pika.SelectConnection, why: str) -> None:
-    """Close ``connection``'s socket without the AMQP close handshake; pika then calls its close
-    (or open error) callback from the loop. pika has no public call for it: ``_terminate_stream``
-    is what its own heartbeat and blocked-connection timeouts use."""
-    connection._terminate_stream(pika.exceptions.ConnectionClosedByClient(200, why))
 
 
 def send_bulk(

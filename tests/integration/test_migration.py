@@ -163,16 +163,18 @@ def test_a_twin_left_with_other_arguments_is_one_line_and_moves_nothing(queues, 
     assert queues.info(twin)["arguments"] == {"x-max-priority": 3} and queues.depth(twin) == 1
 
 
-def _interfered_run(queues, prefix: str, what: str) -> tuple[str, str, str]:  # type: ignore[no-untyped-def]
+def _interfered_run(  # type: ignore[no-untyped-def]
+    queues, prefix: str, what: str, to_twin: bool = False
+) -> tuple[str, str, str]:
     """``emails`` as plain Dramatiq declares it, holding ``<queue>-0`` to ``-2``, migrated while
-    ``what`` (:mod:`tests.migration_interference`) happens to it: its name, its twin's, and the
-    one line the failed run printed (exit code 1, no traceback)."""
+    ``what`` (:mod:`tests.migration_interference`) happens to it (``to_twin``: to its twin): its
+    name, its twin's, and the one line the failed run printed (exit code 1, no traceback)."""
     queue, twin = prefix + "emails", prefix + "emails.migrating"
     channel = queues.broker.channel
     channel.queue_declare(queue, durable=True)
     for i in range(3):
         channel.basic_publish("", queue, f"{queue}-{i}".encode(), pika.BasicProperties(delivery_mode=2))
-    interfered = {"MIGRATION_INTERFERENCE": f"{what}:{queue}"}
+    interfered = {"MIGRATION_INTERFERENCE": f"{what}:{twin if to_twin else queue}"}
     result = jobctl(prefix, "migrate-queues", "tests.migration_interference", check=False, **interfered)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     (line,) = result.stderr.splitlines()
@@ -221,6 +223,35 @@ def test_a_queue_deleted_while_its_messages_move_out_is_one_line_and_the_next_ru
     report = jobctl(prefix, "migrate-queues", "--queue", "emails").stdout
     assert f"{queue}: 1 message(s) moved back from {twin!r}" in report, report
     assert _payloads(queues, queue) == [f"{queue}-0"] and queues.declared(twin) is None
+
+
+def test_a_twin_deleted_before_messages_move_into_it_is_one_line_and_loses_nothing(queues, prefix):
+    """The twin is deleted (by hand, another run) once declared, before the first message moves:
+    RabbitMQ returns that publish unroutable. One line naming the twin, the exit code of a
+    migration error, every message still in the queue, and the next run finishes."""
+    queue, twin, line = _interfered_run(queues, prefix, "delete-declared", to_twin=True)
+    assert line.startswith(f"jobctl: queue {twin!r} was deleted while messages of {queue!r} moved"), line
+    assert f"those not moved wait in {queue!r}; run migrate-queues again" in line
+    assert queues.declared(twin) is None and queues.info(queue)["arguments"] == {}
+    assert _payloads(queues, queue) == [f"{queue}-{i}" for i in range(3)]
+
+    report = jobctl(prefix, "migrate-queues").stdout
+    assert f"{queue}: recreated with the project's arguments (3 moved out, 3 back)" in report, report
+    assert _payloads(queues, queue) == [f"{queue}-{i}" for i in range(3)] and queues.declared(twin) is None
+
+
+def test_a_queue_deleted_once_recreated_is_one_line_and_its_messages_wait_in_the_twin(queues, prefix):
+    """The recreated queue is deleted before its messages move back from the twin: that publish
+    comes back unroutable. One line naming the queue, every message still in the twin, and the next
+    run, naming the queue RabbitMQ no longer has, moves them back."""
+    queue, twin, line = _interfered_run(queues, prefix, "delete-declared")
+    assert line.startswith(f"jobctl: queue {queue!r} was deleted while messages of {twin!r} moved"), line
+    assert queues.declared(queue) is None
+    assert _payloads(queues, twin) == [f"{queue}-{i}" for i in range(3)]
+
+    report = jobctl(prefix, "migrate-queues", "--queue", "emails").stdout
+    assert f"{queue}: 3 message(s) moved back from {twin!r}" in report, report
+    assert _payloads(queues, queue) == [f"{queue}-{i}" for i in range(3)] and queues.declared(twin) is None
 
 
 @pytest.mark.parametrize("end", ["/?vhost=x", "?", "/#x", "#"])

@@ -4,6 +4,7 @@ that never answers a close, a node that hangs while opening."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 import actors  # noqa: F401 - the global broker, as an application that sends has it
 from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
 from tests.amqp_server import FakeRabbit, fake_rabbitmq
+from tests.servers import free_port
 from tests.support import within
 
 
@@ -124,10 +126,21 @@ def test_a_send_fails_when_the_channel_never_opens(monkeypatch, recorder):
     assert rabbit.published == []
 
 
+def assert_no_traceback(caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
+    """Nothing logged with a traceback, pika's records included, and none on stderr: a node given
+    up is a handled case, which the send reports itself."""
+    with_traceback = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.exc_info]
+    assert with_traceback == []
+    stderr = capfd.readouterr().err
+    assert "Traceback" not in stderr and "AssertionError" not in stderr + caplog.text, stderr
+
+
 @pytest.mark.parametrize("bound", ["stack_timeout", "timeout"])
-def test_a_node_that_hangs_while_opening_is_given_up(monkeypatch, recorder, bound):
+def test_a_node_that_hangs_while_opening_is_given_up(monkeypatch, recorder, bound, caplog, capfd):
     """A TCP peer that accepts and never speaks AMQP: pika's ``stack_timeout`` (from the URL) gives
-    the node up as unreachable, and the send's own ``timeout`` bounds a longer one."""
+    the node up as unreachable, and the send's own ``timeout`` bounds a longer one, without a
+    traceback (pika's ``close()`` of a connection still opening logged an AssertionError)."""
+    caplog.set_level(logging.WARNING)
     batch = messages(3)
     with fake_rabbitmq(speak=False) as rabbit:
         broker = broker_of(rabbit, recorder, monkeypatch)
@@ -140,12 +153,40 @@ def test_a_node_that_hangs_while_opening_is_given_up(monkeypatch, recorder, boun
     assert time.monotonic() - started < 5
     assert isinstance(error, BulkSendError) and len(error.failed) == 3
     assert ("connection failed" if bound == "stack_timeout" else "not connected within") in str(error)
+    assert_no_traceback(caplog, capfd)
 
 
-def test_the_next_node_is_tried_when_one_hangs_while_opening_past_the_send_timeout(monkeypatch, recorder):
+def test_an_interrupt_just_after_a_node_is_given_up_while_opening_drops_it_once(
+    monkeypatch, recorder, caplog, capfd
+):
+    """The send's ``timeout`` gives a node up in pika's pause between connection attempts (the
+    port refuses), and an interrupt comes before pika's loop turns again: the connection attempt is
+    aborted once (twice, pika reported its end twice, a TypeError with a traceback), the interrupt
+    goes on unchanged and every message's key is given back."""
+    on_timeout = _Publisher._on_timeout
+
+    def then_interrupted(publisher: _Publisher) -> None:
+        on_timeout(publisher)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_Publisher, "_on_timeout", then_interrupted)
+    caplog.set_level(logging.WARNING)
+    batch = messages(3)
+    url = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F?connection_attempts=2&retry_delay=30"
+    broker = RabbitmqBroker(url=url, middleware=[recorder])
+    monkeypatch.setattr(broker, "declare_queue", lambda queue_name, ensure=False: None)
+    assert isinstance(within(10, lambda: send_bulk(batch, broker=broker, timeout=0.5)), KeyboardInterrupt)
+    assert recorder.unsent == ids(batch) and recorder.enqueued == []
+    assert_no_traceback(caplog, capfd)
+
+
+def test_the_next_node_is_tried_when_one_hangs_while_opening_past_the_send_timeout(
+    monkeypatch, recorder, caplog, capfd
+):
     """The first node accepts TCP and never speaks AMQP, its ``stack_timeout`` longer than the
-    send's ``timeout``: the timeout gives it up, and (nothing published there) the second node,
-    which works, gets every message."""
+    send's ``timeout``: the timeout gives it up (a warning, no traceback), and (nothing published
+    there) the second node, which works, gets every message."""
+    caplog.set_level(logging.WARNING)
     batch = messages(5)
     with fake_rabbitmq(speak=False) as hung, fake_rabbitmq() as rabbit:
         broker = RabbitmqBroker(url=[hung.url(), rabbit.url()], middleware=[recorder])
@@ -157,6 +198,10 @@ def test_the_next_node_is_tried_when_one_hangs_while_opening_past_the_send_timeo
     assert time.monotonic() - started < 5
     assert rabbit.published == ids(batch) and hung.published == []
     assert recorder.enqueued == ids(batch) and recorder.unsent == []
+    assert [r.getMessage() for r in caplog.records if r.name == "jobsystem.rabbitmq.bulk"] == [
+        "bulk_send_node_unreachable"
+    ]
+    assert_no_traceback(caplog, capfd)
 
 
 @pytest.mark.parametrize("first", [{"acks": 2}, {"open_channel": False}], ids=["goes-silent", "no-channel"])

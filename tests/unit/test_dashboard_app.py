@@ -15,9 +15,10 @@ from urllib.parse import quote, unquote, urljoin
 import pika
 import pytest
 
-from dashboard.app import SECURITY_HEADERS, create_app
+from dashboard.app import create_app
 from dashboard.auth import Credentials, User
 from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, Selection, rabbitmq_counts
+from dashboard.guard import SECURITY_HEADERS
 from jobsystem.ops.health import HealthReport, Problem
 from jobsystem.settings import Settings
 from jobsystem.store import StateStore, open_store

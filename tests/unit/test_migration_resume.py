@@ -7,6 +7,7 @@ every step boundary can be interrupted; the real thing is covered in
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any
 
@@ -32,6 +33,9 @@ class Rabbit:
     def __init__(self) -> None:
         self.queues: dict[str, tuple[dict[str, Any], deque[bytes]]] = {}
         self.calls_left: int | None = None
+        #: Publishes before someone deletes the next one's target queue (None: nobody does).
+        self.publishes_left: int | None = None
+        self.deleted: str | None = None
 
     def _tick(self) -> None:
         if self.calls_left is not None:
@@ -73,11 +77,24 @@ class Channel:
 
     def basic_publish(self, exchange: str, key: str, body: bytes, properties: Any, mandatory: bool) -> None:
         self.rabbit._tick()
+        if self.rabbit.publishes_left is not None:
+            if self.rabbit.publishes_left == 0:
+                del self.rabbit.queues[key]  # with what it held
+                self.rabbit.deleted = key
+            self.rabbit.publishes_left -= 1
+        if key not in self.rabbit.queues:
+            raise pika.exceptions.UnroutableError([])  # returned, then confirmed
         self.rabbit.queues[key][1].append(body)
 
     def basic_ack(self, tag: int) -> None:
         self.rabbit._tick()
         del self.unacked[tag]
+
+    def basic_nack(self, tag: int, requeue: bool) -> None:
+        self.rabbit._tick()
+        name, body = self.unacked.pop(tag)
+        assert requeue
+        self.rabbit.queues[name][1].appendleft(body)
 
     def queue_delete(self, name: str, if_empty: bool) -> None:
         self.rabbit._tick()
@@ -162,6 +179,27 @@ def test_a_migration_interrupted_anywhere_then_run_again_loses_no_message(monkey
         assert where == {QUEUE: {b"m0", b"m1", b"m2"}, f"{QUEUE}.DQ": {b"d0"}}, stop_after
         assert not [n for n in rabbit.queues if n.endswith(".migrating")], stop_after
         assert all(args == NEW for args, _ in rabbit.queues.values()), stop_after
+
+
+def test_a_queue_deleted_before_a_move_publishes_into_it_is_said_and_the_next_run_finishes(monkeypatch):
+    """Someone deletes the queue a move publishes into (a twin, or a queue recreated) before any
+    one publish of the run: RabbitMQ returns it unroutable. The run stops, naming that queue; the
+    message returned is back where it was, those moved into the queue before went with it (as the
+    error says), and the next run finishes with every other message."""
+    for publishes in range(8):  # 4 messages out to the twins, 4 back
+        rabbit = _plain_dramatiq_queues()
+        rabbit.publishes_left = publishes
+        with pytest.raises(migration.MigrationError) as error:
+            _run(rabbit, monkeypatch, None)
+        assert str(error.value).startswith(f"queue {rabbit.deleted!r} was deleted while messages of")
+        before = re.search(r"the (\d+) moved before were deleted with it", str(error.value))
+        lost = int(before[1]) if before else 0
+        rabbit.publishes_left = None
+        _run(rabbit, monkeypatch, None)
+        # Each move takes its queue's messages in order: those lost are the first ones.
+        assert rabbit.messages() == sorted([b"m0", b"m1", b"m2", b"d0"][lost:]), publishes
+        assert all(args == NEW for args, _ in rabbit.queues.values()), publishes
+        assert not [n for n in rabbit.queues if n.endswith(".migrating")], publishes
 
 
 def test_a_queue_whose_twin_still_holds_its_messages_is_migrated_even_if_a_worker_recreated_it(
