@@ -125,6 +125,9 @@ def _alerted(monkeypatch: pytest.MonkeyPatch, settings: Settings, store: Any) ->
     Capture.envelopes.clear()
     report = health.check(["q"], config=settings, state=store, timeout=3)
     with structlog.testing.capture_logs() as logged:
+        # A fresh logger: alerts' own may be cached by another test's configure_logging (-n 2),
+        # and a cached logger keeps its processors, which capture_logs cannot replace.
+        monkeypatch.setattr(alerts, "logger", structlog.get_logger(alerts.__name__))
         opened = alerts.alert(report, state=store, settings=settings)
     assert opened and len(Capture.envelopes) == len(opened), (opened, Capture.envelopes)
     events = [item.payload.json for envelope in Capture.envelopes for item in envelope.items]
