@@ -233,6 +233,7 @@ def retry(project: Project, selection: Selection) -> dict[str, Any]:
         "failed": outcome.failed,
         "skipped": outcome.skipped,
         "unconfirmed": outcome.unconfirmed,
+        "left": sum(outcome.left.values()),
         "notes": outcome.notes,
     }
 
@@ -246,6 +247,7 @@ def purge(project: Project, selection: Selection) -> dict[str, Any]:
         "purged": outcome.done,
         "matched": outcome.matched,
         "unconfirmed": outcome.unconfirmed,
+        "left": sum(outcome.left.values()),
         "notes": outcome.notes,
     }
 
@@ -253,9 +255,12 @@ def purge(project: Project, selection: Selection) -> dict[str, Any]:
 def reindex(project: Project, queue: str) -> dict[str, Any]:
     """Rebuild one queue's index from the queue (a full read; nothing removed): the documented
     recovery, so a removed actor's queue the index lost is taken when named (its letters are
-    then indexed, and can be retried or purged)."""
+    then indexed, and can be retried or purged). Of a queue no actor declares, only the
+    project's own dead letters are indexed; ``left_out`` counts the others (another
+    application's), which retry and purge never take."""
     (name,) = _dead_letter_queues(project, queue, reading=True)
     if missing_queues(project.settings, [name]):
         raise ActionError(f"RabbitMQ has no dead-letter queue for {queue!r}")
     with _ACTING:
-        return {"indexed": dead_letter_ops.reindex(project.broker, name)}
+        done = dead_letter_ops.reindex(project.broker, name)
+    return {"indexed": done.indexed, "left_out": done.left_out}

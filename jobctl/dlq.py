@@ -104,7 +104,10 @@ class Context:
             )
         except ops.ForeignQueue as exc:
             require_queues(system.settings, {dead_letter_queue(exc.name): named})  # a typo first
-            fail(f"jobctl: {named}: {exc} (an application's actors: name their --module)")
+            fail(
+                f"jobctl: {named}: {exc} (an application's actors: name their --module; a removed"
+                " actor's: re-index its queue on the dashboard)"
+            )
         if queue is not None:  # a typo: say so, rather than "0 dead letters" or a channel error
             require_queues(system.settings, {name: named for name in self.queues})
         if not self.complete:  # a removed actor's letters may be left out: never "all of them"
@@ -240,7 +243,7 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
     click.echo(
         f"retried {outcome.done} of {outcome.matched} matching, {outcome.failed} failed{_notes(outcome)}"
     )
-    failed = outcome.failed or outcome.unconfirmed or (all_ and not ctx.complete)
+    failed = outcome.failed or outcome.unconfirmed or outcome.left or (all_ and not ctx.complete)
     sys.exit(1 if failed or _not_found(message_ids, outcome.found) else 0)
 
 
@@ -262,7 +265,7 @@ def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: boo
     with ctx.progress("purging") as progress:
         outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
     click.echo(f"purged {outcome.done} dead letter(s){_notes(outcome)}")
-    failed = outcome.unconfirmed or (all_ and not ctx.complete)
+    failed = outcome.unconfirmed or outcome.left or (all_ and not ctx.complete)
     sys.exit(1 if failed or _not_found(message_ids, outcome.found) else 0)
 
 

@@ -83,6 +83,10 @@ class DeadLetter:
     enqueued_at: datetime | None
     failed_at: datetime | None
     body: bytes = field(repr=False)
+    #: It carries the project's record of its own queue (``x-dl-reason``, and ``x-dl-queue``
+    #: naming the queue whose ``.DLQ`` holds it): the project's consumer dead-lettered it. Another
+    #: application's letters, and RabbitMQ's own dead-lettering (``x-death``), do not.
+    recorded: bool = False
 
     @classmethod
     def from_delivery(
@@ -92,11 +96,12 @@ class DeadLetter:
         body: bytes,
         actors: Container[str] | None = None,
     ) -> DeadLetter:
-        """Read the project's ``x-dl-*`` record, or RabbitMQ's ``x-death`` for a body it dead-lettered
-        itself (an undecodable one). Its queue is the one whose dead-letter queue holds it, not
-        one its headers name: a replay never leaves the queues the operator chose. ``actors``: the
-        broker's, which alone tell a body's actor name from the sender's text where no worker
-        checked it (``x-death`` only); ``x-dl-actor`` was checked by the worker that wrote it."""
+        """Read the project's ``x-dl-*`` record (``recorded`` when it names this queue), or
+        RabbitMQ's ``x-death`` for a body it dead-lettered itself (an undecodable one). Its queue
+        is the one whose dead-letter queue holds it, not one its headers name: a replay never
+        leaves the queues the operator chose. ``actors``: the broker's, which alone tell a body's
+        actor name from the sender's text where no worker checked it (``x-death`` only);
+        ``x-dl-actor`` was checked by the worker that wrote it."""
         headers: dict[str, Any] = dict(properties.headers or {})
         origin = dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX)
         if record.HEADER_REASON in headers:
@@ -113,6 +118,7 @@ class DeadLetter:
                 enqueued_at=_parse_time(_header(headers, record.HEADER_ENQUEUED_AT)),
                 failed_at=_parse_time(_header(headers, record.HEADER_FAILED_AT)),
                 body=body,
+                recorded=_header(headers, record.HEADER_QUEUE) == origin,
             )
         deaths = headers.get("x-death")
         death = deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}

@@ -16,6 +16,11 @@ their letters in the queue, so the index is changed only after a synchronous rou
 channel that acked (:meth:`~jobsystem.ops.dead_letter_reader.Reader.settle`). A connection lost
 before it stops the operation, says so (``unconfirmed``) and leaves those letters indexed.
 :func:`reindex` builds a queue's index again from the queue itself.
+
+Retry, purge and re-index take only the letters :func:`~jobsystem.ops.scope.changeable` allows:
+in a queue no actor declares, the project's own dead letters, never another application's, even
+when its queue made its way into the index. The others stay in their queue, out of the index,
+and the operation says how many it left.
 """
 
 from __future__ import annotations
@@ -34,11 +39,12 @@ from dramatiq.common import q_name
 
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
 from jobsystem.ops.queue_counts import missing_queues
-from jobsystem.ops.scope import INDEX_UNREAD, ForeignQueue, project_queue, project_scope
+from jobsystem.ops.scope import INDEX_UNREAD, ForeignQueue, changeable, project_queue, project_scope
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.settings import Settings
 from jobsystem.store.base import StoreUnavailable
+from jobsystem.store.dead_letter_index import DeadLetterEntry
 
 __all__ = [
     "INDEX_UNREAD",
@@ -46,6 +52,7 @@ __all__ = [
     "Filters",
     "ForeignQueue",
     "Outcome",
+    "Reindexed",
     "dead_letter_queues",
     "dead_letter_scope",
     "forget",
@@ -101,7 +108,8 @@ def dead_letter_scope(
     find them (False: the declared queues' only). A ``queue`` named is the project's (the prefix
     added unless present): another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`,
     unless ``reading`` (list, show, export, re-index) and its ``.DLQ`` exists: named explicitly,
-    a removed actor's letters the index does not know stay readable, and can be re-indexed."""
+    a removed actor's letters the index does not know stay readable, and can be re-indexed (its
+    own dead letters only: :func:`reindex`)."""
     if queue is not None:
         return [_named(settings, broker, q_name(queue), reading)], True
     scope = project_scope(broker)
@@ -139,11 +147,28 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     #: The message ids matched, when the filters name ids (so a caller can name those not found).
     found: set[str] = field(default_factory=set)
+    #: Matched but not the project's to change (:func:`~jobsystem.ops.scope.changeable`), per
+    #: dead-letter queue: left where they are.
+    left: dict[str, int] = field(default_factory=dict)
 
     def matched_one(self, dead: DeadLetter, filters: Filters) -> None:
         self.matched += 1
         if filters.message_ids:
             self.found.add(dead.message_id)
+
+    def leave(self, dead: DeadLetter) -> None:
+        """Count a matching letter that is not the project's to change."""
+        self.left[dead.dead_letter_queue] = self.left.get(dead.dead_letter_queue, 0) + 1
+
+    def note_left(self) -> None:
+        """Say which queues' letters were left, and why (one note per queue)."""
+        for name, count in sorted(self.left.items()):
+            queue = name.removesuffix(DEAD_LETTER_SUFFIX)
+            self.notes.append(
+                f"{count} left in {name}: no actor declares {queue!r} and they carry no dead-letter"
+                " record of the project's naming it, so they may be another application's (if its"
+                " actors are yours, name their module)"
+            )
 
 
 Progress = Callable[[int], None]
@@ -184,7 +209,7 @@ def replay(
 ) -> Outcome:
     """Publish the matching dead letters back to their queues, then remove them. One whose queue
     is gone stays (publishing would declare the queue again, where no worker reads it)."""
-    outcome = Outcome()
+    outcome, ours = Outcome(), changeable(broker)
     gone: set[str] = set()
     with Reader(broker) as reader, contextlib.suppress(_Unsettled):
         exists = functools.cache(reader.queue_exists)
@@ -195,6 +220,9 @@ def replay(
                 if not filters.match(dead):
                     continue
                 outcome.matched_one(dead, filters)
+                if not ours(dead):
+                    outcome.leave(dead)
+                    continue
                 message = None if dead.reason in NOT_REPLAYABLE else dead.replay_message()
                 if message is None:
                     outcome.skipped += 1
@@ -208,6 +236,7 @@ def replay(
                     _publish_then_ack(broker, reader, dead_letter_queue, batch, outcome)
                     batch = []
             _publish_then_ack(broker, reader, dead_letter_queue, batch, outcome)
+    outcome.note_left()
     if outcome.skipped:
         outcome.notes.append(
             f"{outcome.skipped} malformed, not replayed (fix the sender; export or purge them)"
@@ -262,36 +291,56 @@ def purge(
     broker: ProjectBroker, queues: list[str], filters: Filters, *, progress: Progress = _noop
 ) -> Outcome:
     """Remove the matching dead letters for good (``done``: those whose acks RabbitMQ confirmed)."""
-    outcome = Outcome()
+    outcome, ours = Outcome(), changeable(broker)
     with Reader(broker) as reader, contextlib.suppress(_Unsettled):
         for dead_letter_queue in queues:
             acked: list[DeadLetter] = []
             for dead, tag in reader.stream(dead_letter_queue):
                 progress(1)
-                if filters.match(dead):
+                if not filters.match(dead):
+                    continue
+                outcome.matched_one(dead, filters)
+                if ours(dead):
                     reader.ack(tag)
                     acked.append(dead)
-                    outcome.matched_one(dead, filters)
+                else:
+                    outcome.leave(dead)
                 if len(acked) >= 500:
                     _settle(broker, reader, dead_letter_queue, acked, outcome)
                     outcome.done += len(acked)
                     acked = []
             _settle(broker, reader, dead_letter_queue, acked, outcome)
             outcome.done += len(acked)
+    outcome.note_left()
     return outcome
 
 
-def reindex(broker: ProjectBroker, dead_letter_queue: str) -> int:
+@dataclass(frozen=True)
+class Reindexed:
+    """What a re-index found: letters indexed, and letters left out as not the project's."""
+
+    indexed: int
+    left_out: int
+
+
+def reindex(broker: ProjectBroker, dead_letter_queue: str) -> Reindexed:
     """Rebuild the index of one dead-letter queue from the queue itself (a full read, nothing
-    removed); returns how many it holds. Dead letters that arrive during the read may be left
-    out: run it again if the counts still disagree."""
+    removed), with the letters the project may change (:func:`~jobsystem.ops.scope.changeable`):
+    a queue no actor declares brings only the project's own dead letters into the index, never
+    another application's. Dead letters that arrive during the read may be left out: run it
+    again if the counts still disagree."""
     index = broker.dead_letter_index
     if index is None:
-        return 0
+        return Reindexed(0, 0)
+    ours, entries, left_out = changeable(broker), list[DeadLetterEntry](), 0
     with Reader(broker) as reader:
-        entries = [dead.index_entry() for dead, _ in reader.stream(dead_letter_queue)]
+        for dead, _ in reader.stream(dead_letter_queue):
+            if ours(dead):
+                entries.append(dead.index_entry())
+            else:
+                left_out += 1
     index.backend.replace(dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX), entries)
-    return len(entries)
+    return Reindexed(len(entries), left_out)
 
 
 def read(broker: ProjectBroker, queues: list[str], filters: Filters) -> Iterator[DeadLetter]:

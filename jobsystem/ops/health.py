@@ -190,10 +190,23 @@ def _counted(counts: AmqpCounts) -> list[QueueHealth]:
     ]
 
 
+#: The queue type whose head a peek puts back untouched but for its ``redelivered`` flag. A peek
+#: (a get, then a requeue) counts as a delivery of a quorum queue's head: past its
+#: ``x-delivery-limit`` (RabbitMQ 4.0 sets 20 by default) the message is dead-lettered or dropped
+#: (seen on RabbitMQ 3.10: ``tests/integration/test_health.py``).
+PEEKABLE_TYPE = "classic"
+
+
 def _peek_age(
-    config: Settings, health: QueueHealth, timeout: float, deadline: Deadline, notes: list[str]
+    config: Settings, health: QueueHealth, timeout: float, deadline: Deadline, notes: list[str], kind: str
 ) -> None:
-    """Fill in ``health``'s oldest age, or note why it could not be measured (then not judged)."""
+    """Fill in ``health``'s oldest age, or note why it could not be measured (then not judged).
+    A queue of another ``kind`` than :data:`PEEKABLE_TYPE` is not peeked: the project declares
+    classic queues only, and ``jobctl health --queue`` must not wear down another's messages."""
+    if kind != PEEKABLE_TYPE:
+        notes.append(f"{health.queue}: a {kind} queue, not peeked (each peek would count as a delivery)")
+        health.unjudged.append("oldest_age")
+        return
     try:
         if not deadline.remaining():
             raise Late("no time left")
@@ -233,8 +246,8 @@ def _measure(
         health.publish_rate, health.ack_rate = rate(main, "publish"), rate(main, "ack")
         if not peek:
             health.unjudged.append("oldest_age")
-        elif health.waiting:
-            _peek_age(config, health, timeout, deadline, notes)
+        elif health.waiting:  # every queue was classic before RabbitMQ 3.8 said a type
+            _peek_age(config, health, timeout, deadline, notes, str(main.get("type", PEEKABLE_TYPE)))
     return _Measured(measured, "management", notes, counts.unroutable, counts.stranded)
 
 

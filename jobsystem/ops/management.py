@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 _COLUMNS = (
-    "name,messages_ready,messages_unacknowledged,consumers,"
+    "name,type,messages_ready,messages_unacknowledged,consumers,"
     "message_stats.publish_details.rate,message_stats.ack_details.rate"
 )
 

@@ -17,20 +17,37 @@ can say so rather than report a partial answer as the whole.
 
 A queue the operator *names* whose ``.DLQ`` exists is taken for reading and re-indexing even when
 it is none of these (a removed actor's letters from before the index, an index lost): see
-:func:`~jobsystem.ops.dead_letters.dead_letter_queues`. Purge and retry still take only the
-project's queues; a re-index makes the letters indexed, and so the project's.
+:func:`~jobsystem.ops.dead_letters.dead_letter_queues`. Purge and retry take only the project's
+queues, and in them only the letters :func:`changeable` allows: being in the index is not enough
+to be changed, since an operator may name another application's queue (``orders`` on the empty
+prefix) for a re-index, and an index written before that was checked may hold its letters. A
+letter may be changed when its queue is declared (the operator who names a ``--module`` says its
+queues are the project's), or when the project's consumer dead-lettered it: its ``x-dl-*`` record
+names its queue (:attr:`~jobsystem.ops.dead_letter_reader.DeadLetter.recorded`), which another
+application's letters and RabbitMQ's own dead-lettering do not carry. So a removed actor's letters
+stay purgeable, and another application's stay where they are, whatever the index says.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from jobsystem.ops.dead_letter_reader import DeadLetter
 from jobsystem.ops.health import own_queue
 from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.settings import Settings
 from jobsystem.store.base import StoreUnavailable
 
-__all__ = ["INDEX_UNREAD", "ForeignQueue", "Scope", "project_queue", "project_queues", "project_scope"]
+__all__ = [
+    "INDEX_UNREAD",
+    "ForeignQueue",
+    "Scope",
+    "changeable",
+    "project_queue",
+    "project_queues",
+    "project_scope",
+]
 
 #: Said when the dead-letter index could not be read.
 INDEX_UNREAD = "the dead-letter index could not be read (state store unreachable)"
@@ -82,3 +99,11 @@ def project_queue(settings: Settings, broker: ProjectBroker, name: str) -> str:
     if queue not in scope.queues:
         raise ForeignQueue(queue, scope.complete)
     return queue
+
+
+def changeable(broker: ProjectBroker) -> Callable[[DeadLetter], bool]:
+    """Whether retry or purge may take a dead letter read from a project's queue: any letter of a
+    queue declared on ``broker`` (the actors', the ``--module`` ones'); of a queue only the index
+    knows, only one the project dead-lettered (see the module doc)."""
+    declared = frozenset(broker.get_declared_queues())
+    return lambda dead: dead.recorded or dead.queue in declared

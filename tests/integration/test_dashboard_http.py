@@ -106,6 +106,7 @@ def test_cross_site_posts_are_refused(start_dashboard, queues):
         "purged": 0,
         "matched": 0,
         "unconfirmed": 0,
+        "left": 0,
         "notes": [],
     }
     # Behind a TLS proxy that keeps the Host header: the browser's origin is https.
@@ -162,7 +163,7 @@ def test_dead_letters_are_listed_from_the_index_retried_purged_and_audited(
     purged = dashboard.post(
         "/api/dead-letters/purge", ADMIN, {"queue": queue, "all": True, "actor": "depends"}
     )
-    assert purged.json() == {"purged": 4, "matched": 4, "unconfirmed": 0, "notes": []}
+    assert purged.json() == {"purged": 4, "matched": 4, "unconfirmed": 0, "left": 0, "notes": []}
     assert queues.depth(queue + ".DLQ") == 0
     assert dashboard.get(f"/api/dead-letters?queue={queue}", ADMIN).json()["dead_letters"] == []
     assert store.hgetall(f"test:{prefix}effects") == {"d0": "1", "d1": "1"}
@@ -198,7 +199,8 @@ def test_a_queue_out_of_step_with_its_index_is_shown_and_reindexed(start_dashboa
         return [c for c in counts if c["queue"] == queue and c["in_rabbitmq"] == 3 and not c["in_step"]]
 
     wait_for(out_of_step, what="the page to see the index out of step")
-    assert dashboard.post("/api/dead-letters/reindex", ADMIN, {"queue": queue}).json() == {"indexed": 3}
+    reindexed = dashboard.post("/api/dead-letters/reindex", ADMIN, {"queue": queue}).json()
+    assert reindexed == {"indexed": 3, "left_out": 0}
     listed = dashboard.get(f"/api/dead-letters?queue={queue}", ADMIN).json()
     assert sorted(d["message_id"] for d in listed["dead_letters"]) == ["old-0", "old-1", "old-2"]
     assert [c["in_step"] for c in listed["queues"] if c["queue"] == queue] == [True]

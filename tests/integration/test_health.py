@@ -11,6 +11,7 @@ import threading
 import time
 from urllib.parse import quote
 
+import pika
 import pytest
 import requests
 
@@ -22,6 +23,7 @@ from jobsystem.store.redis import RedisStore
 from tests import workload
 from tests.amqp_server import fake_rabbitmq, silenceable_path
 from tests.delay_support import send_delayed, short_horizon
+from tests.jobctl_run import jobctl
 from tests.servers import free_port, silent_server
 from tests.support import BIN, ROOT, TEST_REDIS_URL, finished_within, wait_for, worker_env
 
@@ -225,3 +227,28 @@ def test_a_path_to_rabbitmq_gone_silent_after_the_handshake_ends_the_counts_at_t
         with pytest.raises(ConnectionError, match="StreamLostError"):
             finished_within(3.5, lambda: queue_counts.missing_queues(settings, ["q"], 2))
         assert len(counting) == 2 and path.closed.wait(1.0), "the connection was left open"
+
+
+def test_a_quorum_queue_named_is_counted_but_never_peeked(queues, prefix):
+    """``jobctl health --queue`` reads any queue named, another application's too. A peek at a
+    head (a get, then a requeue) counts as a delivery of a quorum queue's: with its delivery
+    limit, a few checks would dead-letter or drop the message. It is counted, not peeked."""
+    quorum = prefix + "quorum"
+    arguments = {"x-queue-type": "quorum", "x-delivery-limit": 1}
+    queues.broker.channel.queue_declare(quorum, durable=True, arguments=arguments)
+    properties = pika.BasicProperties(delivery_mode=2, message_id="theirs")
+    queues.broker.channel.basic_publish("", quorum, b"their job", properties)
+
+    checks = [jobctl(prefix, "health", "--queue", "quorum", "--json", check=False) for _ in range(3)]
+
+    held = queues.peek(quorum)  # this peek is the message's first delivery
+    assert len(held) == 1, "the checks' peeks delivered their message past its limit: dropped"
+    (head,) = held
+    assert (head["properties"]["message_id"], head["properties"]["headers"]) == (
+        "theirs",
+        {"x-delivery-count": 0},
+    )
+    report = json.loads(checks[-1].stdout)
+    (queue,) = report["queues"]
+    assert (queue["waiting"], queue["oldest_age_s"], queue["unjudged"]) == (1, None, ["oldest_age"])
+    assert f"{quorum}: a quorum queue, not peeked (each peek would count as a delivery)" in report["notes"]

@@ -1,5 +1,7 @@
 """Another application's dead letters on the vhost are never the project's: ``jobctl dlq`` and the
-dashboard take only the project's queues (its actors', those its dead-letter index knows).
+dashboard take only the project's queues (its actors', those its dead-letter index knows), and
+in a queue no actor declares only the letters the project dead-lettered (its ``x-dl-*`` record),
+whatever the index says.
 
 Their queue is declared under the test's prefix, as every queue of the vhost begins with the
 default, empty, ``QUEUE_PREFIX``; nothing outside the test's prefix is touched."""
@@ -55,6 +57,79 @@ def our_dead_letters(queues, prefix, count: int, indexed: bool = True) -> list[s
         dead_letter_index(store).add(entries, ttl_ms=None, max_length=None)
         store.client.close()
     return ids
+
+
+def orders_dead_letters(queues, prefix, count: int = 3) -> tuple[str, list[str]]:
+    """Another application's ``orders`` queue, declared as it declares its own (plain queues, its
+    ``.DLQ`` bound to nothing of the project's), whose ``.DLQ`` holds ``count`` dead letters of
+    its own (Dramatiq messages that would replay); returns the queue and their ids."""
+    orders = prefix + "orders"
+    channel = queues.broker.channel
+    for name in (orders, orders + ".DLQ"):
+        channel.queue_declare(name, durable=True)
+    ids = []
+    for i in range(count):
+        message = Message(queue_name=orders, actor_name="ship_order", args=(i,), kwargs={}, options={})
+        properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id)
+        channel.basic_publish("", orders + ".DLQ", message.encode(), properties)
+        ids.append(message.message_id)
+    return orders, ids
+
+
+def held(queues, queue: str) -> list[str]:
+    """The message ids ``queue`` holds, read message by message (and put back), not counted."""
+    return sorted(m["properties"]["message_id"] for m in queues.peek(queue))
+
+
+def test_another_applications_queue_named_and_reindexed_is_never_purged(start_dashboard, queues, prefix):
+    """An operator names another application's ``orders`` and re-indexes it (the recovery of a
+    removed actor's letters): its letters are read, but neither indexed nor purged nor retried."""
+    orders, theirs = orders_dead_letters(queues, prefix)
+    listed = jobctl(prefix, "dlq", "list", "--queue", "orders")  # reading a queue named: allowed
+    assert sorted(line.split()[0] for line in listed.stdout.splitlines()) == sorted(theirs)
+
+    dashboard = start_dashboard()
+    reindexed = dashboard.post("/api/dead-letters/reindex", ADMIN, {"queue": "orders"})
+    purged = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", "orders", check=False)
+    by_dashboard = dashboard.post("/api/dead-letters/purge", ADMIN, {"queue": "orders", "all": True})
+    jobctl(prefix, "dlq", "retry", "--all")  # the project's every dead letter: none here
+
+    assert held(queues, orders + ".DLQ") == sorted(theirs), purged.stdout + purged.stderr
+    assert held(queues, orders) == []  # nothing replayed into their work queue
+    assert reindexed.status_code == 200 and reindexed.json() == {"indexed": 0, "left_out": 3}, reindexed.text
+    assert purged.returncode == 2 and "Traceback" not in purged.stderr, purged.stderr
+    (line,) = purged.stderr.splitlines()
+    assert line.startswith(f"jobctl: --queue 'orders': {orders!r} is not a queue of the project's"), line
+    assert "--module" in line
+    assert by_dashboard.status_code == 400 and "not a queue of the project's" in by_dashboard.text
+
+
+def test_another_applications_letters_in_the_index_are_left_by_purge_and_retry(
+    start_dashboard, queues, prefix
+):
+    """The index holds ``orders`` (written by a re-index before that was checked, or by hand):
+    purge and retry read its queue but take only letters the project dead-lettered, none there."""
+    orders, theirs = orders_dead_letters(queues, prefix)
+    now = int(time.time() * 1000)
+    store = RedisStore(TEST_REDIS_URL, namespace=f"jobs:{prefix}")
+    entries = [DeadLetterEntry(orders, i, "unknown", "rejected", "", "", "", 0, now, now) for i in theirs]
+    dead_letter_index(store).add(entries, ttl_ms=None, max_length=None)
+    store.client.close()
+    our_dead_letters(queues, prefix, 2)
+
+    purged = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", "orders", check=False)
+    retried = jobctl(prefix, "dlq", "retry", "--all", check=False)
+    dashboard = start_dashboard()
+    by_dashboard = dashboard.post("/api/dead-letters/purge", ADMIN, {"all": True})
+
+    assert held(queues, orders + ".DLQ") == sorted(theirs), purged.stdout + purged.stderr
+    assert held(queues, orders) == []
+    assert purged.returncode == 1 and purged.stdout.startswith("purged 0 dead letter(s) (3 left in "), purged
+    assert f"no actor declares {orders!r}" in purged.stdout
+    assert retried.returncode == 1 and retried.stdout.startswith("retried 2 of 5 matching, 0 failed"), retried
+    assert queues.depth(queues.name(workload.record)) == 2  # the project's own were replayed
+    assert by_dashboard.status_code == 200 and by_dashboard.json()["left"] == 3, by_dashboard.text
+    assert by_dashboard.json()["purged"] == 0
 
 
 def test_dlq_purge_all_takes_only_the_projects_dead_letters(queues, prefix):
@@ -116,7 +191,7 @@ def test_the_dashboard_neither_shows_nor_acts_on_another_applications_queues(sta
     assert queues.depth(theirs) == 0 and queues.depth(theirs + ".DLQ") == 1
     our_dead_letters(queues, prefix, 1)
     purged = dashboard.post("/api/dead-letters/purge", ADMIN, {"all": True})
-    assert purged.json() == {"purged": 1, "matched": 1, "unconfirmed": 0, "notes": []}
+    assert purged.json() == {"purged": 1, "matched": 1, "unconfirmed": 0, "left": 0, "notes": []}
     assert queues.depth(ours + ".DLQ") == 0 and queues.depth(theirs + ".DLQ") == 1
 
 
@@ -125,11 +200,14 @@ def test_a_removed_actors_dead_letters_are_read_by_name_reindexed_then_purged(
 ):
     """``retired``: no actor declares it any more, and the index never held its letters (from
     before the index, or the index lost). Named, it is read; re-indexed on the dashboard (the
-    documented recovery), its letters are the project's and can be purged."""
+    documented recovery), its letters, which carry the record the project's consumer wrote, are
+    the project's and can be purged."""
     retired = prefix + "retired"
     queues.broker.declare_queue(retired, ensure=True)
     message = Message(queue_name=retired, actor_name="retired_job", args=(), kwargs={}, options={})
-    queues.broker.channel.basic_publish("", retired + ".DLQ", message.encode(), pika.BasicProperties())
+    headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "unknown", "x-dl-queue": retired}
+    properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers)
+    queues.broker.channel.basic_publish("", retired + ".DLQ", message.encode(), properties)
 
     listed = jobctl(prefix, "dlq", "list", "--queue", "retired")
     assert [line.split()[0] for line in listed.stdout.splitlines()] == [message.message_id]
@@ -138,7 +216,7 @@ def test_a_removed_actors_dead_letters_are_read_by_name_reindexed_then_purged(
 
     dashboard = start_dashboard()
     reindexed = dashboard.post("/api/dead-letters/reindex", ADMIN, {"queue": "retired"})
-    assert reindexed.status_code == 200 and reindexed.json() == {"indexed": 1}, reindexed.text
+    assert reindexed.status_code == 200 and reindexed.json() == {"indexed": 1, "left_out": 0}, reindexed.text
     purged = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", "retired")
     assert "purged 1 dead letter(s)" in purged.stdout
     assert queues.depth(retired + ".DLQ") == 0

@@ -7,12 +7,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pika
 import pytest
 
 from dashboard import dead_letters as dashboard_dead_letters
 from dashboard import queues as dashboard_queues
 from dashboard.dead_letters import ActionError, Selection
 from jobsystem.ops import dead_letters as ops
+from jobsystem.ops.dead_letter_reader import DeadLetter
+from jobsystem.ops.scope import changeable
 from jobsystem.settings import load_settings
 from jobsystem.store.base import StoreUnavailable
 
@@ -101,8 +104,8 @@ def test_a_queue_named_whose_dead_letter_queue_exists_is_read_and_reindexed_not_
         ops.dead_letter_queues(SETTINGS, broker(), "removed")
     project = SimpleNamespace(settings=SETTINGS, broker=broker())
     reindexed: list[str] = []
-    monkeypatch.setattr(ops, "reindex", lambda broker, name: reindexed.append(name) or 3)
-    assert dashboard_dead_letters.reindex(project, "removed") == {"indexed": 3}  # type: ignore[arg-type]
+    monkeypatch.setattr(ops, "reindex", lambda broker, name: reindexed.append(name) or ops.Reindexed(3, 1))
+    assert dashboard_dead_letters.reindex(project, "removed") == {"indexed": 3, "left_out": 1}  # type: ignore[arg-type]
     assert reindexed == ["removed.DLQ"]
     with pytest.raises(ActionError, match="'removed' is not a queue of the project's actors"):
         dashboard_dead_letters.purge(project, Selection(queue="removed", all=True))  # type: ignore[arg-type]
@@ -118,3 +121,23 @@ def test_an_unread_index_is_said_not_taken_for_an_empty_one() -> None:
     assert ops.dead_letter_queues(SETTINGS, broker(Index(down=True)), "retired", reading=True) == [
         "retired.DLQ"
     ]
+
+
+def letter(dead_letter_queue: str, headers: dict[str, Any]) -> DeadLetter:
+    properties = pika.BasicProperties(message_id="m1", headers=headers)
+    return DeadLetter.from_delivery(dead_letter_queue, properties, b'{"not": "a message"}')
+
+
+def test_only_the_projects_own_letters_may_change_in_a_queue_no_actor_declares() -> None:
+    """Being in the index does not make a queue's letters the project's to retry or purge: in a
+    queue no actor declares, only those whose ``x-dl-*`` record names the queue (the project's
+    consumer dead-lettered them); in a declared queue, every letter."""
+    ours = changeable(broker())
+    recorded = {"x-dl-reason": "retries_exhausted", "x-dl-queue": "retired"}
+    assert ours(letter("retired.DLQ", recorded))
+    assert not ours(letter("orders.DLQ", {}))  # another application's
+    assert not ours(letter("orders.DLQ", {"x-death": [{"queue": "orders", "reason": "rejected"}]}))
+    assert not ours(letter("orders.DLQ", recorded))  # a record of another queue
+    assert not ours(letter("orders.DLQ", {"x-dl-reason": "rejected"}))  # a record naming no queue
+    assert ours(letter("orders.DLQ", {**recorded, "x-dl-queue": b"orders"}))  # as pika may hand it
+    assert ours(letter("emails.DLQ", {}))  # declared: RabbitMQ's dead-lettering and old letters too
