@@ -8,8 +8,8 @@ field ``n:<step>`` (not ``COUNT(*)``), which a trigger keeps as members are coun
 release counts them, and only the ``record`` row carries the workflow's expiry (every other row
 is written with :data:`FOLLOWS`, kept as long as its workflow), so lengthening the workflow's life
 rewrites one row, not one per member. Reading or finishing every member of a 10,000-member group
-was quadratic before. Rows written by an earlier release (each with its own expiry) are read the
-same way."""
+was quadratic before. Workers and senders of the previous release may write to the same file: the
+triggers keep the counter, the record's expiry and the other rows' :data:`FOLLOWS` right."""
 
 from __future__ import annotations
 
@@ -69,11 +69,12 @@ class SqliteWorkflows(WorkflowBackend):
     ) -> None:
         """Write ``values``; the workflow (expiring at ``expiry``) lives ``ttl_ms`` more, never
         less than it already did (a member delayed past the TTL, or a delayed next step, must
-        still find it). Only the ``record`` row's expiry changes; the others follow it."""
+        still find it). Only the ``record`` row's expiry changes; the others follow it (a row
+        written before has :data:`FOLLOWS` already: the schema's triggers see to it)."""
         wid = self._wid(workflow_id)
         conn.executemany(
             "INSERT INTO workflow_fields (wid, field, value, expires_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(wid, field) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+            "ON CONFLICT(wid, field) DO UPDATE SET value = excluded.value",
             [(wid, k, v, FOLLOWS) for k, v in values.items()],
         )
         conn.execute(
@@ -84,15 +85,15 @@ class SqliteWorkflows(WorkflowBackend):
     def create(self, record: dict[str, Any], ttl_ms: int) -> None:
         with self.store.transaction() as conn:
             self._sweep(conn)
-            self._put(conn, record["id"], initial_fields(record), ttl_ms, 0)
+            # ``ttl``: how much a write of the previous release lengthens its life (the triggers)
+            self._put(conn, record["id"], {**initial_fields(record), "ttl": str(ttl_ms)}, ttl_ms, 0)
 
     def _sweep(self, conn: sqlite3.Connection) -> None:
-        """Delete the expired workflows' rows (a workflow expires with its ``record`` row): nothing
-        else would, and every member's state and result would stay in the file for good."""
-        expired = "SELECT wid FROM workflow_fields WHERE expires_at <= ? AND field = 'record'"
-        now = self.store.now_ms()
-        conn.execute(f"DELETE FROM workflow_done WHERE wid IN ({expired})", (now,))
-        conn.execute(f"DELETE FROM workflow_fields WHERE wid IN ({expired})", (now,))
+        """Delete the expired workflows' rows: nothing else would, and every member's state and
+        result would stay in the file for good. Only a ``record`` row expires (and a row an
+        earlier release left without one); the trigger ``workflow_record_deleted`` deletes the
+        rest of its workflow with it."""
+        conn.execute("DELETE FROM workflow_fields WHERE expires_at <= ?", (self.store.now_ms(),))
 
     def finish(
         self,
