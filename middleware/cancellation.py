@@ -10,8 +10,10 @@ which raises ``JobCancelled`` in its thread within about one poll interval, unle
 declared ``interruptible=False``.
 
 Arrivals are checked against the marks the process's poller knows, without a round trip; the
-store is asked directly only while the poller is not up to date, and for an actor that is not
-interruptible (a mark made since the last poll could not stop it later).
+store is asked directly only while the poller is not up to date, for an actor that is not
+interruptible (a mark made since the last poll could not stop it later), and for a workflow's
+later step: its workflow may have been cancelled after the step before it was counted complete
+and before the step was sent, so it arrives marked at once, sooner than a poll could tell.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dramatiq.middleware import Middleware, SkipMessage
 from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.options import option_of
+from jobsystem.runtime.workflow_steps import WORKFLOW
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import cancel_marks
 from middleware.guard import FailClosed
@@ -73,8 +76,9 @@ class Cancellation(FailClosed):
         interruptible = option_of(broker, message, "interruptible", True)
         message_id = message.message_id
         # Known to the poller and not marked: the job is registered as running in the same step,
-        # unless the store must confirm (the job cannot be interrupted later, or outlived the poller).
-        confirm = not interruptible or self._outlived_watch(message)
+        # unless the store must confirm (the job cannot be interrupted later, outlived the poller,
+        # or is a workflow's step sent just as its workflow may have been cancelled).
+        confirm = not interruptible or self._outlived_watch(message) or _later_step(message)
         cancelled = self.watch.arrived(message_id, start=not confirm)
         if cancelled is None or (not cancelled and confirm):
             try:
@@ -113,6 +117,15 @@ class Cancellation(FailClosed):
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self.watch.stop()
+
+
+def _later_step(message: MessageProxy) -> bool:
+    """Whether ``message`` is a step of a workflow after its first: sent by the worker that
+    counted the step before it complete, which a cancel of the workflow landing between that
+    count and the send does not stop. The cancel marked the step first, in the store, but this
+    process's poller may not know it yet: a step that started would run until the next poll."""
+    option = message.options.get(WORKFLOW)
+    return isinstance(option, dict) and int(option.get("step") or 0) > 0
 
 
 class ForgetCancelledKeys(Middleware):

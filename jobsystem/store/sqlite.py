@@ -98,8 +98,8 @@ class SqliteStore(StateStore):
         return conn
 
     def ensure_schema(self, ddl: str) -> None:
-        """Register a feature's tables (``CREATE TABLE IF NOT EXISTS`` statements); they are
-        created once per process, before the first statement that could need them."""
+        """Register a feature's tables (``CREATE ... IF NOT EXISTS`` statements, triggers included);
+        they are created once per process, before the first statement that could need them."""
         with self._lock:
             if ddl not in self._schemas:
                 self._schemas.append(ddl)
@@ -112,9 +112,8 @@ class SqliteStore(StateStore):
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 for ddl in pending:
-                    for statement in ddl.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
+                    for statement in _statements(ddl):
+                        conn.execute(statement)
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if conn.in_transaction:
@@ -238,6 +237,20 @@ class SqliteStore(StateStore):
                 conn.close()
             self._connections.clear()
         self._local = threading.local()
+
+
+def _statements(ddl: str) -> Iterator[str]:
+    """The statements of ``ddl`` one by one: split at the semicolons that end a statement, not at
+    those inside one (a trigger's body)."""
+    pending = ""
+    for piece in ddl.split(";"):
+        pending += piece + ";"
+        if sqlite3.complete_statement(pending):
+            if pending.strip(" \n\t;"):
+                yield pending
+            pending = ""
+    if pending.strip(" \n\t;"):
+        yield pending
 
 
 def _as_store_error(exc: sqlite3.Error | OSError) -> StoreUnavailable:

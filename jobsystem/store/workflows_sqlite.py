@@ -1,14 +1,15 @@
 """Workflows on SQLite: the operations of :mod:`jobsystem.store.workflows` as rows, each
-read-then-write in one ``BEGIN IMMEDIATE`` transaction. The table ``workflow_fields`` holds the
-fields a Redis hash would, one row each; ``workflow_done`` the members counted, per step.
+read-then-write in one ``BEGIN IMMEDIATE`` transaction. The tables and their triggers are in
+:mod:`jobsystem.store.workflows_sqlite_schema`.
 
 Counting a member's end costs the same whatever the workflow's size: it reads the few fields of
-its step by primary key (never the members' rows), counts the step's finished members in the
-field ``n:<step>`` (not ``COUNT(*)``), and only the ``record`` row carries the workflow's expiry
-(every other row is written with :data:`FOLLOWS`, kept as long as its workflow), so lengthening
-the workflow's life rewrites one row, not one per member. Reading or finishing every member of a
-10,000-member group was quadratic before. Rows written by an earlier release (each with its own
-expiry, no ``n:<step>``) are read the same way: a step without the counter counts its rows once."""
+its step by primary key (never the members' rows), reads the step's finished members from the
+field ``n:<step>`` (not ``COUNT(*)``), which a trigger keeps as members are counted, whichever
+release counts them, and only the ``record`` row carries the workflow's expiry (every other row
+is written with :data:`FOLLOWS`, kept as long as its workflow), so lengthening the workflow's life
+rewrites one row, not one per member. Reading or finishing every member of a 10,000-member group
+was quadratic before. Workers and senders of the previous release may write to the same file: the
+triggers keep the counter, the record's expiry and the other rows' :data:`FOLLOWS` right."""
 
 from __future__ import annotations
 
@@ -25,28 +26,9 @@ from jobsystem.store.workflows import (
     initial_fields,
     parse_fields,
 )
+from jobsystem.store.workflows_sqlite_schema import FOLLOWS, SCHEMA
 
-__all__ = ["FOLLOWS", "SqliteWorkflows"]
-
-#: The ``expires_at`` of a row that lives as long as its workflow's ``record`` row.
-FOLLOWS = 2**62
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS workflow_fields (
-    wid TEXT NOT NULL,
-    field TEXT NOT NULL,
-    value TEXT NOT NULL,
-    expires_at INTEGER NOT NULL,
-    PRIMARY KEY (wid, field)
-);
-CREATE TABLE IF NOT EXISTS workflow_done (
-    wid TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    member TEXT NOT NULL,
-    PRIMARY KEY (wid, step, member)
-);
-CREATE INDEX IF NOT EXISTS workflow_fields_expiry ON workflow_fields (expires_at)
-"""
+__all__ = ["SqliteWorkflows"]
 
 
 class SqliteWorkflows(WorkflowBackend):
@@ -54,7 +36,7 @@ class SqliteWorkflows(WorkflowBackend):
 
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
-        store.ensure_schema(_SCHEMA)
+        store.ensure_schema(SCHEMA)
         cancel_marks(store)  # its table: read in finish's transaction
 
     def _wid(self, workflow_id: str) -> str:
@@ -87,11 +69,12 @@ class SqliteWorkflows(WorkflowBackend):
     ) -> None:
         """Write ``values``; the workflow (expiring at ``expiry``) lives ``ttl_ms`` more, never
         less than it already did (a member delayed past the TTL, or a delayed next step, must
-        still find it). Only the ``record`` row's expiry changes; the others follow it."""
+        still find it). Only the ``record`` row's expiry changes; the others follow it (a row
+        written before has :data:`FOLLOWS` already: the schema's triggers see to it)."""
         wid = self._wid(workflow_id)
         conn.executemany(
             "INSERT INTO workflow_fields (wid, field, value, expires_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(wid, field) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+            "ON CONFLICT(wid, field) DO UPDATE SET value = excluded.value",
             [(wid, k, v, FOLLOWS) for k, v in values.items()],
         )
         conn.execute(
@@ -102,15 +85,15 @@ class SqliteWorkflows(WorkflowBackend):
     def create(self, record: dict[str, Any], ttl_ms: int) -> None:
         with self.store.transaction() as conn:
             self._sweep(conn)
-            self._put(conn, record["id"], initial_fields(record), ttl_ms, 0)
+            # ``ttl``: how much a write of the previous release lengthens its life (the triggers)
+            self._put(conn, record["id"], {**initial_fields(record), "ttl": str(ttl_ms)}, ttl_ms, 0)
 
     def _sweep(self, conn: sqlite3.Connection) -> None:
-        """Delete the expired workflows' rows (a workflow expires with its ``record`` row): nothing
-        else would, and every member's state and result would stay in the file for good."""
-        expired = "SELECT wid FROM workflow_fields WHERE expires_at <= ? AND field = 'record'"
-        now = self.store.now_ms()
-        conn.execute(f"DELETE FROM workflow_done WHERE wid IN ({expired})", (now,))
-        conn.execute(f"DELETE FROM workflow_fields WHERE wid IN ({expired})", (now,))
+        """Delete the expired workflows' rows: nothing else would, and every member's state and
+        result would stay in the file for good. Only a ``record`` row expires (and a row an
+        earlier release left without one); the trigger ``workflow_record_deleted`` deletes the
+        rest of its workflow with it."""
+        conn.execute("DELETE FROM workflow_fields WHERE expires_at <= ?", (self.store.now_ms(),))
 
     def finish(
         self,
@@ -128,18 +111,17 @@ class SqliteWorkflows(WorkflowBackend):
                 return StepProgress("unknown", False, 0, 0)
             if state == "succeeded" and sqlite_marked(conn, self.store, member):
                 state = "cancelled"  # cancelled while it ran: see WorkflowBackend.finish
-            fields = self._fields(conn, workflow_id, _step_fields(step, state))
-            added = (
+            added = (  # and counted in n:<step> by the trigger workflow_done_counted
                 conn.execute(
                     "INSERT OR IGNORE INTO workflow_done (wid, step, member) VALUES (?, ?, ?)",
                     (self._wid(workflow_id), step, member),
                 ).rowcount
                 > 0
             )
+            fields = self._fields(conn, workflow_id, _step_fields(step, state))
             updates = _member_updates(fields, step, member, state, result, reason) if added else {}
             fields.update(updates)
-            finished = self._finished(conn, workflow_id, step, fields, added)
-            updates[f"n:{step}"] = str(finished)
+            finished = int(fields.get(f"n:{step}", "0"))
             size = int(fields[f"size:{step}"])
             if added and finished >= size and f"by:{step}" not in fields:
                 updates[f"by:{step}"] = fields[f"by:{step}"] = member
@@ -151,18 +133,6 @@ class SqliteWorkflows(WorkflowBackend):
         return StepProgress(
             fields["state"], added, finished, size, counts, f"sent:{step}" in fields, completer
         )
-
-    def _finished(
-        self, conn: sqlite3.Connection, workflow_id: str, step: int, fields: dict[str, str], added: bool
-    ) -> int:
-        """How many of the step's members are counted now: its counter, or (a step counted by an
-        earlier release, without one) its rows, counted once."""
-        if f"n:{step}" in fields:
-            return int(fields[f"n:{step}"]) + int(added)
-        (rows,) = conn.execute(
-            "SELECT COUNT(*) FROM workflow_done WHERE wid = ? AND step = ?", (self._wid(workflow_id), step)
-        ).fetchone()
-        return int(rows)
 
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         with self.store.transaction() as conn:

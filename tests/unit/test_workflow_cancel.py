@@ -1,6 +1,8 @@
 """A workflow member cancelled while it runs, whose actor returns before any poll interrupts it:
 the cancel mark is in the store when the member's end is counted, so the member counts as
-cancelled and the next step is not sent. In process, with Dramatiq's worker, on both stores."""
+cancelled and the next step is not sent. A workflow cancelled once a step was counted complete
+and before its worker sent the next step: the next step is sent, and skipped on arrival. In
+process, with Dramatiq's worker, on both stores."""
 
 from __future__ import annotations
 
@@ -59,3 +61,43 @@ def test_a_member_cancelled_while_it_runs_sends_no_next_step(store: StateStore) 
     assert status is not None and status["state"] == "failed"
     assert status["failed_member"]["id"] == first.message_id
     assert status["failed_member"]["state"] == "cancelled"
+
+
+def test_a_cancel_between_the_count_and_the_send_of_the_next_step_stops_it(store: StateStore) -> None:
+    """The cancel lands after the first step was counted complete (the workflow still ran, so the
+    step is to be sent) and before its worker sends the next one: the next step is marked in the
+    store, but arrives sooner than a poll brings the mark to the worker, and it ran."""
+    cancellation = Cancellation(store, keep_ms=TTL, poll_interval=60)
+    cancellation.watch.stale_after = 3_600  # its one poll, made below, stays current throughout
+    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
+    broker = RecordingBroker(middleware=[cancellation, workflows, ForgetCancelledKeys()])
+    ran: list[Any] = []
+    first = dramatiq.actor(broker=broker, actor_name="first", queue_name="q")(lambda: 1).message()
+    after = dramatiq.actor(broker=broker, actor_name="after", queue_name="q")(ran.append)
+    flow = pipeline([first, after.message()], broker=broker)
+    count = workflows.backend.finish
+
+    def count_then_cancel(workflow_id: str, step: int, member: str, *rest: Any) -> Any:
+        progress = count(workflow_id, step, member, *rest)
+        if member == first.message_id:
+            assert progress.send_next  # the count said "send", the cancel comes now
+            assert cancel(workflow_id, broker=broker) != []
+        return progress
+
+    workflows.backend.finish = count_then_cancel  # type: ignore[method-assign]
+    cancellation.watch.start()
+    wait_until(lambda: cancellation.watch.known("x") is not None)  # its one poll is done: no mark
+    flow.run()
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=50)
+    worker.start()
+    try:
+        broker.join("q")
+        worker.join()
+    finally:
+        worker.stop()
+        cancellation.watch.stop()
+    assert [m.actor_name for m, _ in broker.enqueued] == ["first", "after"]  # sent, then skipped
+    assert ran == []
+    status = workflow_status(str(flow.workflow_id), broker=broker)
+    assert status is not None and status["state"] == "cancelled"
+    assert [m["state"] for m in status["steps"][1]["members"]] == ["cancelled"]
