@@ -4,7 +4,7 @@ One :class:`Scrubber` serves every channel: structlog (as a processor), the stan
 ``logging`` (as a filter), Sentry (over whole events), dead-letter headers, stored tracebacks and
 ``jobctl``'s output. It removes a value when its key names personal data or a secret
 (:mod:`jobsystem.privacy.scrub_keys`: ``email``, ``first_name``, ``client_ip``, ``api_key``... at any
-depth) and, inside any string, whatever is recognised by its shape (:mod:`jobsystem.privacy.scrub_text`:
+depth, and in ``key=value`` text: :mod:`jobsystem.privacy.scrub_pairs`) and, inside any string, whatever is recognised by its shape (:mod:`jobsystem.privacy.scrub_text`:
 email addresses, credentials, tokens; :mod:`jobsystem.privacy.scrub_numbers`: national identity numbers,
 cards, IBANs, phone numbers and IP addresses, each confirmed by ``python-stdnum``,
 ``phonenumbers`` or ``ipaddress`` before it is removed), and every occurrence of a configured
@@ -37,6 +37,7 @@ from functools import lru_cache
 from typing import Any
 
 from jobsystem.privacy import scrub_text as shapes
+from jobsystem.privacy.scrub_exceptions import exception_text
 from jobsystem.privacy.scrub_keys import (
     DEFAULT_EXACT_KEYS,
     DEFAULT_KEYS,
@@ -45,6 +46,7 @@ from jobsystem.privacy.scrub_keys import (
     KeyMatcher,
 )
 from jobsystem.privacy.scrub_numbers import DEFAULT_PHONE_REGIONS, NumberFinder
+from jobsystem.privacy.scrub_pairs import key_values
 
 __all__ = ["PLAIN_TYPES", "SHORT_INT", "Scrubber", "exception_text"]
 
@@ -65,34 +67,6 @@ _SAFE = re.compile(
 )
 #: Labels whose values are compared without separators or case when hashed.
 _COMPACT_LABELS = frozenset({"phone", "card", "ssn", "iban", "id_number"})
-#: Exceptions rendered per chain, at most (a loop of causes, a huge group).
-_MAX_EXCEPTIONS = 32
-
-
-def exception_text(exc: BaseException) -> str:
-    """``Type: message`` of ``exc`` and of its whole chain: cause, context and group members."""
-    lines: list[str] = []
-    seen: set[int] = set()
-
-    def visit(error: BaseException, how: str, depth: int) -> None:
-        if id(error) in seen or len(lines) >= _MAX_EXCEPTIONS:
-            return
-        seen.add(id(error))
-        try:
-            message = str(error)
-        except Exception:
-            message = "<message unavailable>"
-        lines.append(f"{'  ' * depth}{how}{type(error).__name__}: {message}")
-        if error.__cause__ is not None:
-            visit(error.__cause__, "caused by ", depth + 1)
-        elif error.__context__ is not None and not error.__suppress_context__:
-            visit(error.__context__, "while handling ", depth + 1)
-        for member in getattr(error, "exceptions", None) or ():
-            if isinstance(member, BaseException):
-                visit(member, "member ", depth + 1)
-
-    visit(exc, "", 0)
-    return "\n".join(lines)
 
 
 class Scrubber:
@@ -204,7 +178,7 @@ class Scrubber:
         if len(text) >= 16:
             text = shapes.secrets(text)
         if "=" in text or ":" in text:
-            text = shapes.key_values(text, self.label_for_key, replace)
+            text = key_values(text, self.label_for_key, replace)
         if "@" in text:
             text = shapes.emails(text, replace)
         if "%40" in text:

@@ -1,0 +1,102 @@
+"""Values after a key that names personal data or a secret, in free text.
+
+``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, and JSON text inside a JSON string
+(``\\"name\\": \\"Jos\\\\u00e9\\"``). A quoted value ends at its quote; an unquoted one is a word,
+or runs on as far as :mod:`scrub_names` says for a person's name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
+from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
+
+__all__ = ["SHAPED_LABELS", "key_values"]
+
+_HEX12 = re.compile(r"[0-9a-f]{12}")
+_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_SEPARATOR = re.compile(r"[:=]")
+#: A value: quoted in JSON text inside a JSON string first (``\\"Jos\\\\u00e9\\"``: each quote and
+#: escape escaped once more), then quoted, then a bare word.
+_VALUE = re.compile(
+    r'\s*(?P<val>\\"(?:[^\\"]|\\[^\\"]|\\\\(?:\\\\|\\"|[^\\"]))*\\"'
+    r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
+)
+
+#: Labels whose values have a shape of their own: in free text, an unquoted value after such a key
+#: is replaced only if it could be one (``actor 'send_email': rate_limit`` is no email address).
+SHAPED_LABELS: dict[str, Callable[[str], bool]] = {
+    "email": lambda value: "@" in value or "%40" in value.lower(),
+    "phone": lambda value: any(c.isdigit() for c in value),
+    "card": lambda value: any(c.isdigit() for c in value),
+    "iban": lambda value: any(c.isdigit() for c in value),
+    "ip": lambda value: any(c.isdigit() for c in value) or ":" in value,
+}
+
+
+def _json_unescaped(text: str) -> str:
+    """``text`` (a JSON string's content) with one level of JSON escapes decoded: JSON text inside
+    a JSON string hashes as the same text alone; as it is if it does not decode."""
+    try:
+        decoded = json.loads(f'"{text}"')
+    except ValueError:
+        return text
+    return decoded if isinstance(decoded, str) else text
+
+
+def key_values(text: str, label_for_key: Callable[[str], str | None], replace: Replace) -> str:
+    """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``."""
+    parts: list[str] = []
+    done = 0
+    for separator in _SEPARATOR.finditer(text):
+        at = separator.start()
+        if at < done:
+            continue
+        end = at
+        while end > done and text[end - 1] in " \t":
+            end -= 1
+        quoted = end > done and text[end - 1] in "\"'"
+        start = end = end - quoted
+        if quoted and end > done and text[end - 1] == "\\":
+            start = end = end - 1  # ``\"name\":``, JSON text inside a JSON string
+        while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
+            start -= 1
+        label = label_for_key(text[start:end]) if start < end else None
+        value = _VALUE.match(text, at + 1) if label else None
+        if label is None or value is None:
+            continue
+        own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
+        begin, stop = value.span("val")
+        if label in NAME_LABELS and text[begin] not in "\"'\\":
+            stop = name_end(text, begin, stop)
+        replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
+        if replaced is not None:
+            parts += (text[done:begin], replaced)
+            done = stop
+    if not parts:
+        return text
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:
+    if value.startswith('\\"') and len(value) >= 4:  # JSON text in a JSON string: quoted by ``\\"``
+        inner = value[2:-2]
+        if not inner.strip() or inner.startswith("[") or already_removed(inner):
+            return None
+        return f'\\"{replace(label, unescaped(_json_unescaped(inner)))}\\"'
+    quote = value[0] if value[0] in "\"'" else ""
+    closed = bool(quote) and len(value) > 1 and value.endswith(quote)
+    inner = value[1:-1] if closed else value[len(quote) :]
+    if not inner.strip() or inner.startswith("[") or already_removed(inner):
+        return None
+    if own_hash and label == key.lower() and _HEX12.fullmatch(inner):
+        return None  # our own ``label:hash``
+    shaped = SHAPED_LABELS.get(label)
+    if not quote and shaped is not None and not shaped(inner):
+        return None  # a bare word after a key, not a value of it (``'send_email': rate_limit``)
+    # Hashed as the value it stands for: ``"Jos\\u00e9"`` in JSON text is ``José`` written elsewhere.
+    return f"{quote}{replace(label, unescaped(inner))}{quote if closed else ''}"
