@@ -199,10 +199,11 @@ class Scrubber:
             return "[unscrubbable]"
 
     def number(self, value: int) -> int | str:
-        """An ``int`` judged as the string of its digits (a card number stored as one), else itself."""
+        """An ``int`` judged as the string of its digits, whatever its sign (a card number stored
+        as one, ``-4111111111111111`` too), else itself."""
         if -SHORT_INT < value < SHORT_INT:
             return value
-        scrubbed = self._text(digits := str(value))
+        scrubbed = self._text(digits := str(abs(value)))  # ``-4111…`` as text is a range's end, not a card
         return value if scrubbed == digits else scrubbed
 
     def _value(self, value: Any, depth: int, seen: set[int]) -> Any:

@@ -38,6 +38,10 @@ ORDINARY_INTS = [
     73905561427,
     123456789,
     -42,
+    -1764432000123,  # negative: a difference of epoch milliseconds
+    -73905561427,
+    -(10**15),  # 16 digits, but no card's
+    -9_007_199_254_740_993,  # past the largest exact float
 ]
 
 
@@ -54,6 +58,18 @@ def test_an_int_a_string_of_the_same_digits_would_lose_is_replaced_under_any_key
     record.n = number
     scrub.filter(record)
     assert record.n == written
+
+
+@pytest.mark.parametrize("number", PERSONAL_INTS)
+def test_a_negative_int_is_judged_by_its_digits_as_the_positive_one(number):
+    """A card number stored with a sign (an import that took a dash for one) is still the card:
+    ints are judged by their digits, 13 or more of them (``SHORT_INT``)."""
+    written = scrub.text(str(number))
+    assert scrub({"value": -number}) == {"value": written}
+    assert scrub.mapping({"event": "paid", "n": -number}) == {"event": "paid", "n": written}
+    assert ScrubMemo(scrub).mapping({"event": "paid", "n": -number}) == {"event": "paid", "n": written}
+    assert scrub({-number: "x"}) == {written: "x"}
+    assert hashing({"n": -number}) == {"n": hashing.text(str(number))}  # one person, one hash
 
 
 @pytest.mark.parametrize("number", ORDINARY_INTS)
