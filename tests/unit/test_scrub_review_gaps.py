@@ -153,6 +153,16 @@ def test_a_bracketed_key_names_its_value_though_it_looks_like_a_replacement():
         ("name=Ana Failed: timeout", "name=[name]: timeout"),
         ("name=María de la Cruz Status: sent", "name=[name]: sent"),
         ("name=José Pérez: failed", "name=[name]: failed"),
+        # Five words or more: particles in any case do not count towards the bound of eight.
+        ("name=Ana María de la Cruz", "name=[name]"),
+        ("name=Ana María Fernanda López García", "name=[name]"),
+        ("name=Maria De La Cruz Lopez status=ok", "name=[name] status=ok"),
+        ("full_name=José María Álvarez del Manzano y López del Hierro, n=2", "full_name=[name], n=2"),
+        ("customer_name=João Pedro Gonçalves Pereira da Silva Santos paid", "customer_name=[name] paid"),
+        ("recipient=Mohammed bin Rashid Al Maktoum: sent", "recipient=[recipient]: sent"),
+        ("name=Ana María Fernanda López García processed 3 of 5", "name=[name] processed 3 of 5"),
+        ("name=Ana Lopez 2026-11-02T10:00:00Z v3.11.7 x=1", "name=[name] 2026-11-02T10:00:00Z v3.11.7 x=1"),
+        ("name=Aa Bb Cc Dd Ee Ff Gg Hh Ii", "name=[name] Ii"),  # eight words at most
     ],
 )
 def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, expected):
