@@ -4,11 +4,12 @@ One :class:`Scrubber` serves every channel: structlog (as a processor), the stan
 ``logging`` (as a filter), Sentry (over whole events), dead-letter headers, stored tracebacks and
 ``jobctl``'s output. It removes a value when its key names personal data or a secret
 (:mod:`jobsystem.privacy.scrub_keys`: ``email``, ``first_name``, ``client_ip``, ``api_key``... at any
-depth, and in ``key=value`` text: :mod:`jobsystem.privacy.scrub_pairs`) and, inside any string, whatever is recognised by its shape (:mod:`jobsystem.privacy.scrub_text`:
-email addresses, credentials, tokens; :mod:`jobsystem.privacy.scrub_numbers`: national identity numbers,
-cards, IBANs, phone numbers and IP addresses, each confirmed by ``python-stdnum``,
-``phonenumbers`` or ``ipaddress`` before it is removed), and every occurrence of a configured
-secret (``secrets``: the passwords of the URLs in the settings).
+depth, and in ``key=value`` text: :mod:`jobsystem.privacy.scrub_pairs`) and, inside any string,
+whatever is recognised by its shape (:mod:`jobsystem.privacy.scrub_text`: email addresses,
+credentials, tokens; :mod:`jobsystem.privacy.scrub_numbers`: national identity numbers, cards,
+IBANs, phone numbers and IP addresses, each confirmed by ``python-stdnum``, ``phonenumbers`` or
+``ipaddress`` before it is removed), and every occurrence of a configured secret (``secrets``:
+the passwords of the URLs in the settings).
 
 A removed value becomes ``[label]``; with a ``hash_key`` a personal value becomes
 ``label:<12 hex digits of HMAC-SHA256>`` instead, so one person's events can still be correlated
@@ -33,11 +34,12 @@ import re
 import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from jobsystem.privacy import scrub_text as shapes
 from jobsystem.privacy.scrub_exceptions import exception_text
+from jobsystem.privacy.scrub_extents import value_end
 from jobsystem.privacy.scrub_keys import (
     DEFAULT_EXACT_KEYS,
     DEFAULT_KEYS,
@@ -101,6 +103,7 @@ class Scrubber:
         self.keys = KeyMatcher(keys, tail_keys, exact_keys, extra_keys)
         self.label_for_key: Callable[[str], str | None] = self.keys.label
         self.numbers = NumberFinder(phone_regions)
+        self._value_end = partial(value_end, self.numbers)  # how far a value in key=value text runs
         self._hash_key = hash_key.encode() if isinstance(hash_key, str) else hash_key
         # Longest first: a secret that contains another is removed whole. As NFC, as the text it
         # is looked for in (see _scan_line): a password typed on a Mac may come decomposed.
@@ -178,7 +181,7 @@ class Scrubber:
         if len(text) >= 16:
             text = shapes.secrets(text)
         if "=" in text or ":" in text:
-            text = key_values(text, self.label_for_key, replace)
+            text = key_values(text, self.label_for_key, replace, self._value_end)
         if "@" in text:
             text = shapes.emails(text, replace)
         if "%40" in text:

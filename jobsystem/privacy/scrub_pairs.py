@@ -1,8 +1,9 @@
 """Values after a key that names personal data or a secret, in free text.
 
 ``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, and JSON text inside a JSON string
-(``\\"name\\": \\"Jos\\\\u00e9\\"``). A quoted value ends at its quote; an unquoted one is a word,
-or runs on as far as :mod:`scrub_names` says for a person's name.
+(``\\"name\\": \\"Jos\\\\u00e9\\"``). A quoted value ends at its quote; an unquoted one is a
+word, or runs on as far as the caller's ``value_end`` says (:mod:`scrub_extents`: a person's
+name, a phone number in groups).
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ import json
 import re
 from collections.abc import Callable
 
-from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
 
-__all__ = ["SHAPED_LABELS", "key_values"]
+__all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
 
 _HEX12 = re.compile(r"[0-9a-f]{12}")
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -47,7 +47,14 @@ def _json_unescaped(text: str) -> str:
     return decoded if isinstance(decoded, str) else text
 
 
-def key_values(text: str, label_for_key: Callable[[str], str | None], replace: Replace) -> str:
+#: ``value_end(label, text, begin, stop)``: where an unquoted value whose first word is
+#: ``text[begin:stop]`` ends, after a key labelled ``label``.
+ValueEnd = Callable[[str, str, int, int], int]
+
+
+def key_values(
+    text: str, label_for_key: Callable[[str], str | None], replace: Replace, value_end: ValueEnd
+) -> str:
     """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``."""
     parts: list[str] = []
     done = 0
@@ -70,8 +77,9 @@ def key_values(text: str, label_for_key: Callable[[str], str | None], replace: R
             continue
         own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
         begin, stop = value.span("val")
-        if label in NAME_LABELS and text[begin] not in "\"'\\":
-            stop = name_end(text, begin, stop)
+        first = text[begin:stop]
+        if first[0] not in "\"'\\" and not _replacement(first, own_hash):
+            stop = value_end(label, text, begin, stop)
         replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
         if replaced is not None:
             parts += (text[done:begin], replaced)
@@ -80,6 +88,12 @@ def key_values(text: str, label_for_key: Callable[[str], str | None], replace: R
         return text
     parts.append(text[done:])
     return "".join(parts)
+
+
+def _replacement(word: str, own_hash: bool) -> bool:
+    """Whether ``word`` is a replacement (``[phone]``, our own ``phone:<hash>``): a value that ran
+    on from it would change the scrubber's own output."""
+    return already_removed(word) or (own_hash and bool(_HEX12.fullmatch(word)))
 
 
 def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:

@@ -12,7 +12,7 @@ from jobsystem.observability.direct_lines import dumps
 from jobsystem.observability.sentry import scrub_event
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_memo import ScrubMemo
-from tests.pii_corpus import NATIONAL_IDS, leaks
+from tests.pii_corpus import KEYED_IN_GROUPS, NATIONAL_IDS, ORDINARY, leaks
 
 scrub = Scrubber()
 hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
@@ -172,6 +172,43 @@ def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, e
 
 def test_an_unquoted_name_hashes_as_the_same_name_under_a_key():
     assert hashing.text("name=José Pérez ok") == f"name={hashing({'name': 'José Pérez'})['name']} ok"
+
+
+@pytest.mark.parametrize(("key", "label", "value"), KEYED_IN_GROUPS)
+def test_a_keyed_number_in_groups_is_replaced_whole_and_the_words_after_it_stay(key, label, value):
+    for line, expected in (
+        (f"{key}: {value}", f"{key}: [{label}]"),
+        (f"{key}={value} retried 3 times", f"{key}=[{label}] retried 3 times"),
+        (f"{key}: {value}, port 5672", f"{key}: [{label}], port 5672"),
+        (f"{key}: {value} at 10:20:33 (v3.11.7)", f"{key}: [{label}] at 10:20:33 (v3.11.7)"),
+        (f"{key}: {value}. Next: 3", f"{key}: [{label}]. Next: 3"),
+        (f"{{{key}: {value}}}", f"{{{key}: [{label}]}}"),
+    ):
+        assert scrub.text(line) == expected
+        assert leaks(scrub.text(line)) == []
+    hashed = hashing({key: value})[key]
+    assert hashing.text(f"{key}: {value} ok") == f"{key}: {hashed} ok"  # one person, one hash
+    assert hashing.text(f"{key}: {hashed} 3 ok") == f"{key}: {hashed} 3 ok"  # its own output stays
+
+
+#: Keyed numbers their checks confirm, each followed by ordinary text in the tests below.
+CONFIRMED = [
+    ("phone", "phone", "0161 496 0000"),
+    ("mobile", "phone", "70123 45678"),
+    ("phone", "phone", "+44 20 7946 0958"),
+    ("iban", "iban", "DE89 3704 0044 0532 0130 00"),
+    ("iban", "iban", "BE71 0961 2345 6769"),
+    ("card", "card", "4111 1111 1111 1111"),
+    next(entry for entry in KEYED_IN_GROUPS if entry[0] == "tax_id"),  # a German IdNr
+]
+
+
+@pytest.mark.parametrize("after", ORDINARY)
+def test_ordinary_values_right_after_a_confirmed_keyed_number_stay(after):
+    """Ports, zip codes, timestamps, ids and versions after the number are not groups of it: of
+    the groups after a key, the longest run its checks confirm is taken."""
+    for key, label, value in CONFIRMED:
+        assert scrub.text(f"{key}: {value} {after}") == f"{key}: [{label}] {after}"
 
 
 @pytest.mark.parametrize(
