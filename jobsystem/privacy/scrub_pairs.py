@@ -1,9 +1,10 @@
 """Values after a key that names personal data or a secret, in free text.
 
 ``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, and JSON text inside a JSON string
-(``\\"name\\": \\"Jos\\\\u00e9\\"``). A quoted value ends at its quote; an unquoted one is a
-word, or runs on as far as the caller's ``value_end`` says (:mod:`scrub_extents`: a person's
-name, a phone number in groups).
+(``\\"name\\": \\"Jos\\\\u00e9\\"``) or inside a JSON string inside another (``\\\\\\"name\\\\\\":``,
+three ``json.dumps`` deep). A quoted value ends at its quote; an unquoted one is a word, or runs
+on as far as the caller's ``value_end`` says (:mod:`scrub_extents`: a person's name, a phone
+number in groups).
 """
 
 from __future__ import annotations
@@ -19,10 +20,23 @@ __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
 _HEX12 = re.compile(r"[0-9a-f]{12}")
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _SEPARATOR = re.compile(r"[:=]")
-#: A value: quoted in JSON text inside a JSON string first (``\\"Jos\\\\u00e9\\"``: each quote and
-#: escape escaped once more), then quoted, then a bare word.
+
+
+def _nested_quotes(slashes: int) -> str:
+    """A value quoted by ``"`` after ``slashes`` backslashes, as JSON text nested in JSON strings
+    quotes it: ``\\"`` inside one string, ``\\\\\\"`` inside a string inside another. Inside it, a
+    quote after any other number of backslashes, and any other escape, is part of the value."""
+    others = rf"\\{{{slashes + 1},}}" + (rf"|\\{{1,{slashes - 1}}}" if slashes > 1 else "")
+    return rf'\\{{{slashes}}}"(?:[^\\"]|\\+[^\\"]|(?:{others})")*\\{{{slashes}}}"'
+
+
+#: Backslashes before the quotes of JSON text nested in JSON strings, and how many times its
+#: value is JSON-decoded to read as the same text one level deep (``"Jos\\u00e9"``).
+_NESTED = {1: 1, 3: 2}
+#: A value: quoted in JSON text nested in JSON strings first (``\\"Jos\\\\u00e9\\"``: each quote and
+#: escape escaped once more per level), then quoted, then a bare word.
 _VALUE = re.compile(
-    r'\s*(?P<val>\\"(?:[^\\"]|\\[^\\"]|\\\\(?:\\\\|\\"|[^\\"]))*\\"'
+    rf"\s*(?P<val>{_nested_quotes(3)}|{_nested_quotes(1)}"
     r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
 )
 
@@ -67,8 +81,11 @@ def key_values(
             end -= 1
         quoted = end > done and text[end - 1] in "\"'"
         start = end = end - quoted
-        if quoted and end > done and text[end - 1] == "\\":
-            start = end = end - 1  # ``\"name\":``, JSON text inside a JSON string
+        slashes = 0
+        while quoted and slashes < 4 and end - slashes > done and text[end - slashes - 1] == "\\":
+            slashes += 1
+        if slashes in _NESTED:
+            start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
         while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
             start -= 1
         label = label_for_key(text[start:end]) if start < end else None
@@ -97,11 +114,14 @@ def _replacement(word: str, own_hash: bool) -> bool:
 
 
 def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:
-    if value.startswith('\\"') and len(value) >= 4:  # JSON text in a JSON string: quoted by ``\\"``
-        inner = value[2:-2]
+    slashes = len(value) - len(value.lstrip("\\"))
+    if slashes in _NESTED and len(value) >= 2 * slashes + 2 and value[slashes] == '"':
+        quote, inner = value[: slashes + 1], value[slashes + 1 : -slashes - 1]  # nested JSON text
         if not inner.strip() or inner.startswith("[") or already_removed(inner):
             return None
-        return f'\\"{replace(label, unescaped(_json_unescaped(inner)))}\\"'
+        for _ in range(_NESTED[slashes]):
+            inner = _json_unescaped(inner)
+        return f"{quote}{replace(label, unescaped(inner))}{quote}"
     quote = value[0] if value[0] in "\"'" else ""
     closed = bool(quote) and len(value) > 1 and value.endswith(quote)
     inner = value[1:-1] if closed else value[len(quote) :]

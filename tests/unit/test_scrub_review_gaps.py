@@ -259,25 +259,59 @@ def test_two_groups_of_five_digits_that_are_no_indian_mobile_stay(text):
     assert scrub.text(text) == text
 
 
-@pytest.mark.parametrize(
-    "record",
-    [
-        {"name": "José Pérez", "n": 1},
-        {"full_name": 'José "Pepe" Pérez', "email": "ana.lopez@example.com"},
-        {"customer": {"name": "Zoë Gómez"}, "note": "ok"},
-    ],
-)
+#: Records whose values only their keys give away, written below as JSON text in JSON strings.
+NESTED_RECORDS = [
+    {"name": "José Pérez", "n": 1},
+    {"full_name": 'José "Pepe" Pérez', "email": "ana.lopez@example.com"},
+    {"customer": {"name": "Zoë Gómez"}, "note": "ok"},
+    {"password": 'back\\slash "and" quotes', "tel": "0161 496 0000", "port": 5672},
+]
+
+
+def _dumped(value: object, times: int) -> str:
+    for _ in range(times):
+        value = json.dumps(value)
+    assert isinstance(value, str)
+    return value
+
+
+def _loaded(text: str, times: int) -> object:
+    value: object = text
+    for _ in range(times):
+        value = json.loads(value)  # type: ignore[arg-type]
+    return value
+
+
+@pytest.mark.parametrize("record", NESTED_RECORDS)
 def test_json_text_inside_a_json_string_loses_the_whole_value(record):
     twice = json.dumps(json.dumps(record))
     out = scrub.text(twice)
-    for word in ("Pérez", "P\\\\u00e9rez", "Pepe", "ana.lopez", "G\\\\u00f3mez", "Zo"):
+    for word in ("Pérez", "P\\\\u00e9rez", "Pepe", "ana.lopez", "G\\\\u00f3mez", "Zo", "slash", "496"):
         assert word not in out, out
     assert json.loads(json.loads(out)) == scrub(record)  # the same as the record scrubbed
     assert scrub.text(out) == out
 
 
-def test_json_text_inside_a_json_string_hashes_as_the_value_alone():
+@pytest.mark.parametrize("record", NESTED_RECORDS)
+def test_json_text_inside_a_json_string_inside_a_json_string_loses_the_whole_value(record):
+    """Three ``json.dumps`` deep (a message body's JSON kept as a string in a JSON log line, itself
+    a string in an exported event): each quote is written ``\\\\\\"``."""
+    out = scrub.text(_dumped(record, 3))
+    escaped = ("P\\\\\\\\u00e9rez", "G\\\\\\\\u00f3mez")
+    for word in ("Pérez", *escaped, "Pepe", "ana.lopez", "Zo", "slash", "496"):
+        assert word not in out, out
+    assert _loaded(out, 3) == scrub(record)
+    assert scrub.text(out) == out
+
+
+@pytest.mark.parametrize("times", [2, 3])
+def test_json_text_nested_in_json_strings_hashes_as_the_value_alone(times):
     hashed = hashing({"name": "José Pérez"})["name"]
-    assert hashing.text(json.dumps(json.dumps({"name": "José Pérez"}))) == json.dumps(
-        json.dumps({"name": hashed})
-    )
+    assert hashing.text(_dumped({"name": "José Pérez"}, times)) == _dumped({"name": hashed}, times)
+
+
+@pytest.mark.parametrize("times", [1, 2, 3, 4])
+def test_ordinary_json_text_nested_in_json_strings_stays(times):
+    record = {"queue_name": "emails", "port": 5672, "at": "2026-11-02T19:13:00Z", "version": "3.11.7"}
+    record |= {"zip": "90210", "order_id": "ord-20261102-0042", "note": 'a "quoted" \\ word'}
+    assert scrub.text(_dumped(record, times)) == _dumped(record, times)
