@@ -9,8 +9,9 @@ lines pay a few substring checks.
   (what ``urlsplit()`` leaves in ``netloc``, as a Sentry frame shows a ``SplitResult``); bearer and
   basic credentials, JWTs, API keys with a known prefix, long random-looking tokens.
 - Email addresses, with non-ASCII local parts and domains (``maría@exämple.es``), also escaped as
-  JSON writes them (``\\u00ed``) or as the repr of ``bytes`` does (``\\xc3\\xad``: smtplib's replies
-  in an exception's text), and URL-encoded (``ana%40example.com`` in a query string).
+  JSON writes them (``\\u00ed``, and ``\\\\u00ed`` in JSON text inside a JSON string) or as the
+  repr of ``bytes`` does (``\\xc3\\xad``: smtplib's replies in an exception's text), and
+  URL-encoded (``ana%40example.com`` in a query string).
 - Public IPv6 addresses (IPv4: :mod:`scrub_numbers`).
 """
 
@@ -69,8 +70,9 @@ _PREFIXED_KEY = re.compile(
 )
 _GENERIC_SECRET = re.compile(r"[A-Za-z0-9_\-](?<![\w\-][A-Za-z0-9_\-])[A-Za-z0-9_\-]{31,}(?![\w\-])")
 _EMAIL_LOCAL_PUNCT = frozenset("._%+-!#$&*^~")
-#: A non-ASCII character as JSON (``\\u00e4``) or the repr of ``bytes`` (``\\xc3\\xa4``) writes it.
-_ESCAPE = r"\\(?:u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2})"
+#: A non-ASCII character as JSON (``\\u00e4``) or the repr of ``bytes`` (``\\xc3\\xa4``) writes it;
+#: in JSON text nested in JSON strings its backslash is escaped too (``\\\\u00e4``, ``\\\\\\\\u00e4``).
+_ESCAPE = r"\\{1,8}(?:u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2})"
 _ESCAPED = re.compile(_ESCAPE)
 _DOMAIN_ALNUM = rf"(?:[^\W_]|{_ESCAPE})"
 _EMAIL_DOMAIN = re.compile(
@@ -147,12 +149,18 @@ def _separates(char: str) -> bool:
     return unicodedata.category(char)[0] in "PZS"
 
 
+def _escape_code(escape: str) -> tuple[str, int]:
+    """The kind (``u`` or ``x``) and the code of an escape, whatever the backslashes before it."""
+    body = escape.lstrip("\\")
+    return body[0], int(body[1:], 16)
+
+
 def _in_local(escape: str) -> bool:
     """Whether an escape may be part of a local part: not a character that separates one, bar
     the punctuation a local part allows; any byte of a UTF-8 character (``\\u00ab``, the ``«``
     before ``«ana@…»``, is not)."""
-    code = int(escape[2:], 16)
-    if escape[1] == "x" and code >= 0x80:
+    kind, code = _escape_code(escape)
+    if kind == "x" and code >= 0x80:
         return True
     return chr(code) in _EMAIL_LOCAL_PUNCT or not _separates(chr(code))
 
@@ -169,6 +177,7 @@ def _local_start(text: str, at: int, floor: int) -> int:
                 start = escape.end()  # its hex digits, taken for letters, are not the address's
                 break
             start -= 1  # ``\\u00ed``, ``\\xc3``: a non-ASCII letter as JSON or repr() escapes it
+            # (``\\\\u00ed`` in nested JSON text: its backslashes are walked back over one by one)
         else:
             break
     while start < at and text[start] in "._%+-":
@@ -191,29 +200,34 @@ def unescaped(address: str) -> str:
     they do not decode."""
     if "\\" not in address:
         return address
-    text = _ESCAPED.sub(lambda m: chr(int(m.group()[2:], 16)) if m.group()[1] == "u" else m.group(), address)
+    text = _ESCAPED.sub(_unicode_escape, address)
     if "\\x" not in text:
         return text
     try:
-        raw = _ESCAPED.sub(lambda m: chr(int(m.group()[2:], 16)), text)  # each byte as a code point
+        raw = _ESCAPED.sub(lambda m: chr(_escape_code(m.group())[1]), text)  # each byte as a code point
         return raw.encode("latin-1").decode("utf-8")
     except UnicodeError:
         return address
 
 
+def _unicode_escape(match: re.Match[str]) -> str:
+    """A ``\\uXXXX`` escape as its character; a ``\\xNN`` one as it is (a byte of a character)."""
+    kind, code = _escape_code(match.group())
+    return chr(code) if kind == "u" else match.group()
+
+
 def _escaped_char(escapes: list[re.Match[str]], index: int) -> tuple[str | None, int]:
     """The character the escape at ``index`` begins (None if it begins none) and the index after
     it: one ``\\uXXXX`` or ASCII ``\\xNN``, or the ``\\xNN`` bytes of one UTF-8 character."""
-    first = escapes[index].group()
-    code = int(first[2:], 16)
-    if first[1] == "u" or code < 0x80:
+    kind, code = _escape_code(escapes[index].group())
+    if kind == "u" or code < 0x80:
         return chr(code), index + 1
     size = 2 if 0xC0 <= code < 0xE0 else 3 if 0xE0 <= code < 0xF0 else 4 if 0xF0 <= code < 0xF8 else 0
     run = escapes[index : index + size]
     if not size or len(run) < size or any(a.end() != b.start() for a, b in pairwise(run)):
         return None, index + 1
     try:
-        return bytes(int(m.group()[2:], 16) for m in run).decode("utf-8"), index + size
+        return bytes(_escape_code(m.group())[1] for m in run).decode("utf-8"), index + size
     except UnicodeDecodeError:
         return None, index + 1
 

@@ -315,3 +315,14 @@ def test_ordinary_json_text_nested_in_json_strings_stays(times):
     record = {"queue_name": "emails", "port": 5672, "at": "2026-11-02T19:13:00Z", "version": "3.11.7"}
     record |= {"zip": "90210", "order_id": "ord-20261102-0042", "note": 'a "quoted" \\ word'}
     assert scrub.text(_dumped(record, times)) == _dumped(record, times)
+
+
+@pytest.mark.parametrize("times", [2, 3, 4])
+@pytest.mark.parametrize("address", ["zoë@exämple.com", "maría.garcía@example.es", "jose\u0301@example.com"])
+def test_an_address_with_non_ascii_letters_in_nested_json_text_is_replaced_whole(times, address):
+    """Nested in JSON strings, ``ë`` is written ``\\\\u00eb`` (its backslash escaped too): the
+    address passed whole, or all but its last letters (``mar\\\\u00eda.garc\\\\[email]``)."""
+    record = {"note": f"write to {address}\u2014thanks, Zoë"}
+    out = scrub.text(_dumped(record, times))
+    assert _loaded(out, times) == {"note": "write to [email]\u2014thanks, Zoë"}, out
+    assert hashing.text(_dumped(record, times)).count(hashing.text(address)) == 1  # one person, one hash
