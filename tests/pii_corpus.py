@@ -194,6 +194,31 @@ BY_KEY: list[tuple[str, str, Any]] = [
     ("phone", "phone", 4155550134),
 ]
 
+#: (key, label, value) of numbers written in groups after a key in free text (``mobile: 70123
+#: 45678``): the whole value is the key's, not only its first group.
+KEYED_IN_GROUPS: list[tuple[str, str, str]] = [
+    ("mobile", "phone", "70123 45678"),  # an Indian mobile, as India writes it
+    ("phone", "phone", "+44 7700 900123"),
+    ("tel", "phone", "0161 496 0000"),
+    ("telephone", "phone", "+33 1 23 45 67 89"),
+    ("fax", "phone", "+49 (0)30 1234 5678"),
+    ("msisdn", "phone", "+91 98765 43210"),
+    ("cell", "phone", "020 7946 0958"),
+    ("customerPhone", "phone", "415 555 0134"),
+    ("recipient", "recipient", "+44 7700 900123"),  # an SMS's recipient
+    ("ssn", "ssn", "123 45 6789"),
+    ("nino", "id_number", "QQ 12 34 56 C"),
+    ("nie", "id_number", "X 4829173 L"),
+    ("tax_id", "id_number", _spaced(_IDNR, 2, 3, 3, 3)),
+    ("national_id", "id_number", _spaced(_NIR, 1, 2, 2, 2, 3, 3, 2)),
+    ("iban", "iban", "DE89 3704 0044 0532 0130 00"),
+    ("iban", "iban", "GB82 WEST 1234 5698 7654 32"),
+    ("iban", "iban", "BE71 0961 2345 6769"),
+    ("card_number", "card", "4111 1111 1111 1111"),
+    ("card", "card", "3782 822463 10005"),
+    ("account_number", "account", "12 3456 7890"),
+]
+
 #: Ordinary values of a job system: none may change.
 ORDINARY: list[str] = [
     "ord-20261102-0042",
@@ -312,6 +337,7 @@ def _values() -> list[str]:
     raw = [value for _, value in all_pattern_values()] + [secret for _, _, secret in SECRETS]
     raw += [str(value) for _, _, value in BY_KEY + NEW_KEYS if len(str(value)) > 4]
     raw += [form for _, encoded, address in ENCODED_EMAILS for form in (encoded, address)]
+    raw += [value for _, _, value in KEYED_IN_GROUPS]
     return [*raw, "4111111111111111", "4155550134"]
 
 

@@ -4,11 +4,12 @@ One :class:`Scrubber` serves every channel: structlog (as a processor), the stan
 ``logging`` (as a filter), Sentry (over whole events), dead-letter headers, stored tracebacks and
 ``jobctl``'s output. It removes a value when its key names personal data or a secret
 (:mod:`jobsystem.privacy.scrub_keys`: ``email``, ``first_name``, ``client_ip``, ``api_key``... at any
-depth) and, inside any string, whatever is recognised by its shape (:mod:`jobsystem.privacy.scrub_text`:
-email addresses, credentials, tokens; :mod:`jobsystem.privacy.scrub_numbers`: national identity numbers,
-cards, IBANs, phone numbers and IP addresses, each confirmed by ``python-stdnum``,
-``phonenumbers`` or ``ipaddress`` before it is removed), and every occurrence of a configured
-secret (``secrets``: the passwords of the URLs in the settings).
+depth, and in ``key=value`` text: :mod:`jobsystem.privacy.scrub_pairs`) and, inside any string,
+whatever is recognised by its shape (:mod:`jobsystem.privacy.scrub_text`: email addresses,
+credentials, tokens; :mod:`jobsystem.privacy.scrub_numbers`: national identity numbers, cards,
+IBANs, phone numbers and IP addresses, each confirmed by ``python-stdnum``, ``phonenumbers`` or
+``ipaddress`` before it is removed), and every occurrence of a configured secret (``secrets``:
+the passwords of the URLs in the settings).
 
 A removed value becomes ``[label]``; with a ``hash_key`` a personal value becomes
 ``label:<12 hex digits of HMAC-SHA256>`` instead, so one person's events can still be correlated
@@ -33,10 +34,12 @@ import re
 import unicodedata
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from jobsystem.privacy import scrub_text as shapes
+from jobsystem.privacy.scrub_exceptions import exception_text
+from jobsystem.privacy.scrub_extents import value_end
 from jobsystem.privacy.scrub_keys import (
     DEFAULT_EXACT_KEYS,
     DEFAULT_KEYS,
@@ -45,6 +48,7 @@ from jobsystem.privacy.scrub_keys import (
     KeyMatcher,
 )
 from jobsystem.privacy.scrub_numbers import DEFAULT_PHONE_REGIONS, NumberFinder
+from jobsystem.privacy.scrub_pairs import key_values
 
 __all__ = ["PLAIN_TYPES", "SHORT_INT", "Scrubber", "exception_text"]
 
@@ -65,34 +69,6 @@ _SAFE = re.compile(
 )
 #: Labels whose values are compared without separators or case when hashed.
 _COMPACT_LABELS = frozenset({"phone", "card", "ssn", "iban", "id_number"})
-#: Exceptions rendered per chain, at most (a loop of causes, a huge group).
-_MAX_EXCEPTIONS = 32
-
-
-def exception_text(exc: BaseException) -> str:
-    """``Type: message`` of ``exc`` and of its whole chain: cause, context and group members."""
-    lines: list[str] = []
-    seen: set[int] = set()
-
-    def visit(error: BaseException, how: str, depth: int) -> None:
-        if id(error) in seen or len(lines) >= _MAX_EXCEPTIONS:
-            return
-        seen.add(id(error))
-        try:
-            message = str(error)
-        except Exception:
-            message = "<message unavailable>"
-        lines.append(f"{'  ' * depth}{how}{type(error).__name__}: {message}")
-        if error.__cause__ is not None:
-            visit(error.__cause__, "caused by ", depth + 1)
-        elif error.__context__ is not None and not error.__suppress_context__:
-            visit(error.__context__, "while handling ", depth + 1)
-        for member in getattr(error, "exceptions", None) or ():
-            if isinstance(member, BaseException):
-                visit(member, "member ", depth + 1)
-
-    visit(exc, "", 0)
-    return "\n".join(lines)
 
 
 class Scrubber:
@@ -127,6 +103,7 @@ class Scrubber:
         self.keys = KeyMatcher(keys, tail_keys, exact_keys, extra_keys)
         self.label_for_key: Callable[[str], str | None] = self.keys.label
         self.numbers = NumberFinder(phone_regions)
+        self._value_end = partial(value_end, self.numbers)  # how far a value in key=value text runs
         self._hash_key = hash_key.encode() if isinstance(hash_key, str) else hash_key
         # Longest first: a secret that contains another is removed whole. As NFC, as the text it
         # is looked for in (see _scan_line): a password typed on a Mac may come decomposed.
@@ -204,7 +181,7 @@ class Scrubber:
         if len(text) >= 16:
             text = shapes.secrets(text)
         if "=" in text or ":" in text:
-            text = shapes.key_values(text, self.label_for_key, replace)
+            text = key_values(text, self.label_for_key, replace, self._value_end)
         if "@" in text:
             text = shapes.emails(text, replace)
         if "%40" in text:
@@ -225,10 +202,11 @@ class Scrubber:
             return "[unscrubbable]"
 
     def number(self, value: int) -> int | str:
-        """An ``int`` judged as the string of its digits (a card number stored as one), else itself."""
+        """An ``int`` judged as the string of its digits, whatever its sign (a card number stored
+        as one, ``-4111111111111111`` too), else itself."""
         if -SHORT_INT < value < SHORT_INT:
             return value
-        scrubbed = self._text(digits := str(value))
+        scrubbed = self._text(digits := str(abs(value)))  # ``-4111…`` as text is a range's end, not a card
         return value if scrubbed == digits else scrubbed
 
     def _value(self, value: Any, depth: int, seen: set[int]) -> Any:

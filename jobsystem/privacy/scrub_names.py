@@ -2,10 +2,11 @@
 
 A quoted value ends at its quote; an unquoted one was taken up to the first space, so
 ``name=José Pérez`` lost ``José`` and logged ``Pérez``. A name whose first word is capitalised (a
-person's) runs on over the words that follow it while they are capitalised, up to four in all
-(``Ana Lucia Lopez``), with the particles between them (``María de la Cruz``); a word in lower case
-(``status``), a word that is a key (``Status=ok``), a separator (``,`` ``;`` ``.`` after a word)
-or the line's end stops it. A first word in lower case is a thing's name
+person's) runs on over the words that follow it while they are capitalised, up to eight in all
+(``Ana Lucia Lopez``, ``João Pedro Gonçalves Pereira Santos``), with the particles between them
+in any case, which do not count (``María de la Cruz``, ``Maria De La Cruz Lopez``); a word in
+lower case (``status``), a word that is a key (``Status=ok``), a separator (``,`` ``;`` ``.``
+after a word) or the line's end stops it. A first word in lower case is a thing's name
 (``name=default Processing``, ``name=report OK``): the value is that word alone.
 """
 
@@ -26,19 +27,23 @@ _PARTICLES = frozenset(
     {"al", "bin", "da", "das", "de", "del", "della", "der", "di", "do", "dos", "du", "ibn", "la", "le"}
     | {"van", "von", "y"}
 )
-#: Words a name has at most, the first included.
-_MAX_WORDS = 4
+#: Words a name has at most, the first included, particles not counted: four (two given names
+#: and two surnames) is common, five or six in Portuguese and Spanish names.
+_MAX_WORDS = 8
+#: Words looked at, at most, particles included (a line of ``de de de...`` costs no more).
+_MAX_LOOKED = 16
 
 
 def name_end(text: str, begin: int, end: int) -> int:
     """Where an unquoted name whose first word is ``text[begin:end]`` ends (see the module)."""
     if not text[begin].isupper():
         return end
-    words, pos = 1, end
-    while words < _MAX_WORDS and (match := _NAME_WORD.match(text, pos)):
-        word, pos = match[1], match.end()
+    words, looked, pos = 1, 1, end
+    while words < _MAX_WORDS and looked < _MAX_LOOKED and (match := _NAME_WORD.match(text, pos)):
+        word, pos, looked = match[1], match.end(), looked + 1
+        particle = word.lower() in _PARTICLES
         if word[0].isupper():
-            words, end = words + 1, pos
-        elif word not in _PARTICLES:
+            words, end = words + (not particle), pos
+        elif not particle:
             break
     return end

@@ -40,7 +40,7 @@ from stdnum.util import get_cc_module
 
 from jobsystem.privacy.scrub_mobiles_in import INDIAN_MOBILE, after_a_plural
 
-__all__ = ["DEFAULT_PHONE_REGIONS", "NATIONAL_IDS", "NumberFinder", "Replace"]
+__all__ = ["DEFAULT_PHONE_REGIONS", "LETTER_ID_SHAPES", "NATIONAL_IDS", "NumberFinder", "Replace"]
 
 #: ``replace(label, value)``: the text that takes a found value's place.
 Replace = Callable[[str, str], str]
@@ -94,7 +94,8 @@ _LETTER_IDS: tuple[tuple[str, str, str | None], ...] = (
     ("curp", r"[A-Za-z]{4}\d{6}[HMhm][A-Za-z]{5}[A-Za-z0-9]\d", "mx.curp"),
     ("cc", r"\d{8}[ ]?\d[ ]?[A-Za-z]{2}\d", "pt.cc"),
 )
-_LETTER_ID_RE = re.compile(
+#: Any of those shapes, unchecked (a value after a key that names it needs no check).
+LETTER_ID_SHAPES = re.compile(
     r"(?<![\w\-])(?:" + "|".join(f"(?P<{name}>{shape})" for name, shape, _ in _LETTER_IDS) + r")(?![\w\-])"
 )
 #: IBANs compact or printed in groups of four (any case, spaces or dashes).
@@ -266,6 +267,16 @@ class NumberFinder:
                 continue
         return None
 
+    def confirms(self, label: str, written: str) -> bool:
+        """Whether ``written``, a value after a key labelled ``label``, passes the checks of its
+        kind: a valid phone number (``phone``), an IBAN (``iban``), else a card or national number."""
+        if label == "phone":
+            return self.phone(written) is not None
+        compact = re.sub(r"[^0-9A-Za-z]", "", written).upper()
+        if label == "iban":
+            return _valid(stdnum_iban, compact)
+        return compact.isdigit() and 7 <= len(compact) <= 19 and bool(self.classify(compact, written, True))
+
     def letter_id(self, kind: str, compact: str) -> bool:
         """Whether ``compact`` (upper case, no separators) is a valid identifier of ``kind``."""
         self._load()
@@ -282,7 +293,7 @@ class NumberFinder:
         if _HAS_IBAN.search(text):
             text = _IBAN.sub(lambda m: self._iban(m.group(), replace), text)
         text = _NUMBERS.sub(lambda m: self._number(m, replace), text)
-        return _LETTER_ID_RE.sub(lambda m: self._letters(m, replace), text)
+        return LETTER_ID_SHAPES.sub(lambda m: self._letters(m, replace), text)
 
     def _number(self, match: re.Match[str], replace: Replace) -> str:
         found = match.group()

@@ -1,4 +1,5 @@
-"""Personal data and secrets recognised by their shape in free text (numbers: :mod:`scrub_numbers`).
+"""Personal data and secrets recognised by their shape in free text (numbers: :mod:`scrub_numbers`;
+values after a key that names them: :mod:`scrub_pairs`).
 
 Each finder takes the text and ``replace(label, value)`` and returns the text with what it found
 replaced; each runs only when a cheap test on the text passes (``"@" in text``...), so ordinary
@@ -8,9 +9,9 @@ lines pay a few substring checks.
   (what ``urlsplit()`` leaves in ``netloc``, as a Sentry frame shows a ``SplitResult``); bearer and
   basic credentials, JWTs, API keys with a known prefix, long random-looking tokens.
 - Email addresses, with non-ASCII local parts and domains (``maría@exämple.es``), also escaped as
-  JSON writes them (``\\u00ed``) or as the repr of ``bytes`` does (``\\xc3\\xad``: smtplib's replies
-  in an exception's text), and URL-encoded (``ana%40example.com`` in a query string).
-- Values after a key that names personal data in ``key=value`` or ``"key": "value"`` text.
+  JSON writes them (``\\u00ed``, and ``\\\\u00ed`` in JSON text inside a JSON string) or as the
+  repr of ``bytes`` does (``\\xc3\\xad``: smtplib's replies in an exception's text), and
+  URL-encoded (``ana%40example.com`` in a query string).
 - Public IPv6 addresses (IPv4: :mod:`scrub_numbers`).
 """
 
@@ -18,27 +19,24 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import json
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
 from itertools import pairwise
 from urllib.parse import unquote
 
-from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
-
 __all__ = [
     "KEY_REPLACEMENT",
     "REPLACEMENT",
-    "SHAPED_LABELS",
     "Replace",
+    "already_removed",
     "credentials",
     "emails",
     "encoded_emails",
     "ipv6",
-    "key_values",
     "known_secrets",
     "secrets",
+    "unescaped",
 ]
 
 #: ``replace(label, value)``: the text that takes a found value's place.
@@ -49,7 +47,6 @@ REPLACEMENT = re.compile(r"\[[a-z_]+\]|[a-z_]+:[0-9a-f]{12}")
 #: A replacement standing alone in a key, as in a key we scrubbed (``[card]``, ``('[email]',)``), not
 #: a form field's part after a name or index (``params[password]``, ``items[0][email]``): it names its value.
 KEY_REPLACEMENT = re.compile(r"(?<![\w\]])(?:\[[a-z_]+\]|[a-z_]+:[0-9a-f]{12})(?![\w\[])")
-_HEX12 = re.compile(r"[0-9a-f]{12}")
 
 #: The password of a URL: up to the last ``@`` of the authority, as ``urlsplit`` reads it.
 _URL_PASSWORD = re.compile(r"(?P<head>://[^\s/:@]{0,256}:)(?P<pw>[^\s/]{1,256}?)@(?=[^\s/@]*(?:[/\s]|$))")
@@ -73,8 +70,9 @@ _PREFIXED_KEY = re.compile(
 )
 _GENERIC_SECRET = re.compile(r"[A-Za-z0-9_\-](?<![\w\-][A-Za-z0-9_\-])[A-Za-z0-9_\-]{31,}(?![\w\-])")
 _EMAIL_LOCAL_PUNCT = frozenset("._%+-!#$&*^~")
-#: A non-ASCII character as JSON (``\\u00e4``) or the repr of ``bytes`` (``\\xc3\\xa4``) writes it.
-_ESCAPE = r"\\(?:u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2})"
+#: A non-ASCII character as JSON (``\\u00e4``) or the repr of ``bytes`` (``\\xc3\\xa4``) writes it;
+#: in JSON text nested in JSON strings its backslash is escaped too (``\\\\u00e4``, ``\\\\\\\\u00e4``).
+_ESCAPE = r"\\{1,8}(?:u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2})"
 _ESCAPED = re.compile(_ESCAPE)
 _DOMAIN_ALNUM = rf"(?:[^\W_]|{_ESCAPE})"
 _EMAIL_DOMAIN = re.compile(
@@ -82,30 +80,12 @@ _EMAIL_DOMAIN = re.compile(
     rf"(?:[^\W\d_]|{_ESCAPE}){{2,24}}\b"
 )
 _ENCODED_AT = re.compile(r"%40", re.IGNORECASE)
-_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-_SEPARATOR = re.compile(r"[:=]")
-#: A value: quoted in JSON text inside a JSON string first (``\\"Jos\\\\u00e9\\"``: each quote and
-#: escape escaped once more), then quoted, then a bare word.
-_VALUE = re.compile(
-    r'\s*(?P<val>\\"(?:[^\\"]|\\[^\\"]|\\\\(?:\\\\|\\"|[^\\"]))*\\"'
-    r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
-)
 _IPV6 = re.compile(
     r"(?<![\w:.%])(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)[0-9A-Fa-f:]{2,39}(?:%[\w.]+)?(?![\w:])"
 )
 
-#: Labels whose values have a shape of their own: in free text, an unquoted value after such a key
-#: is replaced only if it could be one (``actor 'send_email': rate_limit`` is no email address).
-SHAPED_LABELS: dict[str, Callable[[str], bool]] = {
-    "email": lambda value: "@" in value or "%40" in value.lower(),
-    "phone": lambda value: any(c.isdigit() for c in value),
-    "card": lambda value: any(c.isdigit() for c in value),
-    "iban": lambda value: any(c.isdigit() for c in value),
-    "ip": lambda value: any(c.isdigit() for c in value) or ":" in value,
-}
 
-
-def _kept(value: str) -> bool:
+def already_removed(value: str) -> bool:
     """Already a replacement, or a masked value: nothing to remove."""
     return bool(REPLACEMENT.fullmatch(value)) or value in ("***", "*****", "[Filtered]")
 
@@ -114,7 +94,7 @@ def credentials(text: str) -> str:
     """Passwords in URLs and in bare ``user:password@host`` become ``[password]``."""
 
     def password(match: re.Match[str]) -> str:
-        return match.group() if _kept(match["pw"]) else f"{match['head']}[password]@"
+        return match.group() if already_removed(match["pw"]) else f"{match['head']}[password]@"
 
     if "://" in text:
         text = _URL_PASSWORD.sub(password, text)
@@ -169,12 +149,18 @@ def _separates(char: str) -> bool:
     return unicodedata.category(char)[0] in "PZS"
 
 
+def _escape_code(escape: str) -> tuple[str, int]:
+    """The kind (``u`` or ``x``) and the code of an escape, whatever the backslashes before it."""
+    body = escape.lstrip("\\")
+    return body[0], int(body[1:], 16)
+
+
 def _in_local(escape: str) -> bool:
     """Whether an escape may be part of a local part: not a character that separates one, bar
     the punctuation a local part allows; any byte of a UTF-8 character (``\\u00ab``, the ``«``
     before ``«ana@…»``, is not)."""
-    code = int(escape[2:], 16)
-    if escape[1] == "x" and code >= 0x80:
+    kind, code = _escape_code(escape)
+    if kind == "x" and code >= 0x80:
         return True
     return chr(code) in _EMAIL_LOCAL_PUNCT or not _separates(chr(code))
 
@@ -191,6 +177,7 @@ def _local_start(text: str, at: int, floor: int) -> int:
                 start = escape.end()  # its hex digits, taken for letters, are not the address's
                 break
             start -= 1  # ``\\u00ed``, ``\\xc3``: a non-ASCII letter as JSON or repr() escapes it
+            # (``\\\\u00ed`` in nested JSON text: its backslashes are walked back over one by one)
         else:
             break
     while start < at and text[start] in "._%+-":
@@ -208,44 +195,39 @@ def encoded_emails(text: str, replace: Replace) -> str:
     return _addresses(_ENCODED_AT.sub("%40", text), "%40", replace)
 
 
-def _unescaped(address: str) -> str:
+def unescaped(address: str) -> str:
     """``address`` with its ``\\uXXXX`` and ``\\xNN`` (UTF-8 bytes) escapes decoded; as it is if
     they do not decode."""
     if "\\" not in address:
         return address
-    text = _ESCAPED.sub(lambda m: chr(int(m.group()[2:], 16)) if m.group()[1] == "u" else m.group(), address)
+    text = _ESCAPED.sub(_unicode_escape, address)
     if "\\x" not in text:
         return text
     try:
-        raw = _ESCAPED.sub(lambda m: chr(int(m.group()[2:], 16)), text)  # each byte as a code point
+        raw = _ESCAPED.sub(lambda m: chr(_escape_code(m.group())[1]), text)  # each byte as a code point
         return raw.encode("latin-1").decode("utf-8")
     except UnicodeError:
         return address
 
 
-def _json_unescaped(text: str) -> str:
-    """``text`` (a JSON string's content) with one level of JSON escapes decoded: JSON text inside
-    a JSON string hashes as the same text alone; as it is if it does not decode."""
-    try:
-        decoded = json.loads(f'"{text}"')
-    except ValueError:
-        return text
-    return decoded if isinstance(decoded, str) else text
+def _unicode_escape(match: re.Match[str]) -> str:
+    """A ``\\uXXXX`` escape as its character; a ``\\xNN`` one as it is (a byte of a character)."""
+    kind, code = _escape_code(match.group())
+    return chr(code) if kind == "u" else match.group()
 
 
 def _escaped_char(escapes: list[re.Match[str]], index: int) -> tuple[str | None, int]:
     """The character the escape at ``index`` begins (None if it begins none) and the index after
     it: one ``\\uXXXX`` or ASCII ``\\xNN``, or the ``\\xNN`` bytes of one UTF-8 character."""
-    first = escapes[index].group()
-    code = int(first[2:], 16)
-    if first[1] == "u" or code < 0x80:
+    kind, code = _escape_code(escapes[index].group())
+    if kind == "u" or code < 0x80:
         return chr(code), index + 1
     size = 2 if 0xC0 <= code < 0xE0 else 3 if 0xE0 <= code < 0xF0 else 4 if 0xF0 <= code < 0xF8 else 0
     run = escapes[index : index + size]
     if not size or len(run) < size or any(a.end() != b.start() for a, b in pairwise(run)):
         return None, index + 1
     try:
-        return bytes(int(m.group()[2:], 16) for m in run).decode("utf-8"), index + size
+        return bytes(_escape_code(m.group())[1] for m in run).decode("utf-8"), index + size
     except UnicodeDecodeError:
         return None, index + 1
 
@@ -296,7 +278,7 @@ def _addresses(text: str, at_sign: str, replace: Replace) -> str:
             address = text[start:at] + "@" + text[at + len(at_sign) : domain.end()]
             if at_sign != "@":
                 address = unquote(address)  # one person, one hash: encoded or not
-            address = _unescaped(address)  # one person, one hash: escaped or not
+            address = unescaped(address)  # one person, one hash: escaped or not
             parts += (text[done:start], replace("email", address))
             done = domain.end()
         at = text.find(at_sign, max(at + 1, done))
@@ -319,58 +301,3 @@ def ipv6(text: str, replace: Replace) -> str:
         return replace("ip", candidate) if address.is_global else candidate
 
     return _IPV6.sub(found, text)
-
-
-def key_values(text: str, label_for_key: Callable[[str], str | None], replace: Replace) -> str:
-    """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``."""
-    parts: list[str] = []
-    done = 0
-    for separator in _SEPARATOR.finditer(text):
-        at = separator.start()
-        if at < done:
-            continue
-        end = at
-        while end > done and text[end - 1] in " \t":
-            end -= 1
-        quoted = end > done and text[end - 1] in "\"'"
-        start = end = end - quoted
-        if quoted and end > done and text[end - 1] == "\\":
-            start = end = end - 1  # ``\"name\":``, JSON text inside a JSON string
-        while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
-            start -= 1
-        label = label_for_key(text[start:end]) if start < end else None
-        value = _VALUE.match(text, at + 1) if label else None
-        if label is None or value is None:
-            continue
-        own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
-        begin, stop = value.span("val")
-        if label in NAME_LABELS and text[begin] not in "\"'\\":
-            stop = name_end(text, begin, stop)
-        replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
-        if replaced is not None:
-            parts += (text[done:begin], replaced)
-            done = stop
-    if not parts:
-        return text
-    parts.append(text[done:])
-    return "".join(parts)
-
-
-def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:
-    if value.startswith('\\"') and len(value) >= 4:  # JSON text in a JSON string: quoted by ``\\"``
-        inner = value[2:-2]
-        if not inner.strip() or inner.startswith("[") or _kept(inner):
-            return None
-        return f'\\"{replace(label, _unescaped(_json_unescaped(inner)))}\\"'
-    quote = value[0] if value[0] in "\"'" else ""
-    closed = bool(quote) and len(value) > 1 and value.endswith(quote)
-    inner = value[1:-1] if closed else value[len(quote) :]
-    if not inner.strip() or inner.startswith("[") or _kept(inner):
-        return None
-    if own_hash and label == key.lower() and _HEX12.fullmatch(inner):
-        return None  # our own ``label:hash``
-    shaped = SHAPED_LABELS.get(label)
-    if not quote and shaped is not None and not shaped(inner):
-        return None  # a bare word after a key, not a value of it (``'send_email': rate_limit``)
-    # Hashed as the value it stands for: ``"Jos\\u00e9"`` in JSON text is ``José`` written elsewhere.
-    return f"{quote}{replace(label, _unescaped(inner))}{quote if closed else ''}"

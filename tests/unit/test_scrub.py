@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from jobsystem.privacy.scrub import Scrubber, exception_text
-from jobsystem.privacy.scrub_text import SHAPED_LABELS
+from jobsystem.privacy.scrub_pairs import SHAPED_LABELS
 from tests.pii_corpus import (
     BY_KEY,
     BY_PATTERN,

@@ -12,7 +12,7 @@ from jobsystem.observability.direct_lines import dumps
 from jobsystem.observability.sentry import scrub_event
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_memo import ScrubMemo
-from tests.pii_corpus import NATIONAL_IDS, leaks
+from tests.pii_corpus import KEYED_IN_GROUPS, NATIONAL_IDS, ORDINARY, leaks
 
 scrub = Scrubber()
 hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
@@ -38,6 +38,10 @@ ORDINARY_INTS = [
     73905561427,
     123456789,
     -42,
+    -1764432000123,  # negative: a difference of epoch milliseconds
+    -73905561427,
+    -(10**15),  # 16 digits, but no card's
+    -9_007_199_254_740_993,  # past the largest exact float
 ]
 
 
@@ -54,6 +58,18 @@ def test_an_int_a_string_of_the_same_digits_would_lose_is_replaced_under_any_key
     record.n = number
     scrub.filter(record)
     assert record.n == written
+
+
+@pytest.mark.parametrize("number", PERSONAL_INTS)
+def test_a_negative_int_is_judged_by_its_digits_as_the_positive_one(number):
+    """A card number stored with a sign (an import that took a dash for one) is still the card:
+    ints are judged by their digits, 13 or more of them (``SHORT_INT``)."""
+    written = scrub.text(str(number))
+    assert scrub({"value": -number}) == {"value": written}
+    assert scrub.mapping({"event": "paid", "n": -number}) == {"event": "paid", "n": written}
+    assert ScrubMemo(scrub).mapping({"event": "paid", "n": -number}) == {"event": "paid", "n": written}
+    assert scrub({-number: "x"}) == {written: "x"}
+    assert hashing({"n": -number}) == {"n": hashing.text(str(number))}  # one person, one hash
 
 
 @pytest.mark.parametrize("number", ORDINARY_INTS)
@@ -137,6 +153,16 @@ def test_a_bracketed_key_names_its_value_though_it_looks_like_a_replacement():
         ("name=Ana Failed: timeout", "name=[name]: timeout"),
         ("name=María de la Cruz Status: sent", "name=[name]: sent"),
         ("name=José Pérez: failed", "name=[name]: failed"),
+        # Five words or more: particles in any case do not count towards the bound of eight.
+        ("name=Ana María de la Cruz", "name=[name]"),
+        ("name=Ana María Fernanda López García", "name=[name]"),
+        ("name=Maria De La Cruz Lopez status=ok", "name=[name] status=ok"),
+        ("full_name=José María Álvarez del Manzano y López del Hierro, n=2", "full_name=[name], n=2"),
+        ("customer_name=João Pedro Gonçalves Pereira da Silva Santos paid", "customer_name=[name] paid"),
+        ("recipient=Mohammed bin Rashid Al Maktoum: sent", "recipient=[recipient]: sent"),
+        ("name=Ana María Fernanda López García processed 3 of 5", "name=[name] processed 3 of 5"),
+        ("name=Ana Lopez 2026-11-02T10:00:00Z v3.11.7 x=1", "name=[name] 2026-11-02T10:00:00Z v3.11.7 x=1"),
+        ("name=Aa Bb Cc Dd Ee Ff Gg Hh Ii", "name=[name] Ii"),  # eight words at most
     ],
 )
 def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, expected):
@@ -146,6 +172,43 @@ def test_an_unquoted_name_of_several_capitalised_words_is_replaced_whole(text, e
 
 def test_an_unquoted_name_hashes_as_the_same_name_under_a_key():
     assert hashing.text("name=José Pérez ok") == f"name={hashing({'name': 'José Pérez'})['name']} ok"
+
+
+@pytest.mark.parametrize(("key", "label", "value"), KEYED_IN_GROUPS)
+def test_a_keyed_number_in_groups_is_replaced_whole_and_the_words_after_it_stay(key, label, value):
+    for line, expected in (
+        (f"{key}: {value}", f"{key}: [{label}]"),
+        (f"{key}={value} retried 3 times", f"{key}=[{label}] retried 3 times"),
+        (f"{key}: {value}, port 5672", f"{key}: [{label}], port 5672"),
+        (f"{key}: {value} at 10:20:33 (v3.11.7)", f"{key}: [{label}] at 10:20:33 (v3.11.7)"),
+        (f"{key}: {value}. Next: 3", f"{key}: [{label}]. Next: 3"),
+        (f"{{{key}: {value}}}", f"{{{key}: [{label}]}}"),
+    ):
+        assert scrub.text(line) == expected
+        assert leaks(scrub.text(line)) == []
+    hashed = hashing({key: value})[key]
+    assert hashing.text(f"{key}: {value} ok") == f"{key}: {hashed} ok"  # one person, one hash
+    assert hashing.text(f"{key}: {hashed} 3 ok") == f"{key}: {hashed} 3 ok"  # its own output stays
+
+
+#: Keyed numbers their checks confirm, each followed by ordinary text in the tests below.
+CONFIRMED = [
+    ("phone", "phone", "0161 496 0000"),
+    ("mobile", "phone", "70123 45678"),
+    ("phone", "phone", "+44 20 7946 0958"),
+    ("iban", "iban", "DE89 3704 0044 0532 0130 00"),
+    ("iban", "iban", "BE71 0961 2345 6769"),
+    ("card", "card", "4111 1111 1111 1111"),
+    next(entry for entry in KEYED_IN_GROUPS if entry[0] == "tax_id"),  # a German IdNr
+]
+
+
+@pytest.mark.parametrize("after", ORDINARY)
+def test_ordinary_values_right_after_a_confirmed_keyed_number_stay(after):
+    """Ports, zip codes, timestamps, ids and versions after the number are not groups of it: of
+    the groups after a key, the longest run its checks confirm is taken."""
+    for key, label, value in CONFIRMED:
+        assert scrub.text(f"{key}: {value} {after}") == f"{key}: [{label}] {after}"
 
 
 @pytest.mark.parametrize(
@@ -196,25 +259,70 @@ def test_two_groups_of_five_digits_that_are_no_indian_mobile_stay(text):
     assert scrub.text(text) == text
 
 
-@pytest.mark.parametrize(
-    "record",
-    [
-        {"name": "José Pérez", "n": 1},
-        {"full_name": 'José "Pepe" Pérez', "email": "ana.lopez@example.com"},
-        {"customer": {"name": "Zoë Gómez"}, "note": "ok"},
-    ],
-)
+#: Records whose values only their keys give away, written below as JSON text in JSON strings.
+NESTED_RECORDS = [
+    {"name": "José Pérez", "n": 1},
+    {"full_name": 'José "Pepe" Pérez', "email": "ana.lopez@example.com"},
+    {"customer": {"name": "Zoë Gómez"}, "note": "ok"},
+    {"password": 'back\\slash "and" quotes', "tel": "0161 496 0000", "port": 5672},
+]
+
+
+def _dumped(value: object, times: int) -> str:
+    for _ in range(times):
+        value = json.dumps(value)
+    assert isinstance(value, str)
+    return value
+
+
+def _loaded(text: str, times: int) -> object:
+    value: object = text
+    for _ in range(times):
+        value = json.loads(value)  # type: ignore[arg-type]
+    return value
+
+
+@pytest.mark.parametrize("record", NESTED_RECORDS)
 def test_json_text_inside_a_json_string_loses_the_whole_value(record):
     twice = json.dumps(json.dumps(record))
     out = scrub.text(twice)
-    for word in ("Pérez", "P\\\\u00e9rez", "Pepe", "ana.lopez", "G\\\\u00f3mez", "Zo"):
+    for word in ("Pérez", "P\\\\u00e9rez", "Pepe", "ana.lopez", "G\\\\u00f3mez", "Zo", "slash", "496"):
         assert word not in out, out
     assert json.loads(json.loads(out)) == scrub(record)  # the same as the record scrubbed
     assert scrub.text(out) == out
 
 
-def test_json_text_inside_a_json_string_hashes_as_the_value_alone():
+@pytest.mark.parametrize("record", NESTED_RECORDS)
+def test_json_text_inside_a_json_string_inside_a_json_string_loses_the_whole_value(record):
+    """Three ``json.dumps`` deep (a message body's JSON kept as a string in a JSON log line, itself
+    a string in an exported event): each quote is written ``\\\\\\"``."""
+    out = scrub.text(_dumped(record, 3))
+    escaped = ("P\\\\\\\\u00e9rez", "G\\\\\\\\u00f3mez")
+    for word in ("Pérez", *escaped, "Pepe", "ana.lopez", "Zo", "slash", "496"):
+        assert word not in out, out
+    assert _loaded(out, 3) == scrub(record)
+    assert scrub.text(out) == out
+
+
+@pytest.mark.parametrize("times", [2, 3])
+def test_json_text_nested_in_json_strings_hashes_as_the_value_alone(times):
     hashed = hashing({"name": "José Pérez"})["name"]
-    assert hashing.text(json.dumps(json.dumps({"name": "José Pérez"}))) == json.dumps(
-        json.dumps({"name": hashed})
-    )
+    assert hashing.text(_dumped({"name": "José Pérez"}, times)) == _dumped({"name": hashed}, times)
+
+
+@pytest.mark.parametrize("times", [1, 2, 3, 4])
+def test_ordinary_json_text_nested_in_json_strings_stays(times):
+    record = {"queue_name": "emails", "port": 5672, "at": "2026-11-02T19:13:00Z", "version": "3.11.7"}
+    record |= {"zip": "90210", "order_id": "ord-20261102-0042", "note": 'a "quoted" \\ word'}
+    assert scrub.text(_dumped(record, times)) == _dumped(record, times)
+
+
+@pytest.mark.parametrize("times", [2, 3, 4])
+@pytest.mark.parametrize("address", ["zoë@exämple.com", "maría.garcía@example.es", "jose\u0301@example.com"])
+def test_an_address_with_non_ascii_letters_in_nested_json_text_is_replaced_whole(times, address):
+    """Nested in JSON strings, ``ë`` is written ``\\\\u00eb`` (its backslash escaped too): the
+    address passed whole, or all but its last letters (``mar\\\\u00eda.garc\\\\[email]``)."""
+    record = {"note": f"write to {address}\u2014thanks, Zoë"}
+    out = scrub.text(_dumped(record, times))
+    assert _loaded(out, times) == {"note": "write to [email]\u2014thanks, Zoë"}, out
+    assert hashing.text(_dumped(record, times)).count(hashing.text(address)) == 1  # one person, one hash

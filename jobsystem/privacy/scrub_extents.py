@@ -1,0 +1,72 @@
+"""How far an unquoted value after a key runs in free text (``phone: 0161 496 0000 retried``).
+
+An unquoted value was one word: ``mobile: 70123 45678`` logged ``[phone] 45678``, ``phone=+44 7700
+900123`` kept ``7700 900123``. Two kinds of value run on past their first word:
+
+- a person's name (``name=José Pérez``): see :mod:`scrub_names`;
+- a number of a personal kind (:data:`NUMBER_LABELS`: a phone, a card, an IBAN, a national or
+  account number; and a name key's value that starts as a phone number does,
+  ``recipient=+44 7700 900123``) whose first word has a digit: it runs on over the groups that
+  follow it one space or tab apart, groups of digits (``(0)``, ``98765-4321`` too), or an IBAN's
+  groups of up to four letters or digits. Of those, the longest run that passes its kind's checks
+  is taken (:meth:`NumberFinder.confirms`), so ``0161 496 0000 3 times`` keeps ``3 times``; if
+  none does, all of them: under such a key they are the number as far as anyone can tell. A word
+  (``retried``), a time (``10:20:33``), a decimal or a version (``3.11.7``), a separator or the
+  line's end stops the groups. A national number with letters is taken in its known shape
+  (``nino: QQ 12 34 56 C``, ``nie: X 1234567 L``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
+from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
+
+__all__ = ["NUMBER_LABELS", "value_end"]
+
+#: Labels of the keys whose values are numbers written in groups.
+NUMBER_LABELS = frozenset({"phone", "card", "iban", "ssn", "id_number", "account"})
+#: What may follow a group: a space, a separator, the end, a full stop that ends a sentence.
+_GROUP_END = r"(?=[\s,;!?'\"\]})>]|\.?$|\.\s)"
+#: The next group of digits of a number, joined by the punctuation numbers are written with
+#: (``(0)20``, ``98765-4321``), not by a ``.`` (``3.11``: a decimal or a version).
+_DIGIT_GROUP = re.compile(r"[ \t]+([(+]?\d+(?:[()\-/]{1,2}\d+)*\)?)" + _GROUP_END)
+#: The next group of an IBAN printed in groups of four.
+_IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + _GROUP_END)
+#: Groups looked at, at most (an IBAN has up to nine).
+_MAX_GROUPS = 10
+
+
+def value_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:
+    """Where an unquoted value after a key labelled ``label``, whose first word is
+    ``text[begin:stop]``, ends (see the module); ``numbers`` confirms numbers."""
+    if label in NAME_LABELS:
+        if text[begin] not in "+0123456789":
+            return name_end(text, begin, stop)
+        label = "phone"
+    elif label not in NUMBER_LABELS:
+        return stop
+    end = stop
+    if label in ("id_number", "ssn") and (shaped := LETTER_ID_SHAPES.match(text, begin)):
+        end = max(end, shaped.end())
+    if any(c.isdigit() for c in text[begin:stop]):
+        end = max(end, _groups_end(numbers, label, text, begin, stop))
+    return end
+
+
+def _groups_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:
+    """The end of the longest run of groups after ``text[begin:stop]`` that ``numbers`` confirms
+    as a ``label``, or of all of them."""
+    iban = label == "iban"
+    group = _IBAN_GROUP if iban else _DIGIT_GROUP
+    ends = [stop]
+    while len(ends) <= _MAX_GROUPS and (match := group.match(text, ends[-1])):
+        ends.append(match.end())
+        if iban and len(match[1]) < 4:
+            break  # an IBAN's last group: the rest is text
+    while len(ends) > 1 and not any(c.isdigit() for c in text[ends[-2] : ends[-1]]):
+        ends.pop()  # a word after an IBAN (``sent``), not a group of it
+    if len(ends) == 1:
+        return stop
+    return next((end for end in reversed(ends) if numbers.confirms(label, text[begin:end])), ends[-1])

@@ -1,0 +1,136 @@
+"""Values after a key that names personal data or a secret, in free text.
+
+``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, and JSON text inside a JSON string
+(``\\"name\\": \\"Jos\\\\u00e9\\"``) or inside a JSON string inside another (``\\\\\\"name\\\\\\":``,
+three ``json.dumps`` deep). A quoted value ends at its quote; an unquoted one is a word, or runs
+on as far as the caller's ``value_end`` says (:mod:`scrub_extents`: a person's name, a phone
+number in groups).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
+
+__all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
+
+_HEX12 = re.compile(r"[0-9a-f]{12}")
+_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_SEPARATOR = re.compile(r"[:=]")
+
+
+def _nested_quotes(slashes: int) -> str:
+    """A value quoted by ``"`` after ``slashes`` backslashes, as JSON text nested in JSON strings
+    quotes it: ``\\"`` inside one string, ``\\\\\\"`` inside a string inside another. Inside it, a
+    quote after any other number of backslashes, and any other escape, is part of the value."""
+    others = rf"\\{{{slashes + 1},}}" + (rf"|\\{{1,{slashes - 1}}}" if slashes > 1 else "")
+    return rf'\\{{{slashes}}}"(?:[^\\"]|\\+[^\\"]|(?:{others})")*\\{{{slashes}}}"'
+
+
+#: Backslashes before the quotes of JSON text nested in JSON strings, and how many times its
+#: value is JSON-decoded to read as the same text one level deep (``"Jos\\u00e9"``).
+_NESTED = {1: 1, 3: 2}
+#: A value: quoted in JSON text nested in JSON strings first (``\\"Jos\\\\u00e9\\"``: each quote and
+#: escape escaped once more per level), then quoted, then a bare word.
+_VALUE = re.compile(
+    rf"\s*(?P<val>{_nested_quotes(3)}|{_nested_quotes(1)}"
+    r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
+)
+
+#: Labels whose values have a shape of their own: in free text, an unquoted value after such a key
+#: is replaced only if it could be one (``actor 'send_email': rate_limit`` is no email address).
+SHAPED_LABELS: dict[str, Callable[[str], bool]] = {
+    "email": lambda value: "@" in value or "%40" in value.lower(),
+    "phone": lambda value: any(c.isdigit() for c in value),
+    "card": lambda value: any(c.isdigit() for c in value),
+    "iban": lambda value: any(c.isdigit() for c in value),
+    "ip": lambda value: any(c.isdigit() for c in value) or ":" in value,
+}
+
+
+def _json_unescaped(text: str) -> str:
+    """``text`` (a JSON string's content) with one level of JSON escapes decoded: JSON text inside
+    a JSON string hashes as the same text alone; as it is if it does not decode."""
+    try:
+        decoded = json.loads(f'"{text}"')
+    except ValueError:
+        return text
+    return decoded if isinstance(decoded, str) else text
+
+
+#: ``value_end(label, text, begin, stop)``: where an unquoted value whose first word is
+#: ``text[begin:stop]`` ends, after a key labelled ``label``.
+ValueEnd = Callable[[str, str, int, int], int]
+
+
+def key_values(
+    text: str, label_for_key: Callable[[str], str | None], replace: Replace, value_end: ValueEnd
+) -> str:
+    """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``."""
+    parts: list[str] = []
+    done = 0
+    for separator in _SEPARATOR.finditer(text):
+        at = separator.start()
+        if at < done:
+            continue
+        end = at
+        while end > done and text[end - 1] in " \t":
+            end -= 1
+        quoted = end > done and text[end - 1] in "\"'"
+        start = end = end - quoted
+        slashes = 0
+        while quoted and slashes < 4 and end - slashes > done and text[end - slashes - 1] == "\\":
+            slashes += 1
+        if slashes in _NESTED:
+            start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
+        while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
+            start -= 1
+        label = label_for_key(text[start:end]) if start < end else None
+        value = _VALUE.match(text, at + 1) if label else None
+        if label is None or value is None:
+            continue
+        own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
+        begin, stop = value.span("val")
+        first = text[begin:stop]
+        if first[0] not in "\"'\\" and not _replacement(first, own_hash):
+            stop = value_end(label, text, begin, stop)
+        replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
+        if replaced is not None:
+            parts += (text[done:begin], replaced)
+            done = stop
+    if not parts:
+        return text
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def _replacement(word: str, own_hash: bool) -> bool:
+    """Whether ``word`` is a replacement (``[phone]``, our own ``phone:<hash>``): a value that ran
+    on from it would change the scrubber's own output."""
+    return already_removed(word) or (own_hash and bool(_HEX12.fullmatch(word)))
+
+
+def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:
+    slashes = len(value) - len(value.lstrip("\\"))
+    if slashes in _NESTED and len(value) >= 2 * slashes + 2 and value[slashes] == '"':
+        quote, inner = value[: slashes + 1], value[slashes + 1 : -slashes - 1]  # nested JSON text
+        if not inner.strip() or inner.startswith("[") or already_removed(inner):
+            return None
+        for _ in range(_NESTED[slashes]):
+            inner = _json_unescaped(inner)
+        return f"{quote}{replace(label, unescaped(inner))}{quote}"
+    quote = value[0] if value[0] in "\"'" else ""
+    closed = bool(quote) and len(value) > 1 and value.endswith(quote)
+    inner = value[1:-1] if closed else value[len(quote) :]
+    if not inner.strip() or inner.startswith("[") or already_removed(inner):
+        return None
+    if own_hash and label == key.lower() and _HEX12.fullmatch(inner):
+        return None  # our own ``label:hash``
+    shaped = SHAPED_LABELS.get(label)
+    if not quote and shaped is not None and not shaped(inner):
+        return None  # a bare word after a key, not a value of it (``'send_email': rate_limit``)
+    # Hashed as the value it stands for: ``"Jos\\u00e9"`` in JSON text is ``José`` written elsewhere.
+    return f"{quote}{replace(label, unescaped(inner))}{quote if closed else ''}"
