@@ -250,11 +250,15 @@ def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
 
     A queued or delayed job is skipped when it arrives; a running one has ``JobCancelled``
     raised in its thread (unless its actor is ``interruptible=False``). Returns the message ids
-    marked. Raises ``StoreUnavailable`` when the state store does not answer.
+    marked. Raises ``StoreUnavailable`` when the state store does not answer. The marks are
+    written before any workflow is recorded as cancelled: a failure between the two leaves
+    members stopped under a workflow still shown running (the call raised; calling it again
+    finishes), never a workflow shown cancelled whose members run on.
     """
     broker = broker or dramatiq.get_broker()
     workflows: Workflows = find_workflows(broker)
     marked: list[str] = []
+    cancelled: list[str] = []
     for given in ids:
         found = workflows.backend.get(given)
         if found is None:
@@ -262,8 +266,10 @@ def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
             continue
         members = [m["id"] for step in found.record["steps"] for m in step["members"]]
         marked.extend(m for m in members if m not in found.states)
-        workflows.backend.set_state(given, "cancelled")
+        cancelled.append(given)
     workflows.marks.mark_cancelled(marked, mark_ttl_ms(broker, marked, workflows.cancel_ttl_ms))
+    for workflow_id in cancelled:
+        workflows.backend.set_state(workflow_id, "cancelled")
     return marked
 
 

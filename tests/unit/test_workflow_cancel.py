@@ -101,3 +101,36 @@ def test_a_cancel_between_the_count_and_the_send_of_the_next_step_stops_it(store
     status = workflow_status(str(flow.workflow_id), broker=broker)
     assert status is not None and status["state"] == "cancelled"
     assert [m["state"] for m in status["steps"][1]["members"]] == ["cancelled"]
+
+
+def test_a_cancel_whose_marks_fail_leaves_the_workflow_running_not_cancelled(store: StateStore) -> None:
+    """The marks stop the members: a cancel that could not write them must not show the workflow
+    cancelled (its members would run on under a cancelled workflow); it raises, and a second call
+    finishes the cancel."""
+    from jobsystem.store.base import StoreUnavailable
+
+    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
+    broker = RecordingBroker(middleware=[workflows])
+    first = dramatiq.actor(broker=broker, actor_name="first", queue_name="q")(lambda: 1).message()
+    after = dramatiq.actor(broker=broker, actor_name="after", queue_name="q")(lambda _: None).message()
+    flow = pipeline([first, after], broker=broker)
+    flow.run()
+    workflow_id = str(flow.workflow_id)
+    mark = workflows.marks.mark_cancelled
+
+    def refused(*args: Any) -> None:
+        raise StoreUnavailable("OOM command not allowed when used memory > 'maxmemory'")
+
+    workflows.marks.mark_cancelled = refused  # type: ignore[method-assign]
+    try:
+        cancel(workflow_id, broker=broker)
+    except StoreUnavailable:
+        pass
+    else:
+        raise AssertionError("the cancel did not raise")
+    status = workflow_status(workflow_id, broker=broker)
+    assert status is not None and status["state"] != "cancelled"
+    workflows.marks.mark_cancelled = mark  # type: ignore[method-assign]
+    assert sorted(cancel(workflow_id, broker=broker)) == sorted([first.message_id, after.message_id])
+    status = workflow_status(workflow_id, broker=broker)
+    assert status is not None and status["state"] == "cancelled"
