@@ -358,11 +358,11 @@ class Demo(Watching):
             queues, exchanges = services.delete_topology(self.settings, self.prefix, declared)
             self.cleaned["queues_deleted"], self.cleaned["exchanges_deleted"] = queues, exchanges
         except Exception as exc:
-            self.cleaned["queues_error"] = f"{type(exc).__name__}: {exc}"
+            self.cleaned["queues_error"] = services.error_line(self.settings, exc)
         try:
             self.cleaned["state_keys_deleted"] = services.delete_state_keys(self.settings, self.prefix)
         except Exception as exc:
-            self.cleaned["state_error"] = f"{type(exc).__name__}: {exc}"
+            self.cleaned["state_error"] = services.error_line(self.settings, exc)
         if self.mail_server is not None:
             self.mail_server.stop()
         self.partner.stop()

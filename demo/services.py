@@ -302,6 +302,15 @@ def delete_state_keys(settings: Settings, prefix: str) -> int:
         client.close()
 
 
+def error_line(settings: Settings, exc: BaseException) -> str:
+    """``exc`` as the demo prints it and writes it to its summary: its type, and its text passed
+    through the project's scrubber (a client's error may quote a host, a user or a queue's name,
+    and the scrubber knows the configured passwords)."""
+    from jobsystem.privacy.setup import get_scrubber
+
+    return f"{type(exc).__name__}: {get_scrubber(settings).text(str(exc))}"
+
+
 def wait_until(predicate: Any, timeout: float, interval: float = 0.2) -> bool:
     """Poll ``predicate`` until true; False after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
