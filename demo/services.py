@@ -119,7 +119,10 @@ class PartnerApi:
         return f"http://127.0.0.1:{self._server.server_port}"
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving and close the socket; also when never started (``shutdown`` alone would
+        wait for ever for a ``serve_forever`` that never ran)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
 
 

@@ -144,3 +144,36 @@ def test_the_demos_clean_up_errors_are_shown_scrubbed(monkeypatch, tmp_path):
     errors = [demo.cleaned["queues_error"], demo.cleaned["state_error"]]
     assert all(error.startswith("ConnectionError: connection to") for error in errors), errors
     assert not [error for error in errors if password in error or "ana.lopez" in error], errors
+
+
+def test_a_demo_whose_rabbitmq_is_down_stops_with_one_scrubbed_line_and_no_folder(tmp_path):
+    """RabbitMQ down: the demo cannot hold its alive queue. Its clean-up then waited for ever to
+    stop a partner API it never started (and ignores Ctrl-C while cleaning up); it now says why in
+    one line, the configured password scrubbed, and exits 1, its folder never made."""
+    import socket
+    import uuid
+
+    from demo.main import EXIT_FAILED
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the block ends: the connection is refused
+    password = f"pw-{uuid.uuid4().hex}"
+    env = {
+        **os.environ,
+        "RABBITMQ_URL": f"amqp://guest:{password}@127.0.0.1:{port}/%2F",
+        "TMPDIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "demo", "--short"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == EXIT_FAILED, output
+    assert "demo stopped: AMQPConnectionError" in output and "Traceback" not in output
+    assert password not in output
+    assert not list(tmp_path.glob("jobs-demo-*"))
