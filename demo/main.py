@@ -23,9 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pika.exceptions import AMQPError
 from rich.console import Console
 from rich.live import Live
 
+from demo import services
 from demo.run import Demo
 from demo.view import render
 from jobsystem.settings import SettingsError
@@ -117,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                     live.update(render(demo.snapshot))
     except KeyboardInterrupt:
         outcome, error = EXIT_INTERRUPTED, "interrupted"
-    except (RuntimeError, TimeoutError, OSError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
+    except (RuntimeError, TimeoutError, OSError, AMQPError) as exc:  # RabbitMQ down at start: AMQPError
+        error = services.error_line(demo.settings, exc)
     finally:
         with _no_interrupts():
             demo.shutdown()

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections import deque
@@ -20,6 +19,7 @@ from rich.live import Live
 
 from demo import services
 from demo.alive import AliveQueue
+from demo.folders import folder_for
 from demo.sweep import sweep_dead_demos
 from demo.view import Snapshot, render
 from demo.watch import Watching
@@ -60,7 +60,7 @@ class Demo(Watching):
         self.profile = SHORT if arguments.short else FULL
         self.prefix = f"demo-{uuid.uuid4().hex[:6]}-"
         configured = load_settings()  # SettingsError: stop before anything started
-        self.tmp = Path(tempfile.mkdtemp(prefix="jobs-demo-"))
+        self.tmp = folder_for(self.prefix)  # created once the alive queue is held (start)
         self.env = self._environment(configured)
         self.settings: Settings = load_settings(self.env)
         self.mail_server = None if arguments.smtp_url else services.MailServer()
@@ -125,6 +125,9 @@ class Demo(Watching):
     def start(self) -> None:
         """Start the mail server, the partner API (down), the worker and the scheduler."""
         self.claim_prefix()
+        # After the alive queue and the sweep: a live demo's folder is never seen without its
+        # alive queue, and one killed while sweeping leaves none.
+        self.tmp.mkdir(mode=0o700)
         if self.mail_server is not None:
             self.env["SMTP_URL"] = self.mail_server.start()
             self.settings = load_settings(self.env)
@@ -355,11 +358,11 @@ class Demo(Watching):
             queues, exchanges = services.delete_topology(self.settings, self.prefix, declared)
             self.cleaned["queues_deleted"], self.cleaned["exchanges_deleted"] = queues, exchanges
         except Exception as exc:
-            self.cleaned["queues_error"] = f"{type(exc).__name__}: {exc}"
+            self.cleaned["queues_error"] = services.error_line(self.settings, exc)
         try:
             self.cleaned["state_keys_deleted"] = services.delete_state_keys(self.settings, self.prefix)
         except Exception as exc:
-            self.cleaned["state_error"] = f"{type(exc).__name__}: {exc}"
+            self.cleaned["state_error"] = services.error_line(self.settings, exc)
         if self.mail_server is not None:
             self.mail_server.stop()
         self.partner.stop()

@@ -119,7 +119,10 @@ class PartnerApi:
         return f"http://127.0.0.1:{self._server.server_port}"
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving and close the socket; also when never started (``shutdown`` alone would
+        wait for ever for a ``serve_forever`` that never ran)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
 
 
@@ -300,6 +303,15 @@ def delete_state_keys(settings: Settings, prefix: str) -> int:
         return delete_matching(client, f"{settings.state_namespace}*")
     finally:
         client.close()
+
+
+def error_line(settings: Settings, exc: BaseException) -> str:
+    """``exc`` as the demo prints it and writes it to its summary: its type, and its text passed
+    through the project's scrubber (a client's error may quote a host, a user or a queue's name,
+    and the scrubber knows the configured passwords)."""
+    from jobsystem.privacy.setup import get_scrubber
+
+    return f"{type(exc).__name__}: {get_scrubber(settings).text(str(exc))}"
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.2) -> bool:

@@ -1,12 +1,14 @@
 """The sweep a demo runs as it starts: what dead demos left behind goes.
 
 A demo killed with SIGKILL leaves its queues (work, ``.DQ``, ``.DLQ``, its delay cascade's), the
-cascade's exchanges and its state keys, and each killed run added more. Every prefix matching
-:data:`demo.services.DEMO_PREFIX` found on the vhost or in a Redis state store is a candidate; a
-candidate is dead when its alive queue is absent and none of its queues has a consumer, on two
-looks a few seconds apart (:func:`demo.alive.dead_prefixes`: a live demo's alive queue is gone
-too while its connection is down), and then everything under it is deleted. Demos of the
-releases before the alive queue have none: theirs are removed as dead once their worker stopped.
+cascade's exchanges, its state keys and its temporary folder, and each killed run added more.
+Every prefix matching :data:`demo.services.DEMO_PREFIX` found on the vhost or in a Redis state
+store is a candidate; a candidate is dead when its alive queue is absent and none of its queues
+has a consumer, on two looks a few seconds apart (:func:`demo.alive.dead_prefixes`: a live
+demo's alive queue is gone too while its connection is down), and then everything under it is
+deleted, its folder on this host included (:mod:`demo.folders`: a folder alone makes no
+candidate, its demo may use another RabbitMQ). Demos of the releases before the alive queue have
+none: theirs are removed as dead once their worker stopped.
 
 Races: a live demo declares its alive queue before anything else, and the checks come after the
 names were listed, so a live demo's names are never taken for a dead one's. Two sweeps removing
@@ -16,10 +18,12 @@ the same leftovers at once both succeed (what is already gone is skipped).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
 
 from demo.alive import dead_prefixes
+from demo.folders import demo_folders, remove_folder
 from demo.services import DEMO_PREFIX, delete_named, listed_names
 from jobsystem.settings import Settings
 
@@ -31,10 +35,11 @@ _DEMO_START = "demo-"
 
 @dataclass
 class Leftovers:
-    """One demo prefix's queues and exchanges found on the vhost."""
+    """One demo prefix's queues and exchanges found on the vhost, and its folders on this host."""
 
     queues: list[str] = field(default_factory=list)
     exchanges: list[str] = field(default_factory=list)
+    folders: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -45,16 +50,17 @@ class Swept:
     queues: int = 0
     exchanges: int = 0
     state_keys: int = 0
+    folders: int = 0
 
     @property
     def leftovers(self) -> int:
-        return self.queues + self.exchanges + self.state_keys
+        return self.queues + self.exchanges + self.state_keys + self.folders
 
     def line(self) -> str:
         """The one line the demo prints."""
         return (
             f"Removed {self.leftovers} leftovers of {len(self.demos)} dead demo(s): {self.queues} queues, "
-            f"{self.exchanges} exchanges, {self.state_keys} state keys"
+            f"{self.exchanges} exchanges, {self.state_keys} state keys, {self.folders} folders"
         )
 
 
@@ -71,8 +77,9 @@ def _redis(settings: Settings) -> redis.Redis | None:
     return redis.Redis.from_url(settings.state_url, socket_timeout=settings.state_timeout)
 
 
-def find_leftovers(settings: Settings) -> dict[str, Leftovers]:
-    """Every demo prefix with queues, exchanges or state keys, whether its demo is alive or not."""
+def find_leftovers(settings: Settings, folders_in: Path | None = None) -> dict[str, Leftovers]:
+    """Every demo prefix with queues, exchanges or state keys, whether its demo is alive or not,
+    with its folders under ``folders_in`` (default: the temporary directory)."""
     found: dict[str, Leftovers] = {}
     for kind in ("queues", "exchanges"):
         for name in listed_names(settings, kind, _DEMO_START):
@@ -89,6 +96,9 @@ def find_leftovers(settings: Settings) -> dict[str, Leftovers]:
                     found.setdefault(match.group(), Leftovers())
         finally:
             client.close()
+    for prefix, folders in demo_folders(folders_in).items():
+        if prefix in found:  # a folder alone is no candidate: its demo may use another vhost
+            found[prefix].folders = folders
     return found
 
 
@@ -109,6 +119,7 @@ def sweep(settings: Settings, own_prefix: str, found: dict[str, Leftovers]) -> S
     for prefix in swept.demos:
         swept.queues += _delete(settings, "queues", found[prefix].queues, prefix)
         swept.exchanges += _delete(settings, "exchanges", found[prefix].exchanges, prefix)
+        swept.folders += sum(remove_folder(folder, prefix) for folder in found[prefix].folders)
     client = _redis(settings) if swept.demos else None
     if client is not None:
         try:

@@ -119,14 +119,18 @@ class DeadLetters(Middleware):
     def notify(self, broker: Broker, message: MessageProxy, headers: dict[str, Any]) -> Message[Any] | None:
         """Send the actor named by the option ``on_dead_letter`` (message or actor) a message about
         ``message``'s dead letter: its id, actor, reason, exception type, scrubbed error, and the
-        job's own args and kwargs (so the application can tell its user which job failed)."""
+        job's own args and kwargs (so the application can tell its user which job failed).
+
+        The actor is labelled as everywhere else (:func:`actor_label` with the broker's actors):
+        a name no registered actor has is the sender's text, possibly a person's, and ``unknown``
+        here, though the hook is the application's own code: a hook logs or alerts with it."""
         target = option_of(broker, message, "on_dead_letter")
         if not target:
             return None
         hook = broker.get_actor(target)
         kwargs = {
             "message_id": message.message_id,
-            "actor": message.actor_name,
+            "actor": actor_label(message.actor_name, broker.actors),
             "reason": headers[HEADER_REASON],
             "exception": headers[HEADER_EXCEPTION],
             "error": headers[HEADER_ERROR],

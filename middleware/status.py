@@ -56,8 +56,12 @@ __all__ = ["Status", "find_status", "progress"]
 
 logger = logging.getLogger(__name__)
 
-#: The Status middleware of the message running in this thread (the worker's broker may not be
-#: the global one, e.g. in tests): set before the actor runs, read by :func:`progress`.
+#: The Status middleware of the message running in this context (the worker's broker may not be
+#: the global one, e.g. in tests): set before the actor runs, read by :func:`progress` and
+#: :meth:`Status._enqueue_known`. A context variable, not a thread mark: Dramatiq's AsyncIO event
+#: loop runs an ``async def`` actor in a copy of its worker thread's context (``asyncio.to_thread``
+#: carries it on), so the coroutine counts as running an actor; a thread started without it
+#: (``loop.run_in_executor``, a ``ThreadPoolExecutor``) does not, and fails closed.
 _ACTIVE: contextvars.ContextVar[Status | None] = contextvars.ContextVar("job_status_active", default=None)
 
 
@@ -225,9 +229,10 @@ class Status(Middleware):
     def _enqueue_known(self, broker: Broker) -> Container[str] | None:
         """The names an ``after_enqueue`` keeps as the record's actor (written once). A sender's
         send: any of an actor's shape (None), as an actor's send from a worker (it runs in this
-        thread). Any other enqueue in a worker is the worker's own move of a message it consumed
-        (a delayed one released to its queue or moved into the delay cascade, a retry, a
-        deferral), which may name no actor at all: the broker's actors."""
+        context, an async actor's coroutine included). Any other enqueue in a worker is the
+        worker's own move of a message it consumed (a delayed one released to its queue or moved
+        into the delay cascade, a retry, a deferral), which may name no actor at all: the
+        broker's actors."""
         return broker.actors if self._in_worker and _ACTIVE.get() is None else None
 
     # -- hooks -----------------------------------------------------------------------------------

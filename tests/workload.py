@@ -6,6 +6,7 @@ The worker under test imports them with ``dramatiq actors tests.workload``. The 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import dramatiq
 import redis
 import structlog
 from dramatiq.broker import MessageProxy
-from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
+from dramatiq.middleware import AsyncIO, CurrentMessage, Middleware, SkipMessage
 
 import actors  # noqa: F401 - the project's actors first, as `dramatiq actors tests.workload` has them
 from jobsystem.dramatiq_internals import reject
@@ -345,3 +346,33 @@ def ticking_uninterruptible(token: str, seconds: float) -> str:
     _tick(token, seconds)
     store.set(key(f"done:{token}"), "1")
     return token
+
+
+# --- Sends to another service's actors, from sync and async actors (integration/test_actor_label.py) ---
+
+if os.environ.get("TEST_ASYNCIO"):
+    dramatiq.get_broker().add_middleware(AsyncIO())  # async actors run on its event loop thread
+
+
+def _send_elsewhere(token: str, actor_name: str, how: str) -> None:
+    """Send a message to ``actor_name``, an actor this worker does not have (another service's),
+    on the test's queue ``elsewhere``; note its message id as ``sent:<how>:<token>``."""
+    message = dramatiq.Message(
+        queue_name=settings.queue("elsewhere"), actor_name=actor_name, args=(token,), kwargs={}, options={}
+    )
+    store.set(key(f"sent:{how}:{token}"), dramatiq.get_broker().enqueue(message).message_id)
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def send_elsewhere(token: str, actor_name: str) -> None:
+    """From a worker thread: send to another service's actor."""
+    _send_elsewhere(token, actor_name, "sync")
+
+
+@dramatiq.actor(queue_name=QUEUE)
+async def send_elsewhere_async(token: str, actor_name: str) -> None:
+    """From the event loop thread (``TEST_ASYNCIO``): send to another service's actor, from the
+    coroutine itself and from a thread of ``asyncio.to_thread``."""
+    await asyncio.sleep(0)
+    _send_elsewhere(token, actor_name, "async")
+    await asyncio.to_thread(_send_elsewhere, token, actor_name, "to_thread")

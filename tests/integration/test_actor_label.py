@@ -87,3 +87,40 @@ def test_a_delayed_message_the_worker_releases_records_only_a_registered_actor(s
     assert worker.stop() == 0
     assert [(r.state, r.actor) for r in records] == [("dead", "unknown"), ("succeeded", "record")]
     assert "Ana" not in json.dumps([dataclasses.asdict(r) for r in records])
+
+
+def test_a_send_to_another_services_actor_keeps_its_name_from_sync_and_async_actors(
+    start_worker, queues, prefix, store
+):
+    """An actor may send to another service's actor (a name this worker has no actor of): the
+    sent message's status record, written by the worker, names it as a sender's would, whether
+    the actor is a function on a worker thread or a coroutine on Dramatiq's event loop thread
+    (AsyncIO middleware; the loop runs the coroutine in the worker thread's context, which marks
+    it as running an actor); a name no actor can have is ``unknown`` from both."""
+    status = status_backend(open_store(TEST_REDIS_URL, namespace=f"jobs:{prefix}"))
+    worker = start_worker(TEST_ASYNCIO="1")
+    names = {"billing": "billing.charge", "person": "Ana Lopez"}
+    jobs = [
+        queues.send(actor, token, name)
+        for token, name in names.items()
+        for actor in (workload.send_elsewhere, workload.send_elsewhere_async)
+    ]
+    queues.wait_finished(jobs)
+    keys = {f"{how}:{token}": f"test:{prefix}sent:{how}:{token}" for token in names for how in SENDS}
+    sent = wait_for(
+        lambda: all(map(store.get, keys.values())) and {name: store.get(k) for name, k in keys.items()},
+        what="the sends",
+    )
+    records = wait_for(
+        lambda: all(map(status.get, sent.values())) and {name: status.get(m) for name, m in sent.items()},
+        what="the sent messages' records",
+    )
+    assert worker.stop() == 0
+    assert {name: record.actor for name, record in records.items()} == {
+        **{f"{how}:billing": "billing.charge" for how in SENDS},
+        **{f"{how}:person": "unknown" for how in SENDS},
+    }
+
+
+#: Where the test actors send from: a worker thread, the event loop thread, a thread of ``asyncio.to_thread``.
+SENDS = ("sync", "async", "to_thread")

@@ -167,7 +167,7 @@ def _clean_up_after(prefix: str, folder: Path) -> None:
 def test_a_demo_killed_with_sigkill_takes_its_worker_and_scheduler_down_with_it(tmp_path):
     """SIGKILL runs none of the demo's clean-up: its children (in sessions of their own) went on
     consuming its queues for ever. Each now gets SIGTERM from the kernel and stops, the worker
-    with its worker processes."""
+    with its worker processes; the next demo's sweep removes its queues, keys and folder."""
     demo = _demo(tmp_path, WORKER_PROCESSES="2")
     tree: list[int] = []
     env: dict[str, str] = {}
@@ -200,6 +200,7 @@ def test_a_demo_killed_with_sigkill_takes_its_worker_and_scheduler_down_with_it(
         swept = sweep(settings, "", {prefix: found[prefix]} if prefix in found else {})
         assert swept.demos in ([prefix], [])
         assert _leftovers(prefix) == ([], [])
+        assert not Path(env["MEDIA_DIR"]).parent.exists()  # its folder, the SQLite store's too
     finally:
         demo.kill()
         demo.wait(10)

@@ -1,7 +1,8 @@
 """The sweep a demo runs as it starts, against the real RabbitMQ and Redis: a dead demo's queues,
-delay-cascade exchanges and state keys go; a live demo's (its alive queue held by another
+delay-cascade exchanges, state keys and folder go; a live demo's (its alive queue held by another
 connection, or gone while its connection is down but its worker consuming, or back within the
-second look), the sweeping demo's own and every name outside ``demo-xxxxxx-`` stay.
+second look), the sweeping demo's own and every name outside ``demo-xxxxxx-`` stay, and so does
+a folder whose prefix has nothing on this vhost (a demo of this host on another RabbitMQ).
 
 The tests sweep only the prefixes they made (``sweep`` on their part of ``find_leftovers``): the
 vhost is shared, and a demo of an older release running beside them has no alive queue."""
@@ -12,6 +13,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -20,6 +22,7 @@ import pytest
 import redis
 
 from demo.alive import SECOND_LOOK_S, AliveQueue, alive_queue
+from demo.folders import folder_for
 from demo.services import delete_named, listed_names
 from demo.sweep import Leftovers, find_leftovers, sweep
 from jobsystem.ops.management import call_api
@@ -58,13 +61,18 @@ def client() -> Iterator[redis.Redis]:
 class Made:
     """The names a test made, all deleted at its end (the sweep's or not)."""
 
-    def __init__(self, settings: Settings, channel: Any, client: redis.Redis) -> None:
+    def __init__(self, settings: Settings, channel: Any, client: redis.Redis, folders: Path) -> None:
         self.settings, self.channel, self.client = settings, channel, client
+        self.folders = folders  # the temporary directory the demos' folders are in
         self.starts: list[str] = []
 
-    def demo(self, prefix: str, *, queues: bool = True, keys: bool = True) -> None:
-        """A demo's leftovers under ``prefix``: work queues, the delay cascade, two state keys."""
+    def demo(self, prefix: str, *, queues: bool = True, keys: bool = True) -> Path:
+        """A demo's leftovers under ``prefix``: work queues, the delay cascade, two state keys,
+        and its folder (returned) with a file in it."""
         self.starts.append(prefix)
+        folder = folder_for(prefix, self.folders)
+        folder.mkdir(mode=0o700)
+        (folder / "state.db").write_bytes(b"x")
         if queues:
             for name in _WORK_QUEUES:
                 self.channel.queue_declare(prefix + name, durable=True)
@@ -72,6 +80,7 @@ class Made:
         if keys:
             self.client.set(f"jobs:{prefix}status:1", "x")
             self.client.set(f"jobs:{prefix}idem:1", "x")
+        return folder
 
     def other(self, name: str) -> None:
         """A queue and a key that are not a demo's, though their names look alike."""
@@ -98,23 +107,26 @@ class Made:
 
 
 @pytest.fixture
-def made(settings: Settings, channel: Any, client: redis.Redis) -> Iterator[Made]:
-    made = Made(settings, channel, client)
+def made(settings: Settings, channel: Any, client: redis.Redis, tmp_path: Path) -> Iterator[Made]:
+    made = Made(settings, channel, client, tmp_path)
     yield made
     made.delete_all()
 
 
 def test_a_dead_demos_leftovers_go_and_a_live_ones_stay(settings, made, channel):
     dead, keys_only, live, own = (_demo_prefix() for _ in range(4))
-    made.demo(dead)  # killed with SIGKILL (or a release without alive queues): none
-    made.demo(keys_only, queues=False)  # killed halfway through its clean-up
-    made.demo(live)
+    folders = {
+        dead: made.demo(dead),  # killed with SIGKILL (or a release without alive queues): none
+        keys_only: made.demo(keys_only, queues=False),  # killed halfway through its clean-up
+        live: made.demo(live),
+        own: made.demo(own),  # the sweeping demo's own prefix is never swept
+    }
     channel.queue_declare(alive_queue(live), exclusive=True)  # held: the demo runs
-    made.demo(own)  # the sweeping demo's own prefix is never swept
-    found = find_leftovers(settings)
+    found = find_leftovers(settings, made.folders)
     assert {dead, keys_only, live, own} <= set(found)
     assert set(found[dead].queues) >= {dead + q for q in _WORK_QUEUES} | set(DelayCascade(dead).queues())
     assert set(found[dead].exchanges) == set(DelayCascade(dead).exchanges())
+    assert {p: found[p].folders for p in folders} == {p: [folder] for p, folder in folders.items()}
     live_before, own_before = made.under(live), made.under(own)
 
     swept = sweep(settings, own, {p: found[p] for p in (dead, keys_only, live, own)})
@@ -122,10 +134,45 @@ def test_a_dead_demos_leftovers_go_and_a_live_ones_stay(settings, made, channel)
     assert sorted(swept.demos) == sorted([dead, keys_only])
     assert swept.queues == len(_WORK_QUEUES) + len(DelayCascade(dead).queues()) + 1  # and unroutable
     assert swept.exchanges == len(DelayCascade(dead).exchanges())
-    assert swept.state_keys == 4
+    assert (swept.state_keys, swept.folders) == (4, 2)
+    assert "2 folders" in swept.line()
     assert made.under(dead) == made.under(keys_only) == ([], [], [])
+    assert not folders[dead].exists() and not folders[keys_only].exists()
     assert made.under(live) == live_before and alive_queue(live) in live_before[0]
     assert made.under(own) == own_before
+    assert (folders[live] / "state.db").exists() and (folders[own] / "state.db").exists()
+
+
+def test_only_a_dead_demos_own_folders_go(settings, made, tmp_path):
+    """A folder goes with its prefix judged dead, and only a directory of its own name: a folder
+    whose prefix has nothing on this vhost (its demo may be live on another RabbitMQ), names that
+    only look alike, an older release's ``jobs-demo-`` folder and a link stay."""
+    dead, elsewhere = _demo_prefix(), _demo_prefix()
+    folder = made.demo(dead)
+    alone = folder_for(elsewhere, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"x")
+    tail = folder.name.removeprefix(f"jobs-{dead}")
+    kept = [
+        alone,
+        tmp_path / f"jobs-{dead}{tail}x",  # too long
+        tmp_path / f"jobs-{dead}{tail[:-1]}",  # too short
+        tmp_path / f"jobs-{dead.upper()}{tail}",
+        tmp_path / f"xjobs-{dead}{tail}",
+        tmp_path / "jobs-demo-k3x9_q0z",  # an older release's (mkdtemp's) name: no prefix in it
+    ]
+    for path in kept:
+        path.mkdir()
+    link = folder_for(dead, tmp_path)
+    link.symlink_to(outside, target_is_directory=True)
+    found = find_leftovers(settings, tmp_path)
+    assert elsewhere not in found and found[dead].folders == [folder]
+
+    swept = sweep(settings, "", {dead: found[dead]})
+
+    assert swept.demos == [dead] and swept.folders == 1 and not folder.exists()
+    assert all(path.is_dir() for path in kept) and link.is_symlink() and (outside / "keep").exists()
 
 
 def test_names_outside_the_demo_prefix_are_never_candidates(settings, made):

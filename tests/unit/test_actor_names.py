@@ -197,6 +197,32 @@ def test_an_actor_sending_from_a_worker_is_a_sender(broker, store):
     assert [status.get(m.message_id).actor for m in (sent, moved)] == ["emails.send", UNKNOWN_ACTOR]  # type: ignore[union-attr]
 
 
+def test_a_send_from_a_thread_without_the_actors_context_fails_closed(broker, store):
+    """What marks a send as an actor's is its context, not its thread (Dramatiq's event loop runs
+    an async actor in the worker thread's context): a thread the actor starts with its context
+    is a sender; one started without it (``run_in_executor``) is taken for the worker's own move."""
+    import contextvars
+    import threading
+
+    status = Status(store)
+    status.before_worker_boot(broker, mock.Mock())
+    status.before_process_message(broker, delivery(_message("job")))
+    sent = {"with": _message("billing.charge"), "without": _message("billing.charge")}
+    context = contextvars.copy_context()
+    for target in (
+        lambda: context.run(status.after_enqueue, broker, sent["with"], None),
+        lambda: status.after_enqueue(broker, sent["without"], None),
+    ):
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join(10)
+    assert status.flush(10)
+    assert {k: status.get(m.message_id).actor for k, m in sent.items()} == {  # type: ignore[union-attr]
+        "with": "billing.charge",
+        "without": UNKNOWN_ACTOR,
+    }
+
+
 def test_a_letter_rabbitmq_dead_lettered_itself_names_only_an_actor_of_the_readers_broker():
     """``jobctl dlq`` and a re-index read an ``x-death`` letter (no record a worker checked)
     with the broker's actors: a person's name shaped as an identifier is not shown."""

@@ -115,6 +115,19 @@ def test_the_on_dead_letter_hook_is_told_which_job_failed(broker):
     }
 
 
+@pytest.mark.parametrize("name", ["Ana_Lopez_1980", "ana@example.com"])
+def test_the_on_dead_letter_hook_of_a_message_naming_no_actor_is_told_unknown(broker, name):
+    """A message naming no registered actor (the sender's text, a person's name) is dead for its
+    actor; its hook is the application's own code, but it logs or alerts with what it is told:
+    the name is labelled as in every other output."""
+    proxy = delivery(dramatiq.Message("work", name, (), {}, {"on_dead_letter": "told"}))
+    record = headers(broker, proxy, ActorNotFound(name))
+    told = DeadLetters().notify(broker, proxy, record)
+    assert told is not None and told.actor_name == "told"
+    assert (told.kwargs["actor"], told.kwargs["reason"]) == ("unknown", "unknown_actor")
+    assert name not in repr(told.kwargs)
+
+
 class _Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no text for this error")

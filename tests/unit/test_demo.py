@@ -114,3 +114,66 @@ def test_the_alive_thread_reconnects_at_once_then_backs_off_within_the_second_lo
     assert all(0 < d <= MAX_RETRY_S for d in delays[1:])  # then never a spin, never past the cap
     assert delays[1:] == sorted(delays[1:]) and delays[-1] == MAX_RETRY_S
     assert SECOND_LOOK_S > MAX_RETRY_S  # a reconnecting demo is back before the sweep looks again
+
+
+def test_the_demos_clean_up_errors_are_shown_scrubbed(monkeypatch, tmp_path):
+    """A client's error (pika's, Redis's, the management API's) may quote what it was given: the
+    demo prints it and writes it to its summary through the project's scrubber, which knows the
+    configured passwords."""
+    import argparse
+    import tempfile
+    import uuid
+
+    import redis
+
+    from demo import run, services
+
+    password = f"pw-{uuid.uuid4().hex}"
+    monkeypatch.setenv("RABBITMQ_URL", f"amqp://demo:{password}@127.0.0.1:5672/%2F")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    leak = f"connection to demo:{password}@127.0.0.1 refused; owner ana.lopez@example.com"
+
+    def refused(*args: object) -> None:
+        raise redis.ConnectionError(leak)
+
+    monkeypatch.setattr(services, "delete_topology", refused)
+    monkeypatch.setattr(services, "delete_state_keys", refused)
+    demo = run.Demo(argparse.Namespace(short=True, smtp_url="smtp://127.0.0.1:1025", json_summary=None))
+    demo.partner.start()
+    demo.shutdown()
+    errors = [demo.cleaned["queues_error"], demo.cleaned["state_error"]]
+    assert all(error.startswith("ConnectionError: connection to") for error in errors), errors
+    assert not [error for error in errors if password in error or "ana.lopez" in error], errors
+
+
+def test_a_demo_whose_rabbitmq_is_down_stops_with_one_scrubbed_line_and_no_folder(tmp_path):
+    """RabbitMQ down: the demo cannot hold its alive queue. Its clean-up then waited for ever to
+    stop a partner API it never started (and ignores Ctrl-C while cleaning up); it now says why in
+    one line, the configured password scrubbed, and exits 1, its folder never made."""
+    import socket
+    import uuid
+
+    from demo.main import EXIT_FAILED
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the block ends: the connection is refused
+    password = f"pw-{uuid.uuid4().hex}"
+    env = {
+        **os.environ,
+        "RABBITMQ_URL": f"amqp://guest:{password}@127.0.0.1:{port}/%2F",
+        "TMPDIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "demo", "--short"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == EXIT_FAILED, output
+    assert "demo stopped: AMQPConnectionError" in output and "Traceback" not in output
+    assert password not in output
+    assert not list(tmp_path.glob("jobs-demo-*"))
