@@ -123,12 +123,14 @@ def test_the_demo_reports_what_happened_and_leaves_nothing_behind(tmp_path, dead
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
 def test_ctrl_c_or_a_closed_terminal_stops_the_demo_and_still_cleans_up(tmp_path, stop):
     every = Queues("")
-    known = {q["name"] for q in requests.get(every.api(""), auth=every.auth, timeout=10).json()}
 
     def demo_queue() -> str | None:
-        names = [q["name"] for q in requests.get(every.api(""), auth=every.auth, timeout=10).json()]
-        new = [n for n in names if n.startswith("demo-") and n.endswith("-partner") and n not in known]
-        return new[0] if new else None
+        """This demo's partner queue, once declared: its prefix read from its children's
+        environment (the other case of this test may run a demo of its own beside it)."""
+        prefixes = {_environment(pid).get("QUEUE_PREFIX") for pid in process_tree(demo.pid)}
+        prefix = next((p for p in prefixes if p and p.startswith("demo-")), None)
+        names = {q["name"] for q in requests.get(every.api(""), auth=every.auth, timeout=10).json()}
+        return f"{prefix}partner" if prefix and f"{prefix}partner" in names else None
 
     demo = _demo(tmp_path)
     queue = wait_for(demo_queue, timeout=60, interval=0.2, what="the demo's queues")
