@@ -64,9 +64,11 @@ class HealthSampler:
         started = time.monotonic()
         report = check(work_queues(self.project), config=self.project.settings, state=self.project.store)
         self._report, self._at, self._took = report, time.time(), time.monotonic() - started
-        # What did not answer, in the errors' own words (hosts, ports): for the log, not the pages.
-        if report.causes and report.causes != self._logged:  # once per change, not every 2 s
-            logger.warning("dashboard_health_unreachable", extra={"errors": report.causes})
+        # What did not answer, once per change (not every 2 s): its name at WARNING (a Sentry
+        # breadcrumb), the errors' own words (hosts, ports) at DEBUG only, never on the pages.
+        if report.causes and report.causes != self._logged:
+            logger.warning("dashboard_health_unreachable", extra={"services": sorted(report.causes)})
+            logger.debug("dashboard_health_unreachable_causes", extra={"errors": report.causes})
         self._logged = report.causes
         self._ready.set()
         return report

@@ -23,6 +23,7 @@ import sentry_sdk
 
 from jobsystem.observability.logs import get_logger
 from jobsystem.ops.health import HealthReport
+from jobsystem.ops.outages import reason
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
 
@@ -115,7 +116,10 @@ def alert(report: HealthReport, *, state: StateStore, settings: Settings) -> lis
     try:
         recorded = _record(report, current, state)
     except StoreUnavailable as exc:
-        logger.error("health_alert_state_unavailable", conditions=sorted(current), error=str(exc))
+        # ERROR lines are Sentry events and WARNING ones breadcrumbs: the error's text (hosts,
+        # ports) only at DEBUG, as the check's own causes.
+        logger.error("health_alert_state_unavailable", conditions=sorted(current), error=reason(exc))
+        logger.debug("health_alert_state_unavailable_cause", cause=str(exc))
         recorded = list(current), {}
     if recorded is None:
         logger.info("health_check_concurrent")
@@ -123,10 +127,7 @@ def alert(report: HealthReport, *, state: StateStore, settings: Settings) -> lis
     new, cleared = recorded
     for condition in new:
         info = current[condition]
-        cause = {"cause": report.causes[info["kind"]]} if info["kind"] in report.causes else {}
-        logger.warning(
-            "queue_degraded", condition=condition, queue=info["queue"], detail=info["detail"], **cause
-        )
+        logger.warning("queue_degraded", condition=condition, queue=info["queue"], detail=info["detail"])
         _send_to_sentry(settings, condition, info["queue"], info["kind"], info["detail"])
     for condition, queue in cleared.items():
         logger.info("queue_recovered", condition=condition, queue=queue)

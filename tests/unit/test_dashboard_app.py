@@ -326,11 +326,13 @@ def test_the_sampler_logs_why_a_service_did_not_answer_once_per_change(monkeypat
     monkeypatch.setattr(dashboard.queues, "check", lambda *_a, **_kw: next(reports))
     monkeypatch.setattr(dashboard.queues, "work_queues", lambda _project: [])
     sampler = dashboard.queues.HealthSampler(SimpleNamespace(settings=None, store=None))  # type: ignore[arg-type]
-    with caplog.at_level("WARNING", logger="dashboard"):
+    with caplog.at_level("DEBUG", logger="dashboard"):
         for _ in range(3):
             sampler.sample()
-    logged = [r for r in caplog.records if r.getMessage() == "dashboard_health_unreachable"]
-    assert [r.__dict__["errors"] for r in logged] == [causes]
+    warned = [r for r in caplog.records if r.getMessage() == "dashboard_health_unreachable"]
+    assert [(r.levelname, r.__dict__["services"]) for r in warned] == [("WARNING", ["state_store"])]
+    logged = [r for r in caplog.records if r.getMessage() == "dashboard_health_unreachable_causes"]
+    assert [(r.levelname, r.__dict__["errors"]) for r in logged] == [("DEBUG", causes)]
 
 
 class _Broken:
