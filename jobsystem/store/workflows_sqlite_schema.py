@@ -16,14 +16,20 @@ and senders may share the file with this release's, because the triggers keep, w
   fields of a workflow whose record this release kept alive.
 - ``workflow_record_expiry``: the old write's longest expiry is :data:`FOLLOWS` (never); the
   record keeps a real one, the later of the one it had and now plus the workflow's TTL (its field
-  ``ttl``, written when it was created, by ``workflow_record_ttl`` for the previous release).
+  ``ttl``, written when it was created, by ``workflow_record_ttl`` for the previous release, by
+  the upgrade below for a workflow recorded before it).
 - ``workflow_record_deleted``: a deleted record (the old sweep deletes it at its expiry, this
   release's deletes nothing else) takes the workflow's other rows and counted members with it.
 
 Applied to a file of the previous release (the tables, no trigger), the schema first sets every
-step's counter from its rows, deletes the rows left without a record and makes the others follow
-their record, once: each upgrade step runs only while its trigger does not exist yet, and all of
-them run in one ``BEGIN IMMEDIATE`` transaction (:meth:`~jobsystem.store.sqlite.SqliteStore.ensure_schema`).
+step's counter from its rows, deletes the rows left without a record, makes the others follow
+their record and gives each record its ``ttl``, once: each upgrade step runs only while its
+trigger does not exist yet, and all of them run in one ``BEGIN IMMEDIATE`` transaction
+(:meth:`~jobsystem.store.sqlite.SqliteStore.ensure_schema`). A record's ``ttl`` is the time from
+its workflow's creation (the record's ``created_at``, which every release writes; now, when a
+record has none) to its expiry: the TTL it was created with, or more when it was counted on since
+(no write says by how much). Too long keeps a finished workflow's rows a while longer; too short
+would expire one whose members still run, its next step never sent.
 """
 
 from __future__ import annotations
@@ -95,7 +101,16 @@ BEGIN
 END;
 """
 
+#: When a record's workflow was created (its ``created_at``, Unix ms), or NULL when it does not say.
+_CREATED_AT = """CASE WHEN json_valid(value) THEN
+    CASE WHEN json_type(value, '$.created_at') = 'integer' THEN json_extract(value, '$.created_at') END
+END"""
+
 _RECORD = f"""
+INSERT OR IGNORE INTO workflow_fields (wid, field, value, expires_at)
+SELECT wid, 'ttl', MAX(expires_at - MIN({_NOW_MS}, IFNULL({_CREATED_AT}, {_NOW_MS})), 0), {FOLLOWS}
+FROM workflow_fields
+WHERE {_absent("workflow_record_ttl")} AND field = 'record' AND expires_at < {FOLLOWS};
 CREATE TRIGGER IF NOT EXISTS workflow_record_ttl AFTER INSERT ON workflow_fields
 WHEN NEW.field = 'record' AND NEW.expires_at < {FOLLOWS}
 BEGIN

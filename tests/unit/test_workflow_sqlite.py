@@ -157,6 +157,54 @@ def test_a_file_of_the_previous_release_is_upgraded_in_place_once(tmp_path: Path
     assert [first.rows(f"SELECT 1 FROM {t} WHERE wid = 'jobs:left'") for t in tables] == [[], []]
     own_expiry = "SELECT 1 FROM workflow_fields WHERE field <> 'record' AND expires_at < ?"
     assert first.rows(own_expiry, (FOLLOWS,)) == []  # each row follows its record
+    ttls = first.rows("SELECT wid, CAST(value AS INTEGER) FROM workflow_fields WHERE field = 'ttl'")
+    assert sorted(w for w, _ in ttls) == ["jobs:short", "jobs:uncounted"]  # once each, recorded ones
+    assert all(TTL - 10_000 < ttl <= TTL for _, ttl in ttls), ttls  # no created_at: now to expiry
     assert len(first.rows("SELECT name FROM sqlite_master WHERE type = 'trigger'")) == 6
     first.close()
     second.close()
+
+
+def test_a_workflow_recorded_before_the_upgrade_lives_on_while_previous_release_workers_count(
+    tmp_path: Path,
+) -> None:
+    """Recorded by the previous release before this release upgraded the file (no ``ttl`` field),
+    then counted on by previous-release workers: each count gave it the TTL from now, as each of
+    this release's does. The trigger lengthens a record by its ``ttl`` field, 0 when absent: the
+    record expired at its creation's TTL, members still running."""
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(TABLES)
+    conn.close()
+    store = SqliteStore(path)
+    previous.create(store, group_record("wf", 3), 2_000)
+    created = store.now_ms()
+    backend = workflow_backend(store)  # this release starts: the file is upgraded
+    assert backend.get("wf") is not None
+    wait_for(lambda: store.now_ms() > created + 1_000, timeout=10, what="half the TTL")
+    previous.finish(store, "wf", "m0", '"a result"', 2_000)  # lives until about created + 3 s
+    wait_for(lambda: store.now_ms() > created + 2_500, timeout=10, what="the creation's TTL")
+    assert backend.get("wf") is not None
+    store.close()
+
+
+def test_a_workflow_counted_on_before_the_upgrade_keeps_at_least_the_ttl_it_was_created_with(
+    tmp_path: Path,
+) -> None:
+    """Created with a 2 s TTL 4.5 s before the upgrade, last counted by the previous release 0.5 s
+    before it: 1.5 s of life left. A count of the previous release after the upgrade gave it 2 s
+    from then; its ``ttl`` is taken from its creation to its expiry (6 s), never the life left."""
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.executescript(TABLES)
+    conn.close()
+    store = SqliteStore(path)
+    record = {**group_record("wf", 3), "created_at": store.now_ms() - 4_500}
+    previous.create(store, record, 1_500)  # the rows as its last count left them
+    backend = workflow_backend(store)  # this release starts: the file is upgraded
+    assert backend.get("wf") is not None
+    counted = store.now_ms()
+    previous.finish(store, "wf", "m0", '"a result"', 2_000)
+    ((expires,),) = store.rows("SELECT expires_at FROM workflow_fields WHERE field = 'record'")
+    assert expires >= counted + 2_000  # as long as the previous release gave it, at least
+    store.close()
