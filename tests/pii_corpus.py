@@ -244,6 +244,7 @@ KEYED_SHAPED: list[tuple[str, str, str]] = [
     ("zip_code", "address", "1012 AB"),
     ("postalCode", "address", "D02 X285"),
     ("zipcode", "address", "114 55"),
+    ("postCode", "address", "EC1A 1BB"),  # ``postCode``: a postcode key of two words
 ]
 
 #: Ordinary values of a job system: none may change.

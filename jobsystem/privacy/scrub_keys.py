@@ -82,6 +82,7 @@ DEFAULT_KEYS: Mapping[str, str] = {
     "address": "address",
     "street": "address",
     "postcode": "address",
+    "post_code": "address",
     "postal_code": "address",
     "zip_code": "address",
     "zipcode": "address",
