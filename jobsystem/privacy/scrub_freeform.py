@@ -14,14 +14,14 @@ configuration) runs on from its first word to the first of:
 
 The separators before that end stay (``, status=failed``; a ``.`` that ends a sentence). When in
 doubt the value runs on (remove when in doubt): a quote opens only at the start of a word and
-closes only at the end of one (``d'Alsace`` is one word), a bracket that closes nothing opened
-before the key ends nothing, and a line is looked back over for its open brackets and quotes
-1024 characters at most.
+closes only at the end of one (``d'Alsace`` is one word), and a bracket that closes nothing
+opened before the key ends nothing.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 
 from jobsystem.privacy.scrub_keys import EXTRA_LABEL
 
@@ -43,12 +43,13 @@ _OPENING = {")": "(", "]": "[", "}": "{", ">": "<"}
 _BEFORE_OPENING_QUOTE = frozenset(" \t([{<=:,")
 #: Separators left out at a value's end, before what ends it.
 _TRAILING = frozenset(" \t,;&|.-\u2013\u2014")
-_LOOK_BACK = 1024
+#: Per thread, the last look for open brackets and quotes: (text, where, its line's start, open).
+_RECENT = threading.local()
 
 
 def freeform_end(text: str, begin: int, stop: int) -> int:
     """Where a free-form value whose first word is ``text[begin:stop]`` ends (see the module)."""
-    outer = _open_at(text, begin)
+    outer: list[str] | None = None  # open where the value starts: looked for at the first closer
     inner: list[str] = []
     end = len(text)
     for match in _STOP.finditer(text, stop):
@@ -58,19 +59,19 @@ def freeform_end(text: str, begin: int, stop: int) -> int:
             break
         if kind == "open":
             inner.append(mark)
-        elif kind == "close":
-            if inner and inner[-1] == _OPENING[mark]:
+            continue
+        opening = _OPENING.get(mark, mark)
+        closes = kind == "close" or _closes(text, match.end())
+        if inner and inner[-1] == opening:
+            if closes:
                 inner.pop()
-            elif _OPENING[mark] in outer:
-                end = match.start()
-                break
-        elif inner and inner[-1] == mark:
-            if _closes(text, match.end()):
-                inner.pop()
-        elif mark in outer and _closes(text, match.end()):
+            continue
+        if outer is None:
+            outer = _open_at(text, begin)
+        if closes and opening in outer:
             end = match.start()
             break
-        elif _opens(text, match.start(), -1):
+        if kind == "quote" and _opens(text, match.start(), -1):
             inner.append(mark)
     while end > stop and text[end - 1] in _TRAILING:
         end -= 1
@@ -78,9 +79,20 @@ def freeform_end(text: str, begin: int, stop: int) -> int:
 
 
 def _open_at(text: str, begin: int) -> list[str]:
-    """The brackets and quotes open at ``begin`` on its line, innermost last."""
-    floor = max(text.rfind("\n", 0, begin) + 1, text.rfind("\r", 0, begin) + 1, begin - _LOOK_BACK)
-    stack: list[str] = []
+    """The brackets and quotes open at ``begin`` on its line, innermost last (not to be changed).
+
+    A line's values are looked at in order, so each look goes on from the one before on the same
+    text (remembered per thread) and a line is read once, however many values it holds."""
+    recent: tuple[str, int, int, list[str]] | None = getattr(_RECENT, "look", None)
+    stack: list[str]
+    if recent is not None and recent[0] is text and recent[1] <= begin:
+        _, floor, line, stack = recent
+        if after_line := max(text.rfind("\n", floor, begin), text.rfind("\r", floor, begin)) + 1:
+            floor = line = after_line
+            stack = []
+    else:
+        floor = line = max(text.rfind("\n", 0, begin), text.rfind("\r", 0, begin)) + 1
+        stack = []
     for match in _MARK.finditer(text, floor, begin):
         mark = match[0]
         if mark in _OPENING:
@@ -90,8 +102,9 @@ def _open_at(text: str, begin: int) -> list[str]:
             stack.append(mark)
         elif stack and stack[-1] == mark and _closes(text, match.end()):
             stack.pop()
-        elif _opens(text, match.start(), floor):
+        elif _opens(text, match.start(), line):
             stack.append(mark)
+    _RECENT.look = (text, begin, line, stack)
     return stack
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jobsystem.privacy.scrub import Scrubber
+from jobsystem.privacy.scrub_freeform import freeform_end
 from tests.pii_corpus import KEYED_FREE_FORM, KEYED_SHAPED, ORDINARY, leaks
 
 scrub = Scrubber()
@@ -121,3 +122,19 @@ def test_a_configured_keys_unquoted_value_runs_to_the_end_of_its_value():
     assert custom.text(line) == "delivery_note=[redacted] status=ok"
     assert custom.text("loyalty_id: L-123 (gold tier), n=2") == "loyalty_id: [redacted], n=2"
     assert scrub.text(line) == line  # not a key without the setting
+
+
+def test_brackets_and_quotes_open_before_a_value_are_found_alike_afresh_or_going_on_from_the_last_look():
+    """Each look for what is open before a value goes on from the last one on the same text (a
+    line is read once); looked at afresh, in another order, each value ends at the same place."""
+    line = '(address: 5 rue) "note": "address: 6 rue d\'Alsace", {address: 7 rue} (a\nb address: 8 rue) y'
+    expected = (
+        '(address: [address]) "note": "address: [address]", {address: [address]} (a\nb address: [address]'
+    )
+    assert scrub.text(line) == expected
+    values = ["5 rue", "6 rue d'Alsace", "7 rue", "8 rue) y"]
+    starts = [line.index(value) for value in values]
+    in_order = [freeform_end(line, begin, begin + 1) for begin in starts]
+    copy = (line + ".")[:-1]  # another object: nothing remembered of it
+    afresh = [freeform_end(copy, begin, begin + 1) for begin in reversed(starts)][::-1]
+    assert in_order == afresh == [begin + len(value) for begin, value in zip(starts, values, strict=True)]
