@@ -219,6 +219,34 @@ KEYED_IN_GROUPS: list[tuple[str, str, str]] = [
     ("account_number", "account", "12 3456 7890"),
 ]
 
+#: (key, label, value) of free-form values after a key in free text (``address=221B Baker Street``):
+#: an unquoted one runs on to the line's next ``key=value`` pair, a closing bracket or quote, or its end.
+KEYED_FREE_FORM: list[tuple[str, str, str]] = [
+    ("address", "address", "221B Baker Street"),
+    ("address", "address", "5 rue de la Paix, 75002 Paris"),
+    ("shipping_address", "address", "Flat 3, 12 Rue Lepic, 75018 Paris, France"),
+    ("billingAddress", "address", "1600 Amphitheatre Pkwy, Mountain View, CA 94043"),
+    ("street", "address", "Calle de Alcalá 42, 3º izq"),
+    ("homeAddress", "address", "c/o Ana Lopez, 4 Privet Drive, Little Whinging"),
+    ("dob", "birth_date", "early spring of eighty"),  # a date of birth in no shape: all of it
+]
+
+#: (key, label, value) of dates of birth and postcodes of several words: taken whole by their shape.
+KEYED_SHAPED: list[tuple[str, str, str]] = [
+    ("dob", "birth_date", "12 March 1980"),
+    ("date_of_birth", "birth_date", "March 12, 1980"),
+    ("birthday", "birth_date", "12th of March"),
+    ("birth_date", "birth_date", "12. März 1980"),
+    ("dob", "birth_date", "12 de marzo de 1980"),
+    ("birthDate", "birth_date", "1er mars 1980"),
+    ("postcode", "address", "SW1A 1AA"),
+    ("postal_code", "address", "K1A 0B1"),
+    ("zip_code", "address", "1012 AB"),
+    ("postalCode", "address", "D02 X285"),
+    ("zipcode", "address", "114 55"),
+    ("postCode", "address", "EC1A 1BB"),  # ``postCode``: a postcode key of two words
+]
+
 #: Ordinary values of a job system: none may change.
 ORDINARY: list[str] = [
     "ord-20261102-0042",
@@ -337,7 +365,7 @@ def _values() -> list[str]:
     raw = [value for _, value in all_pattern_values()] + [secret for _, _, secret in SECRETS]
     raw += [str(value) for _, _, value in BY_KEY + NEW_KEYS if len(str(value)) > 4]
     raw += [form for _, encoded, address in ENCODED_EMAILS for form in (encoded, address)]
-    raw += [value for _, _, value in KEYED_IN_GROUPS]
+    raw += [value for _, _, value in KEYED_IN_GROUPS + KEYED_FREE_FORM + KEYED_SHAPED]
     return [*raw, "4111111111111111", "4155550134"]
 
 

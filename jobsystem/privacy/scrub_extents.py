@@ -1,8 +1,12 @@
 """How far an unquoted value after a key runs in free text (``phone: 0161 496 0000 retried``).
 
 An unquoted value was one word: ``mobile: 70123 45678`` logged ``[phone] 45678``, ``phone=+44 7700
-900123`` kept ``7700 900123``. Two kinds of value run on past their first word:
+900123`` kept ``7700 900123``. Three kinds of value run on past their first word:
 
+- a free-form value (an address, a date of birth, a postcode, a configured key's value:
+  :data:`FREEFORM_LABELS`): to the end of its shape if it has one (``dob: 12 March 1980``,
+  ``postcode: SW1A 1AA``: :mod:`scrub_value_shapes`), else to the end of the value, before the
+  line's next ``key=value`` pair (``address=221B Baker Street status=ok``): :mod:`scrub_freeform`;
 - a person's name (``name=José Pérez``): see :mod:`scrub_names`;
 - a number of a personal kind (:data:`NUMBER_LABELS`: a phone, a card, an IBAN, a national or
   account number; and a name key's value that starts as a phone number does,
@@ -20,8 +24,11 @@ from __future__ import annotations
 
 import re
 
+from jobsystem.privacy.scrub_freeform import FREEFORM_LABELS, freeform_end
+from jobsystem.privacy.scrub_keys import is_postcode_key
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
+from jobsystem.privacy.scrub_value_shapes import birth_date_end, network_end, postcode_end
 
 __all__ = ["NUMBER_LABELS", "value_end"]
 
@@ -38,9 +45,11 @@ _IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + _GROUP_END)
 _MAX_GROUPS = 10
 
 
-def value_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:
-    """Where an unquoted value after a key labelled ``label``, whose first word is
+def value_end(numbers: NumberFinder, label: str, key: str, text: str, begin: int, stop: int) -> int:
+    """Where an unquoted value after ``key``, labelled ``label``, whose first word is
     ``text[begin:stop]``, ends (see the module); ``numbers`` confirms numbers."""
+    if label in FREEFORM_LABELS:
+        return _freeform_end(label, key, text, begin, stop)
     if label in NAME_LABELS:
         if text[begin] not in "+0123456789":
             return name_end(text, begin, stop)
@@ -53,6 +62,17 @@ def value_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: in
     if any(c.isdigit() for c in text[begin:stop]):
         end = max(end, _groups_end(numbers, label, text, begin, stop))
     return end
+
+
+def _freeform_end(label: str, key: str, text: str, begin: int, stop: int) -> int:
+    """The end of a value of a free-form kind: its shape's if it has one, else the value's."""
+    if label == "birth_date":
+        shaped = birth_date_end(text, begin)
+    elif label == "address":
+        shaped = postcode_end(text, begin, stop) if is_postcode_key(key) else network_end(text, begin, stop)
+    else:
+        shaped = None
+    return max(shaped, stop) if shaped is not None else freeform_end(text, begin, stop)
 
 
 def _groups_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:

@@ -24,6 +24,7 @@ __all__ = [
     "EXTRA_LABEL",
     "SECRET_LABELS",
     "KeyMatcher",
+    "is_postcode_key",
     "tokens",
 ]
 
@@ -81,6 +82,7 @@ DEFAULT_KEYS: Mapping[str, str] = {
     "address": "address",
     "street": "address",
     "postcode": "address",
+    "post_code": "address",
     "postal_code": "address",
     "zip_code": "address",
     "zipcode": "address",
@@ -133,6 +135,9 @@ DEFAULT_TAIL_KEYS: Mapping[str, str] = {
 
 DEFAULT_EXACT_KEYS: Mapping[str, str] = {"name": "name"}
 
+#: Key names, their words joined, whose values are postcodes: addresses with a shape of their own.
+_POSTCODE_NAMES = ("postcode", "postalcode", "zipcode")
+
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SPLIT = re.compile(r"[^a-z0-9]+")
 
@@ -140,6 +145,12 @@ _SPLIT = re.compile(r"[^a-z0-9]+")
 def tokens(key: str) -> tuple[str, ...]:
     """The lower-case words of a key name: ``customerEmail`` -> ``("customer", "email")``."""
     return tuple(t for t in _SPLIT.split(_CAMEL.sub("_", key).lower()) if t)
+
+
+def is_postcode_key(key: str) -> bool:
+    """Whether ``key`` names a postcode (``postcode``, ``shipping_zip_code``, ``postalCode``)."""
+    joined = "".join(tokens(key))
+    return any(name in joined for name in _POSTCODE_NAMES)
 
 
 def _singular(word: str) -> tuple[str, ...]:

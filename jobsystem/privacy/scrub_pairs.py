@@ -3,8 +3,8 @@
 ``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, and JSON text inside a JSON string
 (``\\"name\\": \\"Jos\\\\u00e9\\"``) or inside a JSON string inside another (``\\\\\\"name\\\\\\":``,
 three ``json.dumps`` deep). A quoted value ends at its quote; an unquoted one is a word, or runs
-on as far as the caller's ``value_end`` says (:mod:`scrub_extents`: a person's name, a phone
-number in groups).
+on as far as the caller's ``value_end`` says (:mod:`scrub_extents`: an address or a date of
+birth, a person's name, a phone number in groups).
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ def _json_unescaped(text: str) -> str:
     return decoded if isinstance(decoded, str) else text
 
 
-#: ``value_end(label, text, begin, stop)``: where an unquoted value whose first word is
-#: ``text[begin:stop]`` ends, after a key labelled ``label``.
-ValueEnd = Callable[[str, str, int, int], int]
+#: ``value_end(label, key, text, begin, stop)``: where an unquoted value whose first word is
+#: ``text[begin:stop]`` ends, after ``key``, labelled ``label``.
+ValueEnd = Callable[[str, str, str, int, int], int]
 
 
 def key_values(
@@ -96,7 +96,7 @@ def key_values(
         begin, stop = value.span("val")
         first = text[begin:stop]
         if first[0] not in "\"'\\" and not _replacement(first, own_hash):
-            stop = value_end(label, text, begin, stop)
+            stop = value_end(label, text[start:end], text, begin, stop)
         replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
         if replaced is not None:
             parts += (text[done:begin], replaced)

@@ -1,0 +1,119 @@
+"""How far a free-form value runs after its key in free text (``address=221B Baker Street status=ok``).
+
+An unquoted value was one word: ``address=221B Baker Street`` logged ``[address] Baker Street``,
+``dob: 12 March 1980`` logged ``[birth_date] March 1980``. A free-form value (an address, a date
+of birth or a postcode in no shape :mod:`scrub_value_shapes` knows, the value of a key added by
+configuration) runs on from its first word to the first of:
+
+- the line's next ``key=value`` or ``key: value`` pair (a key starting with a letter or ``_``,
+  quoted or not, then ``=``, or ``:`` that starts no ``::`` or ``://``): ``address=221B Baker
+  Street status=failed`` keeps ``status=failed``;
+- a closing bracket or quote that opened before the key: ``(address: 5 rue de la Paix) sent``,
+  ``"note": "address: 5 rue de la Paix", "n": 1``; one that opens inside the value closes inside it;
+- the end of the line.
+
+The separators before that end stay (``, status=failed``; a ``.`` that ends a sentence). When in
+doubt the value runs on (remove when in doubt): a quote opens only at the start of a word and
+closes only at the end of one (``d'Alsace`` is one word), and a bracket that closes nothing
+opened before the key ends nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+from jobsystem.privacy.scrub_keys import EXTRA_LABEL
+
+__all__ = ["FREEFORM_LABELS", "freeform_end"]
+
+#: Labels whose values are free text: addresses (postcodes too), dates of birth, configured keys.
+FREEFORM_LABELS = frozenset({"address", "birth_date", EXTRA_LABEL})
+
+#: What may end a value, in the order tried at one place: the next pair's key, the line's end, a
+#: bracket, a quote (with the backslashes that escape it in JSON text).
+_STOP = re.compile(
+    r"(?<![A-Za-z0-9_\-])(?P<key>(?:\\*[\"'])?[A-Za-z_][A-Za-z0-9_\-]*(?:\\*[\"'])?[ \t]*(?:=|:(?![:/])))"
+    r"|(?P<line>[\r\n])|(?P<open>[(\[{<])|(?P<close>[)\]}>])|(?P<quote>\\*[\"'])"
+)
+#: Brackets and quotes, to find those open where a value starts.
+_MARK = re.compile(r"[(\[{<)\]}>]|\\*[\"']")
+_OPENING = {")": "(", "]": "[", "}": "{", ">": "<"}
+#: What a quote follows when it opens a quoted text: the line's start, a space, a bracket, ``=:,``.
+_BEFORE_OPENING_QUOTE = frozenset(" \t([{<=:,")
+#: Separators left out at a value's end, before what ends it.
+_TRAILING = frozenset(" \t,;&|.-\u2013\u2014")
+#: Per thread, the last look for open brackets and quotes: (text, where, its line's start, open).
+_RECENT = threading.local()
+
+
+def freeform_end(text: str, begin: int, stop: int) -> int:
+    """Where a free-form value whose first word is ``text[begin:stop]`` ends (see the module)."""
+    outer: list[str] | None = None  # open where the value starts: looked for at the first closer
+    inner: list[str] = []
+    end = len(text)
+    for match in _STOP.finditer(text, stop):
+        kind, mark = match.lastgroup, match[0]
+        if kind == "key" or kind == "line":
+            end = match.start()
+            break
+        if kind == "open":
+            inner.append(mark)
+            continue
+        opening = _OPENING.get(mark, mark)
+        closes = kind == "close" or _closes(text, match.end())
+        if inner and inner[-1] == opening:
+            if closes:
+                inner.pop()
+            continue
+        if outer is None:
+            outer = _open_at(text, begin)
+        if closes and opening in outer:
+            end = match.start()
+            break
+        if kind == "quote" and _opens(text, match.start(), -1):
+            inner.append(mark)
+    while end > stop and text[end - 1] in _TRAILING:
+        end -= 1
+    return max(end, stop)
+
+
+def _open_at(text: str, begin: int) -> list[str]:
+    """The brackets and quotes open at ``begin`` on its line, innermost last (not to be changed).
+
+    A line's values are looked at in order, so each look goes on from the one before on the same
+    text (remembered per thread) and a line is read once, however many values it holds."""
+    recent: tuple[str, int, int, list[str]] | None = getattr(_RECENT, "look", None)
+    stack: list[str]
+    if recent is not None and recent[0] is text and recent[1] <= begin:
+        _, floor, line, stack = recent
+        if after_line := max(text.rfind("\n", floor, begin), text.rfind("\r", floor, begin)) + 1:
+            floor = line = after_line
+            stack = []
+    else:
+        floor = line = max(text.rfind("\n", 0, begin), text.rfind("\r", 0, begin)) + 1
+        stack = []
+    for match in _MARK.finditer(text, floor, begin):
+        mark = match[0]
+        if mark in _OPENING:
+            if stack and stack[-1] == _OPENING[mark]:
+                stack.pop()
+        elif mark[-1] not in "\"'":
+            stack.append(mark)
+        elif stack and stack[-1] == mark and _closes(text, match.end()):
+            stack.pop()
+        elif _opens(text, match.start(), line):
+            stack.append(mark)
+    _RECENT.look = (text, begin, line, stack)
+    return stack
+
+
+def _opens(text: str, at: int, floor: int) -> bool:
+    """Whether the quote at ``at`` starts a word (a quoted text), not ends or sits inside one;
+    ``floor``: where the text looked at starts, as a line's start does."""
+    return at == floor or text[at - 1] in _BEFORE_OPENING_QUOTE
+
+
+def _closes(text: str, after: int) -> bool:
+    """Whether the quote ending at ``after`` ends a word (a quoted text), not starts or sits inside one."""
+    return after >= len(text) or not (text[after].isalnum() or text[after] == "_")

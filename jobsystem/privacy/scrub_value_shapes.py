@@ -1,0 +1,88 @@
+"""The shapes that end a free-form value after its key in free text: a date of birth, a postcode,
+a machine's address.
+
+An address or a date of birth after its key runs on to the end of its value
+(:mod:`scrub_freeform`), but some of them have a shape that says where they end, and the
+ordinary words after it stay:
+
+- a date of birth: a date in digits (``1980-03-12``, ``12/03/1980``), a year, or a day, a month
+  named in English, French, German, Spanish, Italian, Portuguese or Dutch and a year, in either
+  order (``12 March 1980``, ``March 12, 1980``, ``12. März 1980``, ``12 de marzo de 1980``,
+  ``1er mars``, ``March 1980``);
+- a postcode (a key naming one, :func:`~jobsystem.privacy.scrub_keys.is_postcode_key`): the
+  shapes written in two parts (``SW1A 1AA``, ``K1A 0B1``, ``1012 AB``, ``D02 X285``,
+  ``114 55``, ``110 001``), or any first word with a digit (``75002``, ``94105-1234``);
+- under any other address key, a machine's or a mailbox's address as its first word
+  (``81.2.69.142:5672``, ``smtp.example.com:25``, ``00:1a:2b:3c:4d:5e``, ``ana@example.com``,
+  ``tcp://host``): the words after it are no part of a street's.
+
+A value in none of these shapes is free-form: it runs on to its end, as a value without a shape
+does (remove when in doubt).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["birth_date_end", "network_end", "postcode_end"]
+
+#: Months, in full and abbreviated, in the languages the project's regions write (English,
+#: French, German, Spanish, Italian, Portuguese, Dutch); an abbreviation's ``.`` before the year
+#: is taken (``Mar. 1980``), a sentence's is not (``12 March.``).
+_MONTHS = (
+    "january|february|march|april|may|june|july|august|september|october|november|december|jan|feb|"
+    "mar|apr|jun|jul|aug|sep|sept|oct|nov|dec|janvier|février|fevrier|mars|avril|mai|juin|juillet|"
+    "août|aout|septembre|octobre|novembre|décembre|decembre|janv|févr|fevr|avr|juil|déc|januar|"
+    "februar|märz|maerz|juni|juli|oktober|dezember|jän|mrz|okt|dez|enero|febrero|marzo|abril|mayo|"
+    "junio|julio|agosto|septiembre|setiembre|octubre|noviembre|diciembre|gennaio|febbraio|aprile|"
+    "maggio|giugno|luglio|settembre|ottobre|dicembre|janeiro|fevereiro|março|marco|maio|junho|"
+    "julho|setembro|outubro|novembro|dezembro|januari|februari|maart|mei|augustus"
+)
+_MONTH = rf"(?:{_MONTHS})(?:\.(?=[ \t]*\d))?"
+_DAY = r"[0-3]?\d(?:st|nd|rd|th|er|º|°|\.)?(?!\d)"
+_YEAR = r"(?:1[89]|20)\d\d|'?\d\d"
+_SEP = r"(?:,?[ \t]+|[\-/.])"
+#: Where a shape may end: not inside a word, a number, a decimal or a time (``1980.5``, ``10:20``).
+_END = r"(?![\w\-/:]|[.,]\d)"
+
+#: A date of birth at the start of a value (see the module).
+_BIRTH_DATE = re.compile(
+    rf"(?:\d{{1,4}}[\-/.]\d{{1,2}}[\-/.]\d{{1,4}}(?:T[\d:.]+(?:Z|[+\-]\d\d:?\d\d)?)?|\d{{8}}"
+    rf"|{_DAY}{_SEP}(?:(?:of|de|del)[ \t]+)?{_MONTH}(?:{_SEP}(?:(?:de|del)[ \t]+)?(?:{_YEAR}))?"
+    rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})|(?:1[89]|20)\d\d)" + _END,
+    re.IGNORECASE,
+)
+#: A postcode written in two parts at the start of a value: British, Canadian, Dutch (its letters
+#: in capitals), Irish (Eircode), and three digits and two or three (Sweden, Czechia, Greece, India).
+_POSTCODE = re.compile(
+    r"(?:(?i:[A-Z]{1,2}\d[A-Z\d]?[ \t]?\d[A-Z]{2})|(?i:[A-Z]\d[A-Z][ \t]?\d[A-Z]\d)"
+    r"|\d{4}[ \t]?[A-Z]{2}|(?i:[A-Z]\d[\dW])[ \t]?(?:[A-Z\d]{4}|(?=[a-z\d]*\d)[a-z\d]{4})"
+    r"|\d{3}[ \t]\d{2,3})" + _END
+)
+#: A machine's or a mailbox's address as a whole first word: a URL, an IPv4 address or a host with
+#: a port, hexadecimal groups joined by colons (IPv6, MAC), an email address.
+_NETWORK = re.compile(
+    r"[a-z][a-z0-9+.\-]*://\S+|\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?|[a-z0-9][\w.\-]*:\d{1,5}"
+    r"|[0-9a-f]{0,4}(?::[0-9a-f]{0,4}){2,7}(?:%\w+)?|[^\s@]+@[\w\-]+(?:\.[\w\-]+)+",
+    re.IGNORECASE,
+)
+
+
+def birth_date_end(text: str, begin: int) -> int | None:
+    """The end of a date of birth at ``text[begin]``, or None if none starts there."""
+    match = _BIRTH_DATE.match(text, begin)
+    return match.end() if match else None
+
+
+def postcode_end(text: str, begin: int, stop: int) -> int | None:
+    """The end of a postcode at ``text[begin]`` (first word ``text[begin:stop]``), or None if
+    none starts there."""
+    match = _POSTCODE.match(text, begin)
+    if match:
+        return match.end()
+    return stop if any(c.isdigit() for c in text[begin:stop]) else None
+
+
+def network_end(text: str, begin: int, stop: int) -> int | None:
+    """``stop`` if the first word ``text[begin:stop]`` is a machine's or a mailbox's address."""
+    return stop if _NETWORK.fullmatch(text, begin, stop) else None

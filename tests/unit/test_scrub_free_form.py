@@ -1,0 +1,140 @@
+"""Free-form values after a key in free text: an unquoted address, date of birth, postcode or
+configured key's value was cut at its first space (``address=221B Baker Street`` kept ``Baker
+Street``); it runs on to the end of its value, or, for a date of birth or a postcode in a shape,
+to the end of that shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobsystem.privacy.scrub import Scrubber
+from jobsystem.privacy.scrub_freeform import freeform_end
+from tests.pii_corpus import KEYED_FREE_FORM, KEYED_SHAPED, ORDINARY, leaks
+
+scrub = Scrubber()
+hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
+
+
+def _lines(key: str, value: str, label: str) -> list[tuple[str, str]]:
+    """(line, expected) with the value where a log line holds one, ended by the next pair, a
+    bracket or a quote opened before the key, or the line's end."""
+    gone = f"[{label}]"
+    return [
+        (f"{key}={value}", f"{key}={gone}"),
+        (f"{key}: {value} status=failed", f"{key}: {gone} status=failed"),
+        (f"{key}={value}, status=failed retried 3 times", f"{key}={gone}, status=failed retried 3 times"),
+        (f"{key}: {value}; 'tier': 'gold'", f"{key}: {gone}; 'tier': 'gold'"),
+        (f"({key}: {value}) retried", f"({key}: {gone}) retried"),
+        (f"{{{key}: {value}, tier: gold}}", f"{{{key}: {gone}, tier: gold}}"),
+        (f"Customer({key}={value}, tier='gold')", f"Customer({key}={gone}, tier='gold')"),
+        (f'{{"note": "{key}: {value}", "n": 1}}', f'{{"note": "{key}: {gone}", "n": 1}}'),
+        (f"note='{key}: {value}' sent", f"note='{key}: {gone}' sent"),
+        (f"{key}: {value}\nretried 3 times", f"{key}: {gone}\nretried 3 times"),
+        (f"/orders?{key}={value.replace(' ', '+')}&n=2", f"/orders?{key}={gone}&n=2"),
+    ]
+
+
+@pytest.mark.parametrize(("key", "label", "value"), KEYED_FREE_FORM)
+def test_an_unquoted_free_form_value_is_replaced_up_to_the_next_pair_bracket_quote_or_line_end(
+    key, label, value
+):
+    for line, expected in _lines(key, value, label):
+        out = scrub.text(line)
+        assert out == expected and leaks(out) == [] and scrub.text(out) == out, line
+
+
+@pytest.mark.parametrize(("key", "label", "value"), KEYED_FREE_FORM + KEYED_SHAPED)
+def test_an_unquoted_keyed_value_of_several_words_hashes_as_the_value_under_the_key(key, label, value):
+    hashed = hashing({key: value})[key]
+    assert hashing.text(f"{key}={value} status=ok") == f"{key}={hashed} status=ok"  # one person, one hash
+    assert hashing.text(f"{key}={hashed} status=ok") == f"{key}={hashed} status=ok"  # its own output stays
+
+
+@pytest.mark.parametrize(("key", "label", "value"), KEYED_SHAPED)
+def test_a_date_of_birth_or_postcode_is_taken_by_its_shape_and_the_words_after_it_stay(key, label, value):
+    lines = _lines(key, value, label)
+    for after in (" retried 3 times", ", sent to Paris", ". Next: 3", " at 10:20:33 (v3.11.7)"):
+        lines.append((f"{key}: {value}{after}", f"{key}: [{label}]{after}"))
+    for line, expected in lines:
+        out = scrub.text(line)
+        assert out == expected and leaks(out) == [], line
+
+
+#: Dates and postcodes of one word: their first word always was the value (guards, not faults).
+ONE_WORD = [
+    ("dob", "birth_date", "1980-03-12"),
+    ("date_of_birth", "birth_date", "12/03/1980"),
+    ("birthdate", "birth_date", "1980-03-12T00:00:00Z"),
+    ("postal_code", "address", "75002"),
+    ("zip_code", "address", "94105-1234"),
+    ("postcode", "address", "1000-001"),
+]
+
+
+@pytest.mark.parametrize("after", ORDINARY)
+def test_ordinary_values_right_after_a_shaped_date_of_birth_or_postcode_stay(after):
+    for key, label, value in KEYED_SHAPED + ONE_WORD:
+        assert scrub.text(f"{key}: {value} {after}") == f"{key}: [{label}] {after}"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # A date of birth or a postcode in no shape known is free-form: removed up to its end.
+        ("dob: unknown, see file status=ok", "dob: [birth_date] status=ok"),
+        ("date_of_birth=12 Marchh 1980 status=ok", "date_of_birth=[birth_date] status=ok"),
+        ("postcode: see the notes (rear door) status=ok", "postcode: [address] status=ok"),
+        # A quote that opens inside the value closes inside it; an apostrophe is part of a word.
+        ('address: 5 "Les Lilas" rue d\'Alsace, status=ok', "address: [address], status=ok"),
+        ("note='address: 5 rue d'Alsace' sent", "note='address: [address]' sent"),
+        ("address: Flat 3 (rear), 5 rue de la Paix status=ok", "address: [address] status=ok"),
+        # A bracket that closes nothing opened before the key ends nothing.
+        ("address: 5 rue de la Paix) Paris", "address: [address]"),
+        # JSON text inside a JSON string: the escaped quote that opened before the key ends it.
+        (
+            '"{\\"note\\": \\"address: 5 rue\\", \\"n\\": 1}"',
+            '"{\\"note\\": \\"address: [address]\\", \\"n\\": 1}"',
+        ),
+    ],
+)
+def test_where_a_free_form_value_ends_when_in_doubt(text, expected):
+    assert scrub.text(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "remote_address=81.2.69.142:5672 closed by peer",
+        "bind_address=0.0.0.0:9191 listening",
+        "mac_address=00:1a:2b:3c:4d:5e seen",
+        "reply_address=ana@example.com bounced",
+        "server_address=amqp://rabbit:5672/%2F connected",
+    ],
+)
+def test_a_machines_address_under_an_address_key_is_one_word_and_the_words_after_it_stay(text):
+    key, rest = text.split("=", 1)
+    assert scrub.text(text) == f"{key}=[address] {rest.split(' ', 1)[1]}"
+
+
+def test_a_configured_keys_unquoted_value_runs_to_the_end_of_its_value():
+    custom = Scrubber(extra_keys=["delivery_note", "loyalty_id"])
+    line = "delivery_note=leave it with Ana at number 42 status=ok"
+    assert custom.text(line) == "delivery_note=[redacted] status=ok"
+    assert custom.text("loyalty_id: L-123 (gold tier), n=2") == "loyalty_id: [redacted], n=2"
+    assert scrub.text(line) == line  # not a key without the setting
+
+
+def test_brackets_and_quotes_open_before_a_value_are_found_alike_afresh_or_going_on_from_the_last_look():
+    """Each look for what is open before a value goes on from the last one on the same text (a
+    line is read once); looked at afresh, in another order, each value ends at the same place."""
+    line = '(address: 5 rue) "note": "address: 6 rue d\'Alsace", {address: 7 rue} (a\nb address: 8 rue) y'
+    expected = (
+        '(address: [address]) "note": "address: [address]", {address: [address]} (a\nb address: [address]'
+    )
+    assert scrub.text(line) == expected
+    values = ["5 rue", "6 rue d'Alsace", "7 rue", "8 rue) y"]
+    starts = [line.index(value) for value in values]
+    in_order = [freeform_end(line, begin, begin + 1) for begin in starts]
+    copy = (line + ".")[:-1]  # another object: nothing remembered of it
+    afresh = [freeform_end(copy, begin, begin + 1) for begin in reversed(starts)][::-1]
+    assert in_order == afresh == [begin + len(value) for begin, value in zip(starts, values, strict=True)]
