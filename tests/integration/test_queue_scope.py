@@ -12,7 +12,6 @@ import json
 import time
 
 import pika
-import pytest
 from dramatiq import Message
 
 from jobsystem.store.dead_letter_index import DeadLetterEntry, dead_letter_index
@@ -233,11 +232,6 @@ def test_a_removed_actors_dead_letters_are_read_by_name_reindexed_then_purged(
     assert queues.depth(retired + ".DLQ") == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: send_bulk declares the replayed queue on the dashboard's broker, and scope.py "
-    "reads get_declared_queues() as the actors' queues",
-)
 def test_a_removed_actors_letters_without_the_record_stay_after_the_dashboard_retried_the_others(
     start_dashboard, queues, prefix
 ):
