@@ -7,14 +7,18 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import dramatiq
 import pika
 import pytest
+from dramatiq.brokers.stub import StubBroker
 
 from dashboard import dead_letters as dashboard_dead_letters
 from dashboard import queues as dashboard_queues
 from dashboard.dead_letters import ActionError, Selection
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import DeadLetter
+from jobsystem.ops.health import resolve_queues
+from jobsystem.ops.migration import foreign_queues
 from jobsystem.ops.scope import changeable
 from jobsystem.settings import load_settings
 from jobsystem.store.base import StoreUnavailable
@@ -163,3 +167,14 @@ def test_a_queue_the_process_published_to_is_not_taken_for_an_actors(monkeypatch
     assert not ours(letter("removed.DLQ", {"x-death": [{"queue": "removed", "reason": "rejected"}]}))
     assert not ours(letter("billing.DLQ", {}))
     assert ours(letter("removed.DLQ", {"x-dl-reason": "retries_exhausted", "x-dl-queue": "removed"}))
+
+
+def test_health_and_migration_take_the_actors_queues_not_every_queue_published_to() -> None:
+    """``jobctl health`` (and the health actor in a worker) checks, and ``migrate-queues`` recreates
+    with the project's arguments, the actors' queues: a queue the process sent a message to (another
+    service's actor) is declared on its broker all the same, and is none of them."""
+    stub = StubBroker()
+    dramatiq.actor(lambda: None, actor_name="send_email", queue_name="emails", broker=stub)
+    stub.declare_queue("billing")  # what a send to another service's actor there declares
+    assert resolve_queues(SETTINGS, stub) == ["emails"]
+    assert foreign_queues(stub, ["emails", "billing"]) == ["billing"]  # type: ignore[arg-type]
