@@ -111,7 +111,7 @@ class Context:
         if queue is not None:  # a typo: say so, rather than "0 dead letters" or a channel error
             require_queues(system.settings, {name: named for name in self.queues})
         if not self.complete:  # a removed actor's letters may be left out: never "all of them"
-            click.echo(f"jobctl: {ops.INDEX_UNREAD}: only the declared queues' dead letters", err=True)
+            click.echo(f"jobctl: {ops.INDEX_UNREAD}: only the dead letters of the actors' queues", err=True)
         self.filters = ops.Filters(
             message_ids=frozenset(ids),
             queue=None,

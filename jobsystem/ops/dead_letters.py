@@ -105,7 +105,7 @@ def dead_letter_scope(
     """The dead-letter queues of the project's queues (:func:`~jobsystem.ops.scope.project_queues`)
     that RabbitMQ has, never every ``.DLQ`` with ``QUEUE_PREFIX`` (the default, empty, prefix
     would take every application's on the vhost), and whether the dead-letter index was read to
-    find them (False: the declared queues' only). A ``queue`` named is the project's (the prefix
+    find them (False: the actors' queues only). A ``queue`` named is the project's (the prefix
     added unless present): another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`,
     unless ``reading`` (list, show, export, re-index) and its ``.DLQ`` exists: named explicitly,
     a removed actor's letters the index does not know stay readable, and can be re-indexed (its

@@ -38,6 +38,7 @@ from jobsystem.ops.deadline import Call, Deadline, Lane, Late
 from jobsystem.ops.management import Undated, oldest_age_s, queue_stats, rate
 from jobsystem.ops.outages import reason, unreachable
 from jobsystem.ops.queue_counts import AmqpCounts, count_queues
+from jobsystem.rabbitmq.broker import actor_queues
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.scheduled import Scheduled
@@ -155,11 +156,12 @@ def own_queue(settings: Settings, name: str) -> str:
 
 
 def resolve_queues(settings: Settings, broker: Broker, names: list[str] | None = None) -> list[str]:
-    """The queues to check: ``names`` (this environment's, :func:`own_queue`), else every queue
-    the actors declared on ``broker``."""
+    """The queues to check: ``names`` (this environment's, :func:`own_queue`), else those of the
+    actors registered on ``broker`` (:func:`~jobsystem.rabbitmq.broker.actor_queues`: not every
+    queue the process sent to, which may be another service's)."""
     if names:
         return sorted({own_queue(settings, n) for n in names})
-    return sorted(broker.get_declared_queues())
+    return sorted(actor_queues(broker))
 
 
 @dataclass

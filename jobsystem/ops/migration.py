@@ -24,7 +24,7 @@ import pika.exceptions
 
 from jobsystem.ops.management import call_api
 from jobsystem.ops.queue_counts import missing_queues
-from jobsystem.rabbitmq.broker import ProjectBroker
+from jobsystem.rabbitmq.broker import ProjectBroker, actor_queues
 from jobsystem.rabbitmq.delays import is_cascade_queue
 from jobsystem.settings import Settings
 
@@ -85,9 +85,10 @@ def work_queues(settings: Settings, existing: dict[str, QueueState], own: Collec
 
 
 def foreign_queues(broker: ProjectBroker, names: Iterable[str]) -> list[str]:
-    """Those of ``names`` that are not queues of the project's actors (declared on ``broker``):
-    a migration recreates them with the project's arguments, so only its own may be named."""
-    own = broker.get_declared_queues()
+    """Those of ``names`` that are not queues of the actors registered on ``broker`` (not merely
+    declared: :func:`~jobsystem.rabbitmq.broker.actor_queues`): a migration recreates them with
+    the project's arguments, so only its own may be named."""
+    own = actor_queues(broker)
     return [name for name in names if name not in own]
 
 
@@ -268,7 +269,7 @@ def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None =
         names_text = ", ".join(map(repr, foreign))
         raise MigrationError(f"not a queue of the project's actors, left as it is: {names_text}")
     existing = existing_queues(settings)
-    queues = names or work_queues(settings, existing, broker.get_declared_queues())
+    queues = names or work_queues(settings, existing, actor_queues(broker))
     report: list[str] = []
     parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
     connection = pika.BlockingConnection(parameters)

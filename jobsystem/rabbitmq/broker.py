@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
-from dramatiq import Message
+from dramatiq import Broker, Message
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
@@ -27,6 +27,20 @@ from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore
 from middleware.dead_letters import DeadLetters
 from middleware.idempotency import DuplicateMessage, as_duplicate
+
+__all__ = [
+    "DEAD_LETTER_EXCHANGE",
+    "DEAD_LETTER_PUBLISH_ATTEMPTS",
+    "DEAD_LETTER_SUFFIX",
+    "DEFAULT_DELAY_HORIZON_MS",
+    "PUBLISH_ATTEMPTS",
+    "ProjectBroker",
+    "QueueArgumentsMismatch",
+    "actor_queues",
+    "build_broker",
+    "connection_urls",
+    "dead_letter_queue",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +65,15 @@ DEAD_LETTER_SUFFIX = ".DLQ"
 def dead_letter_queue(queue_name: str) -> str:
     """The durable queue holding ``queue_name``'s dead letters."""
     return q_name(queue_name) + DEAD_LETTER_SUFFIX
+
+
+def actor_queues(broker: Broker) -> set[str]:
+    """The work queues (canonical names: ``<queue>.DQ`` and ``<queue>.DLQ`` derive from them) of
+    the actors registered on ``broker``: the project's and those of the modules a command imported.
+    Not :meth:`~dramatiq.Broker.get_declared_queues`: every publish declares its queue, so that
+    also holds whatever the process sent to since it started (a replay into a removed actor's
+    queue, a send to another service's actor), which is no reason to take a queue as the project's."""
+    return {q_name(actor.queue_name) for actor in broker.actors.values()}
 
 
 class QueueArgumentsMismatch(RuntimeError):

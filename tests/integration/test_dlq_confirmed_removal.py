@@ -23,6 +23,7 @@ def _dead_letters(broker: Any, queue: str) -> str:
     for i in range(COUNT):
         message = Message(queue, "record", (f"d{i}",), {}, {})
         headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-attempts": 1}
+        headers["x-dl-queue"] = queue  # the record names its queue, as the worker's consumer writes
         broker.publish_dead_letter(message.encode(), headers, message.message_id, queue)
     assert broker.dead_letter_index.flush(10)
     assert _indexed(broker, queue) == COUNT

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import dramatiq
 import pika
 import pytest
 import requests
@@ -79,7 +80,8 @@ def test_a_message_routed_to_a_queue_while_it_is_migrated_is_not_lost(queues, pr
     for i in range(3):
         queues.send(workload.record, f"m{i}")
     system = build_system(load_settings({**os.environ, "QUEUE_PREFIX": prefix, "RABBITMQ_MAX_PRIORITY": "0"}))
-    system.broker.declare_queue(queue)  # the actor's queue, as the application's import declares it
+    # The actor on its queue, as the application's import registers it.
+    dramatiq.actor(workload.record.fn, actor_name="record", queue_name=queue, broker=system.broker)
     move = migration._move
 
     def move_then_a_producer(channel, source, publish):  # type: ignore[no-untyped-def]

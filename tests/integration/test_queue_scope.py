@@ -195,6 +195,19 @@ def test_the_dashboard_neither_shows_nor_acts_on_another_applications_queues(sta
     assert queues.depth(ours + ".DLQ") == 0 and queues.depth(theirs + ".DLQ") == 1
 
 
+def retired_dead_letter(queues, retired: str, *, recorded: bool) -> str:
+    """A dead letter of ``retired``, an actor's queue since removed: with the record the project's
+    consumer writes (``recorded``), or with RabbitMQ's ``x-death`` only (plain Dramatiq's, moved in
+    by ``migrate-queues``); returns its id."""
+    message = Message(queue_name=retired, actor_name="retired_job", args=(), kwargs={}, options={})
+    headers: dict = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "unknown", "x-dl-queue": retired}
+    if not recorded:
+        headers = {"x-death": [{"queue": retired, "reason": "rejected", "count": 1, "exchange": ""}]}
+    properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers)
+    queues.broker.channel.basic_publish("", retired + ".DLQ", message.encode(), properties)
+    return message.message_id
+
+
 def test_a_removed_actors_dead_letters_are_read_by_name_reindexed_then_purged(
     start_dashboard, queues, prefix
 ):
@@ -204,13 +217,10 @@ def test_a_removed_actors_dead_letters_are_read_by_name_reindexed_then_purged(
     the project's and can be purged."""
     retired = prefix + "retired"
     queues.broker.declare_queue(retired, ensure=True)
-    message = Message(queue_name=retired, actor_name="retired_job", args=(), kwargs={}, options={})
-    headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "unknown", "x-dl-queue": retired}
-    properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers)
-    queues.broker.channel.basic_publish("", retired + ".DLQ", message.encode(), properties)
+    recorded = retired_dead_letter(queues, retired, recorded=True)
 
     listed = jobctl(prefix, "dlq", "list", "--queue", "retired")
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == [message.message_id]
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [recorded]
     refused = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", "retired", check=False)
     assert refused.returncode == 2 and "not a queue of the project's" in refused.stderr, refused.stderr
 
@@ -220,6 +230,31 @@ def test_a_removed_actors_dead_letters_are_read_by_name_reindexed_then_purged(
     purged = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", "retired")
     assert "purged 1 dead letter(s)" in purged.stdout
     assert queues.depth(retired + ".DLQ") == 0
+
+
+def test_a_removed_actors_letters_without_the_record_stay_after_the_dashboard_retried_the_others(
+    start_dashboard, queues, prefix
+):
+    """``retired`` (no actor declares it) holds a letter the project's consumer dead-lettered and one
+    without the record (plain Dramatiq's, moved in by ``migrate-queues``), which is changed only
+    with a ``--module`` declaring the queue. A retry on the dashboard republishes the first, and
+    its bulk send declares ``retired`` on the dashboard's broker for the rest of its life: from then
+    on the dashboard takes ``retired`` as an actor's queue, and purges the other letter."""
+    retired = prefix + "retired"
+    queues.broker.declare_queue(retired, ensure=True)
+    ours = retired_dead_letter(queues, retired, recorded=True)
+    plain = retired_dead_letter(queues, retired, recorded=False)
+
+    dashboard = start_dashboard()
+    reindexed = dashboard.post("/api/dead-letters/reindex", ADMIN, {"queue": "retired"})
+    assert reindexed.json() == {"indexed": 1, "left_out": 1}, reindexed.text
+    retried = dashboard.post("/api/dead-letters/retry", ADMIN, {"queue": "retired", "ids": [ours]})
+    assert retried.status_code == 200 and retried.json()["retried"] == 1, retried.text
+    by_jobctl = jobctl(prefix, "dlq", "purge", "--all", "--yes", "--queue", "retired", check=False)
+    by_dashboard = dashboard.post("/api/dead-letters/purge", ADMIN, {"queue": "retired", "all": True})
+
+    assert by_jobctl.returncode == 2 and "not a queue of the project's" in by_jobctl.stderr, by_jobctl
+    assert held(queues, retired + ".DLQ") == [plain], by_dashboard.text
 
 
 def test_dlq_says_when_the_dead_letter_index_could_not_be_read(queues, prefix):

@@ -106,10 +106,9 @@ def dashboard(
     """The app over ``store``, RabbitMQ as ``settings`` say, the queues' health as ``report`` says,
     and the headers an admin's POST carries."""
     broker = SimpleNamespace(
-        actors={"a1": None},
+        actors={"a1": SimpleNamespace(queue_name=settings.queue("emails"))},  # the reference actors' queue
         dead_letter_index=SimpleNamespace(backend=dead_letter_index(store)),
         middleware=[],
-        get_declared_queues=lambda: [settings.queue("emails")],  # the reference actors' queue
         parameters=pika.URLParameters(settings.rabbitmq_url),
     )
     project = SimpleNamespace(

@@ -112,7 +112,7 @@ def _shown(text: str, secrets: list[str]) -> list[str]:
 
 
 def _jobctl_health(monkeypatch: pytest.MonkeyPatch, settings: Settings, store: Any, *args: str) -> Result:
-    broker = SimpleNamespace(get_declared_queues=lambda: ["q"])
+    broker = SimpleNamespace(actors={"job": SimpleNamespace(queue_name="q")})
     system = SimpleNamespace(settings=settings, broker=broker, store=store)
     monkeypatch.setattr(cli, "load_system", lambda: system)
     return CliRunner().invoke(cli.main, ["health", "--timeout", "3", *args])

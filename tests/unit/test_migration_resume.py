@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from types import SimpleNamespace
 from typing import Any
 
 import pika.exceptions
@@ -118,10 +119,12 @@ class Broker:
 
     def __init__(self, rabbit: Rabbit) -> None:
         self.rabbit = rabbit
+        #: The project's actors use one queue.
+        self.actors = {"send_email": SimpleNamespace(queue_name=QUEUE)}
 
     def get_declared_queues(self) -> set[str]:
-        """The project's actors use one queue."""
-        return {QUEUE}
+        """The actors' queue, and another application's, which a send to its actor declared."""
+        return {QUEUE, "other_app_queue"}
 
     def queue_arguments(self, queue: str) -> dict[str, Any]:
         return dict(NEW)
@@ -217,8 +220,9 @@ def test_a_queue_whose_twin_still_holds_its_messages_is_migrated_even_if_a_worke
 
 def test_with_the_default_empty_prefix_another_applications_queues_are_left_alone(monkeypatch):
     """An empty ``QUEUE_PREFIX`` matches every queue of the vhost: only the queues of the
-    project's actors are migrated, not another application's (nor what looks like its twin), and
-    naming one is refused before anything changes."""
+    project's actors are migrated, not another application's (nor what looks like its twin), even
+    once the command's broker declared it by a send there, and naming one is refused before
+    anything changes."""
     rabbit = _plain_dramatiq_queues()
     theirs: dict[str, Any] = {"x-message-ttl": 60_000}
     rabbit.queues["other_app_queue"] = (dict(theirs), deque([b"o0"]))

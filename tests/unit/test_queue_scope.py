@@ -7,14 +7,18 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import dramatiq
 import pika
 import pytest
+from dramatiq.brokers.stub import StubBroker
 
 from dashboard import dead_letters as dashboard_dead_letters
 from dashboard import queues as dashboard_queues
 from dashboard.dead_letters import ActionError, Selection
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import DeadLetter
+from jobsystem.ops.health import resolve_queues
+from jobsystem.ops.migration import foreign_queues
 from jobsystem.ops.scope import changeable
 from jobsystem.settings import load_settings
 from jobsystem.store.base import StoreUnavailable
@@ -39,10 +43,12 @@ class Index:
         return {"retired": 2}
 
 
-def broker(index: Index | None = None) -> Any:
-    """A broker whose actors declared ``emails`` only."""
+def broker(index: Index | None = None, sent_to: frozenset[str] = frozenset()) -> Any:
+    """A broker whose one actor uses ``emails``, and which declared ``sent_to`` too: every publish
+    declares its queue (a retry into a removed actor's queue, a send to another service's actor)."""
     return SimpleNamespace(
-        get_declared_queues=lambda: {"emails"},
+        actors={"send_email": SimpleNamespace(queue_name="emails")},
+        get_declared_queues=lambda: {"emails", *sent_to},
         dead_letter_index=SimpleNamespace(backend=index or Index()),
     )
 
@@ -74,7 +80,7 @@ SETTINGS = load_settings({"QUEUE_PREFIX": ""})
 @pytest.mark.usefixtures("vhost")
 def test_without_a_queue_only_the_projects_dead_letter_queues_are_taken() -> None:
     assert ops.dead_letter_queues(SETTINGS, broker()) == ["emails.DLQ", "retired.DLQ"]
-    # The index unanswered: the declared queues only, still never another application's.
+    # The index unanswered: the actors' queues only, still never another application's.
     assert ops.dead_letter_queues(SETTINGS, broker(Index(down=True))) == ["emails.DLQ"]
 
 
@@ -131,7 +137,7 @@ def letter(dead_letter_queue: str, headers: dict[str, Any]) -> DeadLetter:
 def test_only_the_projects_own_letters_may_change_in_a_queue_no_actor_declares() -> None:
     """Being in the index does not make a queue's letters the project's to retry or purge: in a
     queue no actor declares, only those whose ``x-dl-*`` record names the queue (the project's
-    consumer dead-lettered them); in a declared queue, every letter."""
+    consumer dead-lettered them); in an actor's queue, every letter."""
     ours = changeable(broker())
     recorded = {"x-dl-reason": "retries_exhausted", "x-dl-queue": "retired"}
     assert ours(letter("retired.DLQ", recorded))
@@ -141,3 +147,34 @@ def test_only_the_projects_own_letters_may_change_in_a_queue_no_actor_declares()
     assert not ours(letter("orders.DLQ", {"x-dl-reason": "rejected"}))  # a record naming no queue
     assert ours(letter("orders.DLQ", {**recorded, "x-dl-queue": b"orders"}))  # as pika may hand it
     assert ours(letter("emails.DLQ", {}))  # declared: RabbitMQ's dead-lettering and old letters too
+
+
+@pytest.mark.usefixtures("vhost")
+def test_a_queue_the_process_published_to_is_not_taken_for_an_actors(monkeypatch) -> None:
+    """A long-lived process (the dashboard) declares every queue it publishes to: ``billing``, a
+    send to another application's actor, and ``removed``, a retry of a removed actor's letter.
+    Neither becomes the project's: not listed, refused when named, and their letters without the
+    project's record are left by purge, retry and re-index."""
+    sent = broker(sent_to=frozenset({"billing", "removed"}))
+    assert ops.dead_letter_queues(SETTINGS, sent) == ["emails.DLQ", "retired.DLQ"]
+    with pytest.raises(ops.ForeignQueue, match="'billing' is not a queue of the project's actors"):
+        ops.dead_letter_queues(SETTINGS, sent, "billing")
+    with pytest.raises(ops.ForeignQueue, match="'removed' is not a queue of the project's actors"):
+        ops.dead_letter_queues(SETTINGS, sent, "removed")
+    project = SimpleNamespace(settings=SETTINGS, broker=sent)
+    assert dashboard_queues.work_queues(project) == ["emails", "retired"]  # type: ignore[arg-type]
+    ours = changeable(sent)
+    assert not ours(letter("removed.DLQ", {"x-death": [{"queue": "removed", "reason": "rejected"}]}))
+    assert not ours(letter("billing.DLQ", {}))
+    assert ours(letter("removed.DLQ", {"x-dl-reason": "retries_exhausted", "x-dl-queue": "removed"}))
+
+
+def test_health_and_migration_take_the_actors_queues_not_every_queue_published_to() -> None:
+    """``jobctl health`` (and the health actor in a worker) checks, and ``migrate-queues`` recreates
+    with the project's arguments, the actors' queues: a queue the process sent a message to (another
+    service's actor) is declared on its broker all the same, and is none of them."""
+    stub = StubBroker()
+    dramatiq.actor(lambda: None, actor_name="send_email", queue_name="emails", broker=stub)
+    stub.declare_queue("billing")  # what a send to another service's actor there declares
+    assert resolve_queues(SETTINGS, stub) == ["emails"]
+    assert foreign_queues(stub, ["emails", "billing"]) == ["billing"]  # type: ignore[arg-type]
