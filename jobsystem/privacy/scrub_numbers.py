@@ -18,7 +18,8 @@ number, an amount or a timestamp stays:
   documentation addresses name machines, not people, and stay.
 
 A run of digits may hold several values or a value next to ordinary numbers: windows of whole
-digit groups are tried, longest first. Dates, times and decimal amounts are never candidates.
+digit groups are tried, longest first. Dates, times, decimal amounts and UUIDs (message ids,
+whose first group is all digits about one time in 40) are never candidates.
 UK National Insurance numbers have no check digit and ``python-stdnum`` has no module for them:
 their format rules (HMRC's prefixes) are checked here.
 """
@@ -112,9 +113,12 @@ _DATE = (
     r"(?:\d{4}[./\-][01]?\d[./\-][0-3]?\d|[0-3]?\d[./\-][0-3]?\d[./\-](?:\d{4}|\d\d))"
     r"(?:[ T]\d\d?:\d\d(?::\d\d(?:[.,]\d+)?)?)?(?![\d])"
 )
-#: One scan finds dates (left alone), IPv4 addresses and runs of digit groups.
+#: A UUID starting with a digit (one starting with a letter starts no run of digits).
+_UUID = r"\d[0-9A-Fa-f]{7}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}"
+#: One scan finds UUIDs and dates (left alone), IPv4 addresses and runs of digit groups.
 _NUMBERS = re.compile(
-    r"(?P<ipv4>(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?![\d.]|\.\d))"
+    rf"(?P<uuid>(?<![\w\-]){_UUID})"
+    r"|(?P<ipv4>(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?![\d.]|\.\d))"
     rf"|(?P<date>(?<![\d.])(?<![\d][\-/]){_DATE})"
     r"|(?P<run>(?<![\w.+\-/@%])(?:\+|\(\+?)?\d+(?:(?:[ .\-/]|\) ?| ?\(|[.\-]\()\d+)*)(?![\w@%])"
 )
@@ -297,7 +301,7 @@ class NumberFinder:
 
     def _number(self, match: re.Match[str], replace: Replace) -> str:
         found = match.group()
-        if match.lastgroup == "date":
+        if match.lastgroup in ("uuid", "date"):
             return found
         if match.lastgroup == "ipv4":
             return replace("ip", found) if _public_ip(found) else found
