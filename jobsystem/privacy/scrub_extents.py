@@ -7,19 +7,19 @@ An unquoted value was one word: ``mobile: 70123 45678`` logged ``[phone] 45678``
 - a number of a personal kind (:data:`NUMBER_LABELS`: a phone, a card, an IBAN, a national or
   account number; and a name key's value that starts as a phone number does,
   ``recipient=+44 7700 900123``) whose first word has a digit: it runs on over the groups that
-  follow it one space or tab apart, groups of digits (``(0)``, ``98765-4321`` too), or an IBAN's
-  groups of up to four letters or digits. Of those, the longest run that passes its kind's checks
-  is taken (:meth:`NumberFinder.confirms`), so ``0161 496 0000 3 times`` keeps ``3 times``; if
-  none does, all of them: under such a key they are the number as far as anyone can tell. A word
-  (``retried``), a time (``10:20:33``), a decimal or a version (``3.11.7``), a separator or the
-  line's end stops the groups. A national number with letters is taken in its known shape
-  (``nino: QQ 12 34 56 C``, ``nie: X 1234567 L``).
+  follow it one space or tab apart, groups of digits (``(0)``, ``98765-4321``
+  too), or an IBAN's groups of up to four letters or digits; which of them are the number's,
+  :mod:`scrub_groups` says (as far as it is written in its kind's groups and passes its checks,
+  ``0161 496 0000 3 times`` keeping ``3 times``). A word (``retried``), a time (``10:20:33``), a
+  decimal or a version (``3.11.7``), a separator or the line's end stops the groups. A national
+  number with letters is taken in its known shape (``nino: QQ 12 34 56 C``, ``nie: X 1234567 L``).
 """
 
 from __future__ import annotations
 
 import re
 
+from jobsystem.privacy.scrub_groups import run_end
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
 
@@ -56,8 +56,7 @@ def value_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: in
 
 
 def _groups_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:
-    """The end of the longest run of groups after ``text[begin:stop]`` that ``numbers`` confirms
-    as a ``label``, or of all of them."""
+    """The end of the groups after ``text[begin:stop]`` that are the ``label``'s (:mod:`scrub_groups`)."""
     iban = label == "iban"
     group = _IBAN_GROUP if iban else _DIGIT_GROUP
     ends = [stop]
@@ -67,6 +66,4 @@ def _groups_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: 
             break  # an IBAN's last group: the rest is text
     while len(ends) > 1 and not any(c.isdigit() for c in text[ends[-2] : ends[-1]]):
         ends.pop()  # a word after an IBAN (``sent``), not a group of it
-    if len(ends) == 1:
-        return stop
-    return next((end for end in reversed(ends) if numbers.confirms(label, text[begin:end])), ends[-1])
+    return stop if len(ends) == 1 else run_end(numbers, label, text, begin, ends)
