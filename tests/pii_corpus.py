@@ -221,6 +221,11 @@ KEYED_IN_GROUPS: list[tuple[str, str, str]] = [
     ("phone", "phone", "+39 06 1234 5678"),  # Italy's and Germany's plans have numbers of many lengths
     ("phone", "phone", "+49 30 1234567"),
     ("phone", "phone", "030 1234 567"),  # ``030 1234`` is valid too: the number is taken whole
+    # Grouped by no-break spaces (U+00A0; U+202F, as French typography groups digits).
+    ("phone", "phone", "06\u00a012\u00a034\u00a056\u00a078"),
+    ("tel", "phone", "+33\u202f1\u202f23\u202f45\u202f67\u202f89"),
+    ("iban", "iban", "DE89\u00a03704\u00a00044\u00a00532\u00a00130\u00a000"),
+    ("nino", "id_number", "QQ\u00a012\u00a034\u00a056\u00a0C"),
 ]
 
 #: (key, label, value) of numbers written as one word after a key; ``card_id=42`` passes no check.

@@ -7,7 +7,7 @@ An unquoted value was one word: ``mobile: 70123 45678`` logged ``[phone] 45678``
 - a number of a personal kind (:data:`NUMBER_LABELS`: a phone, a card, an IBAN, a national or
   account number; and a name key's value that starts as a phone number does,
   ``recipient=+44 7700 900123``) whose first word has a digit: it runs on over the groups that
-  follow it one space or tab apart, groups of digits (``(0)``, ``98765-4321``
+  follow it one space, tab or no-break space apart, groups of digits (``(0)``, ``98765-4321``
   too), or an IBAN's groups of up to four letters or digits; which of them are the number's,
   :mod:`scrub_groups` says (as far as it is written in its kind's groups and passes its checks,
   ``0161 496 0000 3 times`` keeping ``3 times``). A word (``retried``), a time (``10:20:33``), a
@@ -36,6 +36,7 @@ _DIGIT_GROUP = re.compile(r"[ \t]+([(+]?\d+(?:[()\-/]{1,2}\d+)*\)?)" + _GROUP_EN
 _IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + _GROUP_END)
 #: Groups looked at, at most (an IBAN has up to nine).
 _MAX_GROUPS = 10
+_SPACES = str.maketrans("\u00a0\u202f", "  ")
 
 
 def value_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:
@@ -47,12 +48,18 @@ def value_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: in
         label = "phone"
     elif label not in NUMBER_LABELS:
         return stop
-    end = stop
+    text, end = _spaced(text), stop
     if label in ("id_number", "ssn") and (shaped := LETTER_ID_SHAPES.match(text, begin)):
         end = max(end, shaped.end())
     if any(c.isdigit() for c in text[begin:stop]):
         end = max(end, _groups_end(numbers, label, text, begin, stop))
     return end
+
+
+def _spaced(text: str) -> str:
+    """``text`` with its no-break spaces (U+00A0, U+202F) as spaces: numbers are grouped by them
+    too (French ones by U+202F). Each stays one character, so positions in ``text`` hold."""
+    return text.translate(_SPACES) if "\u00a0" in text or "\u202f" in text else text
 
 
 def _groups_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:
