@@ -1,7 +1,8 @@
-"""How far a keyed number runs in free text, and what the reader of ``key=value`` text takes for
-the scrubber's own output (review of the extents). A keyed number ends where its groups as
-written end, not over the counts, status codes and epoch seconds after it
-(:mod:`jobsystem.privacy.scrub_groups`). Numbers grouped by no-break spaces: ``KEYED_IN_GROUPS``."""
+"""How far a keyed number runs in free text, and what the reader of ``key=value`` text takes for the
+scrubber's own output (review of the extents). A keyed number ends where its groups as written end,
+not over the counts, status codes and epoch seconds after it
+(:mod:`jobsystem.privacy.scrub_groups`). Numbers grouped by no-break spaces: ``KEYED_IN_GROUPS``;
+names with particles or in scripts without case: ``test_scrub_review_gaps``."""
 
 from __future__ import annotations
 
