@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable
 
+from jobsystem.privacy.scrub_keys import SECRET_LABELS
 from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
 
 __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
@@ -67,9 +68,16 @@ ValueEnd = Callable[[str, str, int, int], int]
 
 
 def key_values(
-    text: str, label_for_key: Callable[[str], str | None], replace: Replace, value_end: ValueEnd
+    text: str,
+    label_for_key: Callable[[str], str | None],
+    replace: Replace,
+    value_end: ValueEnd,
+    own_hashes: bool = False,
 ) -> str:
-    """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``."""
+    """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``.
+    ``own_hashes``: the scrubber writes ``label:<12 hex digits>`` (it has a hash key), so such a
+    value after its label is its own output and stays; without one, ``phone:447700900123`` is a
+    phone number. A secret is never hashed: ``password:a1b2c3d4e5f6`` is always a password."""
     parts: list[str] = []
     done = 0
     for separator in _SEPARATOR.finditer(text):
@@ -92,7 +100,8 @@ def key_values(
         value = _VALUE.match(text, at + 1) if label else None
         if label is None or value is None:
             continue
-        own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
+        own_hash = own_hashes and label not in SECRET_LABELS and not quoted and end == at
+        own_hash = own_hash and value.start("val") == at + 1 and text[at] == ":"
         begin, stop = value.span("val")
         first = text[begin:stop]
         if first[0] not in "\"'\\" and not _replacement(first, own_hash):

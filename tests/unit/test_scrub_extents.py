@@ -1,8 +1,9 @@
 """How far a keyed number runs in free text, and what the reader of ``key=value`` text takes for the
 scrubber's own output (review of the extents). A keyed number ends where its groups as written end,
 not over the counts, status codes and epoch seconds after it
-(:mod:`jobsystem.privacy.scrub_groups`). Numbers grouped by no-break spaces: ``KEYED_IN_GROUPS``;
-names with particles or in scripts without case: ``test_scrub_review_gaps``."""
+(:mod:`jobsystem.privacy.scrub_groups`); ``phone:`` and twelve digits is no hash of ours unless the
+scrubber hashes. Numbers grouped by no-break spaces: ``KEYED_IN_GROUPS``; names with particles or in
+scripts without case: ``test_scrub_review_gaps``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from jobsystem.privacy.scrub import Scrubber
 from tests.pii_corpus import AFTER_A_KEYED_NUMBER, KEYED_IN_GROUPS, KEYED_WORDS
 
 scrub = Scrubber()
+hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
 
 #: Numbers in groups of at most four digits of a plan of many lengths: a group of two or three
 #: digits after them leaves a valid number of the same country, so it is taken with them (a part
@@ -60,3 +62,13 @@ def test_a_keyed_number_ends_before_the_ordinary_text_after_it(key, label, value
 )
 def test_a_keyed_number_grouped_otherwise_is_still_taken_whole(text, expected):
     assert scrub.text(text) == expected
+
+
+def test_twelve_digits_after_a_label_are_a_value_unless_the_scrubber_hashes():
+    """``phone:<12 hex digits>`` is the scrubber's own output only when it has a hash key; a secret
+    is never hashed, so ``password:<12 hex digits>`` is never its output."""
+    assert scrub.text("phone:447700900123 sent") == "phone:[phone] sent"
+    assert scrub.text("password:a1b2c3d4e5f6 sent") == "password:[password] sent"
+    assert hashing.text("password:a1b2c3d4e5f6 sent") == "password:[password] sent"
+    own = hashing.text("phone: +44 20 7946 0958")
+    assert hashing.text(own) == own  # its own output stays
