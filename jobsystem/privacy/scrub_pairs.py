@@ -32,12 +32,14 @@ def _nested_quotes(slashes: int) -> str:
 
 
 #: Backslashes before the quotes of JSON text nested in JSON strings, and how many times its
-#: value is JSON-decoded to read as the same text one level deep (``"Jos\\u00e9"``).
-_NESTED = {1: 1, 3: 2}
+#: value is JSON-decoded to read as the same text one level deep (``"Jos\\u00e9"``). Two: the
+#: repr of such text (``b'{"a": "{\\"name\\": ...'``, as Dramatiq's DecodeError logs a
+#: body), each backslash doubled as JSON doubles it.
+_NESTED = {1: 1, 2: 2, 3: 2}
 #: A value: quoted in JSON text nested in JSON strings first (``\\"Jos\\\\u00e9\\"``: each quote and
 #: escape escaped once more per level), then quoted, then a bare word.
 _VALUE = re.compile(
-    rf"\s*(?P<val>{_nested_quotes(3)}|{_nested_quotes(1)}"
+    rf"\s*(?P<val>{_nested_quotes(3)}|{_nested_quotes(2)}|{_nested_quotes(1)}"
     r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
 )
 

@@ -1,16 +1,20 @@
-"""How far a keyed number runs in free text, and what the reader of ``key=value`` text takes for the
-scrubber's own output (review of the extents). A keyed number ends where its groups as written end,
-not over the counts, status codes and epoch seconds after it
-(:mod:`jobsystem.privacy.scrub_groups`); ``phone:`` and twelve digits is no hash of ours unless the
-scrubber hashes. Numbers grouped by no-break spaces: ``KEYED_IN_GROUPS``; names with particles or in
-scripts without case: ``test_scrub_review_gaps``."""
+"""How far a keyed number runs in free text, and what the reader of ``key=value`` text takes for
+the scrubber's own output (review of the extents). A keyed number ends where its groups as
+written end, not over the counts, status codes and epoch seconds after it
+(:mod:`jobsystem.privacy.scrub_groups`); ``phone:`` and twelve digits is no hash of ours unless
+the scrubber hashes; the repr of JSON text in a JSON string is read. Numbers grouped by no-break
+spaces: ``KEYED_IN_GROUPS``; names with particles or in scripts without case:
+``test_scrub_review_gaps``."""
 
 from __future__ import annotations
+
+import ast
+import json
 
 import pytest
 
 from jobsystem.privacy.scrub import Scrubber
-from tests.pii_corpus import AFTER_A_KEYED_NUMBER, KEYED_IN_GROUPS, KEYED_WORDS
+from tests.pii_corpus import AFTER_A_KEYED_NUMBER, KEYED_IN_GROUPS, KEYED_WORDS, leaks
 
 scrub = Scrubber()
 hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
@@ -72,3 +76,29 @@ def test_twelve_digits_after_a_label_are_a_value_unless_the_scrubber_hashes():
     assert hashing.text("password:a1b2c3d4e5f6 sent") == "password:[password] sent"
     own = hashing.text("phone: +44 20 7946 0958")
     assert hashing.text(own) == own  # its own output stays
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"name": "Ana Lopez", "n": 1},
+        {"full_name": 'José "Pepe" Pérez', "email": "ana.lopez@example.com"},
+        {"customer": {"name": "Zoë Gómez"}, "tel": "0161 496 0000"},
+    ],
+)
+def test_the_repr_of_json_text_inside_a_json_string_loses_the_whole_value(record):
+    """Dramatiq's DecodeError logs a body as the repr of its bytes: each quote of JSON text in a
+    JSON string is written after two backslashes (``\\\\"name\\\\": \\\\"Ana Lopez\\\\"``)."""
+    body = repr(json.dumps({"payload": json.dumps(record)}).encode())
+    out = scrub.text(body)
+    for word in ("Lopez", "Pérez", "P\\\\\\\\u00e9rez", "Pepe", "ana.lopez", "G\\\\\\\\u00f3mez", "496"):
+        assert word not in out, out
+    assert json.loads(json.loads(ast.literal_eval(out))["payload"]) == scrub(record)
+    assert scrub.text(out) == out
+    assert leaks(out) == []
+
+
+def test_the_repr_of_nested_json_text_hashes_as_the_value_alone():
+    hashed = hashing({"name": "José Pérez"})["name"]
+    body = repr(json.dumps({"payload": json.dumps({"name": "José Pérez"})}).encode())
+    assert hashed in hashing.text(body)
