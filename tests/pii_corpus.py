@@ -217,6 +217,37 @@ KEYED_IN_GROUPS: list[tuple[str, str, str]] = [
     ("card_number", "card", "4111 1111 1111 1111"),
     ("card", "card", "3782 822463 10005"),
     ("account_number", "account", "12 3456 7890"),
+    ("phone", "phone", "06 12 34 56 78"),  # French, which Germany's plan reads too
+    ("phone", "phone", "+39 06 1234 5678"),  # Italy's and Germany's plans have numbers of many lengths
+    ("phone", "phone", "+49 30 1234567"),
+    ("phone", "phone", "030 1234 567"),  # ``030 1234`` is valid too: the number is taken whole
+    # Grouped by no-break spaces (U+00A0; U+202F, as French typography groups digits).
+    ("phone", "phone", "06\u00a012\u00a034\u00a056\u00a078"),
+    ("tel", "phone", "+33\u202f1\u202f23\u202f45\u202f67\u202f89"),
+    ("iban", "iban", "DE89\u00a03704\u00a00044\u00a00532\u00a00130\u00a000"),
+    ("nino", "id_number", "QQ\u00a012\u00a034\u00a056\u00a0C"),
+]
+
+#: (key, label, value) of numbers written as one word after a key; ``card_id=42`` passes no check.
+KEYED_WORDS: list[tuple[str, str, str]] = [
+    ("phone", "phone", "0612345678"),
+    ("phone", "phone", "0301234567"),
+    ("phone", "phone", "+447700900123"),
+    ("ssn", "ssn", "078-05-1121"),
+    ("account_number", "account", "12345678"),
+    ("card_id", "card", "42"),
+]
+
+#: Ordinary text right after a keyed number: counts, status codes, durations, epoch seconds. The
+#: number ends before it (``phone: 0612345678 3 attempts``).
+AFTER_A_KEYED_NUMBER: list[str] = [
+    "3 attempts",
+    "7 rows",
+    "404",
+    "12 ms",
+    "200 300",
+    "1714557633",
+    "2026-11-02 10:20:33",
 ]
 
 #: (key, label, value) of free-form values after a key in free text (``address=221B Baker Street``):

@@ -11,13 +11,12 @@ An unquoted value was one word: ``mobile: 70123 45678`` logged ``[phone] 45678``
 - a number of a personal kind (:data:`NUMBER_LABELS`: a phone, a card, an IBAN, a national or
   account number; and a name key's value that starts as a phone number does,
   ``recipient=+44 7700 900123``) whose first word has a digit: it runs on over the groups that
-  follow it one space or tab apart, groups of digits (``(0)``, ``98765-4321`` too), or an IBAN's
-  groups of up to four letters or digits. Of those, the longest run that passes its kind's checks
-  is taken (:meth:`NumberFinder.confirms`), so ``0161 496 0000 3 times`` keeps ``3 times``; if
-  none does, all of them: under such a key they are the number as far as anyone can tell. A word
-  (``retried``), a time (``10:20:33``), a decimal or a version (``3.11.7``), a separator or the
-  line's end stops the groups. A national number with letters is taken in its known shape
-  (``nino: QQ 12 34 56 C``, ``nie: X 1234567 L``).
+  follow it one space, tab or no-break space apart, groups of digits (``(0)``, ``98765-4321``
+  too), or an IBAN's groups of up to four letters or digits; which of them are the number's,
+  :mod:`scrub_groups` says (as far as it is written in its kind's groups and passes its checks,
+  ``0161 496 0000 3 times`` keeping ``3 times``). A word (``retried``), a time (``10:20:33``), a
+  decimal or a version (``3.11.7``), a separator or the line's end stops the groups. A national
+  number with letters is taken in its known shape (``nino: QQ 12 34 56 C``, ``nie: X 1234567 L``).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from __future__ import annotations
 import re
 
 from jobsystem.privacy.scrub_freeform import FREEFORM_LABELS, freeform_end
+from jobsystem.privacy.scrub_groups import run_end
 from jobsystem.privacy.scrub_keys import is_postcode_key
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
@@ -43,6 +43,7 @@ _DIGIT_GROUP = re.compile(r"[ \t]+([(+]?\d+(?:[()\-/]{1,2}\d+)*\)?)" + _GROUP_EN
 _IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + _GROUP_END)
 #: Groups looked at, at most (an IBAN has up to nine).
 _MAX_GROUPS = 10
+_SPACES = str.maketrans("\u00a0\u202f", "  ")
 
 
 def value_end(numbers: NumberFinder, label: str, key: str, text: str, begin: int, stop: int) -> int:
@@ -56,7 +57,7 @@ def value_end(numbers: NumberFinder, label: str, key: str, text: str, begin: int
         label = "phone"
     elif label not in NUMBER_LABELS:
         return stop
-    end = stop
+    text, end = _spaced(text), stop
     if label in ("id_number", "ssn") and (shaped := LETTER_ID_SHAPES.match(text, begin)):
         end = max(end, shaped.end())
     if any(c.isdigit() for c in text[begin:stop]):
@@ -75,9 +76,14 @@ def _freeform_end(label: str, key: str, text: str, begin: int, stop: int) -> int
     return max(shaped, stop) if shaped is not None else freeform_end(text, begin, stop)
 
 
+def _spaced(text: str) -> str:
+    """``text`` with its no-break spaces (U+00A0, U+202F) as spaces: numbers are grouped by them
+    too (French ones by U+202F). Each stays one character, so positions in ``text`` hold."""
+    return text.translate(_SPACES) if "\u00a0" in text or "\u202f" in text else text
+
+
 def _groups_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:
-    """The end of the longest run of groups after ``text[begin:stop]`` that ``numbers`` confirms
-    as a ``label``, or of all of them."""
+    """The end of the groups after ``text[begin:stop]`` that are the ``label``'s (:mod:`scrub_groups`)."""
     iban = label == "iban"
     group = _IBAN_GROUP if iban else _DIGIT_GROUP
     ends = [stop]
@@ -87,6 +93,4 @@ def _groups_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: 
             break  # an IBAN's last group: the rest is text
     while len(ends) > 1 and not any(c.isdigit() for c in text[ends[-2] : ends[-1]]):
         ends.pop()  # a word after an IBAN (``sent``), not a group of it
-    if len(ends) == 1:
-        return stop
-    return next((end for end in reversed(ends) if numbers.confirms(label, text[begin:end])), ends[-1])
+    return stop if len(ends) == 1 else run_end(numbers, label, text, begin, ends)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from importlib import import_module
 from types import ModuleType
@@ -196,6 +196,7 @@ class NumberFinder:
         self._no_trunk: tuple[str, ...] = ()
         self.classify = lru_cache(maxsize=4096)(self._classify)
         self.phone = lru_cache(maxsize=4096)(self._phone)
+        self.phones = lru_cache(maxsize=1024)(self._phones)
 
     def _load(self) -> dict[int, list[tuple[ModuleType, bool]]]:
         """Import the validators on first use, so importing this module costs nothing."""
@@ -237,10 +238,21 @@ class NumberFinder:
 
     def _phone(self, formatted: str) -> str | None:
         """The number in E.164 if ``formatted`` is a valid phone number, else None."""
+        number = next(self._readings(formatted), None)
+        if number is None:
+            return None
+        return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
+
+    def _phones(self, formatted: str) -> tuple[phonenumbers.PhoneNumber, ...]:
+        """Every valid number ``formatted`` reads as, one per region that reads it so."""
+        return tuple(self._readings(formatted))
+
+    def _readings(self, formatted: str) -> Iterator[phonenumbers.PhoneNumber]:
+        """The valid numbers ``formatted`` reads as, in the order of the regions tried."""
         self._load()
         digits = "".join(c for c in formatted if c.isdigit())
         if not 7 <= len(digits) <= 17:
-            return None
+            return
         without_trunk: tuple[str, ...] = ()
         mobile_only = False
         if formatted.startswith(("+", "(+")) or digits.startswith("00"):
@@ -257,7 +269,7 @@ class NumberFinder:
             without_trunk = self._trunk_zero
             candidates = tuple((formatted, r) for r in self._no_trunk + without_trunk)
         else:
-            return None  # a bare run of digits: an order number as often as a phone
+            return  # a bare run of digits: an order number as often as a phone
         for text, region in candidates:
             try:
                 number = phonenumbers.parse(text, region)
@@ -266,10 +278,9 @@ class NumberFinder:
                     and (region not in without_trunk or _as_written(number, text))
                     and (not mobile_only or phonenumbers.number_type(number) == _MOBILE)
                 ):
-                    return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
+                    yield number
             except Exception:  # NumberParseException, or a gap in the library's metadata
                 continue
-        return None
 
     def confirms(self, label: str, written: str) -> bool:
         """Whether ``written``, a value after a key labelled ``label``, passes the checks of its

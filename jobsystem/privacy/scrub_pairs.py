@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable
 
+from jobsystem.privacy.scrub_keys import SECRET_LABELS
 from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
 
 __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
@@ -31,12 +32,14 @@ def _nested_quotes(slashes: int) -> str:
 
 
 #: Backslashes before the quotes of JSON text nested in JSON strings, and how many times its
-#: value is JSON-decoded to read as the same text one level deep (``"Jos\\u00e9"``).
-_NESTED = {1: 1, 3: 2}
+#: value is JSON-decoded to read as the same text one level deep (``"Jos\\u00e9"``). Two: the
+#: repr of such text (``b'{"a": "{\\"name\\": ...'``, as Dramatiq's DecodeError logs a
+#: body), each backslash doubled as JSON doubles it.
+_NESTED = {1: 1, 2: 2, 3: 2}
 #: A value: quoted in JSON text nested in JSON strings first (``\\"Jos\\\\u00e9\\"``: each quote and
 #: escape escaped once more per level), then quoted, then a bare word.
 _VALUE = re.compile(
-    rf"\s*(?P<val>{_nested_quotes(3)}|{_nested_quotes(1)}"
+    rf"\s*(?P<val>{_nested_quotes(3)}|{_nested_quotes(2)}|{_nested_quotes(1)}"
     r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
 )
 
@@ -67,9 +70,16 @@ ValueEnd = Callable[[str, str, str, int, int], int]
 
 
 def key_values(
-    text: str, label_for_key: Callable[[str], str | None], replace: Replace, value_end: ValueEnd
+    text: str,
+    label_for_key: Callable[[str], str | None],
+    replace: Replace,
+    value_end: ValueEnd,
+    own_hashes: bool = False,
 ) -> str:
-    """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``."""
+    """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``.
+    ``own_hashes``: the scrubber writes ``label:<12 hex digits>`` (it has a hash key), so such a
+    value after its label is its own output and stays; without one, ``phone:447700900123`` is a
+    phone number. A secret is never hashed: ``password:a1b2c3d4e5f6`` is always a password."""
     parts: list[str] = []
     done = 0
     for separator in _SEPARATOR.finditer(text):
@@ -92,7 +102,8 @@ def key_values(
         value = _VALUE.match(text, at + 1) if label else None
         if label is None or value is None:
             continue
-        own_hash = not quoted and end == at and value.start("val") == at + 1 and text[at] == ":"
+        own_hash = own_hashes and label not in SECRET_LABELS and not quoted and end == at
+        own_hash = own_hash and value.start("val") == at + 1 and text[at] == ":"
         begin, stop = value.span("val")
         first = text[begin:stop]
         if first[0] not in "\"'\\" and not _replacement(first, own_hash):
