@@ -208,8 +208,9 @@ class Dashboard:
         }
         try:
             entry_id = await run_in_threadpool(self.project.audit.start, entry, int(time.time() * 1000))
-        except StoreUnavailable as exc:  # its text names the store's host and port: logged, not shown
-            logger.error("dashboard_audit_unwritable", extra={"action": action, "error": str(exc)})
+        except StoreUnavailable as exc:  # its text names the store's host and port: at DEBUG only
+            logger.error("dashboard_audit_unwritable", extra={"action": action, "error": type(exc).__name__})
+            logger.debug("dashboard_audit_unwritable_cause", extra={"action": action, "error": str(exc)})
             error = f"audit log unwritable, nothing done ({type(exc).__name__})"
             return JSONResponse({"error": error}, status_code=503)
         started = time.monotonic()
@@ -239,8 +240,9 @@ class Dashboard:
         refused) into an error for the client: the entry stays "started", and it is logged."""
         try:
             await run_in_threadpool(self.project.audit.finish, entry_id, outcome)
-        except StoreUnavailable as exc:
-            logger.error("dashboard_audit_unfinished", extra={"entry": entry_id, "error": str(exc)})
+        except StoreUnavailable as exc:  # an ERROR is a Sentry event: the text (host, port) at DEBUG
+            logger.error("dashboard_audit_unfinished", extra={"entry": entry_id, "error": type(exc).__name__})
+            logger.debug("dashboard_audit_unfinished_cause", extra={"entry": entry_id, "error": str(exc)})
 
     async def retry_dead_letters(self, request: Request) -> Response:
         return await self._act(

@@ -175,6 +175,29 @@ def test_only_a_dead_demos_own_folders_go(settings, made, tmp_path):
     assert all(path.is_dir() for path in kept) and link.is_symlink() and (outside / "keep").exists()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review(demo): a prefix with state keys only is a candidate, and its folder goes with it, "
+    "though the keys may be those of a live demo on another vhost sharing the Redis",
+)
+def test_a_live_demo_on_another_vhost_sharing_the_redis_keeps_its_folder(settings, made):
+    """A demo of this host runs on another vhost (or RabbitMQ) with the same Redis: this sweep sees
+    its state keys and its folder, nothing of it on this vhost (its alive queue and its worker's
+    queues are on the other), which is all a live demo there leaves here. The keys make it a
+    candidate (as before fix/names) and, judged on this vhost, dead: its folder goes too, with its
+    reports, media and schedules, while it runs. A folder alone makes no candidate, for this very
+    reason (``test_only_a_dead_demos_own_folders_go``): keys alone should not take it either."""
+    elsewhere = _demo_prefix()
+    folder = made.demo(elsewhere, queues=False)
+    (folder / "reports").mkdir()
+    found = find_leftovers(settings, made.folders)
+    assert found[elsewhere].queues == [] and found[elsewhere].folders == [folder]
+
+    sweep(settings, "", {elsewhere: found[elsewhere]})
+
+    assert (folder / "reports").is_dir()
+
+
 def test_names_outside_the_demo_prefix_are_never_candidates(settings, made):
     tail = uuid.uuid4().hex[:6]
     lookalikes = [f"demox-{tail}-q", f"mine-demo-{tail}-q", f"demo-{tail}x-q", f"demo-{tail.upper()}z-q"]

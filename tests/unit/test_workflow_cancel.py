@@ -2,7 +2,8 @@
 the cancel mark is in the store when the member's end is counted, so the member counts as
 cancelled and the next step is not sent. A workflow cancelled once a step was counted complete
 and before its worker sent the next step: the next step is sent, and skipped on arrival. In
-process, with Dramatiq's worker, on both stores."""
+process, with Dramatiq's worker, on both stores. A workflow cancelled just as a member returns
+ends failed since the marks are written before its state (a review's reproduction, ``xfail``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 from typing import Any
 
 import dramatiq
+import pytest
+from dramatiq import Message
 
 from jobsystem.store import StateStore
 from jobsystem.workflows import cancel, pipeline, workflow_status
@@ -109,13 +112,7 @@ def test_a_cancel_whose_marks_fail_leaves_the_workflow_running_not_cancelled(sto
     finishes the cancel."""
     from jobsystem.store.base import StoreUnavailable
 
-    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
-    broker = RecordingBroker(middleware=[workflows])
-    first = dramatiq.actor(broker=broker, actor_name="first", queue_name="q")(lambda: 1).message()
-    after = dramatiq.actor(broker=broker, actor_name="after", queue_name="q")(lambda _: None).message()
-    flow = pipeline([first, after], broker=broker)
-    flow.run()
-    workflow_id = str(flow.workflow_id)
+    workflows, broker, (first, after), workflow_id = _two_steps_sent(store)
     mark = workflows.marks.mark_cancelled
 
     def refused(*args: Any) -> None:
@@ -132,5 +129,48 @@ def test_a_cancel_whose_marks_fail_leaves_the_workflow_running_not_cancelled(sto
     assert status is not None and status["state"] != "cancelled"
     workflows.marks.mark_cancelled = mark  # type: ignore[method-assign]
     assert sorted(cancel(workflow_id, broker=broker)) == sorted([first.message_id, after.message_id])
+    status = workflow_status(workflow_id, broker=broker)
+    assert status is not None and status["state"] == "cancelled"
+
+
+def _two_steps_sent(store: StateStore) -> tuple[Workflows, RecordingBroker, list[Message[Any]], str]:
+    """A pipeline of two steps (``first``, then ``after``) run on a stub broker: its first step
+    sent, not processed. Returns the middleware, the broker, the two steps as sent and its id."""
+    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
+    broker = RecordingBroker(middleware=[workflows])
+    first = dramatiq.actor(broker=broker, actor_name="first", queue_name="q")(lambda: 1).message()
+    after = dramatiq.actor(broker=broker, actor_name="after", queue_name="q")(lambda _: None).message()
+    flow = pipeline([first, after], broker=broker)
+    flow.run()
+    (sent, _), *_ = broker.enqueued  # the first step as sent: its workflow option on it
+    assert sent.message_id == first.message_id
+    return workflows, broker, [sent, after], str(flow.workflow_id)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review(workflows): cancel() writes the marks, then set_state(only_from='running'); a "
+    "member counted in between fails the workflow, and the cancel leaves it failed",
+)
+def test_a_workflow_cancelled_while_a_member_returns_is_shown_cancelled(store: StateStore) -> None:
+    """The first member returns just as the operator cancels the workflow: its worker counts it
+    (as ``succeeded``, taken for ``cancelled`` since its mark is there) after the marks were written
+    and before the workflow's state was. The operator cancelled the workflow: it must say so."""
+    workflows, broker, (first, after), workflow_id = _two_steps_sent(store)
+    mark = workflows.marks.mark_cancelled
+
+    def mark_then_first_returns(*args: Any) -> None:
+        mark(*args)
+        workflows.member_finished(broker, first, "succeeded", 1)  # the member's worker, meanwhile
+
+    workflows.marks.mark_cancelled = mark_then_first_returns  # type: ignore[method-assign]
+    assert sorted(cancel(workflow_id, broker=broker)) == sorted([first.message_id, after.message_id])
+    status = workflow_status(workflow_id, broker=broker)
+    assert status is not None
+    assert [m["state"] for m in status["steps"][0]["members"]] == ["cancelled"]
+    assert status["state"] == "cancelled", status["failed_member"]
+    # Nor does a second cancel, which the docstring offers to finish an interrupted one, fix it.
+    workflows.marks.mark_cancelled = mark  # type: ignore[method-assign]
+    cancel(workflow_id, broker=broker)
     status = workflow_status(workflow_id, broker=broker)
     assert status is not None and status["state"] == "cancelled"
