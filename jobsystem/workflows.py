@@ -253,7 +253,9 @@ def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
     marked. Raises ``StoreUnavailable`` when the state store does not answer. The marks are
     written before any workflow is recorded as cancelled: a failure between the two leaves
     members stopped under a workflow still shown running (the call raised; calling it again
-    finishes), never a workflow shown cancelled whose members run on.
+    finishes), never a workflow shown cancelled whose members run on. A member counted between
+    the two (cancelled, by its mark) fails the running workflow: the cancel then records it
+    cancelled all the same.
     """
     broker = broker or dramatiq.get_broker()
     workflows: Workflows = find_workflows(broker)
@@ -269,8 +271,18 @@ def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
         cancelled.append(given)
     workflows.marks.mark_cancelled(marked, mark_ttl_ms(broker, marked, workflows.cancel_ttl_ms))
     for workflow_id in cancelled:
-        workflows.backend.set_state(workflow_id, "cancelled")
+        _record_cancelled(workflows, workflow_id)
     return marked
+
+
+def _record_cancelled(workflows: Workflows, workflow_id: str) -> None:
+    """Move a running workflow to cancelled; also one that a member failed by being counted
+    cancelled (its mark written, by this cancel or an earlier one, before the workflow's state)."""
+    if workflows.backend.set_state(workflow_id, "cancelled"):
+        return
+    found = workflows.backend.get(workflow_id)
+    if found is not None and found.state == "failed" and found.states.get(found.failed or "") == "cancelled":
+        workflows.backend.set_state(workflow_id, "cancelled", only_from="failed")
 
 
 def mark_ttl_ms(broker: dramatiq.Broker, message_ids: list[str], ttl_ms: int) -> int:

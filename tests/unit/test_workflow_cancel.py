@@ -3,7 +3,7 @@ the cancel mark is in the store when the member's end is counted, so the member 
 cancelled and the next step is not sent. A workflow cancelled once a step was counted complete
 and before its worker sent the next step: the next step is sent, and skipped on arrival. In
 process, with Dramatiq's worker, on both stores. A workflow cancelled just as a member returns
-ends failed since the marks are written before its state (a review's reproduction, ``xfail``)."""
+(counted cancelled, by its mark, before the cancel records the workflow's state) ends cancelled."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import dramatiq
-import pytest
 from dramatiq import Message
 
 from jobsystem.store import StateStore
@@ -147,11 +146,6 @@ def _two_steps_sent(store: StateStore) -> tuple[Workflows, RecordingBroker, list
     return workflows, broker, [sent, after], str(flow.workflow_id)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review(workflows): cancel() writes the marks, then set_state(only_from='running'); a "
-    "member counted in between fails the workflow, and the cancel leaves it failed",
-)
 def test_a_workflow_cancelled_while_a_member_returns_is_shown_cancelled(store: StateStore) -> None:
     """The first member returns just as the operator cancels the workflow: its worker counts it
     (as ``succeeded``, taken for ``cancelled`` since its mark is there) after the marks were written
