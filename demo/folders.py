@@ -6,8 +6,11 @@ demo's SQLite state store, reports, uploads, renditions, schedules and child log
 with SIGKILL cannot remove it. The next demo's sweep removes it only with the rest of a prefix
 judged dead (:mod:`demo.sweep`): a folder alone proves nothing (a live demo on this host may use
 another RabbitMQ), so it never makes its prefix a candidate. The demo creates it once its alive
-queue is declared, like everything else under its prefix. Folders of releases before this naming
-(``jobs-demo-`` and eight random characters) match no prefix and are left alone.
+queue is declared, like everything else under its prefix, and writes in it which RabbitMQ vhost
+it runs on (:func:`mark_folder`): a prefix that left only state keys here (a Redis shared by demos
+on other vhosts) is judged by that mark, never taken for dead on this vhost's word alone. Folders
+of releases before this naming (``jobs-demo-`` and eight random characters) match no prefix and
+are left alone.
 """
 
 from __future__ import annotations
@@ -19,13 +22,45 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
-__all__ = ["FOLDER_NAME", "demo_folders", "folder_for", "remove_folder"]
+__all__ = [
+    "FOLDER_NAME",
+    "demo_folders",
+    "folder_for",
+    "folder_vhost",
+    "mark_folder",
+    "remove_folder",
+    "vhost_of",
+]
 
 #: A demo folder's name: ``jobs-``, the demo's prefix, then 8 random characters (as ``mkdtemp``).
 FOLDER_NAME = re.compile(r"jobs-(demo-[0-9a-f]{6}-)[a-z0-9_]{8}")
 
 _RANDOM = "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+#: The file in a demo's folder naming the vhost it runs on (:func:`vhost_of`).
+_VHOST_MARK = "rabbitmq-vhost"
+
+
+def vhost_of(rabbitmq_url: str) -> str:
+    """``host:port/vhost`` of the first node of ``rabbitmq_url`` (no credentials: the mark is a
+    file in a shared temporary directory)."""
+    node = urlsplit(rabbitmq_url.split(";")[0])
+    return f"{node.hostname or ''}:{node.port or 5672}/{unquote(node.path[1:]) or '/'}"
+
+
+def mark_folder(path: Path, vhost: str) -> None:
+    """Write in the demo folder ``path`` the vhost its demo runs on (:func:`vhost_of`)."""
+    (path / _VHOST_MARK).write_text(vhost, encoding="utf-8")
+
+
+def folder_vhost(path: Path) -> str | None:
+    """The vhost marked in the demo folder ``path``; None without a readable mark."""
+    try:
+        return (path / _VHOST_MARK).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def folder_for(prefix: str, root: Path | None = None) -> Path:

@@ -19,7 +19,7 @@ from rich.live import Live
 
 from demo import services
 from demo.alive import AliveQueue
-from demo.folders import folder_for
+from demo.folders import folder_for, mark_folder, vhost_of
 from demo.sweep import sweep_dead_demos
 from demo.view import Snapshot, render
 from demo.watch import Watching
@@ -128,6 +128,7 @@ class Demo(Watching):
         # After the alive queue and the sweep: a live demo's folder is never seen without its
         # alive queue, and one killed while sweeping leaves none.
         self.tmp.mkdir(mode=0o700)
+        mark_folder(self.tmp, vhost_of(self.settings.rabbitmq_url))
         if self.mail_server is not None:
             self.env["SMTP_URL"] = self.mail_server.start()
             self.settings = load_settings(self.env)

@@ -2,8 +2,9 @@
 
 A demo killed with SIGKILL leaves its queues (work, ``.DQ``, ``.DLQ``, its delay cascade's), the
 cascade's exchanges, its state keys and its temporary folder, and each killed run added more.
-Every prefix matching :data:`demo.services.DEMO_PREFIX` found on the vhost or in a Redis state
-store is a candidate; a candidate is dead when its alive queue is absent and none of its queues
+Every prefix matching :data:`demo.services.DEMO_PREFIX` found on the vhost is a candidate, and
+one found only in a Redis state store if its folder on this host is marked with this vhost (keys
+alone may be a live demo's on another vhost sharing the Redis); a candidate is dead when its alive queue is absent and none of its queues
 has a consumer, on two looks a few seconds apart (:func:`demo.alive.dead_prefixes`: a live
 demo's alive queue is gone too while its connection is down), and then everything under it is
 deleted, its folder on this host included (:mod:`demo.folders`: a folder alone makes no
@@ -23,7 +24,7 @@ from pathlib import Path
 import redis
 
 from demo.alive import dead_prefixes
-from demo.folders import demo_folders, remove_folder
+from demo.folders import demo_folders, folder_vhost, remove_folder, vhost_of
 from demo.services import DEMO_PREFIX, delete_named, listed_names
 from jobsystem.settings import Settings
 
@@ -96,10 +97,21 @@ def find_leftovers(settings: Settings, folders_in: Path | None = None) -> dict[s
                     found.setdefault(match.group(), Leftovers())
         finally:
             client.close()
-    for prefix, folders in demo_folders(folders_in).items():
+    folders_by_prefix = demo_folders(folders_in)
+    for prefix, folders in folders_by_prefix.items():
         if prefix in found:  # a folder alone is no candidate: its demo may use another vhost
             found[prefix].folders = folders
-    return found
+    here = vhost_of(settings.rabbitmq_url)
+    return {p: found[p] for p in found if _judged_here(found[p], folders_by_prefix.get(p, []), here)}
+
+
+def _judged_here(leftovers: Leftovers, folders: list[Path], here: str) -> bool:
+    """Whether this vhost can tell if the demo of ``leftovers`` is dead: it has queues or
+    exchanges here, or only state keys and a folder on this host marked with this vhost (keys
+    alone may be a live demo's on another vhost sharing the Redis)."""
+    if leftovers.queues or leftovers.exchanges:
+        return True
+    return any(folder_vhost(folder) == here for folder in folders)
 
 
 def _delete(settings: Settings, kind: str, names: list[str], prefix: str) -> int:

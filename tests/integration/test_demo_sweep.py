@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from demo.alive import SECOND_LOOK_S, AliveQueue, alive_queue
-from demo.folders import folder_for
+from demo.folders import folder_for, mark_folder, vhost_of
 from demo.services import delete_named, listed_names
 from demo.sweep import Leftovers, find_leftovers, sweep
 from jobsystem.ops.management import call_api
@@ -66,12 +66,13 @@ class Made:
         self.folders = folders  # the temporary directory the demos' folders are in
         self.starts: list[str] = []
 
-    def demo(self, prefix: str, *, queues: bool = True, keys: bool = True) -> Path:
+    def demo(self, prefix: str, *, queues: bool = True, keys: bool = True, vhost: str | None = None) -> Path:
         """A demo's leftovers under ``prefix``: work queues, the delay cascade, two state keys,
-        and its folder (returned) with a file in it."""
+        and its folder (returned) with a file in it, marked with ``vhost`` (default: this one)."""
         self.starts.append(prefix)
         folder = folder_for(prefix, self.folders)
         folder.mkdir(mode=0o700)
+        mark_folder(folder, vhost or vhost_of(self.settings.rabbitmq_url))
         (folder / "state.db").write_bytes(b"x")
         if queues:
             for name in _WORK_QUEUES:
@@ -175,27 +176,22 @@ def test_only_a_dead_demos_own_folders_go(settings, made, tmp_path):
     assert all(path.is_dir() for path in kept) and link.is_symlink() and (outside / "keep").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review(demo): a prefix with state keys only is a candidate, and its folder goes with it, "
-    "though the keys may be those of a live demo on another vhost sharing the Redis",
-)
-def test_a_live_demo_on_another_vhost_sharing_the_redis_keeps_its_folder(settings, made):
+def test_a_live_demo_on_another_vhost_sharing_the_redis_is_no_candidate(settings, made):
     """A demo of this host runs on another vhost (or RabbitMQ) with the same Redis: this sweep sees
-    its state keys and its folder, nothing of it on this vhost (its alive queue and its worker's
-    queues are on the other), which is all a live demo there leaves here. The keys make it a
-    candidate (as before fix/names) and, judged on this vhost, dead: its folder goes too, with its
-    reports, media and schedules, while it runs. A folder alone makes no candidate, for this very
-    reason (``test_only_a_dead_demos_own_folders_go``): keys alone should not take it either."""
-    elsewhere = _demo_prefix()
-    folder = made.demo(elsewhere, queues=False)
+    its state keys and its folder, nothing of it on this vhost, which is all a live demo there
+    leaves here. Judged on this vhost it would look dead: its folder (reports, media, schedules)
+    and its keys would go while it runs. Its folder's mark names its vhost: no candidate. Keys
+    alone, without a folder marked with this vhost, make none either."""
+    elsewhere, keys_only = _demo_prefix(), _demo_prefix()
+    folder = made.demo(elsewhere, queues=False, vhost="rabbit-2:5672/other")
     (folder / "reports").mkdir()
-    found = find_leftovers(settings, made.folders)
-    assert found[elsewhere].queues == [] and found[elsewhere].folders == [folder]
+    made.demo(keys_only, queues=False).rename(made.folders / "not-a-demo-folder")
+    before = made.under(elsewhere), made.under(keys_only)
+    found = find_leftovers(settings, made.folders)  # what a demo's sweep judges and deletes
 
-    sweep(settings, "", {elsewhere: found[elsewhere]})
-
+    assert elsewhere not in found and keys_only not in found
     assert (folder / "reports").is_dir()
+    assert (made.under(elsewhere), made.under(keys_only)) == before and before[0][2] and before[1][2]
 
 
 def test_names_outside_the_demo_prefix_are_never_candidates(settings, made):
