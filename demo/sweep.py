@@ -4,12 +4,13 @@ A demo killed with SIGKILL leaves its queues (work, ``.DQ``, ``.DLQ``, its delay
 cascade's exchanges, its state keys and its temporary folder, and each killed run added more.
 Every prefix matching :data:`demo.services.DEMO_PREFIX` found on the vhost is a candidate, and
 one found only in a Redis state store if its folder on this host is marked with this vhost (keys
-alone may be a live demo's on another vhost sharing the Redis); a candidate is dead when its alive queue is absent and none of its queues
-has a consumer, on two looks a few seconds apart (:func:`demo.alive.dead_prefixes`: a live
-demo's alive queue is gone too while its connection is down), and then everything under it is
-deleted, its folder on this host included (:mod:`demo.folders`: a folder alone makes no
-candidate, its demo may use another RabbitMQ). Demos of the releases before the alive queue have
-none: theirs are removed as dead once their worker stopped.
+alone may be a live demo's on another vhost sharing the Redis); a candidate is dead when its
+alive queue is absent and none of its queues has a consumer, on two looks a few seconds apart
+(:func:`demo.alive.dead_prefixes`: a live demo's alive queue is gone too while its connection is
+down), and then everything under it is deleted, its folder on this host included
+(:mod:`demo.folders`: a folder alone makes no candidate, its demo may use another RabbitMQ).
+Demos of the releases before the alive queue have none: theirs are removed as dead once their
+worker stopped.
 
 Races: a live demo declares its alive queue before anything else, and the checks come after the
 names were listed, so a live demo's names are never taken for a dead one's. Two sweeps removing
