@@ -8,7 +8,8 @@ ordinary words after it stay:
 - a date of birth: a date in digits (``1980-03-12``, ``12/03/1980``), a year, or a day, a month
   named in English, French, German, Spanish, Italian, Portuguese or Dutch and a year, in either
   order (``12 March 1980``, ``March 12, 1980``, ``12. März 1980``, ``12 de marzo de 1980``,
-  ``1er mars``, ``March 1980``);
+  ``1er mars``, ``March 1980``), the year first too (``1980 March 12``, ``1980, 12 March``,
+  ``1980 March``): a year alone ends the value only when no month follows it;
 - a postcode (a key naming one, :func:`~jobsystem.privacy.scrub_keys.is_postcode_key`): the
   shapes written in two parts (``SW1A 1AA``, ``K1A 0B1``, ``1012 AB``, ``D02 X285``,
   ``114 55``, ``110 001``), or any first word with a digit (``75002``, ``94105-1234``);
@@ -40,7 +41,8 @@ _MONTHS = (
 )
 _MONTH = rf"(?:{_MONTHS})(?:\.(?=[ \t]*\d))?"
 _DAY = r"[0-3]?\d(?:st|nd|rd|th|er|º|°|\.)?(?!\d)"
-_YEAR = r"(?:1[89]|20)\d\d|'?\d\d"
+_YEAR4 = r"(?:1[89]|20)\d\d"
+_YEAR = rf"{_YEAR4}|'?\d\d"
 _SEP = r"(?:,?[ \t]+|[\-/.])"
 #: Where a shape may end: not inside a word, a number, a decimal or a time (``1980.5``, ``10:20``).
 _END = r"(?![\w\-/:]|[.,]\d)"
@@ -49,7 +51,8 @@ _END = r"(?![\w\-/:]|[.,]\d)"
 _BIRTH_DATE = re.compile(
     rf"(?:\d{{1,4}}[\-/.]\d{{1,2}}[\-/.]\d{{1,4}}(?:T[\d:.]+(?:Z|[+\-]\d\d:?\d\d)?)?|\d{{8}}"
     rf"|{_DAY}{_SEP}(?:(?:of|de|del)[ \t]+)?{_MONTH}(?:{_SEP}(?:(?:de|del)[ \t]+)?(?:{_YEAR}))?"
-    rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})|(?:1[89]|20)\d\d)" + _END,
+    rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})"
+    rf"|{_YEAR4}{_SEP}(?:{_MONTH}(?:{_SEP}{_DAY})?|{_DAY}{_SEP}{_MONTH})|{_YEAR4})" + _END,
     re.IGNORECASE,
 )
 #: A postcode written in two parts at the start of a value: British, Canadian, Dutch (its letters
