@@ -15,7 +15,9 @@ ordinary words after it stay:
   ``114 55``, ``110 001``), or any first word with a digit (``75002``, ``94105-1234``);
 - under any other address key, a machine's or a mailbox's address as its first word
   (``81.2.69.142:5672``, ``smtp.example.com:25``, ``00:1a:2b:3c:4d:5e``, ``ana@example.com``,
-  ``tcp://host``): the words after it are no part of a street's.
+  ``tcp://host``): the words after it are no part of a street's; under a key naming a machine's
+  address (:func:`~jobsystem.privacy.scrub_keys.is_machine_address_key`: ``server_address``,
+  ``bind_addr``), a bare host name too (``rabbit-1``, ``db.internal``, ``localhost``).
 
 A value in none of these shapes is free-form: it runs on to its end, as a value without a shape
 does (remove when in doubt).
@@ -70,6 +72,14 @@ _NETWORK = re.compile(
     re.IGNORECASE,
 )
 
+#: A bare host name, in lower case as hosts are named: ``localhost``, a dotted name whose last
+#: label starts with a letter (``db.internal``), or one label with a digit or a hyphen
+#: (``rabbit-1``, ``web01``); a word of a street (``Flat``, ``221B``, ``rue``) is none.
+_HOST = re.compile(
+    r"(?:localhost|[a-z][a-z0-9\-]*(?:\.[a-z0-9][a-z0-9\-]*)*\.[a-z][a-z0-9\-]*"
+    r"|[a-z](?=[a-z0-9\-]*[\d\-])[a-z0-9\-]*[a-z0-9])\.?"
+)
+
 
 def birth_date_end(text: str, begin: int) -> int | None:
     """The end of a date of birth at ``text[begin]``, or None if none starts there."""
@@ -86,6 +96,9 @@ def postcode_end(text: str, begin: int, stop: int) -> int | None:
     return stop if any(c.isdigit() for c in text[begin:stop]) else None
 
 
-def network_end(text: str, begin: int, stop: int) -> int | None:
-    """``stop`` if the first word ``text[begin:stop]`` is a machine's or a mailbox's address."""
-    return stop if _NETWORK.fullmatch(text, begin, stop) else None
+def network_end(text: str, begin: int, stop: int, host_names: bool = False) -> int | None:
+    """``stop`` if the first word ``text[begin:stop]`` is a machine's or a mailbox's address, or
+    with ``host_names`` (a key naming a machine's address) a bare host name too."""
+    if _NETWORK.fullmatch(text, begin, stop) or (host_names and _HOST.fullmatch(text, begin, stop)):
+        return stop
+    return None

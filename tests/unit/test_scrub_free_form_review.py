@@ -46,15 +46,40 @@ def test_a_run_of_backslashes_after_a_free_form_value_is_scanned_once() -> None:
     assert done.stdout == "address=[address] status=ok\n"
 
 
-@_reproduction(
-    "a free-form value without a known shape runs to the line's end, and a bare host name or the "
-    "prose word 'address' before ':' is taken for an address key's value"
-)
 @pytest.mark.parametrize(
     ("line", "kept"),
     [
-        # A machine's name without a port is no shape network_end knows: the rest of the line went.
-        ("server_address=rabbit-1 is down, retrying in 5 s", "is down, retrying in 5 s"),
+        # A machine's name without a port was no shape network_end knew: the rest of the line went.
+        ("server_address=rabbit-1 is down, retrying in 5 s", "=[address] is down, retrying in 5 s"),
+        ("listen_address=localhost port 8080 ready", "=[address] port 8080 ready"),
+        ("peer_address=db.internal closed the connection", "=[address] closed the connection"),
+        ("bindAddress: redis-2.cache.internal timed out after 5 s", ": [address] timed out after 5 s"),
+        ("host-address=web01, retrying", "=[address], retrying"),
+    ],
+)
+def test_a_bare_host_name_under_a_key_naming_a_machines_address_is_one_word(line: str, kept: str) -> None:
+    out = scrub.text(line)
+    assert out.endswith(kept), out
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "server_address=221B Baker Street",  # no host name: a street, whatever its key says
+        "server_address=Flat 3, 12 Rue Lepic",
+        "server_address=rue de la Paix",  # one lower-case word without digit or hyphen: in doubt, a street's
+        "address=rabbit-1 Baker Street",  # a plain address key: its first word is no host's
+    ],
+)
+def test_a_street_under_a_machine_address_key_is_still_taken_whole(line: str) -> None:
+    out = scrub.text(line)
+    assert out.endswith("=[address]"), out
+
+
+@_reproduction("the prose word 'address' before ':' is taken for an address key's value")
+@pytest.mark.parametrize(
+    ("line", "kept"),
+    [
         # pydantic's EmailStr error: the reason went, and the '[' of its details with it.
         (
             "value is not a valid email address: An email address must have an @-sign. [type=value_error]",
