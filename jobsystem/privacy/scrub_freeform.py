@@ -12,10 +12,10 @@ configuration) runs on from its first word to the first of:
   ``"note": "address: 5 rue de la Paix", "n": 1``; one that opens inside the value closes inside it;
 - the end of the line.
 
-The separators before that end stay (``, status=failed``; a ``.`` that ends a sentence). When in
-doubt the value runs on (remove when in doubt): a quote opens only at the start of a word and
-closes only at the end of one (``d'Alsace`` is one word), and a bracket that closes nothing
-opened before the key ends nothing.
+The separators before that end stay (``, status=failed``; a ``.`` that ends a sentence; a
+bracket that opens just before it, ``[type=value_error]``). When in doubt the value runs on
+(remove when in doubt): a quote opens only at the start of a word and closes only at the end of
+one (``d'Alsace`` is one word), and a bracket that closes nothing opened before the key ends nothing.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ _MARK = re.compile(rf"[(\[{{<)\]}}>]|{_QUOTE}")
 _OPENING = {")": "(", "]": "[", "}": "{", ">": "<"}
 #: What a quote follows when it opens a quoted text: the line's start, a space, a bracket, ``=:,``.
 _BEFORE_OPENING_QUOTE = frozenset(" \t([{<=:,")
-#: Separators left out at a value's end, before what ends it.
-_TRAILING = frozenset(" \t,;&|.-\u2013\u2014")
+#: Separators left out at a value's end, before what ends it, and brackets opened just before it
+#: (``address: 5 Main St [type=value_error]`` keeps its ``[``).
+_TRAILING = frozenset(" \t,;&|.-\u2013\u2014([{<")
 #: Per thread, the last look for open brackets and quotes: (text, where, its line's start, open).
 _RECENT = threading.local()
 
