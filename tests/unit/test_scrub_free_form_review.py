@@ -1,9 +1,10 @@
 """Review of free-form values after a key (``address=221B Baker Street``: run on to the value's end).
 
-A run of backslashes after such a value was scanned again from each of its backslashes (fixed).
-Reproductions, marked ``xfail``: a bare host name, or the prose word ``address`` before a colon,
-takes the rest of the line with it; a label inside an address (``Floor: 2``) ends it, and the
-street, town and postcode after it stay; a date of birth written year first ends after its year."""
+Found by review, each fixed: a run of backslashes after such a value was scanned again from each
+of its backslashes; a bare host name, or the prose word ``address`` before a colon (``email
+address:``), took the rest of the line with it; a label inside an address (``Floor: 2``) ended
+it, and the street, town and postcode after it stayed; a date of birth written year first ended
+after its year."""
 
 from __future__ import annotations
 
@@ -17,11 +18,6 @@ import pytest
 from jobsystem.privacy.scrub import Scrubber
 
 scrub = Scrubber()
-
-
-def _reproduction(reason: str) -> pytest.MarkDecorator:
-    """A fault found by review, not fixed: the test fails until it is (``xfail``, strict)."""
-    return pytest.mark.xfail(strict=True, reason=f"review(privacy): {reason}")
 
 
 _ROOT = Path(__file__).resolve().parents[2]
@@ -116,20 +112,36 @@ def test_a_postal_address_after_the_word_address_is_still_taken_whole(line: str,
     assert scrub.text(line) == expected
 
 
-@_reproduction(
-    "a free-form value ends at the line's next 'word:' pair; addresses hold labels (Floor:, Attn:)"
-)
 @pytest.mark.parametrize(
     ("line", "leaked"),
     [
         ("address=Flat 3, Floor: 2, 10 Downing Street, London SW1A 2AA", ["Downing", "SW1A"]),
         ("shipping_address: 5 Main St, Apt: 4B, Springfield IL 62704", ["Springfield", "62704"]),
         ("address: c/o Ana Lopez, Attn: Billing, 4 Privet Drive, Little Whinging", ["Privet", "Whinging"]),
+        ("address: 5 Main St, Unit: 7, State: IL, Zip: 62704", ["IL", "62704"]),
+        ("address=5 Rue X, floor: 2, 75002 Paris", ["75002", "Paris"]),  # an address's part, any case
     ],
 )
 def test_a_label_inside_an_address_does_not_end_it(line: str, leaked: list[str]) -> None:
+    """A free-form value ended at the line's next ``word:`` pair; addresses hold labels."""
     out = scrub.text(line)
-    assert [word for word in leaked if word in out] == [], out
+    assert out.endswith("[address]") and [word for word in leaked if word in out] == [], out
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("address=221B Baker Street status=failed", "address=[address] status=failed"),
+        ("address: 5 Rue X error: timeout", "address: [address] error: timeout"),
+        ("address: 5 Rue X Error: timeout", "address: [address] Error: timeout"),
+        ("address: 5 Rue X, Status: sent", "address: [address], Status: sent"),
+        ("address: 5 Rue X ValueError: bad input", "address: [address] ValueError: bad input"),
+        ('address: 5 Rue X, "Floor": 2', 'address: [address], "Floor": 2'),  # quoted: a program's field
+        ("address=5 Rue X Floor=2", "address=[address] Floor=2"),  # '=': a program's field
+    ],
+)
+def test_a_programs_field_or_a_logs_own_label_after_an_address_still_ends_it(line: str, expected: str) -> None:
+    assert scrub.text(line) == expected
 
 
 @pytest.mark.parametrize(
