@@ -76,7 +76,8 @@ def test_a_street_under_a_machine_address_key_is_still_taken_whole(line: str) ->
 _PYDANTIC = [
     "value is not a valid email address: An email address must have an @-sign. [type=value_error]",
     "value is not a valid email address: The part after the @-sign is not valid. It should have a period.",
-    "value is not a valid email address: The email address contains invalid characters before the @-sign: ' '.",
+    "value is not a valid email address: The email address contains invalid characters before the "
+    "@-sign: ' '.",
 ]
 
 
@@ -84,7 +85,10 @@ _PYDANTIC = [
     ("line", "expected"),
     [
         *((line, line) for line in _PYDANTIC),
-        ("server address: rabbit-1 refused the connection", "server address: [address] refused the connection"),
+        (
+            "server address: rabbit-1 refused the connection",
+            "server address: [address] refused the connection",
+        ),
         ("bind address: localhost already in use", "bind address: [address] already in use"),
     ],
 )
@@ -140,7 +144,9 @@ def test_a_label_inside_an_address_does_not_end_it(line: str, leaked: list[str])
         ("address=5 Rue X Floor=2", "address=[address] Floor=2"),  # '=': a program's field
     ],
 )
-def test_a_programs_field_or_a_logs_own_label_after_an_address_still_ends_it(line: str, expected: str) -> None:
+def test_a_programs_field_or_a_logs_own_label_after_an_address_still_ends_it(
+    line: str, expected: str
+) -> None:
     assert scrub.text(line) == expected
 
 
