@@ -43,9 +43,12 @@ _MONTHS = (
 )
 _MONTH = rf"(?:{_MONTHS})(?:\.(?=[ \t]*\d))?"
 _DAY = r"[0-3]?\d(?:st|nd|rd|th|er|º|°|\.)?(?!\d)"
+#: A day that ends a date: a ``.`` after it ends a sentence (``1980 March 12. Next``).
+_LAST_DAY = r"[0-3]?\d(?:st|nd|rd|th|er|º|°)?(?!\d)"
 _YEAR4 = r"(?:1[89]|20)\d\d"
 _YEAR = rf"{_YEAR4}|'?\d\d"
-_SEP = r"(?:,?[ \t]+|[\-/.])"
+#: Between a date's parts: spaces (or a URL's ``+``), after a comma or not, or ``-/.``.
+_SEP = r"(?:,?(?:[ \t]+|\+)|[\-/.])"
 #: Where a shape may end: not inside a word, a number, a decimal or a time (``1980.5``, ``10:20``).
 _END = r"(?![\w\-/:]|[.,]\d)"
 
@@ -54,7 +57,7 @@ _BIRTH_DATE = re.compile(
     rf"(?:\d{{1,4}}[\-/.]\d{{1,2}}[\-/.]\d{{1,4}}(?:T[\d:.]+(?:Z|[+\-]\d\d:?\d\d)?)?|\d{{8}}"
     rf"|{_DAY}{_SEP}(?:(?:of|de|del)[ \t]+)?{_MONTH}(?:{_SEP}(?:(?:de|del)[ \t]+)?(?:{_YEAR}))?"
     rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})"
-    rf"|{_YEAR4}{_SEP}(?:{_MONTH}(?:{_SEP}{_DAY})?|{_DAY}{_SEP}{_MONTH})|{_YEAR4})" + _END,
+    rf"|{_YEAR4}{_SEP}(?:{_MONTH}(?:{_SEP}{_LAST_DAY})?|{_DAY}{_SEP}{_MONTH})|{_YEAR4})" + _END,
     re.IGNORECASE,
 )
 #: A postcode written in two parts at the start of a value: British, Canadian, Dutch (its letters
