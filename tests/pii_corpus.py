@@ -259,6 +259,8 @@ KEYED_FREE_FORM: list[tuple[str, str, str]] = [
     ("billingAddress", "address", "1600 Amphitheatre Pkwy, Mountain View, CA 94043"),
     ("street", "address", "Calle de Alcalá 42, 3º izq"),
     ("homeAddress", "address", "c/o Ana Lopez, 4 Privet Drive, Little Whinging"),
+    ("address", "address", "Flat 3, Floor: 2, 10 Downing Street, London SW1A 2AA"),  # a label inside
+    ("shipping_address", "address", "5 Main St, Apt: 4B, Springfield IL 62704"),
     ("dob", "birth_date", "early spring of eighty"),  # a date of birth in no shape: all of it
 ]
 
@@ -270,6 +272,8 @@ KEYED_SHAPED: list[tuple[str, str, str]] = [
     ("birth_date", "birth_date", "12. März 1980"),
     ("dob", "birth_date", "12 de marzo de 1980"),
     ("birthDate", "birth_date", "1er mars 1980"),
+    ("dob", "birth_date", "1980 March 12"),  # the year first
+    ("date_of_birth", "birth_date", "1980, 12 March"),
     ("postcode", "address", "SW1A 1AA"),
     ("postal_code", "address", "K1A 0B1"),
     ("zip_code", "address", "1012 AB"),

@@ -25,7 +25,7 @@ import re
 
 from jobsystem.privacy.scrub_freeform import FREEFORM_LABELS, freeform_end
 from jobsystem.privacy.scrub_groups import run_end
-from jobsystem.privacy.scrub_keys import is_postcode_key
+from jobsystem.privacy.scrub_keys import is_machine_address_key, is_postcode_key
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
 from jobsystem.privacy.scrub_value_shapes import birth_date_end, network_end, postcode_end
@@ -69,8 +69,10 @@ def _freeform_end(label: str, key: str, text: str, begin: int, stop: int) -> int
     """The end of a value of a free-form kind: its shape's if it has one, else the value's."""
     if label == "birth_date":
         shaped = birth_date_end(text, begin)
+    elif label == "address" and is_postcode_key(key):
+        shaped = postcode_end(text, begin, stop)
     elif label == "address":
-        shaped = postcode_end(text, begin, stop) if is_postcode_key(key) else network_end(text, begin, stop)
+        shaped = network_end(text, begin, stop, host_names=is_machine_address_key(key))
     else:
         shaped = None
     return max(shaped, stop) if shaped is not None else freeform_end(text, begin, stop)

@@ -7,15 +7,19 @@ configuration) runs on from its first word to the first of:
 
 - the line's next ``key=value`` or ``key: value`` pair (a key starting with a letter or ``_``,
   quoted or not, then ``=``, or ``:`` that starts no ``::`` or ``://``): ``address=221B Baker
-  Street status=failed`` keeps ``status=failed``;
+  Street status=failed`` keeps ``status=failed``, ``address: 5 Rue X error: timeout`` keeps
+  ``error: timeout``; but not a label inside an address, an unquoted ``Word:`` capitalised
+  (``Floor: 2``, ``Attn: Billing``) that is none of a log's own fields (``Error:``, ``Status:``,
+  ``Reason:``, an exception's class ``ValueError:``), or an address's part in any case
+  (``apt: 4B``, ``floor: 2``): ``address=Flat 3, Floor: 2, 10 Downing Street`` is one address;
 - a closing bracket or quote that opened before the key: ``(address: 5 rue de la Paix) sent``,
   ``"note": "address: 5 rue de la Paix", "n": 1``; one that opens inside the value closes inside it;
 - the end of the line.
 
-The separators before that end stay (``, status=failed``; a ``.`` that ends a sentence). When in
-doubt the value runs on (remove when in doubt): a quote opens only at the start of a word and
-closes only at the end of one (``d'Alsace`` is one word), and a bracket that closes nothing
-opened before the key ends nothing.
+The separators before that end stay (``, status=failed``; a ``.`` that ends a sentence; a
+bracket that opens just before it, ``[type=value_error]``). When in doubt the value runs on
+(remove when in doubt): a quote opens only at the start of a word and closes only at the end of
+one (``d'Alsace`` is one word), and a bracket that closes nothing opened before the key ends nothing.
 """
 
 from __future__ import annotations
@@ -37,16 +41,32 @@ _QUOTE = r"(?:(?:(?<!\\)\\+)?[\"'])"
 #: What may end a value, in the order tried at one place: the next pair's key, the line's end, a
 #: bracket, a quote (with the backslashes that escape it in JSON text).
 _STOP = re.compile(
-    rf"(?<![A-Za-z0-9_\-])(?P<key>{_QUOTE}?[A-Za-z_][A-Za-z0-9_\-]*(?:\\*[\"'])?[ \t]*(?:=|:(?![:/])))"
+    rf"(?<![A-Za-z0-9_\-])(?P<key>(?P<quoted>{_QUOTE})?(?P<word>[A-Za-z_][A-Za-z0-9_\-]*)(?:\\*[\"'])?"
+    rf"[ \t]*(?:=|(?P<colon>:)(?![:/])))"
     rf"|(?P<line>[\r\n])|(?P<open>[(\[{{<])|(?P<close>[)\]}}>])|(?P<quote>{_QUOTE})"
 )
+#: Labels an address holds, in any case: ``key: value`` pairs inside it, not after it.
+_ADDRESS_PARTS = frozenset(
+    {"apt", "apartment", "flat", "floor", "unit", "suite", "ste", "attn", "attention", "building", "bldg"}
+    | {"block", "room", "dept", "department", "door", "entrance", "stair", "staircase", "po", "box"}
+)
+#: Capitalised keys that end a free-form value: a log's own fields, not labels inside an address.
+_LOG_FIELDS = frozenset(
+    {"error", "err", "exception", "reason", "cause", "status", "code", "result", "message", "msg", "detail"}
+    | {"details", "level", "warning", "warn", "info", "debug", "critical", "fatal", "traceback", "job"}
+    | {"task", "actor", "queue", "attempt", "attempts", "retry", "retries", "duration", "elapsed", "took"}
+    | {"time", "timestamp", "response", "request", "url", "method", "path", "id", "hint", "type"}
+)
+#: Ends of a capitalised key naming an exception's class (``ValueError:``, ``TimeoutException:``).
+_LOG_FIELD_ENDS = ("error", "exception", "warning", "failure")
 #: Brackets and quotes, to find those open where a value starts.
 _MARK = re.compile(rf"[(\[{{<)\]}}>]|{_QUOTE}")
 _OPENING = {")": "(", "]": "[", "}": "{", ">": "<"}
 #: What a quote follows when it opens a quoted text: the line's start, a space, a bracket, ``=:,``.
 _BEFORE_OPENING_QUOTE = frozenset(" \t([{<=:,")
-#: Separators left out at a value's end, before what ends it.
-_TRAILING = frozenset(" \t,;&|.-\u2013\u2014")
+#: Separators left out at a value's end, before what ends it, and brackets opened just before it
+#: (``address: 5 Main St [type=value_error]`` keeps its ``[``).
+_TRAILING = frozenset(" \t,;&|.-\u2013\u2014([{<")
 #: Per thread, the last look for open brackets and quotes: (text, where, its line's start, open).
 _RECENT = threading.local()
 
@@ -58,9 +78,11 @@ def freeform_end(text: str, begin: int, stop: int) -> int:
     end = len(text)
     for match in _STOP.finditer(text, stop):
         kind, mark = match.lastgroup, match[0]
-        if kind == "key" or kind == "line":
+        if kind == "line" or (kind == "key" and _ends_value(match)):
             end = match.start()
             break
+        if kind == "key":
+            continue
         if kind == "open":
             inner.append(mark)
             continue
@@ -80,6 +102,18 @@ def freeform_end(text: str, begin: int, stop: int) -> int:
     while end > stop and text[end - 1] in _TRAILING:
         end -= 1
     return max(end, stop)
+
+
+def _ends_value(key: re.Match[str]) -> bool:
+    """Whether the pair whose key ``key`` found ends a free-form value: not a label inside an
+    address (``Floor: 2``, ``Attn: Billing``, ``apt: 4B``), but a program's field (``status=``,
+    ``error:``, quoted, or a log's own capitalised ``Error:``, ``ValueError:``)."""
+    word = key["word"].lower()
+    if key["colon"] is None or key["quoted"] is not None:
+        return True
+    if word in _ADDRESS_PARTS:
+        return False
+    return not key["word"][0].isupper() or word in _LOG_FIELDS or word.endswith(_LOG_FIELD_ENDS)
 
 
 def _open_at(text: str, begin: int) -> list[str]:

@@ -24,6 +24,7 @@ __all__ = [
     "EXTRA_LABEL",
     "SECRET_LABELS",
     "KeyMatcher",
+    "is_machine_address_key",
     "is_postcode_key",
     "tokens",
 ]
@@ -137,6 +138,13 @@ DEFAULT_EXACT_KEYS: Mapping[str, str] = {"name": "name"}
 
 #: Key names, their words joined, whose values are postcodes: addresses with a shape of their own.
 _POSTCODE_NAMES = ("postcode", "postalcode", "zipcode")
+#: The word (and its short forms) of an address key, and the qualifiers before it that name a
+#: machine's address, not a place's (``server_address``, ``bindAddr``, ``peer-address``).
+_ADDRESS_WORDS = ("addresses", "address", "addr")
+_MACHINE_QUALIFIERS = frozenset(
+    {"server", "bind", "remote", "local", "listen", "host", "peer", "ip", "mac", "broker", "node", "socket"}
+    | {"proxy", "gateway", "upstream", "backend", "hardware", "network"}
+)
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SPLIT = re.compile(r"[^a-z0-9]+")
@@ -151,6 +159,20 @@ def is_postcode_key(key: str) -> bool:
     """Whether ``key`` names a postcode (``postcode``, ``shipping_zip_code``, ``postalCode``)."""
     joined = "".join(tokens(key))
     return any(name in joined for name in _POSTCODE_NAMES)
+
+
+def is_machine_address_key(key: str) -> bool:
+    """Whether ``key`` names a machine's address: its last word is an address, qualified by a word
+    of :data:`_MACHINE_QUALIFIERS` (``server_address``, ``listenAddr``, ``bindaddress``)."""
+    words = tokens(key)
+    if not words:
+        return False
+    last = words[-1]
+    word = next((w for w in _ADDRESS_WORDS if last.endswith(w)), None)
+    if word is None:
+        return False
+    qualifier = last.removesuffix(word) or (words[-2] if len(words) > 1 else "")
+    return qualifier in _MACHINE_QUALIFIERS
 
 
 def _singular(word: str) -> tuple[str, ...]:

@@ -21,6 +21,10 @@ __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
 _HEX12 = re.compile(r"[0-9a-f]{12}")
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _SEPARATOR = re.compile(r"[:=]")
+#: A lower-case word, one space before a key written as a word (``email address:``).
+_QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
+#: Address keys written as a word, that a word before them may qualify.
+_ADDRESS_KEYS = frozenset({"address", "addr"})
 
 
 def _nested_quotes(slashes: int) -> str:
@@ -98,7 +102,10 @@ def key_values(
             start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
         while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
             start -= 1
-        label = label_for_key(text[start:end]) if start < end else None
+        key = text[start:end]
+        label = label_for_key(key) if start < end else None
+        if label == "address" and not quoted and text[at] == ":":
+            key, label = _qualified(text, start, done, key, label, label_for_key)
         value = _VALUE.match(text, at + 1) if label else None
         if label is None or value is None:
             continue
@@ -107,8 +114,8 @@ def key_values(
         begin, stop = value.span("val")
         first = text[begin:stop]
         if first[0] not in "\"'\\" and not _replacement(first, own_hash):
-            stop = value_end(label, text[start:end], text, begin, stop)
-        replaced = _pair_value(label, text[start:end], text[begin:stop], own_hash, replace)
+            stop = value_end(label, key, text, begin, stop)
+        replaced = _pair_value(label, key, text[begin:stop], own_hash, replace)
         if replaced is not None:
             parts += (text[done:begin], replaced)
             done = stop
@@ -116,6 +123,21 @@ def key_values(
         return text
     parts.append(text[done:])
     return "".join(parts)
+
+
+def _qualified(
+    text: str, start: int, done: int, key: str, label: str, label_for_key: Callable[[str], str | None]
+) -> tuple[str, str]:
+    """An address key before ``:`` read with the lower-case word written before it, one space
+    apart, as its qualifier: ``email address:`` is an email key (pydantic's ``value is not a valid email
+    address: An email address must have an @-sign.`` keeps its reason, no ``@`` in it), ``server
+    address:`` a machine's; ``billing address:`` and ``new address:`` are still addresses. A
+    capitalised word (``Email address:``, a field's label at a line's start) qualifies nothing."""
+    word = _QUALIFIER.search(text, max(done, start - 33), start) if key.lower() in _ADDRESS_KEYS else None
+    if word is None:
+        return key, label
+    qualified = f"{word[1]}_{key}"
+    return qualified, label_for_key(qualified) or label
 
 
 def _replacement(word: str, own_hash: bool) -> bool:

@@ -8,13 +8,16 @@ ordinary words after it stay:
 - a date of birth: a date in digits (``1980-03-12``, ``12/03/1980``), a year, or a day, a month
   named in English, French, German, Spanish, Italian, Portuguese or Dutch and a year, in either
   order (``12 March 1980``, ``March 12, 1980``, ``12. März 1980``, ``12 de marzo de 1980``,
-  ``1er mars``, ``March 1980``);
+  ``1er mars``, ``March 1980``), the year first too (``1980 March 12``, ``1980, 12 March``,
+  ``1980 March``): a year alone ends the value only when no month follows it;
 - a postcode (a key naming one, :func:`~jobsystem.privacy.scrub_keys.is_postcode_key`): the
   shapes written in two parts (``SW1A 1AA``, ``K1A 0B1``, ``1012 AB``, ``D02 X285``,
   ``114 55``, ``110 001``), or any first word with a digit (``75002``, ``94105-1234``);
 - under any other address key, a machine's or a mailbox's address as its first word
   (``81.2.69.142:5672``, ``smtp.example.com:25``, ``00:1a:2b:3c:4d:5e``, ``ana@example.com``,
-  ``tcp://host``): the words after it are no part of a street's.
+  ``tcp://host``): the words after it are no part of a street's; under a key naming a machine's
+  address (:func:`~jobsystem.privacy.scrub_keys.is_machine_address_key`: ``server_address``,
+  ``bind_addr``), a bare host name too (``rabbit-1``, ``db.internal``, ``localhost``).
 
 A value in none of these shapes is free-form: it runs on to its end, as a value without a shape
 does (remove when in doubt).
@@ -40,8 +43,12 @@ _MONTHS = (
 )
 _MONTH = rf"(?:{_MONTHS})(?:\.(?=[ \t]*\d))?"
 _DAY = r"[0-3]?\d(?:st|nd|rd|th|er|º|°|\.)?(?!\d)"
-_YEAR = r"(?:1[89]|20)\d\d|'?\d\d"
-_SEP = r"(?:,?[ \t]+|[\-/.])"
+#: A day that ends a date: a ``.`` after it ends a sentence (``1980 March 12. Next``).
+_LAST_DAY = r"[0-3]?\d(?:st|nd|rd|th|er|º|°)?(?!\d)"
+_YEAR4 = r"(?:1[89]|20)\d\d"
+_YEAR = rf"{_YEAR4}|'?\d\d"
+#: Between a date's parts: spaces (or a URL's ``+``), after a comma or not, or ``-/.``.
+_SEP = r"(?:,?(?:[ \t]+|\+)|[\-/.])"
 #: Where a shape may end: not inside a word, a number, a decimal or a time (``1980.5``, ``10:20``).
 _END = r"(?![\w\-/:]|[.,]\d)"
 
@@ -49,7 +56,8 @@ _END = r"(?![\w\-/:]|[.,]\d)"
 _BIRTH_DATE = re.compile(
     rf"(?:\d{{1,4}}[\-/.]\d{{1,2}}[\-/.]\d{{1,4}}(?:T[\d:.]+(?:Z|[+\-]\d\d:?\d\d)?)?|\d{{8}}"
     rf"|{_DAY}{_SEP}(?:(?:of|de|del)[ \t]+)?{_MONTH}(?:{_SEP}(?:(?:de|del)[ \t]+)?(?:{_YEAR}))?"
-    rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})|(?:1[89]|20)\d\d)" + _END,
+    rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})"
+    rf"|{_YEAR4}{_SEP}(?:{_MONTH}(?:{_SEP}{_LAST_DAY})?|{_DAY}{_SEP}{_MONTH})|{_YEAR4})" + _END,
     re.IGNORECASE,
 )
 #: A postcode written in two parts at the start of a value: British, Canadian, Dutch (its letters
@@ -65,6 +73,14 @@ _NETWORK = re.compile(
     r"[a-z][a-z0-9+.\-]*://\S+|\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?|[a-z0-9][\w.\-]*:\d{1,5}"
     r"|[0-9a-f]{0,4}(?::[0-9a-f]{0,4}){2,7}(?:%\w+)?|[^\s@]+@[\w\-]+(?:\.[\w\-]+)+",
     re.IGNORECASE,
+)
+
+#: A bare host name, in lower case as hosts are named: ``localhost``, a dotted name whose last
+#: label starts with a letter (``db.internal``), or one label with a digit or a hyphen
+#: (``rabbit-1``, ``web01``); a word of a street (``Flat``, ``221B``, ``rue``) is none.
+_HOST = re.compile(
+    r"(?:localhost|[a-z][a-z0-9\-]*(?:\.[a-z0-9][a-z0-9\-]*)*\.[a-z][a-z0-9\-]*"
+    r"|[a-z](?=[a-z0-9\-]*[\d\-])[a-z0-9\-]*[a-z0-9])\.?"
 )
 
 
@@ -83,6 +99,9 @@ def postcode_end(text: str, begin: int, stop: int) -> int | None:
     return stop if any(c.isdigit() for c in text[begin:stop]) else None
 
 
-def network_end(text: str, begin: int, stop: int) -> int | None:
-    """``stop`` if the first word ``text[begin:stop]`` is a machine's or a mailbox's address."""
-    return stop if _NETWORK.fullmatch(text, begin, stop) else None
+def network_end(text: str, begin: int, stop: int, host_names: bool = False) -> int | None:
+    """``stop`` if the first word ``text[begin:stop]`` is a machine's or a mailbox's address, or
+    with ``host_names`` (a key naming a machine's address) a bare host name too."""
+    if _NETWORK.fullmatch(text, begin, stop) or (host_names and _HOST.fullmatch(text, begin, stop)):
+        return stop
+    return None
