@@ -48,7 +48,8 @@ def stop(signum, frame):
 
 
 signal.signal(signal.SIGTERM, stop)
-(folder / "child.pid").write_text(str(os.getpid()))
+(folder / "child.pid.new").write_text(str(os.getpid()))
+os.replace(folder / "child.pid.new", folder / "child.pid")  # whole: a read never sees part of it
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     time.sleep(0.05)
