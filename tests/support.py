@@ -393,13 +393,20 @@ class Queues:
 
     def publish_raw(self, message: dramatiq.Message[Any], copies: int = 1) -> None:
         """Publish ``message``'s body as it is, bypassing every middleware (a redelivery, a
-        client that sends twice)."""
+        client that sends twice). Unlike a send, it declares nothing: its queue must exist (a
+        worker says it is ready before its consumers have declared theirs). A body no queue
+        takes is returned by RabbitMQ and raised here (``pika.exceptions.UnroutableError``),
+        rather than dropped, which a test would only see as a timeout."""
         import pika
 
-        channel = get_system().broker.channel
+        channel = get_system().broker.channel  # with publisher confirms: a return is raised
         for _ in range(copies):
             channel.basic_publish(
-                "", message.queue_name, message.encode(), pika.BasicProperties(delivery_mode=2)
+                "",
+                message.queue_name,
+                message.encode(),
+                pika.BasicProperties(delivery_mode=2),
+                mandatory=True,
             )
 
     @property

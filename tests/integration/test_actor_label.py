@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dramatiq import Message
@@ -15,7 +16,7 @@ from jobsystem.store import open_store
 from jobsystem.store.status import status_backend
 from tests import workload
 from tests.servers import sentry_events, sentry_server
-from tests.support import TEST_REDIS_URL, wait_for
+from tests.support import TEST_REDIS_URL, Queues, Worker, wait_for
 
 #: An e-mail address, and a person's name shaped as an identifier (no pattern tells it apart).
 SENDERS_TEXT = ("ana@example.com", "Ana_Lopez_1980")
@@ -25,8 +26,35 @@ def _undefined_actor_events(envelopes: list[bytes]) -> list[dict[str, Any]]:
     return [e for e in sentry_events(list(envelopes)) if "undefined actor" in json.dumps(e.get("logentry"))]
 
 
+def _declared(queues: Queues, queue: str) -> str:
+    """``queue``, declared with its ``.DQ`` and ``.DLQ`` before anything is published raw to it.
+    ``start_worker`` returns once the worker says it is ready, which Dramatiq logs when its
+    consumer threads have started, before they have declared their queues; a raw publish
+    declares nothing (a send does), so under load one went to no queue and was dropped."""
+    queues.broker.declare_queue(queue, ensure=True)
+    return queue
+
+
+def _waited(
+    predicate: Callable[[], Any], what: str, status: Any, worker: Worker, messages: list[Message[Any]]
+) -> Any:
+    """``wait_for(predicate)`` for 60 s; on a timeout, what each message got is said: its status
+    record's state and the worker's lines about it."""
+    try:
+        return wait_for(predicate, timeout=60, what=what)
+    except AssertionError as timeout:
+        seen = {
+            m.message_id: (
+                getattr(status.get(m.message_id), "state", None),
+                [line["event"] for line in worker.events(message_id=m.message_id)],
+            )
+            for m in messages
+        }
+        raise AssertionError(f"{timeout}; each message's record state and worker lines: {seen}") from None
+
+
 def test_a_message_of_no_registered_actor_leaves_no_trace_of_its_actor_name(start_worker, queues, prefix):
-    queue = queues.name(workload.record)
+    queue = _declared(queues, queues.name(workload.record))
     status = status_backend(open_store(TEST_REDIS_URL, namespace=f"jobs:{prefix}"))
     with sentry_server() as (dsn, envelopes):
         worker = start_worker(SENTRY_DSN=dsn)
@@ -37,7 +65,7 @@ def test_a_message_of_no_registered_actor_leaves_no_trace_of_its_actor_name(star
         for message in bogus:
             queues.publish_raw(message)
         known = queues.send(workload.record, "t1")
-        wait_for(lambda: queues.depth(queue + ".DLQ") == 2, timeout=60, what="both dead letters")
+        _waited(lambda: queues.depth(queue + ".DLQ") == 2, "both dead letters", status, worker, bogus)
         records = wait_for(
             lambda: (
                 all(status.get(m.message_id) for m in [*bogus, known])
@@ -68,7 +96,7 @@ def test_a_message_of_no_registered_actor_leaves_no_trace_of_its_actor_name(star
 def test_a_delayed_message_the_worker_releases_records_only_a_registered_actor(start_worker, queues, prefix):
     """The worker moves a due ``.DQ`` message to its queue through ``enqueue``: the status record,
     whose actor is written once, there and then, names no actor the worker does not have."""
-    queue = queues.name(workload.record)
+    queue = _declared(queues, queues.name(workload.record))
     status = status_backend(open_store(TEST_REDIS_URL, namespace=f"jobs:{prefix}"))
     worker = start_worker()
     now = int(time.time() * 1000)
@@ -83,7 +111,7 @@ def test_a_delayed_message_the_worker_releases_records_only_a_registered_actor(s
         found = [status.get(m.message_id) for m in delayed]
         return found if all(r is not None and r.state in ("dead", "succeeded") for r in found) else None
 
-    records = wait_for(final, timeout=60, what="both records final")
+    records = _waited(final, "both records final", status, worker, delayed)
     assert worker.stop() == 0
     assert [(r.state, r.actor) for r in records] == [("dead", "unknown"), ("succeeded", "record")]
     assert "Ana" not in json.dumps([dataclasses.asdict(r) for r in records])
