@@ -6,8 +6,10 @@ this check could not measure is not taken as cleared. While the store is down no
 de-duplicates: every condition (the store's own among them) is sent at each check.
 
 What is sent says of a dependency that did not answer only which one, and the error's class
-name (the report's texts, :mod:`jobsystem.ops.outages`); the error's own text, which names hosts
-and ports, is in the ``queue_degraded`` log line only (``cause``).
+name (the report's texts, :mod:`jobsystem.ops.outages`). So do this module's log lines at WARNING
+and up, which Sentry's logging integration sends as events and breadcrumbs: the error's own text,
+which names hosts and ports, is in DEBUG lines only (the check's ``health_unreachable``, and
+``health_alert_state_unavailable_cause`` here).
 """
 
 from __future__ import annotations
