@@ -52,7 +52,10 @@ class SqliteStore(StateStore):
         self.busy_timeout_ms = busy_timeout_ms
         self.timeout = busy_timeout_ms / 1000
         self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
+        # Each open connection with the thread that opened it, and those close() asked their
+        # thread to close: only that thread may, while it lives (see close()).
+        self._connections: dict[sqlite3.Connection, threading.Thread] = {}
+        self._retired: set[sqlite3.Connection] = set()
         self._lock = threading.Lock()
         # Tables are created on first use, not here: building a store touches no disk, and a file
         # that cannot be opened yet is an outage like any other, not a crash at import.
@@ -64,6 +67,8 @@ class SqliteStore(StateStore):
         """This thread's connection (SQLite connections must not cross threads), with every
         registered schema applied."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and self._retired and not conn.in_transaction:
+            conn = self._unless_retired(conn)
         if conn is None:
             try:
                 conn = self._open()
@@ -71,10 +76,21 @@ class SqliteStore(StateStore):
                 raise _as_store_error(exc) from exc
             self._local.conn = conn
             with self._lock:
-                self._connections.append(conn)
+                self._connections[conn] = threading.current_thread()
         if len(self._applied) < len(self._schemas):
             self._apply_schemas(conn)
         return conn
+
+    def _unless_retired(self, conn: sqlite3.Connection) -> sqlite3.Connection | None:
+        """``conn``, or None once closed here if close() retired it while this thread used it."""
+        with self._lock:
+            if conn not in self._retired:
+                return conn
+            self._retired.discard(conn)
+            self._connections.pop(conn, None)
+        del self._local.conn
+        conn.close()
+        return None
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -222,21 +238,29 @@ class SqliteStore(StateStore):
     def release_thread(self) -> None:
         """Close the calling thread's connection: kept until :meth:`close` otherwise, so every
         thread that asked once and ended (a health lane that idled out) would hold one open."""
-        local = self._local  # read once: close() replaces it
-        conn: sqlite3.Connection | None = local.__dict__.pop("conn", None)
+        conn: sqlite3.Connection | None = self._local.__dict__.pop("conn", None)
         if conn is None:
             return
         with self._lock:
-            if conn in self._connections:  # not closed by close() meanwhile
-                self._connections.remove(conn)
+            self._connections.pop(conn, None)
+            self._retired.discard(conn)
         conn.close()
 
     def close(self) -> None:
+        """Close the calling thread's connection and those of threads that ended; retire the
+        others, which their own thread closes at its next call (outside a transaction). Closing a
+        connection another thread is using crashes the interpreter (CPython 3.11 frees the handle
+        under the running statement), and a process's pollers may be mid-statement as it closes."""
+        current = threading.current_thread()
         with self._lock:
-            for conn in self._connections:
-                conn.close()
-            self._connections.clear()
-        self._local = threading.local()
+            for conn, owner in list(self._connections.items()):
+                if owner is current or not owner.is_alive():
+                    del self._connections[conn]
+                    self._retired.discard(conn)
+                    conn.close()
+                else:
+                    self._retired.add(conn)
+        self._local.__dict__.pop("conn", None)
 
 
 def _statements(ddl: str) -> Iterator[str]:

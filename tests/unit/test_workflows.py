@@ -394,6 +394,7 @@ def test_a_cancel_after_the_actor_returned_is_not_raised_into_the_after_hooks(st
     cancellation.backend.mark_cancelled([message.message_id], TTL)
     assert cancellation.watch.poll_once() == []
     cancellation.after_process_message(broker, message, result=None)
+    cancellation.watch.stop()
 
 
 def test_an_arrival_is_registered_as_running_only_when_known_unmarked_and_asked(store):
