@@ -1,0 +1,103 @@
+"""A dependency that fails must not send its address to Sentry through the SDK's logging
+integration (on in every worker, the scheduler and the dashboard with ``SENTRY_DSN``): ERROR lines
+are events, INFO and WARNING ones breadcrumbs. ab623cf made alerts and the dashboard name a failed
+dependency by its error's class, the text at DEBUG; the scheduler, the middleware's and the
+runtime's store lines and pika's own lines still sent ``Error 111 connecting to <host>:<port>``,
+the store's URL, or pika's ``('127.0.0.1', <port>)``. The text must still reach the log at DEBUG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+import scheduler.service
+from jobsystem.store.base import StoreUnavailable
+from jobsystem.store.sqlite import SqliteStore
+from tests.servers import sent_to_sentry
+from tests.unit.test_health_outages import HOST, PORT, STORE_ERROR
+from tests.unit.test_scheduler_checkins import HOURLY, Clock, RefusingBroker, leading_scheduler, utc
+
+ADDRESS = f"{HOST}:{PORT}"
+#: What a Redis store that is down raises.
+DOWN = StoreUnavailable(STORE_ERROR)
+
+
+def _lines(log: str, event: str) -> list[dict[str, Any]]:
+    """The log's JSON lines of ``event``."""
+    found = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    return [line for line in found if line.get("event") == event]
+
+
+def _told(log: str, event: str, level: str, error: BaseException = DOWN) -> None:
+    """``event`` was logged once at ``level``, naming ``error`` by its class, and its ``_cause``
+    twin at DEBUG with the error's text (scrubbed: its start is enough)."""
+    (line,) = _lines(log, event)
+    assert (line["level"], line["error"]) == (level, type(error).__name__), line
+    causes = _lines(log, f"{event}_cause")
+    assert causes and all(c["level"] == "debug" and str(error)[:24] in c["error"] for c in causes), causes
+
+
+class FlakyStore(SqliteStore):
+    """A SQLite store whose operations named in ``failing`` fail as a Redis store that is down does."""
+
+    failing: frozenset[str] = frozenset()
+
+    def _maybe_fail(self, operation: str) -> None:
+        if operation in self.failing:
+            raise StoreUnavailable(STORE_ERROR)
+
+    def get(self, key: str) -> bytes | None:
+        self._maybe_fail("get")
+        return super().get(key)
+
+    def set(self, key: str, value: bytes | str, ttl_ms: int | None = None) -> None:
+        self._maybe_fail("set")
+        super().set(key, value, ttl_ms)
+
+    def acquire_lease(self, name: str, owner: str, ttl_ms: int) -> bool:
+        self._maybe_fail("acquire_lease")
+        return super().acquire_lease(name, owner, ttl_ms)
+
+
+class StoreRefusingBroker(RefusingBroker):
+    """An enqueue refused by the state store (the idempotency middleware's check) while ``refusing``."""
+
+    def enqueue(self, message: Any) -> Any:
+        if self.refusing:
+            raise StoreUnavailable(STORE_ERROR)
+        return super().enqueue(message)
+
+
+def test_the_scheduler_with_its_store_down_sends_sentry_no_store_address(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, logging_restored: None
+) -> None:
+    Clock.install(monkeypatch, utc(2026, 1, 5, 10, 0, 30))
+    store, broker = FlakyStore(tmp_path / "state.db"), StoreRefusingBroker()
+
+    def outage() -> None:
+        # A fresh logger: the module's may be cached with another test's configuration.
+        monkeypatch.setattr(scheduler.service, "logger", structlog.get_logger("scheduler"))
+        sched = leading_scheduler(store, broker, started_at=utc(2026, 1, 5, 9, 59))
+        store.failing = frozenset({"get"})
+        sched.fire(HOURLY.id, True)  # schedule_state_unavailable
+        store.failing = frozenset()
+        sched.fire(HOURLY.id, True)  # schedule_send_failed, an ERROR
+        broker.refusing, store.failing = False, frozenset({"set", "acquire_lease"})
+        sched.fire(HOURLY.id, True)  # schedule_last_fire_unsaved
+        sched.lease.poll()  # leader_lease_unavailable
+
+    sent, log = sent_to_sentry(outage, log_level="DEBUG")
+    assert ADDRESS not in sent and HOST not in sent, sent  # events and breadcrumbs
+    assert broker.sent == ["2026-01-05T10:00:00Z"]
+    for event, level in [
+        ("schedule_state_unavailable", "warning"),
+        ("schedule_send_failed", "error"),
+        ("schedule_last_fire_unsaved", "warning"),
+        ("leader_lease_unavailable", "warning"),
+    ]:
+        assert event in sent, event  # an event or a breadcrumb of the later one
+        _told(log, event, level)
