@@ -8,17 +8,28 @@ the store's URL, or pika's ``('127.0.0.1', <port>)``. The text must still reach 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import structlog
+from dramatiq import Message
 
 import scheduler.service
-from jobsystem.store.base import StoreUnavailable
+from jobsystem.observability.metrics import _QueueCollector
+from jobsystem.ops.dead_letters import forget
+from jobsystem.runtime.cancellation import CancelWatch
+from jobsystem.runtime.requeue import requeue_later
+from jobsystem.store.base import StoreMisconfigured, StoreUnavailable
 from jobsystem.store.sqlite import SqliteStore
+from middleware.heartbeat import Heartbeat
+from middleware.store_check import StoreCheck
+from middleware.workflows import Workflows
 from tests.servers import sent_to_sentry
-from tests.unit.test_health_outages import HOST, PORT, STORE_ERROR
+from tests.unit.test_guard import Broken
+from tests.unit.test_health_outages import HOST, PORT, STORE_ERROR, FailingStore
 from tests.unit.test_scheduler_checkins import HOURLY, Clock, RefusingBroker, leading_scheduler, utc
 
 ADDRESS = f"{HOST}:{PORT}"
@@ -101,3 +112,73 @@ def test_the_scheduler_with_its_store_down_sends_sentry_no_store_address(
     ]:
         assert event in sent, event  # an event or a breadcrumb of the later one
         _told(log, event, level)
+
+
+def _dead_member() -> Any:
+    return SimpleNamespace(message_id="m-1", options={"workflow": {"id": "w-1", "step": 0}})
+
+
+def test_the_middleware_with_the_store_down_send_sentry_no_store_address(
+    tmp_path: Path, logging_restored: None
+) -> None:
+    store = FailingStore(tmp_path / "state.db")
+    store.label = f"redis://{HOST}:{PORT}/0"  # as a Redis store names itself
+    stops: list[str] = []
+
+    def stop(problem: str) -> Any:
+        stops.append(problem)
+        raise SystemExit(2)
+
+    def outage() -> None:
+        workflows = Workflows(store, ttl_ms=60_000, cancel_ttl_ms=60_000)
+        workflows._record_dead(None, _dead_member(), deadline=time.monotonic(), wait_s=1.0)  # type: ignore[arg-type]
+        Broken(StoreUnavailable(STORE_ERROR)).on_receive(None, _dead_member())
+        Heartbeat(store)._beat()
+        check = StoreCheck(store, setting="STATE_URL", retry_s=60, on_misconfigured=stop)
+        check._unavailable(StoreUnavailable(STORE_ERROR))
+        with pytest.raises(SystemExit):
+            check._misconfigured(StoreMisconfigured(STORE_ERROR))
+
+    sent, log = sent_to_sentry(outage, log_level="DEBUG")
+    assert ADDRESS not in sent and HOST not in sent, sent  # events and breadcrumbs
+    for event, level in [
+        ("workflow_member_unrecorded", "error"),
+        ("guard_failed", "error"),
+        ("heartbeat_failed", "warning"),
+        ("state_store_unavailable", "warning"),
+    ]:
+        assert event in sent, event
+        _told(log, event, level)
+    (misconfigured,) = _lines(log, "state_store_misconfigured")
+    assert (misconfigured["level"], misconfigured["error"]) == ("critical", "StoreMisconfigured")
+    assert "Error 111 connecting to" in _lines(log, "state_store_misconfigured_cause")[0]["error"]
+    assert stops and ADDRESS in stops[0]  # the operator's stderr still names the store
+
+
+def _refuse(*_: Any, **__: Any) -> Any:
+    raise StoreUnavailable(STORE_ERROR)
+
+
+def test_the_runtime_and_ops_lines_with_a_dependency_down_send_sentry_no_address(
+    tmp_path: Path, logging_restored: None
+) -> None:
+    management = ConnectionError(f"HTTPConnectionPool(host='{HOST}', port={PORT}): Max retries exceeded")
+
+    def unanswered(_: Any) -> Any:
+        raise management
+
+    def outage() -> None:
+        refusing = SimpleNamespace(enqueue=_refuse)
+        assert not requeue_later(refusing, Message("q", "job", (), {}, {}), 0, reason="t", pause_on_failure=0)  # type: ignore[arg-type]
+        assert CancelWatch(_refuse, keep_ms=60_000).poll_once() == []
+        index = SimpleNamespace(backend=SimpleNamespace(remove=_refuse))
+        forget(SimpleNamespace(dead_letter_index=index), [SimpleNamespace(queue="q", message_id="m")])  # type: ignore[arg-type, list-item]
+        (tmp_path / "queues-1.json").write_text('["q"]')
+        assert len(list(_QueueCollector(tmp_path, unanswered).collect())) == 1  # jobs_queue_stats_up 0
+
+    sent, log = sent_to_sentry(outage, log_level="DEBUG")
+    assert ADDRESS not in sent and HOST not in sent, sent  # events and breadcrumbs
+    for event in ("requeue_failed", "cancellation_poll_failed", "dead_letter_index_stale"):
+        assert event in sent, event
+        _told(log, event, "warning")
+    _told(log, "queue_depths_failed", "warning", management)
