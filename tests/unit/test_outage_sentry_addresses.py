@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pika
+import pika.exceptions
 import pytest
 import structlog
 from dramatiq import Message
@@ -27,7 +30,7 @@ from jobsystem.store.sqlite import SqliteStore
 from middleware.heartbeat import Heartbeat
 from middleware.store_check import StoreCheck
 from middleware.workflows import Workflows
-from tests.servers import sent_to_sentry
+from tests.servers import free_port, sent_to_sentry
 from tests.unit.test_guard import Broken
 from tests.unit.test_health_outages import HOST, PORT, STORE_ERROR, FailingStore
 from tests.unit.test_scheduler_checkins import HOURLY, Clock, RefusingBroker, leading_scheduler, utc
@@ -182,3 +185,56 @@ def test_the_runtime_and_ops_lines_with_a_dependency_down_send_sentry_no_address
         assert event in sent, event
         _told(log, event, "warning")
     _told(log, "queue_depths_failed", "warning", management)
+
+
+def _connect_refused(port: int) -> Callable[[], None]:
+    def connect() -> None:
+        url = f"amqp://guest:guest@127.0.0.1:{port}/%2F?connection_attempts=1&socket_timeout=2"
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(pika.URLParameters(url))
+
+    return connect
+
+
+def test_pika_failing_to_connect_sends_sentry_no_address(logging_restored: None) -> None:
+    port = free_port()  # nothing listens: refused at once, on this machine
+    sent, log = sent_to_sentry(_connect_refused(port), log_level="DEBUG")
+    assert "127.0.0.1" not in sent, sent  # the socket's, the destination's
+    assert "Socket failed to connect: <socket>; error=111 (<str>)" in sent
+    assert "Connection workflow failed: AMQPConnectionWorkflowFailed" in sent
+    assert '"exception": {' not in sent  # "Error in _create_connection()." without its traceback
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    tcp = [(r["level"], r["event"]) for r in records if r["event"].startswith("TCP Connection attempt")]
+    assert tcp[0][0] == "debug" and f"('127.0.0.1', {port})" in tcp[0][1], records  # pika's, whole
+    assert tcp[1:] == [("error", "TCP Connection attempt failed: ConnectionRefusedError; dest=<tuple>")]
+
+
+def test_pika_at_info_logs_its_errors_by_class_and_nothing_whole(logging_restored: None) -> None:
+    sent, log = sent_to_sentry(_connect_refused(free_port()), log_level="INFO")
+    assert "127.0.0.1" not in sent and "127.0.0.1" not in log, log
+    assert "Connection workflow failed: AMQPConnectionWorkflowFailed" in log
+
+
+@pytest.mark.parametrize(
+    ("msg", "args", "shown"),
+    [
+        (
+            "Received %s frame for channel %i on %s",
+            ("Basic.Ack", 3, object()),
+            "Received <str> frame for channel 3 on <object>",
+        ),
+        (
+            "Illegal close(200, 'x') request on <SelectConnection params=<host=10.0.0.5 port=5672>>",
+            (),
+            "Illegal close [values at DEBUG]",
+        ),
+        ("Transport indicated EOF.", (), "Transport indicated EOF."),
+        ("%(host)s down", {"host": "10.0.0.5"}, "[values at DEBUG]"),
+        ("100%% done, %0.2f s; %r", (1.5, ValueError("10.0.0.5")), "100% done, 1.5 s; ValueError"),
+    ],
+)
+def test_a_pika_message_is_shown_with_its_values_by_class(msg: str, args: Any, shown: str) -> None:
+    from jobsystem.observability.pika_lines import summary  # here: the other tests run on old code too
+
+    record = SimpleNamespace(msg=msg, args=args)
+    assert summary(record) == shown  # type: ignore[arg-type]
