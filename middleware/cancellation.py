@@ -26,6 +26,7 @@ import dramatiq
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, SkipMessage
 
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.options import option_of
@@ -84,8 +85,8 @@ class Cancellation(FailClosed):
             try:
                 cancelled = self.checks.call(message_id)  # the store's own answer
             except StoreUnavailable as exc:  # foreseen (no answer): a warning, not guard_failed
-                logger.warning(
-                    "cancellation_store_unavailable", extra={"message_id": message_id, "error": str(exc)}
+                log_outage(
+                    logger, logging.WARNING, "cancellation_store_unavailable", exc, message_id=message_id
                 )
                 self.defer(broker, message, reason="store_unavailable")
             if not cancelled and interruptible:
@@ -177,6 +178,6 @@ class ForgetCancelledKeys(Middleware):
                 try:
                     middleware.backend.forget_many([key])
                 except StoreUnavailable as exc:
-                    logger.warning(
-                        "cancelled_key_kept", extra={"message_id": message.message_id, "error": str(exc)}
+                    log_outage(
+                        logger, logging.WARNING, "cancelled_key_kept", exc, message_id=message.message_id
                     )

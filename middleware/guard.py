@@ -32,6 +32,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
 from jobsystem.dramatiq_internals import request_redelivery
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.requeue import backoff_ms, option_count, postpone
 
 __all__ = ["FailClosed", "GuardError"]
@@ -43,8 +44,12 @@ class GuardError(MiddlewareError):
     """A guard could not check a send; nothing was published."""
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+def _log_failed(middleware: Middleware, hook: Callable[..., Any], exc: BaseException) -> None:
+    """``guard_failed`` at ERROR (a Sentry event) naming the error's class; its text (a store
+    error's names the store's host and port) in ``guard_failed_cause`` at DEBUG."""
+    log_outage(
+        logger, logging.ERROR, "guard_failed", exc, middleware=type(middleware).__name__, hook=hook.__name__
+    )
 
 
 def _guard_run(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,10 +60,7 @@ def _guard_run(hook: Callable[..., Any]) -> Callable[..., Any]:
         except MiddlewareError:
             raise
         except Exception as exc:
-            logger.error(
-                "guard_failed",
-                extra={"middleware": type(self).__name__, "hook": hook.__name__, "error": _describe(exc)},
-            )
+            _log_failed(self, hook, exc)
             self.defer(broker, message, reason="guard_failed")
 
     return guarded
@@ -85,10 +87,7 @@ def _guard_after(hook: Callable[..., Any]) -> Callable[..., Any]:
         try:
             hook(self, broker, message, *args, **kwargs)
         except Exception as exc:
-            logger.error(
-                "guard_failed",
-                extra={"middleware": type(self).__name__, "hook": hook.__name__, "error": _describe(exc)},
-            )
+            _log_failed(self, hook, exc)
             try:
                 self.after_hook_failed(broker, message, hook.__name__)
             except Exception:  # the last resort: put the delivery back rather than ack it
@@ -103,10 +102,7 @@ def _guard_quiet(hook: Callable[..., Any]) -> Callable[..., Any]:
         try:
             hook(self, *args, **kwargs)
         except Exception as exc:
-            logger.error(
-                "guard_failed",
-                extra={"middleware": type(self).__name__, "hook": hook.__name__, "error": _describe(exc)},
-            )
+            _log_failed(self, hook, exc)
 
     return guarded
 

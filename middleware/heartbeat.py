@@ -30,6 +30,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.middleware import Middleware
 
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.heartbeats import HeartbeatBackend, heartbeat_backend
 
@@ -153,7 +154,7 @@ class Heartbeat(Middleware):
             self.backend.beat(self.worker_id, {**self.snapshot(), **extra}, now)
         except StoreUnavailable as exc:
             if not self._failing:
-                logger.warning("heartbeat_failed", extra={"error": str(exc)})
+                log_outage(logger, logging.WARNING, "heartbeat_failed", exc)
             self._failing = True
             return False
         self._failing = False

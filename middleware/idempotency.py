@@ -24,6 +24,7 @@ from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from jobsystem.dramatiq_internals import reject
 from jobsystem.privacy.keyhash import KeyHasher
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.claims_ahead import ClaimsAhead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.deferred import DeferredWrites
@@ -289,7 +290,7 @@ class Idempotency(FailClosed):
             try:
                 claim = self.claims.call(ClaimRequest(key, message.message_id, owner, self.lease_ms, ttl))
             except StoreUnavailable as exc:
-                logger.warning("idempotency_store_unavailable", extra={"key": key, "error": str(exc)})
+                log_outage(logger, logging.WARNING, "idempotency_store_unavailable", exc, key=key)
                 self._local.held = _Held(key, owner, ttl)  # a claim granted ahead: given back on skip
                 self.defer(broker, message, reason="store_unavailable")
         if claim.status == "completed":
@@ -378,7 +379,7 @@ class Idempotency(FailClosed):
             self.backend.release_many([(r.key, r.owner) for r in unstarted])
             logger.info("claims_released", extra={"claims": len(unstarted)})
         except StoreUnavailable as exc:
-            logger.warning("claims_release_failed", extra={"claims": len(unstarted), "error": str(exc)})
+            log_outage(logger, logging.WARNING, "claims_release_failed", exc, claims=len(unstarted))
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         if not self.hasher.keyed:

@@ -36,6 +36,7 @@ from dramatiq.middleware import SkipMessage
 from jobsystem.dramatiq_internals import reject
 from jobsystem.limits import Limit, RateLimitConfigError
 from jobsystem.privacy.keyhash import KeyHasher
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.attempts import DeferringSkip
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.runtime.requeue import postpone
@@ -249,7 +250,7 @@ class RateLimits(FailClosed):
         try:
             take = self.takes.call(request)
         except StoreUnavailable as exc:
-            logger.warning("rate_limit_store_unavailable", extra={"bucket": target.bucket, "error": str(exc)})
+            log_outage(logger, logging.WARNING, "rate_limit_store_unavailable", exc, bucket=target.bucket)
             self.defer(broker, message, reason="store_unavailable")
         if take.leased > 0:
             self.leases.add(target.bucket, take.leased, sent + take.lease_left_ms / 1000)
@@ -323,9 +324,7 @@ class RateLimits(FailClosed):
                 )
                 take = self.backend.drain_and_take(pause_ms, request)
             except StoreUnavailable as exc:
-                logger.warning(
-                    "rate_limit_store_unavailable", extra={"bucket": target.bucket, "error": str(exc)}
-                )
+                log_outage(logger, logging.WARNING, "rate_limit_store_unavailable", exc, bucket=target.bucket)
             else:
                 self._postpone(broker, message, target, take, "upstream")
                 self._local.upstream = None

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from dramatiq.broker import Broker
 from dramatiq.middleware import Middleware
 
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StateStore, StoreMisconfigured, StoreUnavailable
 
 __all__ = ["StoreCheck"]
@@ -78,9 +79,8 @@ class StoreCheck(Middleware):
                 self._ready()
                 return
 
-    def _fields(self, exc: BaseException | None = None) -> dict[str, str]:
-        fields = {"setting": self.setting, "store": self.store.label, "kind": self.store.kind}
-        return {**fields, "error": str(exc)} if exc is not None else fields
+    def _fields(self) -> dict[str, str]:
+        return {"setting": self.setting, "store": self.store.label, "kind": self.store.kind}
 
     def _ready(self) -> None:
         logger.info("state_store_ready", extra=self._fields())
@@ -90,18 +90,19 @@ class StoreCheck(Middleware):
                 extra={**self._fields(), "hint": "SQLite is for a single host; use redis:// for several"},
             )
 
+    def _outage(self, level: int, event: str, exc: StoreUnavailable, **fields: Any) -> None:
+        """``event`` names the store by its setting and kind, not by its label (its address): a
+        WARNING is a Sentry breadcrumb, a CRITICAL an event; the error's text, which names the
+        address too, goes in the DEBUG twin (see jobsystem.privacy.outage_lines)."""
+        log_outage(logger, level, event, exc, setting=self.setting, kind=self.store.kind, **fields)
+
     def _unavailable(self, exc: StoreUnavailable) -> None:
-        logger.warning(
-            "state_store_unavailable",
-            extra={
-                **self._fields(exc),
-                "retry_s": self.retry_s,
-                "effect": "guarded jobs wait until it answers",
-            },
-        )
+        effect = "guarded jobs wait until it answers"
+        self._outage(logging.WARNING, "state_store_unavailable", exc, retry_s=self.retry_s, effect=effect)
 
     def _misconfigured(self, exc: StoreMisconfigured) -> NoReturn:
-        logger.critical("state_store_misconfigured", extra=self._fields(exc))
+        # The operator reads the whole problem, store and error, on stderr as the process exits.
+        self._outage(logging.CRITICAL, "state_store_misconfigured", exc)
         self.on_misconfigured(f"{self.setting}: the state store {self.store.label} cannot serve: {exc}")
 
 

@@ -34,6 +34,7 @@ from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 
 from jobsystem.dramatiq_internals import request_redelivery, wants_redelivery
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.idempotency_keys import CompletedDuplicate
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.result_json import result_json, why_not_kept
@@ -117,13 +118,13 @@ class Workflows(FailClosed):
             return
         except Exception as exc:
             retry = time.monotonic() + wait_s < deadline
-            logger.error(
+            log_outage(
+                logger,
+                logging.ERROR,
                 "workflow_member_unrecorded",
-                extra={
-                    "message_id": message.message_id,
-                    "error": str(exc),
-                    "retry_in_s": wait_s if retry else None,
-                },
+                exc,
+                message_id=message.message_id,
+                retry_in_s=wait_s if retry else None,
             )
         if retry:
             again = threading.Timer(

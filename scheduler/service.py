@@ -14,6 +14,7 @@ the worker's run guard would skip it anyway.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -24,6 +25,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from jobsystem.observability.logs import get_logger
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.leader import LeaderLease
@@ -177,7 +179,7 @@ class Scheduler:
             try:
                 stored = self.store.get(last_fire_key(schedule_id))
             except StoreUnavailable as exc:
-                logger.warning("schedule_state_unavailable", schedule=schedule_id, error=str(exc))
+                log_outage(logger, logging.WARNING, "schedule_state_unavailable", exc, schedule=schedule_id)
                 self._retry(schedule_id)
                 return
             last = parse_utc_iso(stored.decode()) if stored else None
@@ -236,11 +238,13 @@ class Scheduler:
             instant = fire_time.astimezone(UTC)  # the passes of a repeated hour are equal wall times
             retried = self._failing.get(schedule.id) == instant
             self._failing[schedule.id] = instant
-            (logger.warning if retried else logger.error)(
+            log_outage(
+                logger,
+                logging.WARNING if retried else logging.ERROR,
                 "schedule_send_failed",
+                exc,
                 schedule=schedule.id,
                 fire_time=utc_iso(fire_time),
-                error=f"{type(exc).__name__}: {exc}",
                 retry_in_s=RETRY_DELAY.total_seconds(),
             )
             return False  # its check-in stays open: closed once sent, or given up after the grace
@@ -279,11 +283,13 @@ class Scheduler:
             )
         except StoreUnavailable as exc:
             # Sent but not recorded: the next look sends it again and its key drops the copy.
-            logger.warning(
+            log_outage(
+                logger,
+                logging.WARNING,
                 "schedule_last_fire_unsaved",
+                exc,
                 schedule=schedule.id,
                 fire_time=utc_iso(fire_time),
-                error=str(exc),
             )
 
     def _retry(self, schedule_id: str) -> None:

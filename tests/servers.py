@@ -9,7 +9,7 @@ import socketserver
 import ssl
 import subprocess
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ __all__ = [
     "free_port",
     "scripted_smtp",
     "self_signed_certificate",
+    "sent_to_sentry",
     "sentry_events",
     "sentry_server",
     "server_tls",
@@ -204,3 +205,37 @@ def sentry_events(envelopes: list[bytes]) -> list[dict[str, Any]]:
                 events.append(json.loads(payload))
             position += 2
     return events
+
+
+def sent_to_sentry(act: Callable[[], None], *, log_level: str = "INFO") -> tuple[str, str]:
+    """What a process with ``SENTRY_DSN`` set sends Sentry while ``act`` runs, and what it logs.
+
+    Logging and Sentry are set up as in every worker (``configure_logging``, ``configure_sentry``:
+    ERROR lines become events, INFO and WARNING ones breadcrumbs). An ERROR line logged after
+    ``act`` carries the breadcrumbs of its lines. Returns the events as JSON text and the log's
+    JSON lines. The caller restores logging afterwards (the ``logging_restored`` fixture)."""
+    import io
+    import json
+    import logging
+
+    import sentry_sdk
+    import structlog
+
+    from jobsystem.observability.logs import configure_logging
+    from jobsystem.observability.sentry import configure_sentry
+    from jobsystem.settings import load_settings
+
+    log = io.StringIO()
+    with sentry_server() as (dsn, envelopes):
+        settings = load_settings({"SENTRY_DSN": dsn, "LOG_LEVEL": log_level, "LOG_FORMAT": "json"})
+        logging.getLogger().addHandler(logging.StreamHandler(log))
+        configure_logging(settings)
+        configure_sentry(settings)
+        try:
+            act()
+            structlog.get_logger("tests").error("later_error")  # any later error of the process
+            sentry_sdk.flush(5)
+        finally:
+            sentry_sdk.get_client().close()
+            sentry_sdk.get_global_scope().set_client(None)
+        return json.dumps(sentry_events(list(envelopes))), log.getvalue()

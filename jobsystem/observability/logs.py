@@ -1,7 +1,9 @@
 """One logging set-up for the worker processes, the scheduler and ``jobctl``.
 
 structlog renders every event; records of the standard library's loggers (Dramatiq, pika,
-APScheduler) pass through the same processors via ``ProcessorFormatter``. Under ``dramatiq actors``
+APScheduler) pass through the same processors via ``ProcessorFormatter``. pika's own lines quote
+RabbitMQ's host and port: those Sentry would take show their values by class, the whole line at
+DEBUG (:mod:`jobsystem.observability.pika_lines`). Under ``dramatiq actors``
 each worker process has already pointed the root logger at the pipe to its parent: the existing
 handlers are kept and only their formatter and filters are replaced, so the parent prints finished
 lines.
@@ -35,6 +37,7 @@ from jobsystem.dramatiq_internals import RESULTS_MISSING_WARNING
 from jobsystem.observability.batched_stream import BatchedStream
 from jobsystem.observability.direct_lines import DirectLines, json_renderer
 from jobsystem.observability.job_lines import JobLines, install_job_lines
+from jobsystem.observability.pika_lines import install_pika_lines
 from jobsystem.privacy.message_logs import HideMessageArguments
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
@@ -121,8 +124,7 @@ def configure_logging(
         handler.addFilter(HideMessageArguments())  # needs the Message objects: before the scrubber
         handler.addFilter(scrubber)
     root.setLevel(level)
-    # pika is chatty at INFO about every connection; keep its warnings and errors.
-    logging.getLogger("pika").setLevel(max(level, logging.WARNING))
+    install_pika_lines(level)
     worker_log = logging.getLogger("dramatiq.worker.WorkerThread")
     if not any(isinstance(f, _ResultsAreKept) for f in worker_log.filters):
         worker_log.addFilter(_ResultsAreKept())

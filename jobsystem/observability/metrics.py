@@ -21,6 +21,7 @@ from typing import Any
 
 from jobsystem.observability.logs import configure_logging
 from jobsystem.ops.health import queue_depths
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.settings import load_settings
 from jobsystem.store import open_store
 from middleware.metrics import group_directory
@@ -70,7 +71,7 @@ class _QueueCollector:
         try:
             depths = self.depths(queues) if queues else {}
         except Exception as exc:
-            logger.warning("queue_depths_failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+            log_outage(logger, logging.WARNING, "queue_depths_failed", exc)
             up.add_metric([], 0)
             yield up
             return

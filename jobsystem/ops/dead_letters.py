@@ -40,6 +40,7 @@ from dramatiq.common import q_name
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
 from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.ops.scope import INDEX_UNREAD, ForeignQueue, changeable, project_queue, project_scope
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.settings import Settings
@@ -284,7 +285,7 @@ def forget(broker: ProjectBroker, removed: list[DeadLetter]) -> None:
     try:
         index.backend.remove([(dead.queue, dead.message_id) for dead in removed])
     except StoreUnavailable as exc:
-        logger.warning("dead_letter_index_stale", extra={"removed": len(removed), "error": str(exc)})
+        log_outage(logger, logging.WARNING, "dead_letter_index_stale", exc, removed=len(removed))
 
 
 def purge(

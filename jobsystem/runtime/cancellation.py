@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from jobsystem.dramatiq_internals import Interrupt, raise_in_thread
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StoreUnavailable
 
 __all__ = ["CANCELLED", "CancelWatch", "JobCancelled"]
@@ -120,7 +121,7 @@ class CancelWatch:
         try:
             marks, now = self.cancelled_since(since)
         except StoreUnavailable as exc:
-            logger.warning("cancellation_poll_failed", extra={"error": str(exc)})
+            log_outage(logger, logging.WARNING, "cancellation_poll_failed", exc)
             return []
         hit = []
         with self._lock:

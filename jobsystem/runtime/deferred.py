@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StateStore, StoreUnavailable
 
 #: Applies many queued items of one kind to a batch view of the store, in one operation if it can.
@@ -90,7 +91,7 @@ class DeferredWrites:
                             apply_many(view, items)
                     break
                 except StoreUnavailable as exc:
-                    logger.warning("deferred_writes_failed", extra={"writes": len(batch), "error": str(exc)})
+                    log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=len(batch))
                     time.sleep(self.retry_delay)
                 except Exception:
                     logger.exception("deferred_write_dropped", extra={"writes": len(batch)})

@@ -10,6 +10,7 @@ import threading
 import uuid
 from collections.abc import Callable
 
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StoreUnavailable
 
 __all__ = ["HeldLeases", "new_owner"]
@@ -86,4 +87,4 @@ class HeldLeases:
             try:
                 self.renew(claims, self.lease_ms)
             except StoreUnavailable as exc:
-                logger.warning("lease_renewal_failed", extra={"claims": len(claims), "error": str(exc)})
+                log_outage(logger, logging.WARNING, "lease_renewal_failed", exc, claims=len(claims))

@@ -20,6 +20,7 @@ from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 
 from jobsystem.dramatiq_internals import request_redelivery
+from jobsystem.privacy.outage_lines import log_outage
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +48,14 @@ def requeue_later(
         broker.enqueue(message.copy(options=options or {}), delay=max(0, int(delay_ms)))
         return True
     except Exception as exc:
-        logger.warning(
+        log_outage(
+            logger,
+            logging.WARNING,
             "requeue_failed",
-            extra={
-                "reason": reason,
-                "message_id": message.message_id,
-                "delay_ms": int(delay_ms),
-                "error": f"{type(exc).__name__}: {exc}",
-            },
+            exc,
+            reason=reason,
+            message_id=message.message_id,
+            delay_ms=int(delay_ms),
         )
         time.sleep(pause_on_failure)
         return False

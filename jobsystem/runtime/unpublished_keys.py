@@ -16,6 +16,7 @@ from typing import Any
 
 from dramatiq import Message
 
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.idempotency import IdempotencyBackend
 
@@ -69,6 +70,6 @@ class UnpublishedKeys:
         try:
             self.backend.unregister_many(items)
         except StoreUnavailable as exc:
-            logger.error("idempotency_unregister_failed", extra={**fields, "error": str(exc)})
+            log_outage(logger, logging.ERROR, "idempotency_unregister_failed", exc, **fields)
         else:
             logger.info("idempotency_unregistered", extra=fields)

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StateStore, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class LeaderLease:
                 try:
                     self.store.release_lease(self.name, self.owner)
                 except StoreUnavailable as exc:
-                    logger.warning("leader_release_failed", extra={"lease": self.name, "error": str(exc)})
+                    log_outage(logger, logging.WARNING, "leader_release_failed", exc, lease=self.name)
             self._valid_until = 0.0
             self._transition()
 
@@ -94,7 +95,7 @@ class LeaderLease:
                 held = self.store.acquire_lease(self.name, self.owner, self.ttl_ms)
             except StoreUnavailable as exc:
                 # Keep what is left of the lease: it lapses by itself if the store stays away.
-                logger.warning("leader_lease_unavailable", extra={"lease": self.name, "error": str(exc)})
+                log_outage(logger, logging.WARNING, "leader_lease_unavailable", exc, lease=self.name)
             else:
                 self._valid_until = started + self.ttl_ms * 0.9 / 1000 if held else 0.0
             self._transition()

@@ -26,13 +26,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateStore
 
 @pytest.fixture
 def logging_restored() -> Iterator[None]:
-    """For tests that call ``configure_logging``: afterwards the root logger, the hooks, stdout and
-    stderr, structlog's configuration and context, and the installed job lines, as before."""
-    root = logging.getLogger()
+    """For tests that call ``configure_logging``: afterwards the root and ``pika`` loggers, the
+    hooks, stdout and stderr, structlog's configuration and context, and the installed job lines,
+    as before."""
+    root, pika = logging.getLogger(), logging.getLogger("pika")
     handlers, level = root.handlers[:], root.level
+    pika_handlers, pika_level = pika.handlers[:], pika.level
     hooks, stdout, stderr = sys.excepthook, sys.stdout, sys.stderr
     yield
     root.handlers, root.level, sys.excepthook = handlers, level, hooks
+    pika.handlers, pika.level = pika_handlers, pika_level
     sys.stdout, sys.stderr = stdout, stderr
     structlog.contextvars.clear_contextvars()
     structlog.reset_defaults()

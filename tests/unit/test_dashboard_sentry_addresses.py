@@ -6,35 +6,20 @@ the health sampler; ``dashboard_audit_unwritable`` and ``dashboard_audit_unfinis
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-import sentry_sdk
-
-from jobsystem.observability.logs import configure_logging
-from jobsystem.observability.sentry import configure_sentry
-from jobsystem.settings import load_settings
 from jobsystem.store import StateStore, open_store
 from jobsystem.store.base import StoreUnavailable
-from tests.servers import free_port, sentry_events, sentry_server
+from tests.servers import free_port, sent_to_sentry
 from tests.unit.test_dashboard_app import call, dashboard
 
 
 def _sent_to_sentry(act: Callable[[], None]) -> str:
-    """What Sentry received while ``act`` ran, as JSON text."""
-    with sentry_server() as (dsn, envelopes):
-        settings = load_settings({"SENTRY_DSN": dsn, "LOG_LEVEL": "INFO"})
-        configure_logging(settings)
-        configure_sentry(settings)  # as the dashboard's process does with SENTRY_DSN set
-        try:
-            act()
-            sentry_sdk.flush(5)
-        finally:
-            sentry_sdk.get_client().close()
-            sentry_sdk.get_global_scope().set_client(None)
-        return json.dumps(sentry_events(list(envelopes)))
+    """What Sentry received while ``act`` ran, as JSON text (set up as the dashboard's process
+    is with ``SENTRY_DSN``)."""
+    return sent_to_sentry(act)[0]
 
 
 def test_an_action_whose_audit_entry_cannot_be_written_sends_sentry_no_store_address(
