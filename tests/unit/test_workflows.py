@@ -788,3 +788,32 @@ def test_a_step_sent_again_hands_on_a_none_it_was_counted_with(store):
         workflows.backend.finish(record["id"], 0, first[0].message_id, "succeeded", encoded, TTL)  # died
         workflows.after_process_message(broker, delivery(first[0], redelivered=True), result=again)
         assert [(m.actor_name, m.args) for m, _ in broker.enqueued[-1:]] == [("total", (piped,))]
+
+
+def test_the_members_a_cancelled_workflow_stops_are_read_with_the_marks_while_it_is_recorded(store):
+    """A member is stopped by its mark, or by its workflow recorded cancelled unless the workflow
+    counted it as ended otherwise before; an expired workflow stops nothing (on SQLite its rows
+    stay until a sweep)."""
+    backend = workflow_backend(store)
+    record, _ = chord(store)
+    cancel_marks(store).mark_cancelled(["marked"], TTL)
+    workflow_of = {m: record["id"] for m in ("m0", "m1", "m2", "next")}
+    backend.finish(record["id"], 0, "m0", "succeeded", "0", TTL)  # ended before the cancel
+    asked = ["marked", "plain", *workflow_of]
+    assert backend.cancelled_among(asked, workflow_of) == {"marked"}  # the workflow runs
+    assert backend.set_state(record["id"], "cancelled")
+    backend.finish(record["id"], 0, "m1", "cancelled", "null", TTL)  # skipped since
+    assert backend.cancelled_among(asked, {**workflow_of, "plain": "unknown"}) == {
+        "marked",
+        "m1",
+        "m2",
+        "next",
+    }
+    short = {**record, "id": "short"}
+    backend.create(short, 50)
+    assert backend.set_state("short", "cancelled")
+    assert backend.cancelled_among(["m0"], {"m0": "short"}) == {"m0"}
+    wait_until(lambda: backend.get("short") is None)
+    assert backend.cancelled_among(["m0"], {"m0": "short"}) == set()
+    assert backend.cancelled_among([], {}) == set()
+
