@@ -248,7 +248,8 @@ def status_records(status: Status | None, message_ids: list[str]) -> dict[str, J
 def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
     """Cancel jobs by message id, or workflows by id (every member not yet finished).
 
-    A queued or delayed job is skipped when it arrives; a running one has ``JobCancelled``
+    A queued or delayed job is skipped when it arrives (a workflow's member also once its mark
+    expired, while the workflow's record says cancelled); a running one has ``JobCancelled``
     raised in its thread (unless its actor is ``interruptible=False``). Returns the message ids
     marked. Raises ``StoreUnavailable`` when the state store does not answer. The marks are
     written before any workflow is recorded as cancelled: a failure between the two leaves

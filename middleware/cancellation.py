@@ -11,9 +11,14 @@ declared ``interruptible=False``.
 
 Arrivals are checked against the marks the process's poller knows, without a round trip; the
 store is asked directly only while the poller is not up to date, for an actor that is not
-interruptible (a mark made since the last poll could not stop it later), and for a workflow's
-later step: its workflow may have been cancelled after the step before it was counted complete
-and before the step was sent, so it arrives marked at once, sooner than a poll could tell.
+interruptible (a mark made since the last poll could not stop it later), for a message older than
+the poller remembers, and for a workflow's later step: its workflow may have been cancelled after
+the step before it was counted complete and before the step was sent, so it arrives marked at
+once, sooner than a poll could tell. When the store is asked about a workflow's member, the same
+call also reads whether its workflow is recorded cancelled: the marks expire after
+``CANCEL_TTL_MS``, and a step sent just as its workflow was cancelled, delayed longer than that,
+arrives with none left; the workflow's record lives as long as the step's delay. A job that is not
+a workflow's member costs no more than before.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from jobsystem.runtime.options import option_of
 from jobsystem.runtime.workflow_steps import WORKFLOW
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import cancel_marks
+from jobsystem.store.workflows import workflow_backend
 from middleware.guard import FailClosed
 from middleware.idempotency import Idempotency
 
@@ -62,16 +68,25 @@ class Cancellation(FailClosed):
 
     def __init__(self, store: StateStore, *, keep_ms: int, poll_interval: float = 0.5) -> None:
         self.backend = cancel_marks(store)
-        self.checks: Coalescer[str, bool] = Coalescer(self._check_many)
+        self.workflows = workflow_backend(store)
+        # Each arrival asked about: its message id, and its workflow's id if it is a member.
+        self.checks: Coalescer[tuple[str, str | None], bool] = Coalescer(self._check_many)
         self.watch = CancelWatch(self.backend.cancelled_since, keep_ms=keep_ms, interval=poll_interval)
 
     @property
     def actor_options(self) -> set[str]:
         return {"interruptible"}
 
-    def _check_many(self, message_ids: list[str]) -> list[bool]:
-        marked = self.backend.cancelled_among(list(dict.fromkeys(message_ids)))
-        return [m in marked for m in message_ids]
+    def _check_many(self, arrivals: list[tuple[str, str | None]]) -> list[bool]:
+        """One store call for a batch of arrivals: the marks alone when none is a workflow's
+        member, else the marks and the members' workflows together."""
+        message_ids = list(dict.fromkeys(m for m, _ in arrivals))
+        workflow_of = {m: w for m, w in arrivals if w is not None}
+        if workflow_of:
+            cancelled = self.workflows.cancelled_among(message_ids, workflow_of)
+        else:
+            cancelled = self.backend.cancelled_among(message_ids)
+        return [m in cancelled for m, _ in arrivals]
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         interruptible = option_of(broker, message, "interruptible", True)
@@ -83,7 +98,8 @@ class Cancellation(FailClosed):
         cancelled = self.watch.arrived(message_id, start=not confirm)
         if cancelled is None or (not cancelled and confirm):
             try:
-                cancelled = self.checks.call(message_id)  # the store's own answer
+                # The store's own answer (of a workflow's member: its workflow's too).
+                cancelled = self.checks.call((message_id, _workflow_of(message)))
             except StoreUnavailable as exc:  # foreseen (no answer): a warning, not guard_failed
                 log_outage(
                     logger, logging.WARNING, "cancellation_store_unavailable", exc, message_id=message_id
@@ -127,6 +143,13 @@ def _later_step(message: MessageProxy) -> bool:
     process's poller may not know it yet: a step that started would run until the next poll."""
     option = message.options.get(WORKFLOW)
     return isinstance(option, dict) and int(option.get("step") or 0) > 0
+
+
+def _workflow_of(message: MessageProxy) -> str | None:
+    """The id of the workflow ``message`` is a member of, or None: a store check of a member
+    also asks whether its workflow was cancelled, whose mark on the member may have expired."""
+    option = message.options.get(WORKFLOW)
+    return str(option["id"]) if isinstance(option, dict) and option.get("id") else None
 
 
 class ForgetCancelledKeys(Middleware):

@@ -12,7 +12,9 @@ Redis: the hash ``wf:<id>`` (``record``, ``state``, ``failed``, ``steps``, per s
 workflow's own (a result too large to hand on), ``e:<id>``) and the set ``wf:<id>:done:<i>``.
 SQLite: the same fields as rows, in :mod:`jobsystem.store.workflows_sqlite`. Ids are UUIDs: no
 personal data in a key name.
-Cancellation marks are in :mod:`jobsystem.store.cancel_marks`.
+Cancellation marks are in :mod:`jobsystem.store.cancel_marks`; the arrival check of a
+workflow's member reads its mark and its workflow's state in one call
+(:meth:`WorkflowBackend.cancelled_among`), since the mark may expire before the member arrives.
 """
 
 from __future__ import annotations
@@ -167,6 +169,17 @@ class WorkflowBackend(ABC):
     def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
         """Move the workflow to ``state`` if it is in ``only_from``; returns whether it moved."""
 
+    @abstractmethod
+    def cancelled_among(self, ids: list[str], workflow_of: Mapping[str, str]) -> set[str]:
+        """Which of ``ids`` are to be skipped as cancelled on arrival, in one round trip: those
+        carrying a cancellation mark, and the workflow members among them (``workflow_of``: a
+        member's workflow id) whose workflow is recorded cancelled and has not counted them as
+        ended otherwise. A mark lives ``CANCEL_TTL_MS``; the record lives as long as its workflow
+        may still send or receive a step (a step sent, after the cancel, delayed past the marks'
+        TTL arrives with no mark left). A member counted succeeded or dead before the cancel is
+        not stopped by it (the cancel marked only those not yet finished), so a redelivery of it
+        is not either."""
+
 
 _FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0, 0} end
@@ -221,12 +234,27 @@ return 1
 """
 
 
+# KEYS: the marks of the ARGV[1] ids, then one workflow per member asked about (its id in ARGV).
+_CANCELLED_AMONG = """
+local n = tonumber(ARGV[1])
+local found = {}
+for i = 1, n do found[i] = redis.call('EXISTS', KEYS[i]) end
+for i = n + 1, #KEYS do
+  local fields = redis.call('HMGET', KEYS[i], 'state', 's:' .. ARGV[i - n + 1])
+  local ended = fields[2]
+  found[i] = (fields[1] == 'cancelled' and (not ended or ended == 'cancelled')) and 1 or 0
+end
+return found
+"""
+
+
 class RedisWorkflows(WorkflowBackend):
     def __init__(self, store: RedisStore) -> None:
         self.store = store
         self._finish = store.script(_FINISH)
         self._set_state = store.script(_SET_STATE)
         self._mark_sent = store.script(_MARK_SENT)
+        self._cancelled_among = store.script(_CANCELLED_AMONG)
 
     def _key(self, workflow_id: str) -> str:
         return self.store.key(f"wf:{workflow_id}")
@@ -279,6 +307,17 @@ class RedisWorkflows(WorkflowBackend):
 
     def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
         return bool(self._set_state(keys=[self._key(workflow_id)], args=[state, only_from]))
+
+    def cancelled_among(self, ids: list[str], workflow_of: Mapping[str, str]) -> set[str]:
+        members = list(workflow_of.items())
+        keys = [self.store.key(mark_name(i)) for i in ids] + [self._key(w) for _, w in members]
+        if not keys:
+            return set()
+        reply = self._cancelled_among(keys=keys, args=[len(ids), *(m for m, _ in members)])
+        if not isinstance(reply, list) or len(reply) != len(keys):  # a reply of the wrong shape
+            raise StoreUnavailable("unexpected reply to cancelled_among")
+        asked = [*ids, *(m for m, _ in members)]
+        return {i for i, found in zip(asked, reply, strict=True) if found}
 
 
 def workflow_backend(store: StateStore) -> WorkflowBackend:

@@ -37,7 +37,7 @@ class SqliteWorkflows(WorkflowBackend):
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
         store.ensure_schema(SCHEMA)
-        cancel_marks(store)  # its table: read in finish's transaction
+        self.marks = cancel_marks(store)  # its table: read in finish's transaction
 
     def _wid(self, workflow_id: str) -> str:
         return self.store.key(workflow_id)
@@ -156,6 +156,25 @@ class SqliteWorkflows(WorkflowBackend):
                 (state, self._wid(workflow_id), only_from),
             )
             return cursor.rowcount > 0
+
+    def cancelled_among(self, ids: list[str], workflow_of: Mapping[str, str]) -> set[str]:
+        found = self.marks.cancelled_among(ids)
+        now = self.store.now_ms()
+        for member, workflow_id in workflow_of.items():
+            # Only while the workflow's record lives: an expired workflow's rows may not be swept yet.
+            rows = self.store.rows(_MEMBER_STOPPED, (f"s:{member}", self._wid(workflow_id), now))
+            if rows and rows[0][0] == "cancelled" and rows[0][1] in (None, "cancelled"):
+                found.add(member)
+        return found
+
+
+#: A workflow's state and a member's final state in it (NULL: not counted), if its record lives.
+_MEMBER_STOPPED = """
+SELECT s.value, m.value FROM workflow_fields AS r
+JOIN workflow_fields AS s ON s.wid = r.wid AND s.field = 'state'
+LEFT JOIN workflow_fields AS m ON m.wid = r.wid AND m.field = ?
+WHERE r.wid = ? AND r.field = 'record' AND r.expires_at > ?
+"""
 
 
 def _step_fields(step: int, state: str) -> list[str]:

@@ -18,6 +18,7 @@ from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
 from middleware.idempotency import Idempotency
 from middleware.results import StoreResults
 from middleware.status import Status
+from middleware.workflows import find_workflows
 from tests import workload
 from tests.support import BIN, ROOT, TEST_REDIS_URL, sender_broker, wait_for
 
@@ -37,6 +38,12 @@ def key(prefix):
 def flow_state(sender, workflow_id):
     flow = workflow_status(workflow_id, broker=sender.broker)
     return flow["state"] if flow else None
+
+
+def member_state(sender, workflow_id, step):
+    """The state of the one member of step ``step``, as ``workflow_status`` shows it."""
+    (member,) = workflow_status(workflow_id, broker=sender.broker)["steps"][step]["members"]
+    return member["state"]
 
 
 def test_pipeline_pipes_each_result_into_the_next_step(start_worker, sender, state_url):
@@ -288,6 +295,35 @@ def test_a_member_cancelled_while_it_runs_to_its_end_sends_no_next_step(start_wo
     assert ended["steps"][1]["members"][0]["state"] == "waiting"
     assert queues.left_after_stop([worker], queues.name(workload.record)) == 0
     assert not store.sismember(key("tokens"), "after")
+
+
+def test_a_step_of_a_cancelled_workflow_arriving_after_its_mark_expired_never_runs(
+    start_worker, sender, store, state_url, key, monkeypatch
+):
+    """With ``JOB_STATUS=false`` a cancel's marks live ``CANCEL_TTL_MS`` whatever the delay of the
+    step they stop: a pipeline's next step, delayed longer, arrived with no mark left at a worker
+    (restarted meanwhile, so its poller never saw the mark either) and ran, under a workflow
+    recorded cancelled. The workflow's record stops it for as long as it exists."""
+    env = {"STATE_URL": state_url, "JOB_STATUS": "false", "CANCEL_TTL_MS": "1000"}
+    first_worker = start_worker(**env)
+    workflows = find_workflows(sender.broker)
+    monkeypatch.setattr(workflows, "cancel_ttl_ms", 1_000)  # the sender's CANCEL_TTL_MS
+    after = sender.message(workload.record, "after").copy(options={"pipe_ignore": True, "delay": 6_000})
+    flow = pipeline([sender.message(workload.record, "first"), after], broker=sender.broker).run()
+    wait_for(
+        lambda: first_worker.events("workflow_step_sent", workflow_id=flow.workflow_id),
+        what="the delayed step sent",
+    )
+    assert cancel(flow.workflow_id, broker=sender.broker) == [after.message_id]
+    assert first_worker.stop() == 0  # the step, still delayed, handed back for the next worker
+    wait_for(lambda: not workflows.marks.cancelled_among([after.message_id]), what="the mark's expiry")
+    second_worker = start_worker(**env)
+    wait_for(lambda: member_state(sender, flow.workflow_id, 1) != "waiting", what="the step counted")
+    assert member_state(sender, flow.workflow_id, 1) == "cancelled"
+    assert flow_state(sender, flow.workflow_id) == "cancelled"
+    assert second_worker.events("job_cancelled", message_id=after.message_id)  # skipped, never started
+    assert sender.left_after_stop([second_worker], sender.name(workload.record)) == 0
+    assert store.smembers(key("tokens")) == {"first"}
 
 
 def jobctl(prefix, *args):

@@ -788,3 +788,136 @@ def test_a_step_sent_again_hands_on_a_none_it_was_counted_with(store):
         workflows.backend.finish(record["id"], 0, first[0].message_id, "succeeded", encoded, TTL)  # died
         workflows.after_process_message(broker, delivery(first[0], redelivered=True), result=again)
         assert [(m.actor_name, m.args) for m, _ in broker.enqueued[-1:]] == [("total", (piped,))]
+
+
+def test_the_members_a_cancelled_workflow_stops_are_read_with_the_marks_while_it_is_recorded(store):
+    """A member is stopped by its mark, or by its workflow recorded cancelled unless the workflow
+    counted it as ended otherwise before; an expired workflow stops nothing (on SQLite its rows
+    stay until a sweep)."""
+    backend = workflow_backend(store)
+    record, _ = chord(store)
+    cancel_marks(store).mark_cancelled(["marked"], TTL)
+    workflow_of = {m: record["id"] for m in ("m0", "m1", "m2", "next")}
+    backend.finish(record["id"], 0, "m0", "succeeded", "0", TTL)  # ended before the cancel
+    asked = ["marked", "plain", *workflow_of]
+    assert backend.cancelled_among(asked, workflow_of) == {"marked"}  # the workflow runs
+    assert backend.set_state(record["id"], "cancelled")
+    backend.finish(record["id"], 0, "m1", "cancelled", "null", TTL)  # skipped since
+    assert backend.cancelled_among(asked, {**workflow_of, "plain": "unknown"}) == {
+        "marked",
+        "m1",
+        "m2",
+        "next",
+    }
+    short = {**record, "id": "short"}
+    backend.create(short, 50)
+    assert backend.set_state("short", "cancelled")
+    assert backend.cancelled_among(["m0"], {"m0": "short"}) == {"m0"}
+    wait_until(lambda: backend.get("short") is None)
+    assert backend.cancelled_among(["m0"], {"m0": "short"}) == set()
+    assert backend.cancelled_among([], {}) == set()
+
+
+#: The marks' TTL (``CANCEL_TTL_MS``) of the tests whose steps arrive after their marks expired.
+SHORT = 200
+
+
+def short_marks_broker(store: StateStore) -> tuple[RecordingBroker, Cancellation, Workflows, Any, Any]:
+    """Cancellation and Workflows whose cancels mark for ``SHORT`` ms; the ``square`` and
+    ``total`` actors. The cancellation poller polls when a test says (no thread of its own)."""
+    cancellation = Cancellation(store, keep_ms=SHORT, poll_interval=60)
+    cancellation.watch.start = lambda: None  # type: ignore[method-assign]
+    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=SHORT)
+    broker = RecordingBroker(middleware=[cancellation, workflows])
+    square = dramatiq.actor(broker=broker, actor_name="square", queue_name="q")(lambda i: i * i)
+    total = dramatiq.actor(broker=broker, actor_name="total", queue_name="q")(lambda result: None)
+    return broker, cancellation, workflows, square, total
+
+
+def arrives_cancelled(
+    store: StateStore, broker: RecordingBroker, cancellation: Cancellation, message: Any
+) -> Any:
+    """``message`` arriving once its mark expired, at a worker whose poller is up to date (and
+    knows no mark): skipped as cancelled, or the test fails. Returns the delivery."""
+    marks = cancel_marks(store)
+    wait_until(lambda: not marks.cancelled_among([message.message_id]))
+    cancellation.watch.poll_once()
+    assert cancellation.watch.known(message.message_id) is False
+    arrived = delivery(message)
+    with pytest.raises(SkipMessage, match="cancelled"):
+        cancellation.before_process_message(broker, arrived)
+    assert arrived.options[CANCELLED] is True
+    return arrived
+
+
+def test_a_step_sent_as_its_workflow_is_cancelled_is_skipped_after_its_mark_expired(store):
+    """The cancel lands between the count that completes the first step and the send of the next
+    one, delayed longer than the marks live: the step arrived with no mark left and ran, in a
+    workflow recorded cancelled. Its workflow's record says so as long as it exists."""
+    from jobsystem.workflows import cancel, pipeline, workflow_status
+
+    broker, cancellation, workflows, square, total = short_marks_broker(store)
+    flow = pipeline([square.message(2), total.message_with_options(delay=10 * SHORT)], broker=broker)
+    count = workflows.backend.finish
+
+    def count_then_cancel(workflow_id: str, step: int, *rest: Any) -> Any:
+        progress = count(workflow_id, step, *rest)
+        if step == 0:
+            assert progress.send_next and cancel(workflow_id, broker=broker)
+        return progress
+
+    workflows.backend.finish = count_then_cancel  # type: ignore[method-assign]
+    flow.run()
+    workflows.after_process_message(broker, delivery(broker.enqueued[0][0]), result=4)
+    (step, delay) = broker.enqueued[1]
+    assert step.actor_name == "total" and delay == 10 * SHORT  # sent after the cancel
+    arrived = arrives_cancelled(store, broker, cancellation, step)
+    workflows.after_skip_message(broker, arrived)  # counted as cancelled, not failed
+    shown = workflow_status(str(flow.workflow_id), broker=broker)
+    assert shown is not None and shown["state"] == "cancelled"
+    assert [m["state"] for m in shown["steps"][1]["members"]] == ["cancelled"]
+
+
+def test_a_first_step_member_delayed_past_its_mark_is_skipped_but_not_one_counted_before(store):
+    """With ``JOB_STATUS=false`` a mark lives ``CANCEL_TTL_MS`` whatever the member's delay: a
+    member due later arrived with none left and ran. A member that ended before the cancel was
+    not marked by it: its redelivery is not stopped by the workflow's state either."""
+    from jobsystem.workflows import cancel, group
+
+    broker, cancellation, workflows, square, _ = short_marks_broker(store)
+    fan_out = group(
+        [square.message(1), square.message_with_options(args=(2,), delay=10 * SHORT)], broker=broker
+    )
+    fan_out.run()
+    (done, _), (late, _) = broker.enqueued
+    workflows.after_process_message(broker, delivery(done), result=1)
+    assert cancel(str(fan_out.workflow_id), broker=broker) == [late.message_id]
+    arrives_cancelled(store, broker, cancellation, late)
+    again = delivery(done, redelivered=True)
+    cancellation.before_process_message(broker, again)  # as old as the pollers' memory: asked, runs
+    assert CANCELLED not in again.options
+
+
+def test_a_members_workflow_is_read_in_the_marks_call_and_a_store_error_defers_it(store):
+    """A workflow's member asks the store once, the marks and its workflow in one call; a job that
+    is not a member asks for its mark only, as before. A store error defers the member (fail closed)."""
+    broker, cancellation, _, square, _ = short_marks_broker(store)
+    calls: list[str] = []
+    marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
+    cancellation.backend.cancelled_among = lambda ids: calls.append("marks") or marks(ids)  # type: ignore[method-assign]
+
+    def down(ids: list[str], workflow_of: Any) -> set[str]:
+        calls.append("workflows")
+        raise StoreUnavailable("redis: ResponseError: OOM command not allowed")
+
+    cancellation.workflows.cancelled_among = down  # type: ignore[method-assign]
+    plain = dramatiq.actor(broker=broker, actor_name="plain", queue_name="q")(lambda: None)
+    cancellation.before_process_message(broker, delivery(plain.message()))
+    assert calls == ["marks"]
+    _, first = annotate("group", [Step([square.message(1)], pipe="list")])
+    with pytest.raises(SkipMessage, match="deferred: store_unavailable"):
+        cancellation.before_process_message(broker, delivery(first[0]))
+    assert calls == ["marks", "workflows"]
+    (copy, delay), *_ = broker.enqueued
+    assert delay and copy.options["cancellation_store_waits"] == 1
+    cancellation.workflows.cancelled_among = members  # type: ignore[method-assign]
