@@ -305,12 +305,26 @@ def delete_state_keys(settings: Settings, prefix: str) -> int:
         client.close()
 
 
+#: What the demo says when RabbitMQ did not answer: a fixed line, naming no host, port or user
+#: (and one line of a terminal 80 columns wide, after "demo stopped: ").
+RABBITMQ_SILENT = "RabbitMQ did not answer: is it running? `make services` starts it"
+
+
 def error_line(settings: Settings, exc: BaseException) -> str:
     """``exc`` as the demo prints it and writes it to its summary: its type, and its text passed
     through the project's scrubber (a client's error may quote a host, a user or a queue's name,
-    and the scrubber knows the configured passwords)."""
+    and the scrubber knows the configured passwords).
+
+    RabbitMQ down (nothing listening, or no route to it) is :data:`RABBITMQ_SILENT`: pika then
+    raises a bare ``AMQPConnectionError`` whose text is empty (its one argument prints nothing),
+    and the demo printed ``AMQPConnectionError: `` and no hint. Its subclasses carry RabbitMQ's
+    answer (a refused login, an unknown vhost) and keep their scrubbed text."""
+    from pika.exceptions import AMQPConnectionError
+
     from jobsystem.privacy.setup import get_scrubber
 
+    if type(exc) is AMQPConnectionError:
+        return RABBITMQ_SILENT
     return f"{type(exc).__name__}: {get_scrubber(settings).text(str(exc))}"
 
 
