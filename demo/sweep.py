@@ -2,15 +2,17 @@
 
 A demo killed with SIGKILL leaves its queues (work, ``.DQ``, ``.DLQ``, its delay cascade's), the
 cascade's exchanges, its state keys and its temporary folder, and each killed run added more.
-Every prefix matching :data:`demo.services.DEMO_PREFIX` found on the vhost is a candidate, and
-one found only in a Redis state store if its folder on this host is marked with this vhost (keys
-alone may be a live demo's on another vhost sharing the Redis); a candidate is dead when its
-alive queue is absent and none of its queues has a consumer, on two looks a few seconds apart
-(:func:`demo.alive.dead_prefixes`: a live demo's alive queue is gone too while its connection is
-down), and then everything under it is deleted, its folder on this host included
-(:mod:`demo.folders`: a folder alone makes no candidate, its demo may use another RabbitMQ).
-Demos of the releases before the alive queue have none: theirs are removed as dead once their
-worker stopped.
+A prefix matching :data:`demo.services.DEMO_PREFIX` is judged on this vhost when it has queues or
+exchanges here, or a folder on this host marked with this vhost (keys alone may be a live demo's
+on another vhost sharing the Redis). A judged prefix is a candidate unless a folder of it is held
+by a live process (:mod:`demo.folders`); a candidate is dead when its alive queue is absent and
+none of its queues has a consumer, on two looks a few seconds apart (:func:`demo.alive.dead_prefixes`:
+a live demo's alive queue is gone too while its connection is down), and then everything under it
+is deleted, its folders on this host included. Demos of the releases before the alive queue have
+none: theirs are removed as dead once their worker stopped.
+
+Whatever RabbitMQ says, a held folder none of whose owners lives goes (its demo is dead, whatever
+stage it reached: one killed before declaring its queues left nothing else).
 
 Races: a live demo declares its alive queue before anything else, and the checks come after the
 names were listed, so a live demo's names are never taken for a dead one's. Two sweeps removing
@@ -25,7 +27,7 @@ from pathlib import Path
 import redis
 
 from demo.alive import dead_prefixes
-from demo.folders import demo_folders, folder_vhost, remove_folder, vhost_of
+from demo.folders import demo_folders, folder_vhost, is_held, owner_gone, remove_folder, vhost_of
 from demo.services import DEMO_PREFIX, delete_named, listed_names
 from jobsystem.settings import Settings
 
@@ -80,8 +82,8 @@ def _redis(settings: Settings) -> redis.Redis | None:
 
 
 def find_leftovers(settings: Settings, folders_in: Path | None = None) -> dict[str, Leftovers]:
-    """Every demo prefix with queues, exchanges or state keys, whether its demo is alive or not,
-    with its folders under ``folders_in`` (default: the temporary directory)."""
+    """Every demo prefix with queues, exchanges, state keys or folders under ``folders_in``
+    (default: the temporary directory), whether its demo is alive or not: :func:`sweep` judges."""
     found: dict[str, Leftovers] = {}
     for kind in ("queues", "exchanges"):
         for name in listed_names(settings, kind, _DEMO_START):
@@ -98,21 +100,24 @@ def find_leftovers(settings: Settings, folders_in: Path | None = None) -> dict[s
                     found.setdefault(match.group(), Leftovers())
         finally:
             client.close()
-    folders_by_prefix = demo_folders(folders_in)
-    for prefix, folders in folders_by_prefix.items():
-        if prefix in found:  # a folder alone is no candidate: its demo may use another vhost
-            found[prefix].folders = folders
-    here = vhost_of(settings.rabbitmq_url)
-    return {p: found[p] for p in found if _judged_here(found[p], folders_by_prefix.get(p, []), here)}
+    for prefix, folders in demo_folders(folders_in).items():
+        found.setdefault(prefix, Leftovers()).folders = folders
+    return found
 
 
-def _judged_here(leftovers: Leftovers, folders: list[Path], here: str) -> bool:
+def _judged_here(leftovers: Leftovers, here: str) -> bool:
     """Whether this vhost can tell if the demo of ``leftovers`` is dead: it has queues or
-    exchanges here, or only state keys and a folder on this host marked with this vhost (keys
-    alone may be a live demo's on another vhost sharing the Redis)."""
+    exchanges here, or a folder on this host marked with this vhost (keys alone may be a live
+    demo's on another vhost sharing the Redis, a folder alone one's on another RabbitMQ)."""
     if leftovers.queues or leftovers.exchanges:
         return True
-    return any(folder_vhost(folder) == here for folder in folders)
+    return any(folder_vhost(folder) == here for folder in leftovers.folders)
+
+
+def _held_by_the_living(leftovers: Leftovers) -> bool:
+    """Whether a held folder of the prefix may have a live owner: its demo runs (or is paused),
+    whatever RabbitMQ says."""
+    return any(is_held(folder) and not owner_gone(folder) for folder in leftovers.folders)
 
 
 def _delete(settings: Settings, kind: str, names: list[str], prefix: str) -> int:
@@ -121,22 +126,33 @@ def _delete(settings: Settings, kind: str, names: list[str], prefix: str) -> int
 
 
 def sweep(settings: Settings, own_prefix: str, found: dict[str, Leftovers]) -> Swept:
-    """Delete the ``found`` leftovers of the prefixes whose demo is dead; never ``own_prefix``,
-    never a name outside a prefix matching ``DEMO_PREFIX``."""
+    """Delete the ``found`` leftovers of the prefixes whose demo is dead, and remove the held
+    folders without a live owner; never under ``own_prefix``, never outside a prefix matching
+    ``DEMO_PREFIX``."""
     from jobsystem.rabbitmq.broker import connection_urls
     from jobsystem.store.redis import delete_matching
 
-    candidates = sorted(p for p in found if p != own_prefix and DEMO_PREFIX.fullmatch(p))
+    here = vhost_of(settings.rabbitmq_url)
+    prefixes = sorted(p for p in found if p != own_prefix and DEMO_PREFIX.fullmatch(p))
+    judged = {p for p in prefixes if _judged_here(found[p], here)}
+    living = {p for p in prefixes if _held_by_the_living(found[p])}
+    candidates = [p for p in prefixes if p in judged and p not in living]
     queues = {prefix: found[prefix].queues for prefix in candidates}
-    swept = Swept(demos=dead_prefixes(connection_urls(settings)[0], queues) if candidates else [])
-    for prefix in swept.demos:
+    dead = dead_prefixes(connection_urls(settings)[0], queues) if candidates else []
+    swept = Swept(demos=list(dead))
+    for prefix in dead:
         swept.queues += _delete(settings, "queues", found[prefix].queues, prefix)
         swept.exchanges += _delete(settings, "exchanges", found[prefix].exchanges, prefix)
         swept.folders += sum(remove_folder(folder, prefix) for folder in found[prefix].folders)
-    client = _redis(settings) if swept.demos else None
+    for prefix in (p for p in prefixes if p not in dead):  # its demo died, elsewhere or early
+        removed = sum(remove_folder(folder, prefix) for folder in found[prefix].folders if is_held(folder))
+        if removed:
+            swept.folders += removed
+            swept.demos.append(prefix)
+    client = _redis(settings) if dead else None
     if client is not None:
         try:
-            for prefix in swept.demos:
+            for prefix in dead:
                 swept.state_keys += delete_matching(client, f"{_namespace(settings, prefix)}*")
         finally:
             client.close()
