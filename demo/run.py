@@ -120,8 +120,8 @@ class Demo(Watching):
             self.swept = {"error": type(exc).__name__}  # its message may carry the API's password
             self.sweep_note = f"Leftovers of dead demos not swept: {type(exc).__name__}"
             return
-        self.swept = {"demos": swept.demos, "leftovers": swept.leftovers}
-        self.sweep_note = swept.line() if swept.demos else ""
+        self.swept = {"demos": swept.demos, "leftovers": swept.leftovers, "expiring": swept.keys_expiring}
+        self.sweep_note = swept.line() if swept.demos or swept.keys_expiring else ""
 
     def start(self) -> None:
         """Start the mail server, the partner API (down), the worker and the scheduler."""

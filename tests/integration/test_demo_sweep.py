@@ -3,7 +3,8 @@ delay-cascade exchanges, state keys and folder go; a live demo's (its alive queu
 connection, or gone while its connection is down but its worker consuming, or back within the
 second look, or its folder held), the sweeping demo's own and every name outside ``demo-xxxxxx-``
 stay, and so does a live folder whose prefix has nothing on this vhost (a demo of this host on
-another RabbitMQ); a folder whose owners are all gone goes whatever its demo left.
+another RabbitMQ); a folder whose owners are all gone goes whatever its demo left, and state keys
+no sweep here can judge get an expiry instead of staying for good.
 
 The tests sweep only the prefixes they made (``sweep`` on their part of ``find_leftovers``): the
 vhost is shared, and a demo of an older release running beside them has no alive queue."""
@@ -39,6 +40,9 @@ _WORK_QUEUES = ("emails", "emails.DQ", "emails.DLQ")
 
 #: The vhost a demo of this host runs on when it is not this one.
 _OTHER_VHOST = "rabbit-2:5672/other"
+
+#: The expiry the sweep gives the state keys it cannot judge.
+_A_DAY = 24 * 3600
 
 
 def _demo_prefix() -> str:
@@ -288,6 +292,58 @@ def test_a_live_demo_on_another_vhost_sharing_the_redis_is_no_candidate(settings
     assert swept.demos == [] and swept.leftovers == 0
     assert all((folder / "reports").is_dir() for folder in folders)
     assert [made.under(prefix) for prefix in mine] == before and all(keys for _, _, keys in before)
+
+
+def test_state_keys_no_sweep_can_judge_are_given_an_expiry_not_deleted(settings, made, client):
+    """The per-queue status counters, the dead-letter index and the worker records have no expiry
+    of their own: the keys of a demo whose folder went first (its clean-up stopped halfway, /tmp
+    cleaned), or of a demo of another vhost that died, stayed for good, no sweep here able to
+    judge them. They get an expiry of a day, nothing deleted: a shorter one of their own is kept,
+    and a live demo's (its folder held) get none."""
+    no_folder, elsewhere_old, live = _demo_prefix(), _demo_prefix(), _demo_prefix()
+    made.demo(no_folder, queues=False).rename(made.folders / "not-a-demo-folder")
+    made.demo(elsewhere_old, queues=False, vhost=_OTHER_VHOST, owner="old")
+    made.demo(live, queues=False, vhost=_OTHER_VHOST, owner="live")
+    client.set(f"jobs:{no_folder}lease", "x", px=60_000)
+    mine = (no_folder, elsewhere_old, live)
+    before = [made.under(prefix) for prefix in mine]
+    found = find_leftovers(settings, made.folders)
+
+    swept = sweep(settings, "", {prefix: found[prefix] for prefix in mine if prefix in found})
+
+    assert [made.under(prefix) for prefix in mine] == before
+    expiring = [key for prefix in (no_folder, elsewhere_old) for key in made.under(prefix)[2]]
+    ttls = {key: client.ttl(key) for key in expiring}
+    assert len(ttls) == 5 and all(0 < ttl <= _A_DAY for ttl in ttls.values()), ttls
+    assert ttls[f"jobs:{no_folder}lease".encode()] <= 60
+    assert all(ttl > 60 for key, ttl in ttls.items() if not key.endswith(b"lease"))
+    assert [client.ttl(key) for key in made.under(live)[2]] == [-1, -1]
+    assert swept.keys_expiring == 4 and "4 state keys" in swept.line() and swept.leftovers == 0
+
+
+def test_a_sweep_stopped_before_the_keys_went_leaves_what_judges_them(settings, made, monkeypatch):
+    """A sweep removed a dead demo's folder, then its keys: stopped in between (killed, Redis
+    down), it left keys that no later sweep could judge (nothing of them on this vhost, no folder
+    marked with it). The keys go first now: the folder stays for the next sweep, which ends it."""
+    import jobsystem.store.redis
+
+    dead = _demo_prefix()
+    folder = made.demo(dead, queues=False)
+
+    def redis_down(*args: object) -> int:
+        raise redis.ConnectionError("Redis down")
+
+    monkeypatch.setattr(jobsystem.store.redis, "delete_matching", redis_down)
+    found = find_leftovers(settings, made.folders)
+    with pytest.raises(redis.ConnectionError):
+        sweep(settings, "", {dead: found[dead]})
+    assert folder.is_dir() and made.under(dead)[2]
+    monkeypatch.undo()
+
+    found = find_leftovers(settings, made.folders)
+    swept = sweep(settings, "", {dead: found[dead]})
+
+    assert swept.demos == [dead] and made.under(dead) == ([], [], []) and not folder.exists()
 
 
 def test_names_outside_the_demo_prefix_are_never_candidates(settings, made):
