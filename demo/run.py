@@ -19,7 +19,7 @@ from rich.live import Live
 
 from demo import services
 from demo.alive import AliveQueue
-from demo.folders import folder_for, mark_folder, vhost_of
+from demo.folders import folder_for, hold_folder, vhost_of
 from demo.sweep import sweep_dead_demos
 from demo.view import Snapshot, render
 from demo.watch import Watching
@@ -61,6 +61,7 @@ class Demo(Watching):
         self.prefix = f"demo-{uuid.uuid4().hex[:6]}-"
         configured = load_settings()  # SettingsError: stop before anything started
         self.tmp = folder_for(self.prefix)  # created once the alive queue is held (start)
+        self.folder_lock: int | None = None  # the descriptor holding the folder's lock
         self.env = self._environment(configured)
         self.settings: Settings = load_settings(self.env)
         self.mail_server = None if arguments.smtp_url else services.MailServer()
@@ -119,16 +120,16 @@ class Demo(Watching):
             self.swept = {"error": type(exc).__name__}  # its message may carry the API's password
             self.sweep_note = f"Leftovers of dead demos not swept: {type(exc).__name__}"
             return
-        self.swept = {"demos": swept.demos, "leftovers": swept.leftovers}
-        self.sweep_note = swept.line() if swept.demos else ""
+        self.swept = {"demos": swept.demos, "leftovers": swept.leftovers, "expiring": swept.keys_expiring}
+        self.sweep_note = swept.line() if swept.demos or swept.keys_expiring else ""
 
     def start(self) -> None:
         """Start the mail server, the partner API (down), the worker and the scheduler."""
         self.claim_prefix()
         # After the alive queue and the sweep: a live demo's folder is never seen without its
-        # alive queue, and one killed while sweeping leaves none.
-        self.tmp.mkdir(mode=0o700)
-        mark_folder(self.tmp, vhost_of(self.settings.rabbitmq_url))
+        # alive queue, and one killed while sweeping leaves none. Held until the demo and its
+        # children end: a later sweep removes it once they all did, however they ended.
+        lock = self.folder_lock = hold_folder(self.tmp, vhost_of(self.settings.rabbitmq_url))
         if self.mail_server is not None:
             self.env["SMTP_URL"] = self.mail_server.start()
             self.settings = load_settings(self.env)
@@ -139,10 +140,11 @@ class Demo(Watching):
             f'every = "{self.profile.health_every}"\n'
         )
         self.event(f"mail to {redact_url(self.settings.smtp_url)}; partner API at {self.partner_url} (down)")
-        worker = services.start_worker(self.env, self.tmp / "worker.log", ["demo.tasks"])
+        held = (lock,)  # the children hold it too: a killed demo's worker may still finish jobs in it
+        worker = services.start_worker(self.env, self.tmp / "worker.log", ["demo.tasks"], held)
         self.children.append(worker)
         self.children.append(
-            services.start_scheduler(self.env, self.tmp / "scheduler.log", self.tmp / "schedules.toml")
+            services.start_scheduler(self.env, self.tmp / "scheduler.log", self.tmp / "schedules.toml", held)
         )
         self.snapshot.processes = (
             f"· worker pid {worker.proc.pid} "
@@ -368,5 +370,8 @@ class Demo(Watching):
             self.mail_server.stop()
         self.partner.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.folder_lock is not None:
+            os.close(self.folder_lock)
+            self.folder_lock = None
         if self.alive is not None:
             self.alive.close()  # last: until now a concurrent demo's sweep must see this one alive

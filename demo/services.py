@@ -131,14 +131,22 @@ class Child:
     terminal reaches only the demo, which then stops it with one SIGTERM to its main process.
     Started through :mod:`demo.orphan_guard`, it gets that SIGTERM from the kernel if the demo
     dies without stopping it (SIGKILL). Start it from the main thread: the signal comes when the
-    thread that started it ends."""
+    thread that started it ends. It inherits the descriptors ``held`` (the lock on the demo's
+    folder, :func:`demo.folders.hold_folder`): the folder is not taken for dead while it runs."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], log_path: Path, held: tuple[int, ...] = ()
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            guarded(argv), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            guarded(argv),
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=held,
         )
 
     def output(self) -> str:
@@ -162,16 +170,19 @@ class Child:
             self._log.close()
 
 
-def start_worker(env: dict[str, str], log_path: Path, modules: list[str]) -> Child:
+def start_worker(
+    env: dict[str, str], log_path: Path, modules: list[str], held: tuple[int, ...] = ()
+) -> Child:
     """``jobctl worker`` (``dramatiq actors`` with the configured processes and threads)."""
-    return Child("worker", [_script("jobctl"), "worker", *modules], env, log_path)
+    return Child("worker", [_script("jobctl"), "worker", *modules], env, log_path, held)
 
 
-def start_scheduler(env: dict[str, str], log_path: Path, schedules: Path) -> Child:
+def start_scheduler(
+    env: dict[str, str], log_path: Path, schedules: Path, held: tuple[int, ...] = ()
+) -> Child:
     """``python -m scheduler`` on the demo's schedules file."""
-    return Child(
-        "scheduler", [sys.executable, "-m", "scheduler", "--schedules", str(schedules)], env, log_path
-    )
+    argv = [sys.executable, "-m", "scheduler", "--schedules", str(schedules)]
+    return Child("scheduler", argv, env, log_path, held)
 
 
 def _script(name: str) -> str:
@@ -305,12 +316,26 @@ def delete_state_keys(settings: Settings, prefix: str) -> int:
         client.close()
 
 
+#: What the demo says when RabbitMQ did not answer: a fixed line, naming no host, port or user
+#: (and one line of a terminal 80 columns wide, after "demo stopped: ").
+RABBITMQ_SILENT = "RabbitMQ did not answer: is it running? `make services` starts it"
+
+
 def error_line(settings: Settings, exc: BaseException) -> str:
     """``exc`` as the demo prints it and writes it to its summary: its type, and its text passed
     through the project's scrubber (a client's error may quote a host, a user or a queue's name,
-    and the scrubber knows the configured passwords)."""
+    and the scrubber knows the configured passwords).
+
+    RabbitMQ down (nothing listening, or no route to it) is :data:`RABBITMQ_SILENT`: pika then
+    raises a bare ``AMQPConnectionError`` whose text is empty (its one argument prints nothing),
+    and the demo printed ``AMQPConnectionError: `` and no hint. Its subclasses carry RabbitMQ's
+    answer (a refused login, an unknown vhost) and keep their scrubbed text."""
+    from pika.exceptions import AMQPConnectionError
+
     from jobsystem.privacy.setup import get_scrubber
 
+    if type(exc) is AMQPConnectionError:
+        return RABBITMQ_SILENT
     return f"{type(exc).__name__}: {get_scrubber(settings).text(str(exc))}"
 
 

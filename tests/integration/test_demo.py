@@ -215,6 +215,60 @@ def test_a_demo_killed_with_sigkill_takes_its_worker_and_scheduler_down_with_it(
     assert env and _leftovers(env["QUEUE_PREFIX"]) == ([], [])
 
 
+#: ``python -m demo --short`` that stops where a SIGKILL may find it: its folder made, its worker
+#: (which declares its queues) not started; it says ``stopped`` once there.
+_STOPPED_BEFORE_ITS_QUEUES = """
+import sys, time
+from demo import main, services
+
+def start_worker(*args, **kwargs):
+    print("stopped", flush=True)
+    time.sleep(120)
+
+services.start_worker = start_worker
+sys.exit(main.main(["--short"]))
+"""
+
+
+def test_a_demo_killed_before_declaring_its_queues_leaves_a_folder_the_next_sweep_removes(tmp_path):
+    """Killed between making its folder and declaring its queues, a demo leaves only its folder:
+    its alive queue went with its connection, no worker ran. No sweep ever removed it (a folder
+    alone made no candidate). Its owners all gone, the next sweep removes it."""
+    from demo.folders import FOLDER_NAME
+
+    folders = tmp_path / "tmp"  # the demo's temporary directory
+    folders.mkdir()
+    env = {**os.environ, "STATE_URL": TEST_REDIS_URL, "TMPDIR": str(folders)}
+    output = tmp_path / "demo.out"
+    demo = subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_BEFORE_ITS_QUEUES],
+        cwd=ROOT,
+        env=env,
+        stdout=output.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    prefix = ""
+    try:
+        wait_for(lambda: b"stopped" in output.read_bytes(), timeout=60, what="the demo's folder")
+        [(folder, named)] = [(path, FOLDER_NAME.fullmatch(path.name)) for path in folders.iterdir()]
+        assert named is not None, folder
+        prefix = named.group(1)
+        demo.kill()
+        assert demo.wait(10) == -signal.SIGKILL
+        wait_for(lambda: _leftovers(prefix) == ([], []), timeout=30, what="its alive queue to go")
+        settings = load_settings({**os.environ, "STATE_URL": TEST_REDIS_URL})
+        found = find_leftovers(settings, folders)
+
+        swept = sweep(settings, "", {prefix: found[prefix]} if prefix in found else {})
+
+        assert swept.demos == [prefix] and swept.folders == 1 and not folder.exists()
+    finally:
+        demo.kill()
+        demo.wait(10)
+        if prefix:
+            _clean_up_after(prefix, tmp_path)
+
+
 def test_a_connection_interrupted_mid_call_is_abandoned_not_reused(prefix):
     """Ctrl-C inside an AMQP call leaves the channel with a reply in flight: the demo's clean-up
     forgets that connection rather than calling on it (a close is a call), and the broker then

@@ -147,10 +147,12 @@ def test_the_demos_clean_up_errors_are_shown_scrubbed(monkeypatch, tmp_path):
     assert not [error for error in errors if password in error or "ana.lopez" in error], errors
 
 
-def test_a_demo_whose_rabbitmq_is_down_stops_with_one_scrubbed_line_and_no_folder(tmp_path):
+def test_a_demo_whose_rabbitmq_is_down_stops_with_one_useful_line_and_no_folder(tmp_path):
     """RabbitMQ down: the demo cannot hold its alive queue. Its clean-up then waited for ever to
     stop a partner API it never started (and ignores Ctrl-C while cleaning up); it now says why in
-    one line, the configured password scrubbed, and exits 1, its folder never made."""
+    one line and exits 1, its folder never made. That line was ``AMQPConnectionError: `` (pika's
+    error has no text): it now names the service that did not answer and what to do, and neither
+    the address it tried nor the configured password."""
     import socket
     import uuid
 
@@ -175,6 +177,24 @@ def test_a_demo_whose_rabbitmq_is_down_stops_with_one_scrubbed_line_and_no_folde
     )
     output = done.stdout + done.stderr
     assert done.returncode == EXIT_FAILED, output
-    assert "demo stopped: AMQPConnectionError" in output and "Traceback" not in output
-    assert password not in output
+    assert "demo stopped: RabbitMQ did not answer: is it running? `make services` starts it\n" in output
+    assert "Traceback" not in output and "AMQPConnectionError" not in output
+    assert password not in output and str(port) not in output and "127.0.0.1" not in output
     assert not list(tmp_path.glob("jobs-demo-*"))
+
+
+def test_only_rabbitmq_not_answering_gets_the_fixed_line():
+    """pika's bare ``AMQPConnectionError`` (nothing answered) has no text: the fixed line replaces
+    it. Its subclasses carry RabbitMQ's answer, which stays, scrubbed."""
+    from pika.adapters.utils.connection_workflow import AMQPConnectorSocketConnectError
+    from pika.exceptions import AMQPConnectionError, ProbableAuthenticationError
+
+    from demo.services import RABBITMQ_SILENT, error_line
+    from jobsystem.settings import load_settings
+
+    settings = load_settings(dict(os.environ))
+    # What pika raises when nothing listens (its BlockingConnection wraps the socket's error).
+    silent = AMQPConnectionError(AMQPConnectorSocketConnectError(ConnectionRefusedError(111, "refused")))
+    assert error_line(settings, silent) == RABBITMQ_SILENT
+    refused = ProbableAuthenticationError("ConnectionClosedByBroker: (403) 'ACCESS_REFUSED'")
+    assert error_line(settings, refused) == f"ProbableAuthenticationError: {refused}"
