@@ -150,28 +150,37 @@ class SqliteStore(StateStore):
                     for statement in _statements(ddl):
                         conn.execute(statement)
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except BaseException as exc:  # an interrupt too: see transaction()
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise sqlite_error(exc) from exc
+                if isinstance(exc, sqlite3.Error):
+                    raise sqlite_error(exc) from exc
+                raise
             self._applied.update(pending)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so two
-        processes never both read-then-write the same row."""
+        processes never both read-then-write the same row.
+
+        BEGIN and COMMIT are inside the ``try``: an exception another thread raises in this one (a
+        time limit, a cancellation, a shutdown) is raised as a statement's call returns, so it can
+        come right after BEGIN. Outside the ``try``, it left the transaction open for good: the
+        write lock held from every other connection, and each later write of this thread joining
+        it as a batch, never committed."""
         conn = self.connection()
         if conn.in_transaction:  # inside a batch: join it
             yield conn
             return
         with self.errors():
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 yield conn
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # not if BEGIN failed, or SQLite rolled back itself
+                    conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
 
     def operations(self, backends: Backends[Operations]) -> Operations:
         return backends.sqlite(self)

@@ -4,9 +4,14 @@ open for good, a transaction open for good, or a batch undone."""
 from __future__ import annotations
 
 import sqlite3
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
+from jobsystem.dramatiq_internals import raise_in_thread
+from jobsystem.runtime.cancellation import JobCancelled
+from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.sqlite import SqliteStore
 from tests.support import fresh_store
 
@@ -61,3 +66,83 @@ def test_a_connection_close_retired_is_closed_once_its_thread_ended(tmp_path: Pa
         assert store.get("k") is None  # the next call of another thread (a new poller, a request)
         assert _closed(opened[0])
         assert list(store._connections) == [store.connection()]
+
+
+def _interrupted_in_begin(store: SqliteStore, path: Path, first: Callable[[], object]) -> list[str]:
+    """Run ``first()`` in a thread whose ``BEGIN IMMEDIATE`` waits for the write lock, held here,
+    and cancel the thread's job meanwhile, as the cancellation poller does: CPython raises the
+    exception as the call of the statement returns, once the transaction has begun. Then check,
+    while the thread waits, that another connection can write; then the thread writes again.
+    Returns what went wrong, in order."""
+    problems: list[str] = []
+    ready, go, interrupted, checked = (threading.Event() for _ in range(4))
+    waiting = threading.Event()
+
+    def job() -> None:
+        store.connection().set_trace_callback(lambda sql: sql == "BEGIN IMMEDIATE" and waiting.set())
+        ready.set()
+        go.wait(10)
+        try:
+            first()
+            problems.append("not interrupted")
+        except JobCancelled:
+            pass
+        interrupted.set()
+        checked.wait(10)
+        try:
+            store.set("after", b"1")
+        except StoreUnavailable as exc:
+            problems.append(f"next write: {exc}")
+        finally:
+            store.release_thread()
+
+    blocker = sqlite3.connect(path, isolation_level=None)
+    thread = threading.Thread(target=job)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)  # the thread leaves the trace callback before this one runs again
+    try:
+        thread.start()
+        assert ready.wait(10)
+        blocker.execute("BEGIN IMMEDIATE")
+        go.set()
+        assert waiting.wait(10)
+        assert thread.ident is not None
+        raise_in_thread(thread.ident, JobCancelled)
+        blocker.execute("COMMIT")
+        assert interrupted.wait(10)
+        other = SqliteStore(path, busy_timeout_ms=200)  # another process's connection
+        try:
+            other.set("other", b"1")
+        except StoreUnavailable as exc:
+            problems.append(f"another connection's write: {exc}")
+        finally:
+            other.close()
+    finally:
+        sys.setswitchinterval(switch)
+        checked.set()
+        thread.join(10)
+        blocker.close()
+    return problems
+
+
+def test_a_job_cancelled_just_after_begin_leaves_no_transaction_open(tmp_path: Path):
+    """The transaction was begun outside its ``try``: the cancellation left it open on the thread's
+    connection, holding SQLite's write lock from every other connection (each write of every
+    process failed "database is locked") and joining the thread's later writes, never committed."""
+    with fresh_store("sqlite", tmp_path) as store:
+        assert isinstance(store, SqliteStore)
+        assert _interrupted_in_begin(store, tmp_path / "state.db", lambda: store.set("k", b"v")) == []
+        assert (store.get("k"), store.get("after")) == (None, b"1")
+
+
+def test_a_job_cancelled_just_after_the_begin_of_new_tables_leaves_no_transaction_open(tmp_path: Path):
+    """The same, in the transaction that creates a feature's tables at the thread's next call."""
+    with fresh_store("sqlite", tmp_path) as store:
+        assert isinstance(store, SqliteStore)
+
+        def first_use() -> object:
+            store.ensure_schema("CREATE TABLE IF NOT EXISTS late (a INTEGER);")
+            return store.get("k")
+
+        assert _interrupted_in_begin(store, tmp_path / "state.db", first_use) == []
+        assert (store.rows("SELECT count(*) FROM late"), store.get("after")) == ([(0,)], b"1")
