@@ -71,7 +71,9 @@ class SqliteStore(StateStore):
             conn = self._unless_retired(conn)
         if conn is None:
             conn = self._opened()
-        if len(self._applied) < len(self._schemas):
+        # Never inside an open transaction (a batch, while another thread registered a schema):
+        # the schemas' BEGIN fails there and its ROLLBACK undid the batch. The next call applies them.
+        if len(self._applied) < len(self._schemas) and not conn.in_transaction:
             self._apply_schemas(conn)
         return conn
 

@@ -146,3 +146,34 @@ def test_a_job_cancelled_just_after_the_begin_of_new_tables_leaves_no_transactio
 
         assert _interrupted_in_begin(store, tmp_path / "state.db", first_use) == []
         assert (store.rows("SELECT count(*) FROM late"), store.get("after")) == ([(0,)], b"1")
+
+
+def test_a_schema_another_thread_registers_during_a_batch_leaves_the_batch_whole(tmp_path: Path):
+    """A feature used for the first time (a health check's status tables, a dashboard page) while
+    the deferred writer's batch was open: the batch's next statement applied the new tables with
+    a BEGIN inside the open transaction, which failed, and the ROLLBACK after it undid the batch.
+    A caller going on wrote the rest outside any transaction: the batch split."""
+    with fresh_store("sqlite", tmp_path) as store:
+        assert isinstance(store, SqliteStore)
+        inside, registered = threading.Event(), threading.Event()
+        failures: list[BaseException] = []
+
+        def deferred_writer() -> None:
+            try:
+                with store.batch() as batch:
+                    batch.set("first", b"1")
+                    inside.set()
+                    registered.wait(10)
+                    batch.set("second", b"2")
+            except BaseException as exc:  # reported by the assertion below
+                failures.append(exc)
+
+        writer = threading.Thread(target=deferred_writer)
+        writer.start()
+        assert inside.wait(10)
+        store.ensure_schema("CREATE TABLE IF NOT EXISTS late (a INTEGER);")
+        registered.set()
+        writer.join(10)
+        assert failures == []
+        assert (store.get("first"), store.get("second")) == (b"1", b"2")
+        assert store.rows("SELECT count(*) FROM late") == [(0,)]  # applied by the next call
