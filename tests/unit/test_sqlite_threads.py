@@ -68,6 +68,14 @@ def test_a_connection_close_retired_is_closed_once_its_thread_ended(tmp_path: Pa
         assert list(store._connections) == [store.connection()]
 
 
+def _write(store: SqliteStore, key: str, problems: list[str]) -> None:
+    """Write ``key``; what the store answers instead is noted in ``problems``."""
+    try:
+        store.set(key, b"1")
+    except StoreUnavailable as exc:
+        problems.append(f"write of {key!r}: {exc}")
+
+
 def _interrupted_in_begin(store: SqliteStore, path: Path, first: Callable[[], object]) -> list[str]:
     """Run ``first()`` in a thread whose ``BEGIN IMMEDIATE`` waits for the write lock, held here,
     and cancel the thread's job meanwhile, as the cancellation poller does: CPython raises the
@@ -90,9 +98,7 @@ def _interrupted_in_begin(store: SqliteStore, path: Path, first: Callable[[], ob
         interrupted.set()
         checked.wait(10)
         try:
-            store.set("after", b"1")
-        except StoreUnavailable as exc:
-            problems.append(f"next write: {exc}")
+            _write(store, "after", problems)
         finally:
             store.release_thread()
 
@@ -112,9 +118,7 @@ def _interrupted_in_begin(store: SqliteStore, path: Path, first: Callable[[], ob
         assert interrupted.wait(10)
         other = SqliteStore(path, busy_timeout_ms=200)  # another process's connection
         try:
-            other.set("other", b"1")
-        except StoreUnavailable as exc:
-            problems.append(f"another connection's write: {exc}")
+            _write(other, "other", problems)
         finally:
             other.close()
     finally:
@@ -146,34 +150,3 @@ def test_a_job_cancelled_just_after_the_begin_of_new_tables_leaves_no_transactio
 
         assert _interrupted_in_begin(store, tmp_path / "state.db", first_use) == []
         assert (store.rows("SELECT count(*) FROM late"), store.get("after")) == ([(0,)], b"1")
-
-
-def test_a_schema_another_thread_registers_during_a_batch_leaves_the_batch_whole(tmp_path: Path):
-    """A feature used for the first time (a health check's status tables, a dashboard page) while
-    the deferred writer's batch was open: the batch's next statement applied the new tables with
-    a BEGIN inside the open transaction, which failed, and the ROLLBACK after it undid the batch.
-    A caller going on wrote the rest outside any transaction: the batch split."""
-    with fresh_store("sqlite", tmp_path) as store:
-        assert isinstance(store, SqliteStore)
-        inside, registered = threading.Event(), threading.Event()
-        failures: list[BaseException] = []
-
-        def deferred_writer() -> None:
-            try:
-                with store.batch() as batch:
-                    batch.set("first", b"1")
-                    inside.set()
-                    registered.wait(10)
-                    batch.set("second", b"2")
-            except BaseException as exc:  # reported by the assertion below
-                failures.append(exc)
-
-        writer = threading.Thread(target=deferred_writer)
-        writer.start()
-        assert inside.wait(10)
-        store.ensure_schema("CREATE TABLE IF NOT EXISTS late (a INTEGER);")
-        registered.set()
-        writer.join(10)
-        assert failures == []
-        assert (store.get("first"), store.get("second")) == (b"1", b"2")
-        assert store.rows("SELECT count(*) FROM late") == [(0,)]  # applied by the next call
