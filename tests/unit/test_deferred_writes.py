@@ -12,10 +12,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import dramatiq
 import pytest
 
 from jobsystem.runtime.deferred import DeferredWrites
 from jobsystem.store.base import StateStore, StoreUnavailable
+from middleware.status import Status
+from tests.unit.stub import RecordingBroker, delivery
 
 
 class Flaky:
@@ -67,6 +70,32 @@ def in_one_batch(writes: DeferredWrites, submit: Callable[[], Any]) -> None:
     finally:
         release.set()
     assert writes.flush(10)
+
+
+@pytest.mark.parametrize("failing", ["a later group", "its own group"])
+def test_a_status_update_reaches_the_record_when_its_batch_is_retried(store, writes, failing, monkeypatch):
+    """Status's group first (its hooks run before Idempotency's), a key's completion after it: on
+    SQLite the completion's failure rolled back the status update, which the retry must write."""
+    status = Status(store, writes=writes)
+    broker = RecordingBroker(middleware=[status])
+    actor = dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
+    message = actor.message()
+    running = delivery(message)
+    status.before_process_message(broker, running)
+    assert status.flush(10)
+    later = Flaky(set_keys, failures=1 if failing == "a later group" else 0)
+    if failing == "its own group":
+        monkeypatch.setattr(status.backend, "apply", Flaky(status.backend.apply))
+
+    def finish() -> None:
+        status.after_process_message(broker, running, result=7)
+        writes.submit(later, "completion")
+
+    in_one_batch(writes, finish)
+    record = status.get(message.message_id)
+    assert record is not None and (record.state, record.result) == ("succeeded", 7)
+    assert status.backend.counts(["q"])["q"] == {"running": 1, "succeeded": 1}
+    assert store.get("completion") == b"written"
 
 
 def test_a_group_written_before_a_later_group_failed_is_written_once(store, writes):
