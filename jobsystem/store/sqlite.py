@@ -44,6 +44,7 @@ class SqliteStore(StateStore):
     """The state store in one SQLite file, shared by the worker processes of one host."""
 
     kind = "sqlite"
+    atomic_batch = True  # a batch is one transaction
 
     def __init__(self, path: str | Path, *, namespace: str = "jobs:", busy_timeout_ms: int = 10_000) -> None:
         self.path = Path(path)
