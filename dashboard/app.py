@@ -34,7 +34,7 @@ from dashboard.auth import Credentials, User
 from dashboard.dead_letters import ActionError, Selection
 from dashboard.format import register_filters
 from dashboard.guard import Guard
-from dashboard.project import Project, StoreUnavailable, cancel
+from dashboard.project import Project, StoreUnavailable, cancel, release_thread_connection
 from dashboard.queues import HealthSampler, overview
 
 __all__ = ["create_app"]
@@ -215,7 +215,7 @@ class Dashboard:
             return JSONResponse({"error": error}, status_code=503)
         started = time.monotonic()
         try:
-            outcome = await run_in_threadpool(run, subject)
+            outcome = await run_in_threadpool(self._released, run, subject)
         except ActionError as exc:
             await self._audit_finish(entry_id, {"state": "refused", "error": str(exc)})
             return JSONResponse({"error": str(exc)}, status_code=400)
@@ -234,6 +234,16 @@ class Dashboard:
         await self._audit_finish(entry_id, finished)
         logger.info("dashboard_action", extra={"user": user.name, "action": action, "count": count})
         return JSONResponse(outcome)
+
+    def _released(self, run: Callable[[Any], dict[str, Any]], subject: Any) -> dict[str, Any]:
+        """``run(subject)`` on a request thread, then that thread's RabbitMQ connection closed
+        (a replay declares its queue on it): anyio retires a pool thread after 10 s idle and
+        starts new ones later, and each kept the connection it had opened, for as long as the
+        dashboard ran. An action needing one again opens one (a handshake; actions are rare)."""
+        try:
+            return run(subject)
+        finally:
+            release_thread_connection(self.project.broker)
 
     async def _audit_finish(self, entry_id: Any, outcome: dict[str, Any]) -> None:
         """Note how an action ended; a store that fails now does not turn what was done (or

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from jobsystem.dramatiq_internals import release_thread_connection
 from jobsystem.ops import dead_letters as dead_letter_ops
 from jobsystem.ops.health import HealthReport, QueueHealth, check
 from jobsystem.ops.queue_counts import dead_letter_counts, missing_queues
@@ -64,6 +65,7 @@ __all__ = [
     "project_queues",
     "queue_of",
     "redact_url",
+    "release_thread_connection",
 ]
 
 

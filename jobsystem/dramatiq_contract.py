@@ -137,6 +137,10 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
         lambda: isinstance(inspect.getattr_static(RabbitmqBroker, "consumer_class"), property),
     ),
     ("RabbitmqBroker.channel and .connection, deletable", lambda: _deletable("channel", "connection")),
+    (
+        "del RabbitmqBroker.connection closes the calling thread's own (self.state.connection), if any",
+        lambda: "self.state.connection" in _source(inspect.getattr_static(RabbitmqBroker, "connection").fdel),
+    ),
     ("RabbitmqBroker.queues_pending", lambda: _sets(RabbitmqBroker.__init__, "queues_pending")),
     (
         "RabbitmqBroker._ensure_queue declares through _declare_queue, _declare_dq_queue and "

@@ -1,7 +1,8 @@
 """Every private or undocumented part of Dramatiq the project relies on, in one place, with why.
 
 Dramatiq 2.2 has no public way to change the RabbitMQ topology, to dead-letter a message with its
-final record, to replace a dead worker thread, or to tell a ``dramatiq`` worker process apart.
+final record, to replace a dead worker thread, to close one thread's RabbitMQ connection, or to
+tell a ``dramatiq`` worker process apart.
 The project reaches for these names through this module only; ``check_contract`` in
 :mod:`jobsystem.dramatiq_contract` (run by ``tests/unit/test_dramatiq_contract.py``) checks each
 one is still there and shaped as relied on, and ``pyproject.toml`` pins Dramatiq to the minor
@@ -45,6 +46,7 @@ __all__ = [
     "project_message",
     "raise_in_thread",
     "reject",
+    "release_thread_connection",
     "request_redelivery",
     "send_claim_ahead",
     "stored_exception",
@@ -95,6 +97,20 @@ def stored_exception(message: MessageProxy) -> BaseException | None:
     """The exception the worker stored on ``message`` for its last attempt (``_exception``)."""
     exception: BaseException | None = message._exception
     return exception
+
+
+def release_thread_connection(broker: object) -> None:
+    """Close the calling thread's RabbitMQ connection of ``broker`` (and its channel), if it has one.
+
+    Dramatiq's RabbitMQ broker opens one connection per thread (``broker.connection``) and keeps
+    every one open until ``broker.close()``: a thread that publishes or declares a queue and then
+    ends (a dashboard request thread, a timer) left its connection open for the life of the
+    process. Such a thread's broker work ends with this call. Only this thread uses its
+    connection, so none is closed under another thread's feet, and its next use opens a new one.
+    Deleting the property closes and forgets the channel and the connection, and opens nothing
+    (reading ``broker.connection`` would open one). Any other broker (a stub) holds none."""
+    if isinstance(broker, RabbitmqBroker):
+        del broker.connection
 
 
 class RabbitmqTopology(RabbitmqBroker):

@@ -33,7 +33,7 @@ from typing import Any
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
 
-from jobsystem.dramatiq_internals import request_redelivery, wants_redelivery
+from jobsystem.dramatiq_internals import release_thread_connection, request_redelivery, wants_redelivery
 from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.idempotency_keys import CompletedDuplicate
 from jobsystem.runtime.options import option_of
@@ -128,10 +128,21 @@ class Workflows(FailClosed):
             )
         if retry:
             again = threading.Timer(
-                wait_s, self._record_dead, (broker, message, deadline, min(wait_s * 2, 60.0))
+                wait_s, self._record_dead_later, (broker, message, deadline, min(wait_s * 2, 60.0))
             )
             again.daemon = True
             again.start()
+
+    def _record_dead_later(
+        self, broker: Broker, message: MessageProxy, deadline: float, wait_s: float
+    ) -> None:
+        """:meth:`_record_dead` on a timer's thread, which then ends: the RabbitMQ connection it
+        opened to send the next step (the broker keeps one per thread) is closed, or each retry
+        that sent a step left one open for the life of the worker."""
+        try:
+            self._record_dead(broker, message, deadline, wait_s)
+        finally:
+            release_thread_connection(broker)
 
     def after_hook_failed(self, broker: Broker, message: MessageProxy, hook: str) -> None:
         # The member's end was not counted (store down) or its next step not sent: run it again

@@ -288,27 +288,32 @@ def wait_for_final_events(
     return result
 
 
-#: The brokers :func:`sender_broker` built on the test Redis since :func:`flush_senders` last ran.
+#: The brokers :func:`sender_system` built on the test Redis since :func:`flush_senders` last ran.
 _SENDERS: list[dramatiq.Broker] = []
 
 
-def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
-    """A broker with the project's middleware on ``state_url``, as an application would build it,
-    knowing the project's actors (without rebinding them)."""
+def sender_system(prefix: str, state_url: str) -> Any:
+    """A system (a :class:`jobsystem.system.System`) on ``prefix`` and ``state_url``, as an
+    application or a dashboard would build it: its broker has the project's middleware and knows
+    the project's actors (without rebinding them)."""
     from jobsystem.settings import load_settings
     from jobsystem.system import build_system
 
-    broker = build_system(
-        load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url})
-    ).broker
-    broker.actors.update(get_system().broker.actors)
+    system = build_system(load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": state_url}))
+    system.broker.actors.update(get_system().broker.actors)
     if state_url == TEST_REDIS_URL:  # what goes elsewhere (a file, a private Redis) is not shared
-        _SENDERS.append(broker)
+        _SENDERS.append(system.broker)
+    return system
+
+
+def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
+    """The broker of a :func:`sender_system`."""
+    broker: dramatiq.Broker = sender_system(prefix, state_url).broker
     return broker
 
 
 def flush_senders(timeout: float = 10.0) -> None:
-    """Wait until what the brokers :func:`sender_broker` built on the test Redis still have to
+    """Wait until what the brokers :func:`sender_system` built on the test Redis still have to
     write (status records, key completions: written from a background thread after the call that
     made them returned) is there, so that a test's clean-up comes after it; then forget them."""
     while _SENDERS:
@@ -316,6 +321,18 @@ def flush_senders(timeout: float = 10.0) -> None:
             writes = getattr(middleware, "writes", None)
             if writes is not None:
                 writes.flush(timeout)
+
+
+def publish_dead_letters(broker: Any, queue: str, count: int) -> str:
+    """``count`` dead letters of ``queue``, published and indexed as a worker's consumer does (the
+    record names its queue); returns their ``.DLQ``."""
+    for i in range(count):
+        message: dramatiq.Message[Any] = dramatiq.Message(queue, "record", (f"d{i}",), {}, {})
+        headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-attempts": 1}
+        headers["x-dl-queue"] = queue
+        broker.publish_dead_letter(message.encode(), headers, message.message_id, queue)
+    assert broker.dead_letter_index.flush(10)
+    return queue + ".DLQ"
 
 
 def drop_closed(broker: Any) -> None:

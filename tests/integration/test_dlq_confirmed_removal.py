@@ -9,25 +9,19 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from dramatiq import Message
 
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import Reader
-from tests.support import wait_for
+from tests.support import publish_dead_letters, wait_for
 
 COUNT = 5
 
 
 def _dead_letters(broker: Any, queue: str) -> str:
     """``COUNT`` dead letters of ``queue``, published and indexed as a worker does; their ``.DLQ``."""
-    for i in range(COUNT):
-        message = Message(queue, "record", (f"d{i}",), {}, {})
-        headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-attempts": 1}
-        headers["x-dl-queue"] = queue  # the record names its queue, as the worker's consumer writes
-        broker.publish_dead_letter(message.encode(), headers, message.message_id, queue)
-    assert broker.dead_letter_index.flush(10)
+    dead_letter_queue = publish_dead_letters(broker, queue, COUNT)
     assert _indexed(broker, queue) == COUNT
-    return queue + ".DLQ"
+    return dead_letter_queue
 
 
 def _indexed(broker: Any, queue: str) -> int:

@@ -1,22 +1,18 @@
 """The dashboard's ASGI app in process, on the real store backends, RabbitMQ stood in for: pages
 that render whatever the audit log holds, actions that answer an outage with 503, links that
-stay on the job they name. (No httpx here, so no Starlette TestClient: a small ASGI caller.)"""
+stay on the job they name. (No httpx here, so no Starlette TestClient: ``tests.asgi`` calls it.)"""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import time
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import quote, unquote, urljoin
+from urllib.parse import quote, urljoin
 
 import pika
 import pytest
 
-from dashboard.app import create_app
-from dashboard.auth import Credentials, User
 from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, Selection, rabbitmq_counts
 from dashboard.guard import SECURITY_HEADERS
 from jobsystem.ops.health import HealthReport, Problem
@@ -30,74 +26,16 @@ from jobsystem.store.heartbeats import heartbeat_backend
 from jobsystem.store.status import status_backend
 from jobsystem.store.status_records import StatusUpdate, order_of
 from tests.amqp_server import fake_rabbitmq
+from tests.asgi import ADMIN, VIEWER, app_of, call
 from tests.servers import free_port
 from tests.support import finished_within
 
-ADMIN = ("admin", "admin-password-for-tests")
-VIEWER = ("viewer", "viewer-password-for-tests")
 #: RabbitMQ on a port nobody listens on: every connection is refused at once.
 DOWN = Settings(
     rabbitmq_url="amqp://guest:guest@127.0.0.1:1/%2F",
     rabbitmq_management_url="http://127.0.0.1:1",
     queue_prefix="t_",
 )
-
-
-class Answer:
-    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.status_code, self.text = status, body.decode(errors="replace")
-        self.headers = headers or {}
-
-    def json(self) -> Any:
-        return json.loads(self.text)
-
-
-def call(
-    app: Any,
-    method: str,
-    target: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-    auth: tuple[str, str] | None = ADMIN,
-) -> Answer:
-    """One request through the whole app (its middleware included), as an ASGI server sends it."""
-    path, _, query = target.partition("?")
-    sent = [(b"host", b"testserver")]
-    if auth is not None:
-        sent.append((b"authorization", b"Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode())))
-    sent += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": unquote(path),
-        "raw_path": path.encode(),
-        "query_string": query.encode(),
-        "root_path": "",
-        "headers": sent,
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
-    incoming = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b""}]
-    status, chunks, answered = [500], [], {}
-
-    async def receive() -> dict[str, Any]:
-        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            status[0] = message["status"]
-            answered.update((k.decode().lower(), v.decode()) for k, v in message.get("headers", []))
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    try:
-        asyncio.run(app(scope, receive, send))
-    except Exception as exc:  # Starlette answers 500, then raises it again for the server to log
-        return Answer(500, repr(exc).encode())
-    return Answer(status[0], b"".join(chunks), answered)
 
 
 def dashboard(
@@ -123,14 +61,8 @@ def dashboard(
         dead_letter_index=dead_letter_index(store),
         idempotency=None,
     )
-    credentials = Credentials(ADMIN[1], VIEWER[1])
-    sampler = SimpleNamespace(latest=lambda: (report, time.time(), 0.1))
-    post = {
-        "Content-Type": "application/json",
-        "Origin": "http://testserver",
-        "X-CSRF-Token": credentials.csrf_token(User("admin")),
-    }
-    return create_app(project, credentials, sampler), project, post  # type: ignore[arg-type]
+    app, post = app_of(project, report)
+    return app, project, post
 
 
 def test_the_audit_page_shows_actions_that_have_no_count_yet_or_never_will(store):
