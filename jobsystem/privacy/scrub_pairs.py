@@ -2,9 +2,10 @@
 
 ``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, and JSON text inside a JSON string
 (``\\"name\\": \\"Jos\\\\u00e9\\"``) or inside a JSON string inside another (``\\\\\\"name\\\\\\":``,
-three ``json.dumps`` deep). A quoted value ends at its quote; an unquoted one is a word, or runs
-on as far as the caller's ``value_end`` says (:mod:`scrub_extents`: an address or a date of
-birth, a person's name, a phone number in groups).
+three ``json.dumps`` deep). A key is a word, or a name of several words written in words (``date
+of birth:``). A quoted value ends at its quote; an unquoted one is a word, or runs on as far as
+the caller's ``value_end`` says (:mod:`scrub_extents`: an address or a date of birth, a person's
+name, a phone number in groups).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
-from jobsystem.privacy.scrub_keys import SECRET_LABELS
+from jobsystem.privacy.scrub_keys import SECRET_LABELS, KeyMatcher
 from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
 
 __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
@@ -23,6 +25,8 @@ _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 _SEPARATOR = re.compile(r"[:=]")
 #: A lower-case word, one space before a key written as a word (``email address:``).
 _QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
+#: A word of letters ending where the search ends: one of a key written in words (``date of``).
+_WORD_BEFORE = re.compile(r"(?<![\w\-])[A-Za-z]{1,32}\Z")
 #: Address keys written as a word, that a word before them may qualify.
 _ADDRESS_KEYS = frozenset({"address", "addr"})
 
@@ -75,7 +79,7 @@ ValueEnd = Callable[[str, str, str, int, int], int]
 
 def key_values(
     text: str,
-    label_for_key: Callable[[str], str | None],
+    keys: KeyMatcher,
     replace: Replace,
     value_end: ValueEnd,
     own_hashes: bool = False,
@@ -90,32 +94,18 @@ def key_values(
         at = separator.start()
         if at < done:
             continue
-        end = at
-        while end > done and text[end - 1] in " \t":
-            end -= 1
-        quoted = end > done and text[end - 1] in "\"'"
-        start = end = end - quoted
-        slashes = 0
-        while quoted and slashes < 4 and end - slashes > done and text[end - slashes - 1] == "\\":
-            slashes += 1
-        if slashes in _NESTED:
-            start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
-        while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
-            start -= 1
-        key = text[start:end]
-        label = label_for_key(key) if start < end else None
-        if label == "address" and not quoted and text[at] == ":":
-            key, label = _qualified(text, start, done, key, label, label_for_key)
+        key = _key_before(text, at, done, keys)
+        label = key.label
         value = _VALUE.match(text, at + 1) if label else None
         if label is None or value is None:
             continue
-        own_hash = own_hashes and label not in SECRET_LABELS and not quoted and end == at
+        own_hash = own_hashes and label not in SECRET_LABELS and key.adjacent
         own_hash = own_hash and value.start("val") == at + 1 and text[at] == ":"
         begin, stop = value.span("val")
         first = text[begin:stop]
         if first[0] not in "\"'\\" and not _replacement(first, own_hash):
-            stop = value_end(label, key, text, begin, stop)
-        replaced = _pair_value(label, key, text[begin:stop], own_hash, replace)
+            stop = value_end(label, key.name, text, begin, stop)
+        replaced = _pair_value(label, key.name, text[begin:stop], own_hash, replace)
         if replaced is not None:
             parts += (text[done:begin], replaced)
             done = stop
@@ -123,6 +113,63 @@ def key_values(
         return text
     parts.append(text[done:])
     return "".join(parts)
+
+
+class _Key(NamedTuple):
+    """The key before a separator: its name as written, its label (None: it names nothing), and
+    whether it is unquoted and ends right at the separator (``phone:``, as the scrubber writes
+    its own ``label:<hash>``)."""
+
+    name: str
+    label: str | None
+    adjacent: bool
+
+
+def _key_before(text: str, at: int, done: int, keys: KeyMatcher) -> _Key:
+    """The key before the separator at ``at`` (nothing before ``done`` is looked at): a word of
+    key characters, quoted or not (in nested JSON text too: ``\\"name\\":``), or written in words
+    (``date of birth:``)."""
+    end = at
+    while end > done and text[end - 1] in " \t":
+        end -= 1
+    quoted = end > done and text[end - 1] in "\"'"
+    start = end = end - quoted
+    slashes = 0
+    while quoted and slashes < 4 and end - slashes > done and text[end - slashes - 1] == "\\":
+        slashes += 1
+    if slashes in _NESTED:
+        start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
+    while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
+        start -= 1
+    if start == end:
+        return _Key("", None, False)
+    key, label = text[start:end], keys.label(text[start:end])
+    if label is None and text[start - 1 : start] == " ":
+        key, label = _in_words(text, start, end, done, keys)
+    elif label == "address" and not quoted and text[at] == ":":
+        key, label = _qualified(text, start, done, key, label, keys.label)
+    return _Key(key, label, not quoted and end == at)
+
+
+def _in_words(text: str, start: int, end: int, done: int, keys: KeyMatcher) -> tuple[str, str | None]:
+    """The key ending with the word ``text[start:end]``, written in words one space apart, and its
+    label (:meth:`KeyMatcher.label_of_words`): ``date of birth:``, ``Birth Date:``, ``zip code:``
+    were a word that named nothing (``birth``, ``date``, ``code``), and the value after them passed."""
+    word = text[start:end]
+    if word.lower() not in keys.phrase_ends:
+        return word, None
+    words, starts, at = [word], [start], start
+    while len(words) <= keys.phrase_words and at - 1 > done and text[at - 1] == " ":
+        before = _WORD_BEFORE.search(text, max(done, at - 34), at - 1)
+        if before is None:
+            break
+        words.insert(0, before[0])
+        starts.insert(0, at := before.start())
+    found = keys.label_of_words(words)
+    if found is None:
+        return word, None
+    width, label = found
+    return text[starts[-width] : end], label
 
 
 def _qualified(

@@ -163,3 +163,42 @@ def test_a_date_of_birth_written_year_first_is_taken_whole(line: str, kept: str)
     """A year was a whole date of birth: ``dob=1980 March 12`` kept ``March 12``."""
     out = scrub.text(line)
     assert "March" not in out and "Mar" not in out and "12" not in out and out.endswith(kept), out
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("date of birth: 12 March 1980", "date of birth: [birth_date]"),
+        ("Date of Birth: 12 March 1980, sent to Paris", "Date of Birth: [birth_date], sent to Paris"),
+        ("customer's birth date: 1980-03-12 status=ok", "customer's birth date: [birth_date] status=ok"),
+        ('{"date of birth": "12 March 1980", "n": 1}', '{"date of birth": "[birth_date]", "n": 1}'),
+        ("birthdate: 12 March 1980 ok", "birthdate: [birth_date] ok"),  # a sibling, a key already
+        ("zip code: SW1A 1AA retried", "zip code: [address] retried"),  # any name of several words
+        ("api key: k-987-zyx-plain sent", "api key: [secret] sent"),
+    ],
+)
+def test_a_key_of_several_words_written_in_words_is_a_key(line: str, expected: str) -> None:
+    """``date of birth:`` was the word ``birth`` before a colon, which names nothing: the date passed."""
+    assert scrub.text(line) == expected
+
+
+def test_a_date_of_birth_after_its_key_in_words_hashes_as_under_the_key() -> None:
+    hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
+    value = hashing({"date_of_birth": "12 March 1980"})["date_of_birth"]
+    assert hashing.text("Date of Birth: 12 March 1980 ok") == f"Date of Birth: {value} ok"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "email sent: 3 of 5",  # ``email`` names a value as a key's last word only
+        "status code: 404",
+        "due date: 2026-12-01",
+        "order number: 73905561427",
+        "message id: 0b9d3c1e-4f5a-11ee-8c90-0242ac120002",
+        "waiting for: 3 s",
+        "primary key: 42",
+    ],
+)
+def test_words_before_a_colon_that_name_no_key_stay(line: str) -> None:
+    assert scrub.text(line) == line
