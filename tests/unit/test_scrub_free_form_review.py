@@ -168,6 +168,21 @@ def test_a_date_of_birth_written_year_first_is_taken_whole(line: str, kept: str)
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
+        ("dob=1980 12 03", "dob=[birth_date]"),
+        ("dob=1980 12 03 retried 3 times", "dob=[birth_date] retried 3 times"),
+        ("date_of_birth: 03 12 1980, sent to Paris", "date_of_birth: [birth_date], sent to Paris"),
+        ("/orders?dob=1980+12+03&n=2", "/orders?dob=[birth_date]&n=2"),
+    ],
+)
+def test_a_date_of_birth_in_digits_with_spaces_is_taken_whole(line: str, expected: str) -> None:
+    """A year first was a whole date of birth (``dob=1980 12 03`` kept ``12 03``); the day first,
+    the date was no shape and the words after it went with it."""
+    assert scrub.text(line) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
         ("date of birth: 12 March 1980", "date of birth: [birth_date]"),
         ("Date of Birth: 12 March 1980, sent to Paris", "Date of Birth: [birth_date], sent to Paris"),
         ("customer's birth date: 1980-03-12 status=ok", "customer's birth date: [birth_date] status=ok"),
