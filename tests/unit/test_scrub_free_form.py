@@ -138,3 +138,19 @@ def test_brackets_and_quotes_open_before_a_value_are_found_alike_afresh_or_going
     copy = (line + ".")[:-1]  # another object: nothing remembered of it
     afresh = [freeform_end(copy, begin, begin + 1) for begin in reversed(starts)][::-1]
     assert in_order == afresh == [begin + len(value) for begin, value in zip(starts, values, strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("address=ana@example.com, 221B Baker Street", "address=[address]"),
+        ("address: ana@example.com; 5 rue de la Paix, 75002 Paris status=ok", "address: [address] status=ok"),
+        ("home_address=81.2.69.142, Flat 3, 12 Rue Lepic", "home_address=[address]"),
+        # Under a key naming a machine's address, its address stays one word.
+        ("remote_address=81.2.69.142:5672, retrying in 5 s", "remote_address=[address], retrying in 5 s"),
+    ],
+)
+def test_a_mailbox_followed_by_more_parts_under_an_address_key_is_taken_whole(text, expected):
+    """A mailbox's address as the first word of an address was all of it: the street after its
+    ``,`` stayed (``address=[address], 221B Baker Street``)."""
+    assert scrub.text(text) == expected
