@@ -1,11 +1,12 @@
 """Values after a key that names personal data or a secret, in free text.
 
-``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, and JSON text inside a JSON string
-(``\\"name\\": \\"Jos\\\\u00e9\\"``) or inside a JSON string inside another (``\\\\\\"name\\\\\\":``,
-three ``json.dumps`` deep). A key is a word, or a name of several words written in words (``date
-of birth:``). A quoted value ends at its quote; an unquoted one is a word, or runs on as far as
-the caller's ``value_end`` says (:mod:`scrub_extents`: an address or a date of birth, a person's
-name, a phone number in groups).
+``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, ``address={'line1': '221B Baker
+Street'}``, and JSON text inside a JSON string (``\\"name\\": \\"Jos\\\\u00e9\\"``) or inside a JSON
+string inside another (``\\\\\\"name\\\\\\":``, three ``json.dumps`` deep). A key is a word, or a
+name of several words written in words (``date of birth:``). A quoted value ends at its quote,
+a value in brackets at the bracket that closes it (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`);
+an unquoted one is a word, or runs on as far as the caller's ``value_end`` says
+(:mod:`scrub_extents`: an address or a date of birth, a person's name, a phone number in groups).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
+from jobsystem.privacy.scrub_freeform import bracketed_end
 from jobsystem.privacy.scrub_keys import SECRET_LABELS, KeyMatcher
 from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
 
@@ -27,6 +29,9 @@ _SEPARATOR = re.compile(r"[:=]")
 _QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
 #: A word of letters ending where the search ends: one of a key written in words (``date of``).
 _WORD_BEFORE = re.compile(r"(?<![\w\-])[A-Za-z]{1,32}\Z")
+#: A value that opens with a bracket (after spaces), and a port after an IPv6 address in brackets.
+_OPEN_BRACKET = re.compile(r"[ \t]*[(\[{<]")
+_PORT = re.compile(r":\d{1,5}(?!\d)")
 #: Address keys written as a word, that a word before them may qualify.
 _ADDRESS_KEYS = frozenset({"address", "addr"})
 
@@ -96,17 +101,17 @@ def key_values(
             continue
         key = _key_before(text, at, done, keys)
         label = key.label
-        value = _VALUE.match(text, at + 1) if label else None
-        if label is None or value is None:
+        if label is None:
             continue
-        own_hash = own_hashes and label not in SECRET_LABELS and key.adjacent
-        own_hash = own_hash and value.start("val") == at + 1 and text[at] == ":"
-        begin, stop = value.span("val")
-        first = text[begin:stop]
-        if first[0] not in "\"'\\" and not _replacement(first, own_hash):
-            stop = value_end(label, key.name, text, begin, stop)
-        replaced = _pair_value(label, key.name, text[begin:stop], own_hash, replace)
-        if replaced is not None:
+        found = _VALUE.match(text, at + 1)
+        value = None if found is None else found.span("val")
+        if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
+            span = _bracketed(text, at + 1, label, key.quote, replace)
+        else:
+            own_hash = own_hashes and text[at] == ":" and value[0] == at + 1
+            span = _word_or_quoted(text, value, label, key, own_hash, replace, value_end)
+        if span is not None:
+            begin, stop, replaced = span
             parts += (text[done:begin], replaced)
             done = stop
     if not parts:
@@ -115,13 +120,54 @@ def key_values(
     return "".join(parts)
 
 
+def _word_or_quoted(
+    text: str,
+    value: tuple[int, int],
+    label: str,
+    key: _Key,
+    own_hash: bool,
+    replace: Replace,
+    value_end: ValueEnd,
+) -> tuple[int, int, str] | None:
+    """Where the value whose first word or quoted text is ``text[slice(*value)]``, after ``key``,
+    begins and ends, and what replaces it; None if it stays. ``own_hash``: the scrubber hashes and
+    the value follows ``:`` at once (see :func:`key_values`)."""
+    own_hash = own_hash and label not in SECRET_LABELS and key.adjacent
+    begin, stop = value
+    first = text[begin:stop]
+    if first[0] not in "\"'\\" and not _replacement(first, own_hash):
+        stop = value_end(label, key.name, text, begin, stop)
+    replaced = _pair_value(label, key.name, text[begin:stop], own_hash, replace)
+    return None if replaced is None else (begin, stop, replaced)
+
+
+def _bracketed(text: str, pos: int, label: str, quote: str, replace: Replace) -> tuple[int, int, str] | None:
+    """A value in brackets at ``pos`` (after spaces): where it begins and ends (with a port after
+    it: ``[2001:db8::1]:443``), and what replaces it, quoted as its key is (``"address":
+    "[address]"`` keeps JSON text JSON); None if there is none, or it stays: empty (``[]``), a
+    replacement already (``[address]``), or not of its label's shape (``'send_email': ['welcome']``)."""
+    opening = _OPEN_BRACKET.match(text, pos)
+    if opening is None:
+        return None
+    begin = opening.end() - 1
+    stop = bracketed_end(text, begin)
+    if text[stop - 1 : stop] == "]" and (port := _PORT.match(text, stop)):
+        stop = port.end()
+    value = text[begin:stop]
+    shaped = SHAPED_LABELS.get(label)
+    if already_removed(value) or not value[1:].strip(" \t)]}>") or (shaped is not None and not shaped(value)):
+        return None
+    return begin, stop, f"{quote}{replace(label, value)}{quote}"
+
+
 class _Key(NamedTuple):
-    """The key before a separator: its name as written, its label (None: it names nothing), and
-    whether it is unquoted and ends right at the separator (``phone:``, as the scrubber writes
-    its own ``label:<hash>``)."""
+    """The key before a separator: its name as written, its label (None: it names nothing), its
+    quote (``"``, ``'``, ``\\"`` in nested JSON text; empty if unquoted), and whether it is unquoted
+    and ends right at the separator (``phone:``, as the scrubber writes its own ``label:<hash>``)."""
 
     name: str
     label: str | None
+    quote: str
     adjacent: bool
 
 
@@ -142,13 +188,13 @@ def _key_before(text: str, at: int, done: int, keys: KeyMatcher) -> _Key:
     while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
         start -= 1
     if start == end:
-        return _Key("", None, False)
+        return _Key("", None, "", False)
     key, label = text[start:end], keys.label(text[start:end])
     if label is None and text[start - 1 : start] == " ":
         key, label = _in_words(text, start, end, done, keys)
     elif label == "address" and not quoted and text[at] == ":":
         key, label = _qualified(text, start, done, key, label, keys.label)
-    return _Key(key, label, not quoted and end == at)
+    return _Key(key, label, text[end : end + slashes + 1] if quoted else "", not quoted and end == at)
 
 
 def _in_words(text: str, start: int, end: int, done: int, keys: KeyMatcher) -> tuple[str, str | None]:
