@@ -1,8 +1,9 @@
 """Values after a key that names personal data or a secret, in free text.
 
 ``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, ``address={'line1': '221B Baker
-Street'}``, and JSON text inside a JSON string (``\\"name\\": \\"Jos\\\\u00e9\\"``) or inside a JSON
-string inside another (``\\\\\\"name\\\\\\":``, three ``json.dumps`` deep). A key is a word, or a
+Street'}``, and JSON text inside a JSON string (``\\"name\\": \\"Jos\\\\u00e9\\"``) or nested
+deeper (``\\\\\\"name\\\\\\":`` three ``json.dumps`` deep), up to seven ``json.dumps`` deep or
+the repr of six (:data:`~jobsystem.privacy.scrub_text.QUOTE_SLASHES`). A key is a word, or a
 name of several words written in words (``date of birth:``). A quoted value ends at its quote,
 a value in brackets at the bracket that closes it (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`);
 an unquoted one is a word, or runs on as far as the caller's ``value_end`` says
@@ -14,11 +15,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import lru_cache
 from typing import NamedTuple
 
 from jobsystem.privacy.scrub_freeform import bracketed_end
 from jobsystem.privacy.scrub_keys import SECRET_LABELS, KeyMatcher
-from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
+from jobsystem.privacy.scrub_text import QUOTE_SLASHES, Replace, already_removed, unescaped
 
 __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
 
@@ -44,17 +46,38 @@ def _nested_quotes(slashes: int) -> str:
     return rf'\\{{{slashes}}}"(?:[^\\"]|\\+[^\\"]|(?:{others})")*\\{{{slashes}}}"'
 
 
-#: Backslashes before the quotes of JSON text nested in JSON strings, and how many times its
-#: value is JSON-decoded to read as the same text one level deep (``"Jos\\u00e9"``). Two: the
-#: repr of such text (``b'{"a": "{\\"name\\": ...'``, as Dramatiq's DecodeError logs a
-#: body), each backslash doubled as JSON doubles it.
-_NESTED = {1: 1, 2: 2, 3: 2}
-#: A value: quoted in JSON text nested in JSON strings first (``\\"Jos\\\\u00e9\\"``: each quote and
-#: escape escaped once more per level), then quoted, then a bare word.
-_VALUE = re.compile(
-    rf"\s*(?P<val>{_nested_quotes(3)}|{_nested_quotes(2)}|{_nested_quotes(1)}"
-    r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
-)
+@lru_cache(maxsize=QUOTE_SLASHES)
+def _nested_value(slashes: int) -> re.Pattern[str]:
+    """:func:`_nested_quotes` compiled, for 1 to :data:`QUOTE_SLASHES` backslashes: each level of
+    JSON strings doubles them and adds one (1, 3, 7...), the repr of such text doubles them (2, 6...)."""
+    return re.compile(_nested_quotes(slashes))
+
+
+#: Backslashes at a value's start: as many as a quote of nested JSON text may have, and one more.
+_BACKSLASHES = re.compile(rf"\s*(\\{{1,{QUOTE_SLASHES + 1}}})")
+#: A value: quoted, or a bare word (a value quoted in nested JSON text: :func:`_nested_value`).
+_VALUE = re.compile(r"\s*(?P<val>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)")
+
+
+def _value_at(text: str, pos: int) -> tuple[int, int] | None:
+    """Where the value after a separator at ``pos - 1`` begins and ends, spaces skipped: quoted in
+    nested JSON text first, then quoted, then a bare word; None if none starts there."""
+    run = _BACKSLASHES.match(text, pos)
+    if run is not None and len(run[1]) <= QUOTE_SLASHES and text[run.end() : run.end() + 1] == '"':
+        nested = _nested_value(len(run[1])).match(text, run.start(1))
+        if nested is not None:
+            return nested.span()
+    value = _VALUE.match(text, pos)
+    return None if value is None else value.span("val")
+
+
+def _decodes(slashes: int) -> int:
+    """How many times a value quoted after ``slashes`` backslashes is JSON-decoded to read as the
+    same text one level deep (``"Jos\\u00e9"``): once per level of JSON strings around it, which
+    is ``slashes.bit_length()`` (1: once, 3: twice, 7: three times); as often for its repr, whose
+    backslashes are doubled (2: twice, as Dramatiq's DecodeError logs a body, ``b'{"a": "{\\\\"name...'``)."""
+    return slashes.bit_length()
+
 
 #: Labels whose values have a shape of their own: in free text, an unquoted value after such a key
 #: is replaced only if it could be one (``actor 'send_email': rate_limit`` is no email address).
@@ -103,8 +126,7 @@ def key_values(
         label = key.label
         if label is None:
             continue
-        found = _VALUE.match(text, at + 1)
-        value = None if found is None else found.span("val")
+        value = _value_at(text, at + 1)
         if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
             span = _bracketed(text, at + 1, label, key.quote, replace)
         else:
@@ -181,9 +203,9 @@ def _key_before(text: str, at: int, done: int, keys: KeyMatcher) -> _Key:
     quoted = end > done and text[end - 1] in "\"'"
     start = end = end - quoted
     slashes = 0
-    while quoted and slashes < 4 and end - slashes > done and text[end - slashes - 1] == "\\":
+    while quoted and slashes <= QUOTE_SLASHES and end - slashes > done and text[end - slashes - 1] == "\\":
         slashes += 1
-    if slashes in _NESTED:
+    if 0 < slashes <= QUOTE_SLASHES:
         start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
     while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
         start -= 1
@@ -241,11 +263,11 @@ def _replacement(word: str, own_hash: bool) -> bool:
 
 def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:
     slashes = len(value) - len(value.lstrip("\\"))
-    if slashes in _NESTED and len(value) >= 2 * slashes + 2 and value[slashes] == '"':
+    if 0 < slashes <= QUOTE_SLASHES and len(value) >= 2 * slashes + 2 and value[slashes] == '"':
         quote, inner = value[: slashes + 1], value[slashes + 1 : -slashes - 1]  # nested JSON text
         if not inner.strip() or inner.startswith("[") or already_removed(inner):
             return None
-        for _ in range(_NESTED[slashes]):
+        for _ in range(_decodes(slashes)):
             inner = _json_unescaped(inner)
         return f"{quote}{replace(label, unescaped(inner))}{quote}"
     quote = value[0] if value[0] in "\"'" else ""
