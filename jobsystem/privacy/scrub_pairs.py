@@ -53,22 +53,25 @@ def _nested_value(slashes: int) -> re.Pattern[str]:
     return re.compile(_nested_quotes(slashes))
 
 
-#: Backslashes at a value's start: as many as a quote of nested JSON text may have, and one more.
-_BACKSLASHES = re.compile(rf"\s*(\\{{1,{QUOTE_SLASHES + 1}}})")
 #: A value: quoted, or a bare word (a value quoted in nested JSON text: :func:`_nested_value`).
 _VALUE = re.compile(r"\s*(?P<val>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)")
 
 
 def _value_at(text: str, pos: int) -> tuple[int, int] | None:
     """Where the value after a separator at ``pos - 1`` begins and ends, spaces skipped: quoted in
-    nested JSON text first, then quoted, then a bare word; None if none starts there."""
-    run = _BACKSLASHES.match(text, pos)
-    if run is not None and len(run[1]) <= QUOTE_SLASHES and text[run.end() : run.end() + 1] == '"':
-        nested = _nested_value(len(run[1])).match(text, run.start(1))
-        if nested is not None:
-            return nested.span()
+    nested JSON text, else quoted, else a bare word; None if none starts there."""
     value = _VALUE.match(text, pos)
-    return None if value is None else value.span("val")
+    if value is None:
+        return None
+    begin = value.start("val")
+    if text[begin] == "\\":  # a bare word so far: nested JSON text's quote, or a word
+        run = text[begin : begin + QUOTE_SLASHES + 1]
+        slashes = len(run) - len(run.lstrip("\\"))
+        if slashes <= QUOTE_SLASHES and text[begin + slashes : begin + slashes + 1] == '"':
+            nested = _nested_value(slashes).match(text, begin)
+            if nested is not None:
+                return nested.span()
+    return value.span("val")
 
 
 def _decodes(slashes: int) -> int:
@@ -123,9 +126,9 @@ def key_values(
         if at < done:
             continue
         key = _key_before(text, at, done, keys)
-        label = key.label
-        if label is None:
+        if key is None:
             continue
+        label = key.label
         value = _value_at(text, at + 1)
         if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
             span = _bracketed(text, at + 1, label, key.quote, replace)
@@ -183,20 +186,21 @@ def _bracketed(text: str, pos: int, label: str, quote: str, replace: Replace) ->
 
 
 class _Key(NamedTuple):
-    """The key before a separator: its name as written, its label (None: it names nothing), its
-    quote (``"``, ``'``, ``\\"`` in nested JSON text; empty if unquoted), and whether it is unquoted
-    and ends right at the separator (``phone:``, as the scrubber writes its own ``label:<hash>``)."""
+    """A key before a separator that names personal data or a secret: its name as written, its
+    label, its quote (``"``, ``'``, ``\\"`` in nested JSON text; empty if unquoted), and whether it
+    is unquoted and ends right at the separator (``phone:``, as the scrubber writes its own
+    ``label:<hash>``)."""
 
     name: str
-    label: str | None
+    label: str
     quote: str
     adjacent: bool
 
 
-def _key_before(text: str, at: int, done: int, keys: KeyMatcher) -> _Key:
-    """The key before the separator at ``at`` (nothing before ``done`` is looked at): a word of
-    key characters, quoted or not (in nested JSON text too: ``\\"name\\":``), or written in words
-    (``date of birth:``)."""
+def _key_before(text: str, at: int, done: int, keys: KeyMatcher) -> _Key | None:
+    """The key before the separator at ``at`` (nothing before ``done`` is looked at), None if it
+    names nothing (the common case, kept cheap): a word of key characters, quoted or not (in
+    nested JSON text too: ``\\"name\\":``), or written in words (``date of birth:``)."""
     end = at
     while end > done and text[end - 1] in " \t":
         end -= 1
@@ -210,12 +214,14 @@ def _key_before(text: str, at: int, done: int, keys: KeyMatcher) -> _Key:
     while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
         start -= 1
     if start == end:
-        return _Key("", None, "", False)
+        return None
     key, label = text[start:end], keys.label(text[start:end])
     if label is None and text[start - 1 : start] == " ":
         key, label = _in_words(text, start, end, done, keys)
     elif label == "address" and not quoted and text[at] == ":":
         key, label = _qualified(text, start, done, key, label, keys.label)
+    if label is None:
+        return None
     return _Key(key, label, text[end : end + slashes + 1] if quoted else "", not quoted and end == at)
 
 
