@@ -274,6 +274,8 @@ KEYED_SHAPED: list[tuple[str, str, str]] = [
     ("birthDate", "birth_date", "1er mars 1980"),
     ("dob", "birth_date", "1980 March 12"),  # the year first
     ("date_of_birth", "birth_date", "1980, 12 March"),
+    ("dob", "birth_date", "1980 12 03"),  # in digits, with spaces
+    ("birth_date", "birth_date", "03 12 1980"),
     ("postcode", "address", "SW1A 1AA"),
     ("postal_code", "address", "K1A 0B1"),
     ("zip_code", "address", "1012 AB"),

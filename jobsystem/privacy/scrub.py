@@ -181,7 +181,7 @@ class Scrubber:
         if len(text) >= 16:
             text = shapes.secrets(text)
         if "=" in text or ":" in text:
-            text = key_values(text, self.label_for_key, replace, self._value_end, self._hash_key is not None)
+            text = key_values(text, self.keys, replace, self._value_end, self._hash_key is not None)
         if "@" in text:
             text = shapes.emails(text, replace)
         if "%40" in text:

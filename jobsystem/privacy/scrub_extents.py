@@ -7,6 +7,8 @@ An unquoted value was one word: ``mobile: 70123 45678`` logged ``[phone] 45678``
   :data:`FREEFORM_LABELS`): to the end of its shape if it has one (``dob: 12 March 1980``,
   ``postcode: SW1A 1AA``: :mod:`scrub_value_shapes`), else to the end of the value, before the
   line's next ``key=value`` pair (``address=221B Baker Street status=ok``): :mod:`scrub_freeform`;
+  a mailbox's or a machine's address as its first word is a shape, unless a ``,`` or ``;`` after
+  it starts the next part of the value (``address=ana@example.com, 221B Baker Street``);
 - a person's name (``name=José Pérez``): see :mod:`scrub_names`;
 - a number of a personal kind (:data:`NUMBER_LABELS`: a phone, a card, an IBAN, a national or
   account number; and a name key's value that starts as a phone number does,
@@ -44,6 +46,8 @@ _IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + _GROUP_END)
 #: Groups looked at, at most (an IBAN has up to nine).
 _MAX_GROUPS = 10
 _SPACES = str.maketrans("\u00a0\u202f", "  ")
+#: What follows a part of a free-form value written in parts (``ana@example.com, 221B Baker St``).
+_LIST_SEPARATORS = frozenset(",;")
 
 
 def value_end(numbers: NumberFinder, label: str, key: str, text: str, begin: int, stop: int) -> int:
@@ -66,13 +70,19 @@ def value_end(numbers: NumberFinder, label: str, key: str, text: str, begin: int
 
 
 def _freeform_end(label: str, key: str, text: str, begin: int, stop: int) -> int:
-    """The end of a value of a free-form kind: its shape's if it has one, else the value's."""
+    """The end of a value of a free-form kind: its shape's if it has one, else the value's. A
+    machine's or a mailbox's address is one word, but under a key that names no machine's
+    address a ``,`` or ``;`` after it makes it the first part of a value in parts (a mailbox, then
+    a street): the rest is the value's too, as far as a free-form value runs."""
     if label == "birth_date":
         shaped = birth_date_end(text, begin)
     elif label == "address" and is_postcode_key(key):
         shaped = postcode_end(text, begin, stop)
     elif label == "address":
-        shaped = network_end(text, begin, stop, host_names=is_machine_address_key(key))
+        machine = is_machine_address_key(key)
+        shaped = network_end(text, begin, stop, host_names=machine)
+        if shaped is not None and not machine and text[stop : stop + 1] in _LIST_SEPARATORS:
+            shaped = None  # ``address=ana@example.com, 221B Baker Street``: a part, then the rest
     else:
         shaped = None
     return max(shaped, stop) if shaped is not None else freeform_end(text, begin, stop)

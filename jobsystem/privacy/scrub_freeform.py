@@ -29,7 +29,7 @@ import threading
 
 from jobsystem.privacy.scrub_keys import EXTRA_LABEL
 
-__all__ = ["FREEFORM_LABELS", "freeform_end"]
+__all__ = ["FREEFORM_LABELS", "bracketed_end", "freeform_end"]
 
 #: Labels whose values are free text: addresses (postcodes too), dates of birth, configured keys.
 FREEFORM_LABELS = frozenset({"address", "birth_date", EXTRA_LABEL})
@@ -62,6 +62,8 @@ _LOG_FIELD_ENDS = ("error", "exception", "warning", "failure")
 #: Brackets and quotes, to find those open where a value starts.
 _MARK = re.compile(rf"[(\[{{<)\]}}>]|{_QUOTE}")
 _OPENING = {")": "(", "]": "[", "}": "{", ">": "<"}
+_CLOSING = {opening: closing for closing, opening in _OPENING.items()}
+_LINE = re.compile(r"[\r\n]")
 #: What a quote follows when it opens a quoted text: the line's start, a space, a bracket, ``=:,``.
 _BEFORE_OPENING_QUOTE = frozenset(" \t([{<=:,")
 #: Separators left out at a value's end, before what ends it, and brackets opened just before it
@@ -102,6 +104,34 @@ def freeform_end(text: str, begin: int, stop: int) -> int:
     while end > stop and text[end - 1] in _TRAILING:
         end -= 1
     return max(end, stop)
+
+
+def bracketed_end(text: str, begin: int) -> int:
+    """Where a value that opens with a bracket at ``text[begin]`` ends (``{'line1': '221B Baker
+    Street', 'city': 'London'}``, ``['Ana', 'Lopez']``, ``(...)``, ``<Address: 5 Main St>``): after
+    the bracket of its kind that closes it, brackets of other kinds (``->`` in ``(a -> b)``) and
+    quoted texts inside it (``'x)'``) not counted. A quote opens and closes as in a free-form value,
+    with as many backslashes before it as the one that opened it (``\\"`` in nested JSON text).
+    With no bracket closing it, at the end of its line (remove when in doubt)."""
+    opening = text[begin]
+    closing = _CLOSING[opening]
+    depth = 0
+    quote = ""  # the quote, with its backslashes, of a quoted text open inside the value
+    for match in _MARK.finditer(text, begin):
+        mark = match[0]
+        if quote:
+            if mark == quote and _closes(text, match.end()):
+                quote = ""
+        elif mark == opening:
+            depth += 1
+        elif mark == closing:
+            depth -= 1
+            if not depth:
+                return match.end()
+        elif mark[-1] in "\"'" and _opens(text, match.start(), begin):
+            quote = mark
+    line = _LINE.search(text, begin)
+    return line.start() if line else len(text)
 
 
 def _ends_value(key: re.Match[str]) -> bool:

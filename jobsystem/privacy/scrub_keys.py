@@ -10,12 +10,15 @@ all become ``customer email``). Three kinds of name match:
   (``ip_whitelist``, ``pass_rate``, ``mail_server``);
 - :data:`DEFAULT_EXACT_KEYS`: names that match only as the whole key (``name`` alone is a
   person's name far more often than not, ``queue_name`` or ``template_name`` are not).
+
+A name of several words is a key written in words too, in free text (``date of birth:``, ``Birth
+Date:``, ``zip code:``): :meth:`KeyMatcher.label_of_words`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "DEFAULT_EXACT_KEYS",
@@ -205,6 +208,13 @@ class KeyMatcher:
         self._tail_widths = sorted({len(t) for t in self._tails}, reverse=True)
         self._exact = {"_".join(tokens(k)): label for k, label in exact_keys.items()}
         self._cache: dict[str, str | None] = {}
+        phrases = [t for t in specs if len(t) > 1]
+        #: The last words of the names of several words: only a word of these may end a key
+        #: written in words (a cheap test before looking at the words before it).
+        self.phrase_ends = frozenset(t[-1] for t in phrases)
+        #: Words before the last that a key written in words has, at most.
+        self.phrase_words = max((len(t) - 1 for t in phrases), default=0)
+        self._phrase_widths = sorted({len(t) for t in phrases}, reverse=True)
 
     def label(self, key: str) -> str | None:
         """The label of ``key`` if it names personal data or a secret, else None (memoised)."""
@@ -216,6 +226,24 @@ class KeyMatcher:
         if len(self._cache) < 8192:  # key names come from code: a bounded set in practice
             self._cache[key] = label
         return label
+
+    def label_of_words(self, words: Sequence[str]) -> tuple[int, str] | None:
+        """A key written in words (``date of birth:``, ``Birth Date:``, ``zip code:``): how many of
+        ``words`` (each a word of letters, the last nearest to the separator), counted from the
+        last, name a key of several words (``date_of_birth``, ``birth_date``, ``zip_code``,
+        ``api_key``) in any case, and its label; None if they end none. Only a name that the last
+        word ends counts: ``email sent:`` names nothing (``email`` names a value as a key's last
+        word, not as a word before it), and neither does a word alone (that is :meth:`label`'s)."""
+        if len(words) < 2 or words[-1].lower() not in self.phrase_ends:
+            return None
+        written = tokens(" ".join(words))
+        if len(written) != len(words):  # each word one token (``birthDate`` is two)
+            return None
+        for width in self._phrase_widths:
+            label = self._specs.get(written[-width:]) if width <= len(written) else None
+            if label is not None:
+                return width, label
+        return None
 
     def _label(self, key: str) -> str | None:
         words = tokens(key)

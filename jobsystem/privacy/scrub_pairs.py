@@ -1,10 +1,13 @@
 """Values after a key that names personal data or a secret, in free text.
 
-``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, and JSON text inside a JSON string
-(``\\"name\\": \\"Jos\\\\u00e9\\"``) or inside a JSON string inside another (``\\\\\\"name\\\\\\":``,
-three ``json.dumps`` deep). A quoted value ends at its quote; an unquoted one is a word, or runs
-on as far as the caller's ``value_end`` says (:mod:`scrub_extents`: an address or a date of
-birth, a person's name, a phone number in groups).
+``password=x``, ``'email': 'a@b.c'``, ``"name": "José"``, ``address={'line1': '221B Baker
+Street'}``, and JSON text inside a JSON string (``\\"name\\": \\"Jos\\\\u00e9\\"``) or nested
+deeper (``\\\\\\"name\\\\\\":`` three ``json.dumps`` deep), up to seven ``json.dumps`` deep or
+the repr of six (:data:`~jobsystem.privacy.scrub_text.QUOTE_SLASHES`). A key is a word, or a
+name of several words written in words (``date of birth:``). A quoted value ends at its quote,
+a value in brackets at the bracket that closes it (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`);
+an unquoted one is a word, or runs on as far as the caller's ``value_end`` says
+(:mod:`scrub_extents`: an address or a date of birth, a person's name, a phone number in groups).
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import lru_cache
+from typing import NamedTuple
 
-from jobsystem.privacy.scrub_keys import SECRET_LABELS
-from jobsystem.privacy.scrub_text import Replace, already_removed, unescaped
+from jobsystem.privacy.scrub_freeform import bracketed_end
+from jobsystem.privacy.scrub_keys import SECRET_LABELS, KeyMatcher
+from jobsystem.privacy.scrub_text import QUOTE_SLASHES, Replace, already_removed, unescaped
 
 __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
 
@@ -23,6 +29,11 @@ _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 _SEPARATOR = re.compile(r"[:=]")
 #: A lower-case word, one space before a key written as a word (``email address:``).
 _QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
+#: A word of letters ending where the search ends: one of a key written in words (``date of``).
+_WORD_BEFORE = re.compile(r"(?<![\w\-])[A-Za-z]{1,32}\Z")
+#: A value that opens with a bracket (after spaces), and a port after an IPv6 address in brackets.
+_OPEN_BRACKET = re.compile(r"[ \t]*[(\[{<]")
+_PORT = re.compile(r":\d{1,5}(?!\d)")
 #: Address keys written as a word, that a word before them may qualify.
 _ADDRESS_KEYS = frozenset({"address", "addr"})
 
@@ -35,17 +46,41 @@ def _nested_quotes(slashes: int) -> str:
     return rf'\\{{{slashes}}}"(?:[^\\"]|\\+[^\\"]|(?:{others})")*\\{{{slashes}}}"'
 
 
-#: Backslashes before the quotes of JSON text nested in JSON strings, and how many times its
-#: value is JSON-decoded to read as the same text one level deep (``"Jos\\u00e9"``). Two: the
-#: repr of such text (``b'{"a": "{\\"name\\": ...'``, as Dramatiq's DecodeError logs a
-#: body), each backslash doubled as JSON doubles it.
-_NESTED = {1: 1, 2: 2, 3: 2}
-#: A value: quoted in JSON text nested in JSON strings first (``\\"Jos\\\\u00e9\\"``: each quote and
-#: escape escaped once more per level), then quoted, then a bare word.
-_VALUE = re.compile(
-    rf"\s*(?P<val>{_nested_quotes(3)}|{_nested_quotes(2)}|{_nested_quotes(1)}"
-    r"|\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)"
-)
+@lru_cache(maxsize=QUOTE_SLASHES)
+def _nested_value(slashes: int) -> re.Pattern[str]:
+    """:func:`_nested_quotes` compiled, for 1 to :data:`QUOTE_SLASHES` backslashes: each level of
+    JSON strings doubles them and adds one (1, 3, 7...), the repr of such text doubles them (2, 6...)."""
+    return re.compile(_nested_quotes(slashes))
+
+
+#: A value: quoted, or a bare word (a value quoted in nested JSON text: :func:`_nested_value`).
+_VALUE = re.compile(r"\s*(?P<val>\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|[\"']?[^\s\"',;&(){}\[\]<>]+)")
+
+
+def _value_at(text: str, pos: int) -> tuple[int, int] | None:
+    """Where the value after a separator at ``pos - 1`` begins and ends, spaces skipped: quoted in
+    nested JSON text, else quoted, else a bare word; None if none starts there."""
+    value = _VALUE.match(text, pos)
+    if value is None:
+        return None
+    begin = value.start("val")
+    if text[begin] == "\\":  # a bare word so far: nested JSON text's quote, or a word
+        run = text[begin : begin + QUOTE_SLASHES + 1]
+        slashes = len(run) - len(run.lstrip("\\"))
+        if slashes <= QUOTE_SLASHES and text[begin + slashes : begin + slashes + 1] == '"':
+            nested = _nested_value(slashes).match(text, begin)
+            if nested is not None:
+                return nested.span()
+    return value.span("val")
+
+
+def _decodes(slashes: int) -> int:
+    """How many times a value quoted after ``slashes`` backslashes is JSON-decoded to read as the
+    same text one level deep (``"Jos\\u00e9"``): once per level of JSON strings around it, which
+    is ``slashes.bit_length()`` (1: once, 3: twice, 7: three times); as often for its repr, whose
+    backslashes are doubled (2: twice, as Dramatiq's DecodeError logs a body, ``b'{"a": "{\\\\"name...'``)."""
+    return slashes.bit_length()
+
 
 #: Labels whose values have a shape of their own: in free text, an unquoted value after such a key
 #: is replaced only if it could be one (``actor 'send_email': rate_limit`` is no email address).
@@ -75,7 +110,7 @@ ValueEnd = Callable[[str, str, str, int, int], int]
 
 def key_values(
     text: str,
-    label_for_key: Callable[[str], str | None],
+    keys: KeyMatcher,
     replace: Replace,
     value_end: ValueEnd,
     own_hashes: bool = False,
@@ -90,39 +125,125 @@ def key_values(
         at = separator.start()
         if at < done:
             continue
-        end = at
-        while end > done and text[end - 1] in " \t":
-            end -= 1
-        quoted = end > done and text[end - 1] in "\"'"
-        start = end = end - quoted
-        slashes = 0
-        while quoted and slashes < 4 and end - slashes > done and text[end - slashes - 1] == "\\":
-            slashes += 1
-        if slashes in _NESTED:
-            start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
-        while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
-            start -= 1
-        key = text[start:end]
-        label = label_for_key(key) if start < end else None
-        if label == "address" and not quoted and text[at] == ":":
-            key, label = _qualified(text, start, done, key, label, label_for_key)
-        value = _VALUE.match(text, at + 1) if label else None
-        if label is None or value is None:
+        key = _key_before(text, at, done, keys)
+        if key is None:
             continue
-        own_hash = own_hashes and label not in SECRET_LABELS and not quoted and end == at
-        own_hash = own_hash and value.start("val") == at + 1 and text[at] == ":"
-        begin, stop = value.span("val")
-        first = text[begin:stop]
-        if first[0] not in "\"'\\" and not _replacement(first, own_hash):
-            stop = value_end(label, key, text, begin, stop)
-        replaced = _pair_value(label, key, text[begin:stop], own_hash, replace)
-        if replaced is not None:
+        label = key.label
+        value = _value_at(text, at + 1)
+        if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
+            span = _bracketed(text, at + 1, label, key.quote, replace)
+        else:
+            own_hash = own_hashes and text[at] == ":" and value[0] == at + 1
+            span = _word_or_quoted(text, value, label, key, own_hash, replace, value_end)
+        if span is not None:
+            begin, stop, replaced = span
             parts += (text[done:begin], replaced)
             done = stop
     if not parts:
         return text
     parts.append(text[done:])
     return "".join(parts)
+
+
+def _word_or_quoted(
+    text: str,
+    value: tuple[int, int],
+    label: str,
+    key: _Key,
+    own_hash: bool,
+    replace: Replace,
+    value_end: ValueEnd,
+) -> tuple[int, int, str] | None:
+    """Where the value whose first word or quoted text is ``text[slice(*value)]``, after ``key``,
+    begins and ends, and what replaces it; None if it stays. ``own_hash``: the scrubber hashes and
+    the value follows ``:`` at once (see :func:`key_values`)."""
+    own_hash = own_hash and label not in SECRET_LABELS and key.adjacent
+    begin, stop = value
+    first = text[begin:stop]
+    if first[0] not in "\"'\\" and not _replacement(first, own_hash):
+        stop = value_end(label, key.name, text, begin, stop)
+    replaced = _pair_value(label, key.name, text[begin:stop], own_hash, replace)
+    return None if replaced is None else (begin, stop, replaced)
+
+
+def _bracketed(text: str, pos: int, label: str, quote: str, replace: Replace) -> tuple[int, int, str] | None:
+    """A value in brackets at ``pos`` (after spaces): where it begins and ends (with a port after
+    it: ``[2001:db8::1]:443``), and what replaces it, quoted as its key is (``"address":
+    "[address]"`` keeps JSON text JSON); None if there is none, or it stays: empty (``[]``), a
+    replacement already (``[address]``), or not of its label's shape (``'send_email': ['welcome']``)."""
+    opening = _OPEN_BRACKET.match(text, pos)
+    if opening is None:
+        return None
+    begin = opening.end() - 1
+    stop = bracketed_end(text, begin)
+    if text[stop - 1 : stop] == "]" and (port := _PORT.match(text, stop)):
+        stop = port.end()
+    value = text[begin:stop]
+    shaped = SHAPED_LABELS.get(label)
+    if already_removed(value) or not value[1:].strip(" \t)]}>") or (shaped is not None and not shaped(value)):
+        return None
+    return begin, stop, f"{quote}{replace(label, value)}{quote}"
+
+
+class _Key(NamedTuple):
+    """A key before a separator that names personal data or a secret: its name as written, its
+    label, its quote (``"``, ``'``, ``\\"`` in nested JSON text; empty if unquoted), and whether it
+    is unquoted and ends right at the separator (``phone:``, as the scrubber writes its own
+    ``label:<hash>``)."""
+
+    name: str
+    label: str
+    quote: str
+    adjacent: bool
+
+
+def _key_before(text: str, at: int, done: int, keys: KeyMatcher) -> _Key | None:
+    """The key before the separator at ``at`` (nothing before ``done`` is looked at), None if it
+    names nothing (the common case, kept cheap): a word of key characters, quoted or not (in
+    nested JSON text too: ``\\"name\\":``), or written in words (``date of birth:``)."""
+    end = at
+    while end > done and text[end - 1] in " \t":
+        end -= 1
+    quoted = end > done and text[end - 1] in "\"'"
+    start = end = end - quoted
+    slashes = 0
+    while quoted and slashes <= QUOTE_SLASHES and end - slashes > done and text[end - slashes - 1] == "\\":
+        slashes += 1
+    if 0 < slashes <= QUOTE_SLASHES:
+        start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
+    while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
+        start -= 1
+    if start == end:
+        return None
+    key, label = text[start:end], keys.label(text[start:end])
+    if label is None and text[start - 1 : start] == " ":
+        key, label = _in_words(text, start, end, done, keys)
+    elif label == "address" and not quoted and text[at] == ":":
+        key, label = _qualified(text, start, done, key, label, keys.label)
+    if label is None:
+        return None
+    return _Key(key, label, text[end : end + slashes + 1] if quoted else "", not quoted and end == at)
+
+
+def _in_words(text: str, start: int, end: int, done: int, keys: KeyMatcher) -> tuple[str, str | None]:
+    """The key ending with the word ``text[start:end]``, written in words one space apart, and its
+    label (:meth:`KeyMatcher.label_of_words`): ``date of birth:``, ``Birth Date:``, ``zip code:``
+    were a word that named nothing (``birth``, ``date``, ``code``), and the value after them passed."""
+    word = text[start:end]
+    if word.lower() not in keys.phrase_ends:
+        return word, None
+    words, starts, at = [word], [start], start
+    while len(words) <= keys.phrase_words and at - 1 > done and text[at - 1] == " ":
+        before = _WORD_BEFORE.search(text, max(done, at - 34), at - 1)
+        if before is None:
+            break
+        words.insert(0, before[0])
+        starts.insert(0, at := before.start())
+    found = keys.label_of_words(words)
+    if found is None:
+        return word, None
+    width, label = found
+    return text[starts[-width] : end], label
 
 
 def _qualified(
@@ -148,11 +269,11 @@ def _replacement(word: str, own_hash: bool) -> bool:
 
 def _pair_value(label: str, key: str, value: str, own_hash: bool, replace: Replace) -> str | None:
     slashes = len(value) - len(value.lstrip("\\"))
-    if slashes in _NESTED and len(value) >= 2 * slashes + 2 and value[slashes] == '"':
+    if 0 < slashes <= QUOTE_SLASHES and len(value) >= 2 * slashes + 2 and value[slashes] == '"':
         quote, inner = value[: slashes + 1], value[slashes + 1 : -slashes - 1]  # nested JSON text
         if not inner.strip() or inner.startswith("[") or already_removed(inner):
             return None
-        for _ in range(_NESTED[slashes]):
+        for _ in range(_decodes(slashes)):
             inner = _json_unescaped(inner)
         return f"{quote}{replace(label, unescaped(inner))}{quote}"
     quote = value[0] if value[0] in "\"'" else ""

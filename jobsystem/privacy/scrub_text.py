@@ -26,7 +26,10 @@ from itertools import pairwise
 from urllib.parse import unquote
 
 __all__ = [
+    "ESCAPE_SLASHES",
+    "JSON_DEPTH",
     "KEY_REPLACEMENT",
+    "QUOTE_SLASHES",
     "REPLACEMENT",
     "Replace",
     "already_removed",
@@ -70,9 +73,20 @@ _PREFIXED_KEY = re.compile(
 )
 _GENERIC_SECRET = re.compile(r"[A-Za-z0-9_\-](?<![\w\-][A-Za-z0-9_\-])[A-Za-z0-9_\-]{31,}(?![\w\-])")
 _EMAIL_LOCAL_PUNCT = frozenset("._%+-!#$&*^~")
+#: JSON text is read nested in JSON strings up to seven ``json.dumps`` deep (a message body kept as
+#: a string in a log line, in an exported event, is three deep; more is no payload's), or in the
+#: repr of text six deep. Each level doubles the backslashes before a quote, and adds one
+#: (``"``, ``\\"``, ``\\\\\\"``): a quote of text seven deep has 63 of them, of the repr of text six
+#: deep 62; each doubles those before an escape (``\\u00e4``, ``\\\\u00e4``): 64 at most. Past
+#: that, one character of the text takes a line's hundred.
+JSON_DEPTH = 7
+#: Backslashes before a quote of JSON text nested in JSON strings, at most.
+QUOTE_SLASHES: int = 2 ** (JSON_DEPTH - 1) - 1
+#: Backslashes before an escape of a character in JSON text nested in JSON strings, at most.
+ESCAPE_SLASHES: int = 2 ** (JSON_DEPTH - 1)
 #: A non-ASCII character as JSON (``\\u00e4``) or the repr of ``bytes`` (``\\xc3\\xa4``) writes it;
 #: in JSON text nested in JSON strings its backslash is escaped too (``\\\\u00e4``, ``\\\\\\\\u00e4``).
-_ESCAPE = r"\\{1,8}(?:u[0-9a-fA-F]{4}|x[0-9a-fA-F]{2})"
+_ESCAPE = rf"\\{{1,{ESCAPE_SLASHES}}}(?:u[0-9a-fA-F]{{4}}|x[0-9a-fA-F]{{2}})"
 _ESCAPED = re.compile(_ESCAPE)
 _DOMAIN_ALNUM = rf"(?:[^\W_]|{_ESCAPE})"
 _EMAIL_DOMAIN = re.compile(
@@ -166,18 +180,26 @@ def _in_local(escape: str) -> bool:
 
 
 def _local_start(text: str, at: int, floor: int) -> int:
-    """Where the local part of an address whose ``@`` is at ``at`` begins (``at`` if none)."""
-    start = at
-    while start > floor and at - start < 128:
+    """Where the local part of an address whose ``@`` is at ``at`` begins (``at`` if none). Up to
+    128 of its characters are looked at, an escape's backslashes not counted (``\\\\u00ed`` in
+    nested JSON text is one letter, at any depth read: :data:`ESCAPE_SLASHES`)."""
+    start, walked = at, 0
+    while start > floor and walked < 128:
         char = text[start - 1]
         if char.isalnum() or char in _EMAIL_LOCAL_PUNCT:
             start -= 1
-        elif char == "\\" and (escape := _ESCAPED.match(text, start - 1)):
+            walked += 1
+        elif char == "\\":
+            run = start - 1  # the first backslash of the escape, one per level of JSON strings
+            while run > floor and text[run - 1] == "\\" and start - run < ESCAPE_SLASHES:
+                run -= 1
+            escape = _ESCAPED.match(text, run)
+            if escape is None:
+                break
             if not _in_local(escape.group()):
                 start = escape.end()  # its hex digits, taken for letters, are not the address's
                 break
-            start -= 1  # ``\\u00ed``, ``\\xc3``: a non-ASCII letter as JSON or repr() escapes it
-            # (``\\\\u00ed`` in nested JSON text: its backslashes are walked back over one by one)
+            start = run  # ``\\u00ed``, ``\\xc3``: a non-ASCII letter as JSON or repr() escapes it
         else:
             break
     while start < at and text[start] in "._%+-":

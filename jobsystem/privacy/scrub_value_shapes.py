@@ -5,11 +5,12 @@ An address or a date of birth after its key runs on to the end of its value
 (:mod:`scrub_freeform`), but some of them have a shape that says where they end, and the
 ordinary words after it stay:
 
-- a date of birth: a date in digits (``1980-03-12``, ``12/03/1980``), a year, or a day, a month
-  named in English, French, German, Spanish, Italian, Portuguese or Dutch and a year, in either
-  order (``12 March 1980``, ``March 12, 1980``, ``12. März 1980``, ``12 de marzo de 1980``,
-  ``1er mars``, ``March 1980``), the year first too (``1980 March 12``, ``1980, 12 March``,
-  ``1980 March``): a year alone ends the value only when no month follows it;
+- a date of birth: a date in digits (``1980-03-12``, ``12/03/1980``, with spaces too: ``1980 12
+  03``, ``03 12 1980``), a year, or a day, a month named in English, French, German, Spanish,
+  Italian, Portuguese or Dutch and a year, in either order (``12 March 1980``, ``March 12,
+  1980``, ``12. März 1980``, ``12 de marzo de 1980``, ``1er mars``, ``March 1980``), the year
+  first too (``1980 March 12``, ``1980, 12 March``, ``1980 March``): a year alone ends the value
+  only when no month follows it;
 - a postcode (a key naming one, :func:`~jobsystem.privacy.scrub_keys.is_postcode_key`): the
   shapes written in two parts (``SW1A 1AA``, ``K1A 0B1``, ``1012 AB``, ``D02 X285``,
   ``114 55``, ``110 001``), or any first word with a digit (``75002``, ``94105-1234``);
@@ -52,9 +53,13 @@ _SEP = r"(?:,?(?:[ \t]+|\+)|[\-/.])"
 #: Where a shape may end: not inside a word, a number, a decimal or a time (``1980.5``, ``10:20``).
 _END = r"(?![\w\-/:]|[.,]\d)"
 
+#: A date in digits with spaces (or a URL's ``+``) between its parts, the year first or last
+#: (``1980 12 03``, ``03 12 1980``): a day and a month of one or two digits, a year of four.
+_SPACED_DIGITS = rf"{_YEAR4}{_SEP}[0-3]?\d{_SEP}[0-3]?\d(?!\d)|[0-3]?\d{_SEP}[0-3]?\d{_SEP}{_YEAR4}"
+
 #: A date of birth at the start of a value (see the module).
 _BIRTH_DATE = re.compile(
-    rf"(?:\d{{1,4}}[\-/.]\d{{1,2}}[\-/.]\d{{1,4}}(?:T[\d:.]+(?:Z|[+\-]\d\d:?\d\d)?)?|\d{{8}}"
+    rf"(?:\d{{1,4}}[\-/.]\d{{1,2}}[\-/.]\d{{1,4}}(?:T[\d:.]+(?:Z|[+\-]\d\d:?\d\d)?)?|\d{{8}}|{_SPACED_DIGITS}"
     rf"|{_DAY}{_SEP}(?:(?:of|de|del)[ \t]+)?{_MONTH}(?:{_SEP}(?:(?:de|del)[ \t]+)?(?:{_YEAR}))?"
     rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})"
     rf"|{_YEAR4}{_SEP}(?:{_MONTH}(?:{_SEP}{_LAST_DAY})?|{_DAY}{_SEP}{_MONTH})|{_YEAR4})" + _END,

@@ -109,6 +109,7 @@ def test_where_a_free_form_value_ends_when_in_doubt(text, expected):
         "mac_address=00:1a:2b:3c:4d:5e seen",
         "reply_address=ana@example.com bounced",
         "server_address=amqp://rabbit:5672/%2F connected",
+        "remote_address=[2001:db8::1]:5672 closed by peer",  # IPv6 in brackets, with a port
     ],
 )
 def test_a_machines_address_under_an_address_key_is_one_word_and_the_words_after_it_stay(text):
@@ -138,3 +139,86 @@ def test_brackets_and_quotes_open_before_a_value_are_found_alike_afresh_or_going
     copy = (line + ".")[:-1]  # another object: nothing remembered of it
     afresh = [freeform_end(copy, begin, begin + 1) for begin in reversed(starts)][::-1]
     assert in_order == afresh == [begin + len(value) for begin, value in zip(starts, values, strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("address={'line1': '221B Baker Street', 'city': 'London'}", "address=[address]"),
+        ("address=['221B Baker Street', 'London'] status=ok", "address=[address] status=ok"),
+        ("address=('221B Baker Street', 'London'), n=2", "address=[address], n=2"),
+        ("Order(address=<Address: 221B Baker Street>, n=2)", "Order(address=[address], n=2)"),
+        ("full_name=('Ana', 'Lopez') paid", "full_name=[name] paid"),
+        # Quoted as its key is: JSON text stays JSON, a repr stays a literal.
+        (
+            '{"address": {"line1": "221B Baker Street", "city": "London"}, "n": 1}',
+            '{"address": "[address]", "n": 1}',
+        ),
+        ("{'shipping_address': ['221B Baker Street', 'London']}", "{'shipping_address': '[address]'}"),
+        # Brackets of another kind, a bracket in quotes, an escaped quote: inside the value.
+        ("address=(Flat 3 -> rear, 5 rue d'Alsace) status=ok", "address=[address] status=ok"),
+        ("address={'line1': 'O\\'Brien St (rear)', 'city': 'Cork'} ok", "address=[address] ok"),
+        # No bracket closes it (a line cut short): the value runs to the line's end.
+        ("address={'line1': '221B Baker Street', [cut]\nretried", "address=[address]\nretried"),
+    ],
+)
+def test_a_value_in_brackets_after_a_personal_key_is_replaced_whole(text, expected):
+    """A value in brackets matched no value at all: ``address={'line1': '221B Baker Street'}``
+    passed whole, and the pairs inside it (``'line1':``) name nothing."""
+    out = scrub.text(text)
+    assert out == expected and leaks(out) == [] and scrub.text(out) == out
+    hashed = hashing.text(text)
+    assert "Baker" not in hashed and "Lopez" not in hashed and hashing.text(hashed) == hashed
+
+
+def test_a_value_in_brackets_in_json_text_inside_a_json_string_stays_json():
+    import json
+
+    record = {"address": {"line1": "221B Baker Street", "city": "London"}, "n": 1}
+    out = scrub.text(json.dumps(json.dumps(record)))
+    assert json.loads(json.loads(out)) == scrub(record) == {"address": "[address]", "n": 1}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "address=[] status=ok",  # empty: nothing to remove
+        "address={} n=2",
+        "address=[address] status=ok",  # already removed
+        "password=[Filtered]",
+        "actor 'send_email': ['welcome', 'reset'] queued",  # no email address's shape
+        "phone: (none) given",
+    ],
+)
+def test_a_value_in_brackets_that_is_empty_removed_or_of_no_shape_stays(text):
+    assert scrub.text(text) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ip_address=[2001:db8::1]:443", "ip_address=[ip]"),
+        ("client_ip=[2a00:1450:4001:82b::200e]:443 closed", "client_ip=[ip] closed"),
+        ("remote_addr: [2001:db8::1] refused", "remote_addr: [ip] refused"),
+    ],
+)
+def test_an_ipv6_address_in_brackets_with_a_port_after_an_ip_key_is_replaced(text, expected):
+    """A documentation or private address is no person's by its shape, but under a key naming a
+    client's address it is removed as any value is; in brackets it matched no value."""
+    assert scrub.text(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("address=ana@example.com, 221B Baker Street", "address=[address]"),
+        ("address: ana@example.com; 5 rue de la Paix, 75002 Paris status=ok", "address: [address] status=ok"),
+        ("home_address=81.2.69.142, Flat 3, 12 Rue Lepic", "home_address=[address]"),
+        # Under a key naming a machine's address, its address stays one word.
+        ("remote_address=81.2.69.142:5672, retrying in 5 s", "remote_address=[address], retrying in 5 s"),
+    ],
+)
+def test_a_mailbox_followed_by_more_parts_under_an_address_key_is_taken_whole(text, expected):
+    """A mailbox's address as the first word of an address was all of it: the street after its
+    ``,`` stayed (``address=[address], 221B Baker Street``)."""
+    assert scrub.text(text) == expected

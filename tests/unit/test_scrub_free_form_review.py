@@ -163,3 +163,118 @@ def test_a_date_of_birth_written_year_first_is_taken_whole(line: str, kept: str)
     """A year was a whole date of birth: ``dob=1980 March 12`` kept ``March 12``."""
     out = scrub.text(line)
     assert "March" not in out and "Mar" not in out and "12" not in out and out.endswith(kept), out
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("dob=1980 12 03", "dob=[birth_date]"),
+        ("dob=1980 12 03 retried 3 times", "dob=[birth_date] retried 3 times"),
+        ("date_of_birth: 03 12 1980, sent to Paris", "date_of_birth: [birth_date], sent to Paris"),
+        ("/orders?dob=1980+12+03&n=2", "/orders?dob=[birth_date]&n=2"),
+    ],
+)
+def test_a_date_of_birth_in_digits_with_spaces_is_taken_whole(line: str, expected: str) -> None:
+    """A year first was a whole date of birth (``dob=1980 12 03`` kept ``12 03``); the day first,
+    the date was no shape and the words after it went with it."""
+    assert scrub.text(line) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("date of birth: 12 March 1980", "date of birth: [birth_date]"),
+        ("Date of Birth: 12 March 1980, sent to Paris", "Date of Birth: [birth_date], sent to Paris"),
+        ("customer's birth date: 1980-03-12 status=ok", "customer's birth date: [birth_date] status=ok"),
+        ('{"date of birth": "12 March 1980", "n": 1}', '{"date of birth": "[birth_date]", "n": 1}'),
+        ("birthdate: 12 March 1980 ok", "birthdate: [birth_date] ok"),  # a sibling, a key already
+        ("zip code: SW1A 1AA retried", "zip code: [address] retried"),  # any name of several words
+        ("api key: k-987-zyx-plain sent", "api key: [secret] sent"),
+    ],
+)
+def test_a_key_of_several_words_written_in_words_is_a_key(line: str, expected: str) -> None:
+    """``date of birth:`` was the word ``birth`` before a colon, which names nothing: the date passed."""
+    assert scrub.text(line) == expected
+
+
+def test_a_date_of_birth_after_its_key_in_words_hashes_as_under_the_key() -> None:
+    hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
+    value = hashing({"date_of_birth": "12 March 1980"})["date_of_birth"]
+    assert hashing.text("Date of Birth: 12 March 1980 ok") == f"Date of Birth: {value} ok"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "email sent: 3 of 5",  # ``email`` names a value as a key's last word only
+        "status code: 404",
+        "due date: 2026-12-01",
+        "order number: 73905561427",
+        "message id: 0b9d3c1e-4f5a-11ee-8c90-0242ac120002",
+        "waiting for: 3 s",
+        "primary key: 42",
+    ],
+)
+def test_words_before_a_colon_that_name_no_key_stay(line: str) -> None:
+    assert scrub.text(line) == line
+
+
+#: Lines of some 64 KiB made to stall the patterns added for the leaks above, each built in the
+#: child from an expression (``B``: a backslash, ``Q``: a double quote, ``A``: an apostrophe):
+#: unclosed brackets and quotes after a key, runs of backslashes, spaces and ``+``, words before
+#: colons, nested JSON quotes of every depth read and deeper, escapes at the deepest read.
+_ADVERSARIAL_LINES = [
+    "'address=' + '{' * 65_000",
+    "'address=(' + (A + 'x, ') * 16_000",
+    "'address=[' + B * 65_000",
+    "'name=(' + A * 65_000",
+    "'address=(x) ' * 5_000",
+    "'address=' + '(' * 32_000 + ')' * 32_000",
+    "'ip_address=[' + '1:' * 32_000 + ']:443'",
+    "'date of birth: ' * 4_000",
+    "'a ' * 32_000 + 'birth: 12 March 1980'",
+    "'birth:' * 10_000",
+    "'dob=1980' + ' ' * 65_000 + 'x'",
+    "'dob=1980 12' + '+' * 65_000",
+    "'dob=12 03 ' * 6_000",
+    "B + Q + 'name' + B + Q + ': ' + B + Q + 'x' * 65_000",
+    "B + Q + 'name' + B + Q + ': ' + B + Q + (B * 3 + Q) * 16_000",
+    "''.join(B + Q + 'name' + B + Q + ': ' + B * k + Q + 'x ' for k in range(1, 70)) * 19",
+    "B * 63 + Q + 'name' + B * 63 + Q + ': ' + B * 63 + Q + 'x' * 65_000",
+    "B * 7 + Q + 'name' + B * 7 + Q + ': ' + B * 65_000",
+    "'ana' + B * 65_000 + 'u00e9@example.com'",
+    "(B * 64 + 'u00e9') * 900 + '@example.com'",
+    "'a@' + (B * 64 + 'u00e4') * 900 + '.com'",
+]
+
+_TIMED = """
+import sys, time
+from jobsystem.privacy.scrub import Scrubber
+scrub = Scrubber()
+B, Q, A = chr(92), chr(34), chr(39)
+for expression in sys.argv[1:]:
+    line = eval(expression)
+    started = time.perf_counter()
+    scrub.text(line)
+    print(f"{time.perf_counter() - started:.3f} {len(line)} {expression}")
+"""
+
+
+def test_lines_made_to_stall_the_new_patterns_are_scanned_in_linear_time() -> None:
+    """In a child process (the regex engine holds the GIL), as the backslash test above: each line
+    of some 64 KiB takes milliseconds; a pattern that backtracks over it, or a scan that starts
+    again at each of its characters, takes minutes."""
+    env = {**os.environ, "PYTHONPATH": str(_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _TIMED, *_ADVERSARIAL_LINES],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    times = [line.split(" ", 2) for line in done.stdout.splitlines()]
+    assert len(times) == len(_ADVERSARIAL_LINES)
+    slow = [(seconds, expression) for seconds, size, expression in times if float(seconds) > 5]
+    assert not slow and all(int(size) >= 60_000 for _, size, _ in times), done.stdout

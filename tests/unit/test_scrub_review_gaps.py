@@ -3,6 +3,7 @@ unquoted names of several words, Indian mobiles without their trunk 0, JSON text
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 
@@ -316,20 +317,42 @@ def test_json_text_inside_a_json_string_inside_a_json_string_loses_the_whole_val
     assert scrub.text(out) == out
 
 
-@pytest.mark.parametrize("times", [2, 3])
+@pytest.mark.parametrize("times", [4, 5, 7])
+@pytest.mark.parametrize("record", NESTED_RECORDS)
+def test_json_text_nested_deeper_loses_the_whole_value_up_to_seven_json_dumps(record, times):
+    """Three ``json.dumps`` deep were read, a fourth was not: its quotes come after seven
+    backslashes, and ``{"name": "José Pérez"}`` passed whole. Seven deep is read (a quote after
+    63 backslashes; :data:`~jobsystem.privacy.scrub_text.JSON_DEPTH`), and the repr of six."""
+    out = scrub.text(_dumped(record, times))
+    assert _loaded(out, times) == scrub(record), out
+    assert scrub.text(out) == out
+    body = repr(_dumped(record, times - 1).encode())  # its backslashes doubled: 2, 6, 14, 30, 62
+    assert _loaded(ast.literal_eval(scrub.text(body)).decode(), times - 1) == scrub(record)
+
+
+@pytest.mark.parametrize(
+    "value", ['{"a":{"b":{"c":{"email":"ana@example.com"}}}}', '{"a":{"b":{"c":{"name":"Ana"}}}}']
+)
+def test_json_objects_nested_in_each_other_are_read_at_any_depth(value):
+    """Objects inside objects (JSON text as it is, not inside strings) have no escapes: the key
+    before a value is read whatever the depth (``{"a":{"b":{"c":{"email":...}}}}``)."""
+    assert "ana" not in scrub.text(value).lower()
+
+
+@pytest.mark.parametrize("times", [2, 3, 4, 5, 7])
 def test_json_text_nested_in_json_strings_hashes_as_the_value_alone(times):
     hashed = hashing({"name": "José Pérez"})["name"]
     assert hashing.text(_dumped({"name": "José Pérez"}, times)) == _dumped({"name": hashed}, times)
 
 
-@pytest.mark.parametrize("times", [1, 2, 3, 4])
+@pytest.mark.parametrize("times", [1, 2, 3, 4, 5, 7, 8])
 def test_ordinary_json_text_nested_in_json_strings_stays(times):
     record = {"queue_name": "emails", "port": 5672, "at": "2026-11-02T19:13:00Z", "version": "3.11.7"}
     record |= {"zip": "90210", "order_id": "ord-20261102-0042", "note": 'a "quoted" \\ word'}
     assert scrub.text(_dumped(record, times)) == _dumped(record, times)
 
 
-@pytest.mark.parametrize("times", [2, 3, 4])
+@pytest.mark.parametrize("times", [2, 3, 4, 5, 7])
 @pytest.mark.parametrize("address", ["zoë@exämple.com", "maría.garcía@example.es", "jose\u0301@example.com"])
 def test_an_address_with_non_ascii_letters_in_nested_json_text_is_replaced_whole(times, address):
     """Nested in JSON strings, ``ë`` is written ``\\\\u00eb`` (its backslash escaped too): the
