@@ -44,10 +44,10 @@ from jobsystem.dramatiq_internals import wants_redelivery
 from jobsystem.runtime.actor_names import actor_label
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
-from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.deferred import Buffered, DeferredWrites
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.result_json import result_json
-from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.base import StateStore
 from jobsystem.store.status import StatusBackend, status_backend
 from jobsystem.store.status_records import JobStatus, StatusUpdate, order_of
 from middleware.dead_letters import REPLAYS
@@ -92,8 +92,9 @@ class Status(Middleware):
       error_max_chars: error messages are cut to this length.
       traceback_max_chars: tracebacks are cut to their last this many characters.
       args_max_chars: the arguments of an actor that opts in, as JSON, are cut to this length.
-      max_pending: updates held while the store does not answer; past this, new ones are dropped
-        (status is best effort: the jobs themselves never wait for it).
+      max_pending: messages with updates held while the store does not answer (besides those of
+        the batch being retried); past this, new ones are dropped (status is best effort: the jobs
+        themselves never wait for it).
       writes: the background writer the updates go through (shared with
         :class:`~middleware.idempotency.Idempotency`: one batch carries a job's completion and outcome).
       scheduled_after_ms: a message enqueued with a longer delay (a send, a retry's backoff, a
@@ -130,6 +131,7 @@ class Status(Middleware):
         self.writes = writes or DeferredWrites(store)
         self.attempts = AttemptTracker()
         self._pending: dict[str, list[StatusUpdate]] = {}
+        self._writer = Buffered(self._take_updates, self._apply_updates)
         self._lock = threading.Lock()
         self._dropping = False
         #: Set when this process boots a worker (see :meth:`_enqueue_known`).
@@ -166,22 +168,19 @@ class Status(Middleware):
             else:
                 queued.append(update)
                 return
-        self.writes.submit(self._write_many, update.message_id)
+        self.writes.submit(self._writer, update.message_id)
 
-    def _write_many(self, view: StateStore, message_ids: list[str]) -> None:
-        """Write the buffered updates of ``message_ids`` in one store operation (DeferredWrites calls it)."""
+    def _take_updates(self, message_ids: list[str]) -> list[StatusUpdate]:
+        """The buffered updates of ``message_ids``, taken out of the buffer once per batch
+        (DeferredWrites calls it): the batch keeps them until it commits, so a retry after any of
+        its groups failed (a rolled-back SQLite transaction undid this one's writes too) writes them
+        again; a later update of the same message is buffered anew, for a later batch."""
         with self._lock:
-            updates = [u for mid in dict.fromkeys(message_ids) for u in self._pending.pop(mid, [])]
-        try:
-            self.backend.apply(updates, self.ttl_ms)
-        except StoreUnavailable:
-            # Put them back in front of anything newer; DeferredWrites tries the batch again.
-            # (Any other error drops the batch, as DeferredWrites does: it would fail again.)
-            with self._lock:
-                for mid in dict.fromkeys(u.message_id for u in updates):
-                    older = [u for u in updates if u.message_id == mid]
-                    self._pending[mid] = older + self._pending.get(mid, [])
-            raise
+            return [u for mid in dict.fromkeys(message_ids) for u in self._pending.pop(mid, [])]
+
+    def _apply_updates(self, view: StateStore, updates: list[StatusUpdate]) -> None:
+        """Write ``updates`` in one store operation, inside the batch's (DeferredWrites calls it)."""
+        self.backend.apply(updates, self.ttl_ms)
 
     def _update(
         self,

@@ -4,6 +4,13 @@ A completion mark or a status update can reach the store a few milliseconds afte
 matters is that the worker thread does not wait for it. Writes submitted together go out in one
 batch (on Redis one Lua call per kind of write, on SQLite one transaction). A batch that fails is
 retried, in order, until the store answers again.
+
+A retry writes again exactly what the failure undid. On SQLite that is every group of the batch:
+one group's error (a busy lock, a full disk) rolls back the groups before it too. On Redis each
+group's script stood as it returned, so the groups before the failed one are not sent again (a
+counter would count twice). A kind of write whose submitted items only name entries of a buffer
+(:class:`Buffered`: status updates, coalesced per message) has those entries taken out once per
+batch, and the batch keeps them until it commits: taken again on the retry, they would be gone.
 """
 
 from __future__ import annotations
@@ -21,7 +28,21 @@ from jobsystem.store.base import StateStore, StoreUnavailable
 #: Applies many queued items of one kind to a batch view of the store, in one operation if it can.
 ApplyMany = Callable[[StateStore, list[Any]], None]
 
+__all__ = ["ApplyMany", "Buffered", "DeferredWrites"]
+
 logger = logging.getLogger(__name__)
+
+
+class Buffered:
+    """A kind of write whose items are keys of its owner's buffer: ``take(keys)`` moves their
+    writes out of the buffer (once per batch, on the writer's thread), ``apply(view, writes)``
+    writes them (again on each retry). Hashed by identity: submit the same instance each time."""
+
+    __slots__ = ("apply", "take")
+
+    def __init__(self, take: Callable[[list[Any]], list[Any]], apply: ApplyMany) -> None:
+        self.take = take
+        self.apply = apply
 
 
 class DeferredWrites:
@@ -34,15 +55,16 @@ class DeferredWrites:
         self.max_batch = max_batch
         self.linger = linger
         self.retry_delay = retry_delay
-        self._pending: deque[tuple[ApplyMany, Any]] = deque()
+        self._pending: deque[tuple[ApplyMany | Buffered, Any]] = deque()
         self._wakeup = threading.Condition()
         self._idle = threading.Event()
         self._idle.set()
         self._thread: threading.Thread | None = None
         self._stopping = False
 
-    def submit(self, apply_many: ApplyMany, item: Any) -> None:
-        """Queue ``item``, to be applied by ``apply_many(view, [item, ...])``; never blocks on the store."""
+    def submit(self, apply_many: ApplyMany | Buffered, item: Any) -> None:
+        """Queue ``item``, to be applied by ``apply_many(view, [item, ...])`` (for a
+        :class:`Buffered`, by its ``apply`` to what its ``take`` returns); never blocks on the store."""
         with self._wakeup:
             self._pending.append((apply_many, item))
             self._idle.clear()
@@ -64,7 +86,7 @@ class DeferredWrites:
             self._stopping = True
             self._wakeup.notify()
 
-    def _take(self) -> list[tuple[ApplyMany, Any]]:
+    def _take(self) -> list[tuple[ApplyMany | Buffered, Any]]:
         with self._wakeup:
             while not self._pending and not self._stopping:
                 self._idle.set()
@@ -81,18 +103,40 @@ class DeferredWrites:
             if not batch:
                 self._idle.set()
                 return
-            while True:
-                try:
-                    groups: dict[ApplyMany, list[Any]] = {}
-                    for apply_many, item in batch:
-                        groups.setdefault(apply_many, []).append(item)
-                    with self.store.batch() as view:
-                        for apply_many, items in groups.items():
-                            apply_many(view, items)
-                    break
-                except StoreUnavailable as exc:
-                    log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=len(batch))
-                    time.sleep(self.retry_delay)
-                except Exception:
-                    logger.exception("deferred_write_dropped", extra={"writes": len(batch)})
-                    break
+            self._write(batch)
+
+    def _write(self, batch: list[tuple[ApplyMany | Buffered, Any]]) -> None:
+        """Apply ``batch`` in one store batch, retried while the store is unavailable."""
+        try:
+            groups = _grouped(batch)
+        except Exception:
+            logger.exception("deferred_write_dropped", extra={"writes": len(batch)})
+            return
+        while groups:
+            applied = 0
+            try:
+                with self.store.batch() as view:
+                    for apply_many, items in groups:
+                        apply_many(view, items)
+                        applied += 1
+                return
+            except StoreUnavailable as exc:
+                log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=len(batch))
+                if not self.store.atomic_batch:
+                    groups = groups[applied:]  # those stood: written again, a counter would count twice
+                time.sleep(self.retry_delay)
+            except Exception:
+                logger.exception("deferred_write_dropped", extra={"writes": len(batch)})
+                return
+
+
+def _grouped(batch: list[tuple[ApplyMany | Buffered, Any]]) -> list[tuple[ApplyMany, list[Any]]]:
+    """The batch's items per kind of write, in the order each kind first came; a :class:`Buffered`
+    kind's writes taken out of its buffer now, so that a retry of the batch applies them again."""
+    groups: dict[ApplyMany | Buffered, list[Any]] = {}
+    for apply_many, item in batch:
+        groups.setdefault(apply_many, []).append(item)
+    return [
+        (kind.apply, kind.take(items)) if isinstance(kind, Buffered) else (kind, items)
+        for kind, items in groups.items()
+    ]

@@ -61,6 +61,9 @@ class StateStore(ABC):
     namespace: str = ""
     #: Seconds one call may take before it fails (Redis's socket timeout, SQLite's busy timeout).
     timeout: float = 2.0
+    #: Whether a :meth:`batch` that fails is undone whole (SQLite: one transaction rolled back) or
+    #: each write made before the failure stands (Redis): what a retry of the batch must write again.
+    atomic_batch: bool
 
     def key(self, name: str) -> str:
         """``name`` within this store's namespace."""

@@ -161,6 +161,7 @@ class RedisStore(StateStore):
     """The state store on Redis; ``namespace`` prefixes every key."""
 
     kind = "redis"
+    atomic_batch = False  # each script stands as it returns
 
     def __init__(
         self,

@@ -44,6 +44,7 @@ class SqliteStore(StateStore):
     """The state store in one SQLite file, shared by the worker processes of one host."""
 
     kind = "sqlite"
+    atomic_batch = True  # a batch is one transaction
 
     def __init__(self, path: str | Path, *, namespace: str = "jobs:", busy_timeout_ms: int = 10_000) -> None:
         self.path = Path(path)
@@ -70,16 +71,37 @@ class SqliteStore(StateStore):
         if conn is not None and self._retired and not conn.in_transaction:
             conn = self._unless_retired(conn)
         if conn is None:
-            try:
-                conn = self._open()
-            except (sqlite3.Error, OSError) as exc:
-                raise _as_store_error(exc) from exc
-            self._local.conn = conn
-            with self._lock:
-                self._connections[conn] = threading.current_thread()
-        if len(self._applied) < len(self._schemas):
+            conn = self._opened()
+        # Never inside an open transaction (a batch, while another thread registered a schema):
+        # the schemas' BEGIN fails there and its ROLLBACK undid the batch. The next call applies them.
+        if len(self._applied) < len(self._schemas) and not conn.in_transaction:
             self._apply_schemas(conn)
         return conn
+
+    def _opened(self) -> sqlite3.Connection:
+        """A new connection for this thread. Those of threads that ended are closed now: a thread
+        that ends without :meth:`release_thread` (a dashboard request thread retired when idle, a
+        timer's retry, a poller whose connection close() retired) left it open for good."""
+        try:
+            conn = self._open()
+        except (sqlite3.Error, OSError) as exc:
+            raise _as_store_error(exc) from exc
+        self._local.conn = conn
+        with self._lock:
+            ended = self._take_ended()
+            self._connections[conn] = threading.current_thread()
+        for old in ended:
+            old.close()  # its thread ended: no statement of its can be running
+        return conn
+
+    def _take_ended(self) -> list[sqlite3.Connection]:
+        """The connections of threads that ended, taken out of the registry; the caller holds the
+        lock and closes them."""
+        ended = [conn for conn, owner in self._connections.items() if not owner.is_alive()]
+        for conn in ended:
+            del self._connections[conn]
+            self._retired.discard(conn)
+        return ended
 
     def _unless_retired(self, conn: sqlite3.Connection) -> sqlite3.Connection | None:
         """``conn``, or None once closed here if close() retired it while this thread used it."""
@@ -131,28 +153,37 @@ class SqliteStore(StateStore):
                     for statement in _statements(ddl):
                         conn.execute(statement)
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except BaseException as exc:  # an interrupt too: see transaction()
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise sqlite_error(exc) from exc
+                if isinstance(exc, sqlite3.Error):
+                    raise sqlite_error(exc) from exc
+                raise
             self._applied.update(pending)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """A write transaction: ``BEGIN IMMEDIATE`` takes the write lock up front, so two
-        processes never both read-then-write the same row."""
+        processes never both read-then-write the same row.
+
+        BEGIN and COMMIT are inside the ``try``: an exception another thread raises in this one (a
+        time limit, a cancellation, a shutdown) is raised as a statement's call returns, so it can
+        come right after BEGIN. Outside the ``try``, it left the transaction open for good: the
+        write lock held from every other connection, and each later write of this thread joining
+        it as a batch, never committed."""
         conn = self.connection()
         if conn.in_transaction:  # inside a batch: join it
             yield conn
             return
         with self.errors():
-            conn.execute("BEGIN IMMEDIATE")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 yield conn
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # not if BEGIN failed, or SQLite rolled back itself
+                    conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
 
     def operations(self, backends: Backends[Operations]) -> Operations:
         return backends.sqlite(self)
@@ -236,8 +267,8 @@ class SqliteStore(StateStore):
         self.rows("SELECT 1")
 
     def release_thread(self) -> None:
-        """Close the calling thread's connection: kept until :meth:`close` otherwise, so every
-        thread that asked once and ended (a health lane that idled out) would hold one open."""
+        """Close the calling thread's connection as it is about to end (a health lane that idled
+        out); otherwise it stays open until another thread opens one, or :meth:`close`."""
         conn: sqlite3.Connection | None = self._local.__dict__.pop("conn", None)
         if conn is None:
             return
@@ -253,8 +284,10 @@ class SqliteStore(StateStore):
         under the running statement), and a process's pollers may be mid-statement as it closes."""
         current = threading.current_thread()
         with self._lock:
+            for conn in self._take_ended():
+                conn.close()
             for conn, owner in list(self._connections.items()):
-                if owner is current or not owner.is_alive():
+                if owner is current:
                     del self._connections[conn]
                     self._retired.discard(conn)
                     conn.close()
