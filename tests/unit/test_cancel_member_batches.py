@@ -5,19 +5,12 @@ coalescer hands arrivals of several worker threads to one ``_check_many`` call."
 
 from __future__ import annotations
 
-import pytest
-
 from jobsystem.store import StateStore
 from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.workflows import cancel, group
 from tests.unit.test_workflows import short_marks_broker, wait_until
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review1: _check_many keys the workflow check by message id (middleware/cancellation.py:84), "
-    "so one arrival of a batch is answered for the other's workflow",
-)
 def test_two_copies_of_one_message_in_one_batch_are_each_answered_for_their_own_workflow(
     store: StateStore,
 ) -> None:
@@ -35,8 +28,26 @@ def test_two_copies_of_one_message_in_one_batch_are_each_answered_for_their_own_
     # Asked one at a time, each arrival gets its own workflow's answer.
     assert cancellation._check_many([stopped_arrival]) == [True]
     assert cancellation._check_many([running_arrival]) == [False]
-    # Arriving together (one coalesced batch), they must get the same answers: today the copy in
-    # the cancelled workflow runs ([False, False]) or, in the other order, the running one is skipped.
+    # Arriving together (one coalesced batch), they get the same answers: keyed by message id, the
+    # copy in the cancelled workflow ran ([False, False]) or, in the other order, the running one
+    # was skipped.
     assert cancellation._check_many([stopped_arrival, running_arrival]) == [True, False]
     assert cancellation._check_many([running_arrival, stopped_arrival]) == [False, True]
+    cancellation.watch.stop()
+
+
+def test_a_batch_asks_the_store_once_and_a_batch_with_no_member_asks_the_marks_only(
+    store: StateStore,
+) -> None:
+    """Answering each pair costs no second round trip: a batch with a workflow's member makes one
+    call (the workflows' check, which reads the marks too), a batch with none the marks' call."""
+    _, cancellation, _, _, _ = short_marks_broker(store)
+    calls: list[str] = []
+    marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
+    cancellation.backend.cancelled_among = lambda ids: calls.append("marks") or marks(ids)  # type: ignore[method-assign]
+    cancellation.workflows.cancelled_among = lambda arrivals: calls.append("workflows") or members(arrivals)  # type: ignore[method-assign]
+    assert cancellation._check_many([("a", None), ("b", "w1"), ("b", "w2"), ("a", None)]) == [False] * 4
+    assert calls == ["workflows"]
+    assert cancellation._check_many([("a", None), ("c", None)]) == [False, False]
+    assert calls == ["workflows", "marks"]
     cancellation.watch.stop()
