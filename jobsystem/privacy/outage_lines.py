@@ -13,12 +13,17 @@ from a timeout or a full, read-only or busy Redis: the line adds ``cause``, the 
 error the store's error wraps (``ConnectionError``, ``TimeoutError``, ``ResponseError``), and for
 a Redis error reply ``code``, its first word (``OOM``, ``READONLY``, ``BUSY``). Neither names an
 address; the reply's text stays in the DEBUG twin.
+
+A line that is no failure follows the same rule (every INFO line is a breadcrumb too): a worker's
+``state_store_ready`` or a service's start names the store or broker by its setting and kind, and
+``<event>_addresses`` at DEBUG (:func:`log_addresses`) says where they are.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -26,10 +31,21 @@ import structlog
 
 from jobsystem.store.base import StoreUnavailable
 
-__all__ = ["CAUSE_SUFFIX", "WRAPPERS", "failure_fields", "log_outage"]
+__all__ = [
+    "ADDRESSES_SUFFIX",
+    "CAUSE_SUFFIX",
+    "WRAPPERS",
+    "failure_fields",
+    "log_addresses",
+    "log_failure",
+    "log_outage",
+]
 
 #: The DEBUG twin of a line ``event`` is ``event + CAUSE_SUFFIX``.
 CAUSE_SUFFIX = "_cause"
+
+#: The DEBUG line with the addresses a line ``event`` leaves out: ``event + ADDRESSES_SUFFIX``.
+ADDRESSES_SUFFIX = "_addresses"
 
 #: Errors that only carry another's failure: a line names the one they wrap as its ``cause``.
 WRAPPERS: tuple[type[BaseException], ...] = (StoreUnavailable,)
@@ -88,6 +104,24 @@ def failure_fields(exc: BaseException) -> dict[str, str]:
     return fields
 
 
+def log_failure(
+    logger: logging.Logger | structlog.stdlib.BoundLogger,
+    level: int,
+    event: str,
+    text: str,
+    *,
+    private: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> None:
+    """Log ``event`` at ``level`` with ``fields``, which name the failure without an address (its
+    ``error`` by class), then ``<event>_cause`` at DEBUG with the same fields, ``error`` = ``text``
+    and ``private`` (what names the dependency's address: kept out of Sentry).
+
+    ``logger`` is a standard-library logger (fields go in ``extra``) or a structlog one."""
+    _log(logger, level, event, fields)
+    _log(logger, logging.DEBUG, event + CAUSE_SUFFIX, {**fields, **(private or {}), "error": text})
+
+
 def log_outage(
     logger: logging.Logger | structlog.stdlib.BoundLogger,
     level: int,
@@ -97,14 +131,23 @@ def log_outage(
 ) -> None:
     """Log ``event`` at ``level`` with ``fields`` and :func:`failure_fields` (``error`` = the class
     name of ``exc``, its ``cause`` and ``code``), then ``<event>_cause`` at DEBUG with the same
-    fields and ``error`` = the text of ``exc``.
+    fields and ``error`` = the text of ``exc`` (see :func:`log_failure`)."""
+    log_failure(logger, level, event, str(exc), **{**fields, **failure_fields(exc)})
 
-    ``logger`` is a standard-library logger (fields go in ``extra``) or a structlog one."""
-    named = failure_fields(exc)
-    said, cause = {**fields, **named}, {**fields, **named, "error": str(exc)}
+
+def log_addresses(
+    logger: logging.Logger | structlog.stdlib.BoundLogger, event: str, **addresses: Any
+) -> None:
+    """``<event>_addresses`` at DEBUG: where a line ``event`` (a start, a store found ready) names
+    its dependencies by setting and kind, the addresses an operator may still want to read.
+    Sentry takes INFO and WARNING lines as breadcrumbs, never DEBUG ones."""
+    _log(logger, logging.DEBUG, event + ADDRESSES_SUFFIX, addresses)
+
+
+def _log(
+    logger: logging.Logger | structlog.stdlib.BoundLogger, level: int, event: str, fields: dict[str, Any]
+) -> None:
     if isinstance(logger, logging.Logger):
-        logger.log(level, event, extra=said)
-        logger.debug(event + CAUSE_SUFFIX, extra=cause)
+        logger.log(level, event, extra=fields)
     else:
-        logger.log(level, event, **said)
-        logger.debug(event + CAUSE_SUFFIX, **cause)
+        logger.log(level, event, **fields)
