@@ -3,8 +3,8 @@
 uvicorn's own logging set-up is not used (``log_config=None``): its records go through the
 project's structlog processors and scrubber like every other line. Its access log is off: a
 query string may hold a search for an idempotency key (an email address, say); the dashboard
-logs each request itself at DEBUG, path without query. The URLs printed at start carry no
-password.
+logs each request itself at DEBUG, path without query. The start line names the store by its
+setting and kind: every INFO line is a Sentry breadcrumb; the URLs (no password) are at DEBUG.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dashboard.app import create_app
 from dashboard.auth import Credentials
 from dashboard.project import Project, redact_url
 from dashboard.queues import HealthSampler
+from jobsystem.privacy.outage_lines import log_addresses
 
 __all__ = ["serve"]
 
@@ -34,15 +35,17 @@ def serve(project: Project, host: str, port: int) -> None:
     sampler = HealthSampler(project)
     sampler.start()
     app = create_app(project, credentials, sampler)
-    logger.info(
+    # By setting and kind (an INFO line is a Sentry breadcrumb); the addresses at DEBUG. The
+    # operator who started it reads its own address on the terminal (jobctl's echo, no log line).
+    users = ["admin", "viewer"] if viewer else ["admin"]
+    logger.info("dashboard_started", extra={"users": users, "store": "STATE_URL", "kind": project.store.kind})
+    log_addresses(
+        logger,
         "dashboard_started",
-        extra={
-            "url": f"http://{host}:{port}/",
-            "users": ["admin", "viewer"] if viewer else ["admin"],
-            "rabbitmq": redact_url(settings.rabbitmq_url),
-            "management": redact_url(settings.management_url),
-            "state": project.store.label,
-        },
+        url=f"http://{host}:{port}/",
+        rabbitmq=redact_url(settings.rabbitmq_url),
+        management=redact_url(settings.management_url),
+        state=project.store.label,
     )
     try:
         uvicorn.run(

@@ -38,7 +38,7 @@ from jobsystem.runtime.options import option_of
 from jobsystem.runtime.workflow_steps import WORKFLOW
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import cancel_marks
-from jobsystem.store.workflows import workflow_backend
+from jobsystem.store.workflows import Arrival, workflow_backend
 from middleware.guard import FailClosed
 from middleware.idempotency import Idempotency
 
@@ -70,22 +70,20 @@ class Cancellation(FailClosed):
         self.backend = cancel_marks(store)
         self.workflows = workflow_backend(store)
         # Each arrival asked about: its message id, and its workflow's id if it is a member.
-        self.checks: Coalescer[tuple[str, str | None], bool] = Coalescer(self._check_many)
+        self.checks: Coalescer[Arrival, bool] = Coalescer(self._check_many)
         self.watch = CancelWatch(self.backend.cancelled_since, keep_ms=keep_ms, interval=poll_interval)
 
     @property
     def actor_options(self) -> set[str]:
         return {"interruptible"}
 
-    def _check_many(self, arrivals: list[tuple[str, str | None]]) -> list[bool]:
+    def _check_many(self, arrivals: list[Arrival]) -> list[bool]:
         """One store call for a batch of arrivals: the marks alone when none is a workflow's
-        member, else the marks and the members' workflows together."""
-        message_ids = list(dict.fromkeys(m for m, _ in arrivals))
-        workflow_of = {m: w for m, w in arrivals if w is not None}
-        if workflow_of:
-            cancelled = self.workflows.cancelled_among(message_ids, workflow_of)
-        else:
-            cancelled = self.backend.cancelled_among(message_ids)
+        member, else the marks and the members' workflows together, each arrival answered for its
+        own workflow (one message may arrive as a member of two workflows in one batch)."""
+        if any(w is not None for _, w in arrivals):
+            return self.workflows.cancelled_among(arrivals)
+        cancelled = self.backend.cancelled_among(list(dict.fromkeys(m for m, _ in arrivals)))
         return [m in cancelled for m, _ in arrivals]
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:

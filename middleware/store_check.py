@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from dramatiq.broker import Broker
 from dramatiq.middleware import Middleware
 
-from jobsystem.privacy.outage_lines import log_outage
+from jobsystem.privacy.outage_lines import log_addresses, log_outage
 from jobsystem.store.base import StateStore, StoreMisconfigured, StoreUnavailable
 
 __all__ = ["StoreCheck"]
@@ -80,10 +80,13 @@ class StoreCheck(Middleware):
                 return
 
     def _fields(self) -> dict[str, str]:
-        return {"setting": self.setting, "store": self.store.label, "kind": self.store.kind}
+        """The store named by its setting and kind, not by its label (its address): an INFO or
+        WARNING line is a Sentry breadcrumb on every later event of the process."""
+        return {"setting": self.setting, "kind": self.store.kind}
 
     def _ready(self) -> None:
         logger.info("state_store_ready", extra=self._fields())
+        log_addresses(logger, "state_store_ready", **self._fields(), store=self.store.label)
         if self.store.kind == "sqlite":
             logger.warning(
                 "state_store_single_host",
@@ -91,10 +94,10 @@ class StoreCheck(Middleware):
             )
 
     def _outage(self, level: int, event: str, exc: StoreUnavailable, **fields: Any) -> None:
-        """``event`` names the store by its setting and kind, not by its label (its address): a
-        WARNING is a Sentry breadcrumb, a CRITICAL an event; the error's text, which names the
-        address too, goes in the DEBUG twin (see jobsystem.privacy.outage_lines)."""
-        log_outage(logger, level, event, exc, setting=self.setting, kind=self.store.kind, **fields)
+        """``event`` names the store as :meth:`_fields` does: a WARNING is a Sentry breadcrumb, a
+        CRITICAL an event; the error's text, which names the address too, goes in the DEBUG twin
+        (see jobsystem.privacy.outage_lines)."""
+        log_outage(logger, level, event, exc, **self._fields(), **fields)
 
     def _unavailable(self, exc: StoreUnavailable) -> None:
         effect = "guarded jobs wait until it answers"

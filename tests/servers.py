@@ -213,7 +213,9 @@ def sent_to_sentry(act: Callable[[], None], *, log_level: str = "INFO") -> tuple
     Logging and Sentry are set up as in every worker (``configure_logging``, ``configure_sentry``:
     ERROR lines become events, INFO and WARNING ones breadcrumbs). An ERROR line logged after
     ``act`` carries the breadcrumbs of its lines. Returns the events as JSON text and the log's
-    JSON lines. The caller restores logging afterwards (the ``logging_restored`` fixture)."""
+    JSON lines. The caller restores logging afterwards (the ``logging_restored`` fixture). The
+    breadcrumbs ``act`` left in Sentry's scopes are cleared: they would ride on the events of a
+    later test (one that asserts an address is never sent, say)."""
     import io
     import json
     import logging
@@ -238,4 +240,10 @@ def sent_to_sentry(act: Callable[[], None], *, log_level: str = "INFO") -> tuple
         finally:
             sentry_sdk.get_client().close()
             sentry_sdk.get_global_scope().set_client(None)
+            for scope in (
+                sentry_sdk.get_isolation_scope(),
+                sentry_sdk.get_current_scope(),
+                sentry_sdk.get_global_scope(),
+            ):
+                scope.clear_breadcrumbs()
         return json.dumps(sentry_events(list(envelopes))), log.getvalue()

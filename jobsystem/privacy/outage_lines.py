@@ -7,19 +7,119 @@ and may quote a server's reply: sent with the line, the infrastructure's address
 on every outage. So the line says ``error=StoreUnavailable`` and a twin, ``<event>_cause`` at
 DEBUG with the same fields, carries the text (``LOG_LEVEL=DEBUG`` shows it; the log is scrubbed).
 The health check's own words (:func:`jobsystem.ops.outages.reason`) follow the same rule.
+
+Every store failure is a ``StoreUnavailable``, which alone would not tell a refused connection
+from a timeout or a full, read-only or busy Redis: the line adds ``cause``, the class of the
+error the store's error wraps (``ConnectionError``, ``TimeoutError``, ``ResponseError``), and for
+a Redis error reply ``code``, its first word (``OOM``, ``READONLY``, ``BUSY``). Neither names an
+address; the reply's text stays in the DEBUG twin.
+
+A line that is no failure follows the same rule (every INFO line is a breadcrumb too): a worker's
+``state_store_ready`` or a service's start names the store or broker by its setting and kind, and
+``<event>_addresses`` at DEBUG (:func:`log_addresses`) says where they are.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 from typing import Any
 
+import redis
 import structlog
 
-__all__ = ["CAUSE_SUFFIX", "log_outage"]
+from jobsystem.store.base import StoreUnavailable
+
+__all__ = [
+    "ADDRESSES_SUFFIX",
+    "CAUSE_SUFFIX",
+    "WRAPPERS",
+    "failure_fields",
+    "log_addresses",
+    "log_failure",
+    "log_outage",
+]
 
 #: The DEBUG twin of a line ``event`` is ``event + CAUSE_SUFFIX``.
 CAUSE_SUFFIX = "_cause"
+
+#: The DEBUG line with the addresses a line ``event`` leaves out: ``event + ADDRESSES_SUFFIX``.
+ADDRESSES_SUFFIX = "_addresses"
+
+#: Errors that only carry another's failure: a line names the one they wrap as its ``cause``.
+WRAPPERS: tuple[type[BaseException], ...] = (StoreUnavailable,)
+
+#: An error reply's code: a short word all in capitals (a word of the text in any other shape,
+#: an address, a name, is not a code and is never logged at the line's level).
+_CODE = re.compile(r"[A-Z]{2,16}")
+
+
+def _wrapped(exc: BaseException) -> BaseException | None:
+    """The first error in ``exc``'s chain (``__cause__``, else ``__context__``) that is not a
+    wrapper, or None when ``exc`` is no wrapper or wraps nothing else."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while isinstance(error, WRAPPERS) and id(error) not in seen:
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None if error is exc else error
+
+
+#: The error replies whose code redis-py strips from the text (it names them by class instead):
+#: recent releases keep it as ``status_code``, older ones the project allows (``redis>=5.0``) do not.
+_CLASS_CODES: dict[type[redis.RedisError], str] = {
+    redis.exceptions.OutOfMemoryError: "OOM",
+    redis.exceptions.ReadOnlyError: "READONLY",
+    redis.exceptions.NoScriptError: "NOSCRIPT",
+    redis.exceptions.BusyLoadingError: "LOADING",
+    redis.exceptions.ExecAbortError: "EXECABORT",
+    redis.exceptions.NoPermissionError: "NOPERM",
+}
+
+
+def _reply_code(error: BaseException) -> str | None:
+    """A Redis error reply's code: what redis-py parsed (``status_code``, or the class of a reply
+    whose code it strips from the text), else the text's first word when it has a code's shape."""
+    if not isinstance(error, redis.RedisError):
+        return None
+    parsed = getattr(error, "status_code", None)
+    if not isinstance(parsed, str):
+        parsed = next((c for kind, c in _CLASS_CODES.items() if isinstance(error, kind)), None)
+    if parsed is None and isinstance(error, redis.ResponseError):
+        parsed = (str(error).split(maxsplit=1) or [""])[0]
+    return parsed if parsed is not None and _CODE.fullmatch(parsed) else None
+
+
+def failure_fields(exc: BaseException) -> dict[str, str]:
+    """The fields naming ``exc`` at a line's own level: ``error`` (its class), ``cause`` (the class
+    of the error it wraps, when a wrapper) and ``code`` (a Redis error reply's), never a text."""
+    fields = {"error": type(exc).__name__}
+    cause = _wrapped(exc)
+    if cause is not None:
+        fields["cause"] = type(cause).__name__
+    code = _reply_code(exc if cause is None else cause)
+    if code is not None:
+        fields["code"] = code
+    return fields
+
+
+def log_failure(
+    logger: logging.Logger | structlog.stdlib.BoundLogger,
+    level: int,
+    event: str,
+    text: str,
+    *,
+    private: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> None:
+    """Log ``event`` at ``level`` with ``fields``, which name the failure without an address (its
+    ``error`` by class), then ``<event>_cause`` at DEBUG with the same fields, ``error`` = ``text``
+    and ``private`` (what names the dependency's address: kept out of Sentry).
+
+    ``logger`` is a standard-library logger (fields go in ``extra``) or a structlog one."""
+    _log(logger, level, event, fields)
+    _log(logger, logging.DEBUG, event + CAUSE_SUFFIX, {**fields, **(private or {}), "error": text})
 
 
 def log_outage(
@@ -29,14 +129,25 @@ def log_outage(
     exc: BaseException,
     **fields: Any,
 ) -> None:
-    """Log ``event`` at ``level`` with ``fields`` and ``error`` = the class name of ``exc``, then
-    ``<event>_cause`` at DEBUG with the same fields and ``error`` = the text of ``exc``.
+    """Log ``event`` at ``level`` with ``fields`` and :func:`failure_fields` (``error`` = the class
+    name of ``exc``, its ``cause`` and ``code``), then ``<event>_cause`` at DEBUG with the same
+    fields and ``error`` = the text of ``exc`` (see :func:`log_failure`)."""
+    log_failure(logger, level, event, str(exc), **{**fields, **failure_fields(exc)})
 
-    ``logger`` is a standard-library logger (fields go in ``extra``) or a structlog one."""
-    said, cause = {**fields, "error": type(exc).__name__}, {**fields, "error": str(exc)}
+
+def log_addresses(
+    logger: logging.Logger | structlog.stdlib.BoundLogger, event: str, **addresses: Any
+) -> None:
+    """``<event>_addresses`` at DEBUG: where a line ``event`` (a start, a store found ready) names
+    its dependencies by setting and kind, the addresses an operator may still want to read.
+    Sentry takes INFO and WARNING lines as breadcrumbs, never DEBUG ones."""
+    _log(logger, logging.DEBUG, event + ADDRESSES_SUFFIX, addresses)
+
+
+def _log(
+    logger: logging.Logger | structlog.stdlib.BoundLogger, level: int, event: str, fields: dict[str, Any]
+) -> None:
     if isinstance(logger, logging.Logger):
-        logger.log(level, event, extra=said)
-        logger.debug(event + CAUSE_SUFFIX, extra=cause)
+        logger.log(level, event, extra=fields)
     else:
-        logger.log(level, event, **said)
-        logger.debug(event + CAUSE_SUFFIX, **cause)
+        logger.log(level, event, **fields)

@@ -26,6 +26,7 @@ import pika.spec
 from dramatiq import Message
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
+from jobsystem.privacy.outage_lines import log_failure
 from middleware.idempotency import as_duplicate
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class _Publisher:
     rejected: set[int] = field(default_factory=set)
     returned_ids: set[str] = field(default_factory=set)
     error: str | None = None
+    #: The class of what ``error`` says (pika's error, ``TimeoutError`` for the send's own): a
+    #: WARNING names it, ``error`` (pika's text names the node's address) goes at DEBUG only.
+    error_class: str | None = None
     #: The connection opened. One that never did published nothing, whatever closed it (pika's
     #: timeouts, a refusal, or ``timeout`` and the close it calls): another node may be tried.
     opened: bool = False
@@ -117,12 +121,15 @@ class _Publisher:
                 return
             except Exception as exc:  # from a callback pika does not guard (a timer's): close, go on
                 logger.error("bulk_send_callback_failed", exc_info=True)
-                self._fail(f"{type(exc).__name__} while publishing: {exc}")
+                self._fail(f"{type(exc).__name__} while publishing: {exc}", type(exc).__name__)
 
-    def _fail(self, reason: str) -> None:
-        if self.error is None:
-            self.error = reason
+    def _fail(self, reason: str, error_class: str) -> None:
+        self._note(reason, error_class)
         self._close()
+
+    def _note(self, reason: str, error_class: str) -> None:
+        if self.error is None:  # the first failure is the send's, not what the close it causes says
+            self.error, self.error_class = reason, error_class
 
     def _close(self) -> None:
         """Close the connection, its channel first; RabbitMQ's answer is awaited ``close_timeout``
@@ -169,18 +176,18 @@ class _Publisher:
         if idle < self.timeout:  # confirms came meanwhile: wait from the last one
             self.connection.ioloop.call_later(self.timeout - idle, self._on_timeout)
         elif not self.opened:
-            self._fail(f"not connected within {self.timeout:g} s")
+            self._fail(f"not connected within {self.timeout:g} s", "TimeoutError")
         else:
-            self._fail(f"no confirm within {self.timeout:g} s")
+            self._fail(f"no confirm within {self.timeout:g} s", "TimeoutError")
 
     def _on_open_error(self, connection: pika.SelectConnection, error: BaseException | str) -> None:
         # The reason _fail gave, if it closed the connection; its str() is often empty.
-        self.error = self.error or f"connection failed: {error!r}"
+        self._note(f"connection failed: {error!r}", type(error).__name__)
         connection.ioloop.stop()
 
     def _on_connection_closed(self, connection: pika.SelectConnection, reason: BaseException) -> None:
         if not self._done():
-            self.error = self.error or f"connection closed: {reason}"
+            self._note(f"connection closed: {reason}", type(reason).__name__)
         connection.ioloop.stop()
 
     def _on_connection_open(self, connection: pika.SelectConnection) -> None:
@@ -195,7 +202,7 @@ class _Publisher:
 
     def _on_channel_closed(self, channel: pika.channel.Channel, reason: BaseException) -> None:
         if not self._done():
-            self._fail(f"channel closed: {reason}")
+            self._fail(f"channel closed: {reason}", type(reason).__name__)
         else:
             self._close()
 
@@ -264,11 +271,8 @@ class _Publisher:
 
     def sent(self) -> list[Message[Any]]:
         """The messages RabbitMQ confirmed (acked, not returned as unroutable) so far, in order."""
-        return [
-            m
-            for i, m in enumerate(self.messages)
-            if i in self.confirmed and m.message_id not in self.returned_ids
-        ]
+        confirmed = [m for i, m in enumerate(self.messages) if i in self.confirmed]
+        return [m for m in confirmed if m.message_id not in self.returned_ids]
 
 
 def send_bulk(
@@ -353,7 +357,7 @@ def _publish(
         broker.declare_queue(queue_name, ensure=True)
     nodes = broker.parameters if isinstance(broker.parameters, list) else [broker.parameters]
     close_timeout = min(timeout, CLOSE_TIMEOUT)
-    for node in nodes:
+    for position, node in enumerate(nodes, start=1):
         publisher = _Publisher(
             pending, bodies, parameters=node, window=window, timeout=timeout, close_timeout=close_timeout
         )
@@ -366,8 +370,15 @@ def _publish(
                 broker.emit_after("enqueue", message, None)
         if publisher.opened:  # something may have been published: never again elsewhere
             break
-        logger.warning(
-            "bulk_send_node_unreachable", extra={"node": f"{node.host}:{node.port}", "error": publisher.error}
+        log_failure(  # the node by its place in the URL's list: its address goes at DEBUG only
+            logger,
+            logging.WARNING,
+            "bulk_send_node_unreachable",
+            publisher.error or "",
+            private={"host": node.host, "port": node.port},
+            node=position,
+            nodes=len(nodes),
+            error=publisher.error_class,
         )
     if len(confirmed) == len(pending):
         return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from jobsystem.store.cancel_marks import mark_name
 from jobsystem.store.redis import RedisStore, reply_text
 
 __all__ = [
+    "Arrival",
     "StepProgress",
     "WorkflowBackend",
     "WorkflowRecord",
@@ -37,6 +38,10 @@ __all__ = [
     "parse_fields",
     "workflow_backend",
 ]
+
+#: An arrival asked about on a cancellation check: its message id, and its workflow's id when it
+#: is a workflow's member (one message may be a member of several workflows).
+Arrival = tuple[str, str | None]
 
 #: A step's mode: its members must all succeed (a chord), or only finish (a "finished" callback).
 MODES = ("success", "finished")
@@ -169,16 +174,27 @@ class WorkflowBackend(ABC):
     def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
         """Move the workflow to ``state`` if it is in ``only_from``; returns whether it moved."""
 
-    @abstractmethod
-    def cancelled_among(self, ids: list[str], workflow_of: Mapping[str, str]) -> set[str]:
-        """Which of ``ids`` are to be skipped as cancelled on arrival, in one round trip: those
-        carrying a cancellation mark, and the workflow members among them (``workflow_of``: a
-        member's workflow id) whose workflow is recorded cancelled and has not counted them as
+    def cancelled_among(self, arrivals: Sequence[Arrival]) -> list[bool]:
+        """For each arrival (a message id, and its workflow's id when it is a workflow's member)
+        whether it is to be skipped as cancelled, in one round trip: it carries a cancellation
+        mark, or it is a member whose workflow is recorded cancelled and has not counted it as
         ended otherwise. A mark lives ``CANCEL_TTL_MS``; the record lives as long as its workflow
         may still send or receive a step (a step sent, after the cancel, delayed past the marks'
         TTL arrives with no mark left). A member counted succeeded or dead before the cancel is
         not stopped by it (the cancel marked only those not yet finished), so a redelivery of it
-        is not either."""
+        is not either. Each (member, workflow) pair is answered for its own workflow: one message
+        may be a member of two workflows, and a batch may hold an arrival in each."""
+        ids = list(dict.fromkeys(m for m, _ in arrivals))
+        pairs = list(dict.fromkeys((m, w) for m, w in arrivals if w is not None))
+        marked, stopped = self._cancelled(ids, pairs) if ids else (set(), set())
+        return [m in marked or (m, w) in stopped for m, w in arrivals]
+
+    @abstractmethod
+    def _cancelled(
+        self, ids: list[str], pairs: list[tuple[str, str]]
+    ) -> tuple[set[str], set[tuple[str, str]]]:
+        """In one round trip: which of ``ids`` carry a mark, and which (member, workflow) pairs
+        of ``pairs`` are stopped by their workflow recorded cancelled (see :meth:`cancelled_among`)."""
 
 
 _FINISH = """
@@ -234,7 +250,8 @@ return 1
 """
 
 
-# KEYS: the marks of the ARGV[1] ids, then one workflow per member asked about (its id in ARGV).
+# KEYS: the marks of the ARGV[1] ids, then one workflow per (member, workflow) pair asked about,
+# the pair's member in ARGV at the same place: each pair answered for its own workflow.
 _CANCELLED_AMONG = """
 local n = tonumber(ARGV[1])
 local found = {}
@@ -308,16 +325,15 @@ class RedisWorkflows(WorkflowBackend):
     def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
         return bool(self._set_state(keys=[self._key(workflow_id)], args=[state, only_from]))
 
-    def cancelled_among(self, ids: list[str], workflow_of: Mapping[str, str]) -> set[str]:
-        members = list(workflow_of.items())
-        keys = [self.store.key(mark_name(i)) for i in ids] + [self._key(w) for _, w in members]
-        if not keys:
-            return set()
-        reply = self._cancelled_among(keys=keys, args=[len(ids), *(m for m, _ in members)])
+    def _cancelled(
+        self, ids: list[str], pairs: list[tuple[str, str]]
+    ) -> tuple[set[str], set[tuple[str, str]]]:
+        keys = [self.store.key(mark_name(i)) for i in ids] + [self._key(w) for _, w in pairs]
+        reply = self._cancelled_among(keys=keys, args=[len(ids), *(m for m, _ in pairs)])
         if not isinstance(reply, list) or len(reply) != len(keys):  # a reply of the wrong shape
             raise StoreUnavailable("unexpected reply to cancelled_among")
-        asked = [*ids, *(m for m, _ in members)]
-        return {i for i, found in zip(asked, reply, strict=True) if found}
+        marked = {i for i, found in zip(ids, reply[: len(ids)], strict=True) if found}
+        return marked, {p for p, found in zip(pairs, reply[len(ids) :], strict=True) if found}
 
 
 def workflow_backend(store: StateStore) -> WorkflowBackend:

@@ -157,15 +157,18 @@ class SqliteWorkflows(WorkflowBackend):
             )
             return cursor.rowcount > 0
 
-    def cancelled_among(self, ids: list[str], workflow_of: Mapping[str, str]) -> set[str]:
-        found = self.marks.cancelled_among(ids)
+    def _cancelled(
+        self, ids: list[str], pairs: list[tuple[str, str]]
+    ) -> tuple[set[str], set[tuple[str, str]]]:
+        marked = self.marks.cancelled_among(ids)
         now = self.store.now_ms()
-        for member, workflow_id in workflow_of.items():
+        stopped: set[tuple[str, str]] = set()
+        for member, workflow_id in pairs:
             # Only while the workflow's record lives: an expired workflow's rows may not be swept yet.
             rows = self.store.rows(_MEMBER_STOPPED, (f"s:{member}", self._wid(workflow_id), now))
             if rows and rows[0][0] == "cancelled" and rows[0][1] in (None, "cancelled"):
-                found.add(member)
-        return found
+                stopped.add((member, workflow_id))
+        return marked, stopped
 
 
 #: A workflow's state and a member's final state in it (NULL: not counted), if its record lives.

@@ -42,6 +42,30 @@ def logging_restored() -> Iterator[None]:
     install_job_lines(None)
 
 
+class _Tracebacks(logging.Handler):
+    """Notes each record that carries a traceback, as it reaches this handler."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info or record.exc_text or record.stack_info:
+            self.seen.append(f"{record.name}: {record.msg}")
+
+
+@pytest.fixture
+def pika_tracebacks() -> Iterator[list[str]]:
+    """pika's records that carried a traceback as pika logged it. ``configure_logging`` (which
+    ``import actors`` runs) puts ``PikaAddresses`` on the ``pika`` logger, and it strips every pika
+    record's traceback before the root logger's handlers (``caplog``) see the record: this handler
+    goes first on the ``pika`` logger, so it sees them whole."""
+    pika, spy = logging.getLogger("pika"), _Tracebacks()
+    pika.handlers.insert(0, spy)
+    yield spy.seen
+    pika.removeHandler(spy)
+
+
 @pytest.fixture
 def emitted(monkeypatch: pytest.MonkeyPatch) -> list[logging.LogRecord]:
     """The records that went the ordinary way (through a stream handler's ``emit``)."""

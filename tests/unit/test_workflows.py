@@ -797,25 +797,26 @@ def test_the_members_a_cancelled_workflow_stops_are_read_with_the_marks_while_it
     backend = workflow_backend(store)
     record, _ = chord(store)
     cancel_marks(store).mark_cancelled(["marked"], TTL)
-    workflow_of = {m: record["id"] for m in ("m0", "m1", "m2", "next")}
+    members = [(m, record["id"]) for m in ("m0", "m1", "m2", "next")]
     backend.finish(record["id"], 0, "m0", "succeeded", "0", TTL)  # ended before the cancel
-    asked = ["marked", "plain", *workflow_of]
-    assert backend.cancelled_among(asked, workflow_of) == {"marked"}  # the workflow runs
+    asked = [("marked", None), ("plain", None), *members]
+    assert backend.cancelled_among(asked) == [True, False, False, False, False, False]  # it runs
     assert backend.set_state(record["id"], "cancelled")
     backend.finish(record["id"], 0, "m1", "cancelled", "null", TTL)  # skipped since
-    assert backend.cancelled_among(asked, {**workflow_of, "plain": "unknown"}) == {
-        "marked",
-        "m1",
-        "m2",
-        "next",
-    }
+    assert backend.cancelled_among([*asked, ("plain", "unknown")]) == [
+        *(True, False),  # marked, plain
+        *(False, True, True, True),  # m0 ended before the cancel, m1, m2, next
+        False,  # plain, of a workflow that is not recorded
+    ]
     short = {**record, "id": "short"}
     backend.create(short, 50)
     assert backend.set_state("short", "cancelled")
-    assert backend.cancelled_among(["m0"], {"m0": "short"}) == {"m0"}
+    assert backend.cancelled_among([("m0", "short")]) == [True]
+    # One message in two workflows, asked in one call: each pair answered for its own workflow.
+    assert backend.cancelled_among([("m0", record["id"]), ("m0", "short")]) == [False, True]
     wait_until(lambda: backend.get("short") is None)
-    assert backend.cancelled_among(["m0"], {"m0": "short"}) == set()
-    assert backend.cancelled_among([], {}) == set()
+    assert backend.cancelled_among([("m0", "short")]) == [False]
+    assert backend.cancelled_among([]) == []
 
 
 #: The marks' TTL (``CANCEL_TTL_MS``) of the tests whose steps arrive after their marks expired.
@@ -906,7 +907,7 @@ def test_a_members_workflow_is_read_in_the_marks_call_and_a_store_error_defers_i
     marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
     cancellation.backend.cancelled_among = lambda ids: calls.append("marks") or marks(ids)  # type: ignore[method-assign]
 
-    def down(ids: list[str], workflow_of: Any) -> set[str]:
+    def down(arrivals: Any) -> list[bool]:
         calls.append("workflows")
         raise StoreUnavailable("redis: ResponseError: OOM command not allowed")
 
