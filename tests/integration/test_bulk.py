@@ -10,7 +10,8 @@ import pika
 import pika.frame
 import pytest
 
-from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
+from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
+from jobsystem.rabbitmq.bulk_publisher import Publisher
 from tests import workload
 from tests.amqp_server import fake_rabbitmq, silenceable_path
 from tests.servers import free_port
@@ -47,13 +48,13 @@ def test_nacked_messages_are_named_and_the_confirmed_ones_enqueued(queues, monke
 def test_the_timeout_is_the_longest_wait_for_a_confirm_not_a_deadline(queues, monkeypatch):
     """One confirm at a time, each handled 50 ms late: the batch takes over a second, twice the
     timeout, and goes through, for each wait for the next confirm is far shorter."""
-    on_confirm = _Publisher._on_confirm
+    on_confirm = Publisher._on_confirm
 
-    def slow(publisher: _Publisher, frame: pika.frame.Method) -> None:
+    def slow(publisher: Publisher, frame: pika.frame.Method) -> None:
         time.sleep(0.05)
         on_confirm(publisher, frame)
 
-    monkeypatch.setattr(_Publisher, "_on_confirm", slow)
+    monkeypatch.setattr(Publisher, "_on_confirm", slow)
     queue = queues.name(workload.record)
     messages = [queues.message(workload.record, f"t{i}") for i in range(20)]
     started = time.monotonic()
@@ -63,7 +64,7 @@ def test_the_timeout_is_the_longest_wait_for_a_confirm_not_a_deadline(queues, mo
 
 
 def test_a_send_that_hears_no_confirm_fails_after_the_timeout(queues, monkeypatch):
-    monkeypatch.setattr(_Publisher, "_on_confirm", lambda publisher, frame: None)
+    monkeypatch.setattr(Publisher, "_on_confirm", lambda publisher, frame: None)
     messages = [queues.message(workload.record, f"s{i}") for i in range(5)]
     with pytest.raises(BulkSendError, match=r"no confirm within 0\.3 s") as caught:
         send_bulk(messages, broker=queues.broker, timeout=0.3)
@@ -79,14 +80,14 @@ def test_an_error_in_a_publisher_callback_fails_the_send_and_closes_its_connecti
     message's arguments reach the logs."""
     connections: list[pika.SelectConnection] = []
 
-    def broken(publisher: _Publisher, *args: Any) -> None:
+    def broken(publisher: Publisher, *args: Any) -> None:
         assert publisher.connection is not None
         connections.append(publisher.connection)
         raise RuntimeError("a bug in a callback")
 
     if where == "timer":
-        monkeypatch.setattr(_Publisher, "_on_confirm", lambda publisher, frame: None)
-    monkeypatch.setattr(_Publisher, "_on_timeout" if where == "timer" else "_on_confirm", broken)
+        monkeypatch.setattr(Publisher, "_on_confirm", lambda publisher, frame: None)
+    monkeypatch.setattr(Publisher, "_on_timeout" if where == "timer" else "_on_confirm", broken)
     messages = [queues.message(workload.record, f"private-{i}") for i in range(20)]
     with pytest.raises(BulkSendError, match=r"RuntimeError.*a bug in a callback") as caught:
         send_bulk(messages, broker=queues.broker, timeout=0.2 if where == "timer" else 120.0)
@@ -135,9 +136,9 @@ def test_a_send_returns_when_the_path_to_rabbitmq_goes_silent_at_the_close(queue
             "127.0.0.1", path.port, node.virtual_host, node.credentials, connection_attempts=1
         )
         monkeypatch.setattr(broker, "parameters", [proxied])
-        on_confirm = _Publisher._on_confirm
+        on_confirm = Publisher._on_confirm
 
-        def silenced(publisher: _Publisher, frame: pika.frame.Method) -> None:
+        def silenced(publisher: Publisher, frame: pika.frame.Method) -> None:
             if (
                 publisher.next_index == len(publisher.messages)
                 and frame.method.delivery_tag == publisher.published
@@ -145,7 +146,7 @@ def test_a_send_returns_when_the_path_to_rabbitmq_goes_silent_at_the_close(queue
                 path.silent.set()  # the last confirm: what the send writes next is its close
             on_confirm(publisher, frame)
 
-        monkeypatch.setattr(_Publisher, "_on_confirm", silenced)
+        monkeypatch.setattr(Publisher, "_on_confirm", silenced)
         messages = [queues.message(workload.record, f"p{i}") for i in range(20)]
         assert within(15, lambda: send_bulk(messages, broker=broker, timeout=1.0)) == messages
         assert path.closed.wait(5), "the connection was left open"

@@ -17,7 +17,8 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import MiddlewareError
 from pika.adapters.blocking_connection import BlockingChannel
 
-from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
+from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
+from jobsystem.rabbitmq.bulk_publisher import Publisher
 from middleware.idempotency import Idempotency
 from tests import workload
 from tests.servers import free_port
@@ -143,16 +144,16 @@ def test_an_interrupted_bulk_send_gives_back_only_the_keys_of_the_messages_not_c
     """Ctrl-C (or an actor's time limit) once RabbitMQ confirmed 5 of 20: the interrupt goes on, and
     the sender's retry with new messages carrying the same keys finds the 5 as duplicates and
     publishes the 15 others."""
-    on_confirm = _Publisher._on_confirm
+    on_confirm = Publisher._on_confirm
 
-    def interrupted(publisher: _Publisher, frame: pika.frame.Method) -> None:
+    def interrupted(publisher: Publisher, frame: pika.frame.Method) -> None:
         on_confirm(publisher, frame)
         if len(publisher.confirmed) == 5:
             raise KeyboardInterrupt
 
     first = [keyed.message(workload.effect, f"i{i}") for i in range(20)]
     with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
-        patched.setattr(_Publisher, "_on_confirm", interrupted)
+        patched.setattr(Publisher, "_on_confirm", interrupted)
         send_bulk(first, broker=keyed.broker, window=1)
     again = [keyed.message(workload.effect, f"i{i}") for i in range(20)]
     result = send_bulk(again, broker=keyed.broker)

@@ -16,7 +16,8 @@ from dramatiq.middleware.shutdown import Shutdown
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 import actors  # noqa: F401 - the global broker, as an application that sends has it
-from jobsystem.rabbitmq.bulk import BulkSendError, _Publisher, send_bulk
+from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
+from jobsystem.rabbitmq.bulk_publisher import Publisher
 from tests.amqp_server import FakeRabbit, fake_rabbitmq
 from tests.servers import free_port
 from tests.support import within
@@ -70,16 +71,16 @@ def test_an_interrupt_mid_publish_gives_back_only_the_unconfirmed_and_closes_the
     """Raised in the sending thread after 5 confirms (Ctrl-C, or Dramatiq's time limit when a
     fan-out actor sends): the 5 confirmed ones are enqueued and keep their keys, only the 15
     others are given back, the socket is closed, and the interrupt goes on unchanged."""
-    on_confirm = _Publisher._on_confirm
-    publishers: list[_Publisher] = []
+    on_confirm = Publisher._on_confirm
+    publishers: list[Publisher] = []
 
-    def interrupted(publisher: _Publisher, frame: pika.frame.Method) -> None:
+    def interrupted(publisher: Publisher, frame: pika.frame.Method) -> None:
         on_confirm(publisher, frame)
         publishers.append(publisher)
         if len(publisher.confirmed) == 5:
             raise interrupt
 
-    monkeypatch.setattr(_Publisher, "_on_confirm", interrupted)
+    monkeypatch.setattr(Publisher, "_on_confirm", interrupted)
     batch = messages(20)
     with fake_rabbitmq() as rabbit:
         broker = broker_of(rabbit, recorder, monkeypatch)
@@ -168,13 +169,13 @@ def test_an_interrupt_just_after_a_node_is_given_up_while_opening_drops_it_once(
     port refuses), and an interrupt comes before pika's loop turns again: the connection attempt is
     aborted once (twice, pika reported its end twice, a TypeError with a traceback), the interrupt
     goes on unchanged and every message's key is given back."""
-    on_timeout = _Publisher._on_timeout
+    on_timeout = Publisher._on_timeout
 
-    def then_interrupted(publisher: _Publisher) -> None:
+    def then_interrupted(publisher: Publisher) -> None:
         on_timeout(publisher)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_Publisher, "_on_timeout", then_interrupted)
+    monkeypatch.setattr(Publisher, "_on_timeout", then_interrupted)
     caplog.set_level(logging.WARNING)
     batch = messages(3)
     url = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F?connection_attempts=2&retry_delay=30"
