@@ -42,10 +42,13 @@ def flow_state(sender: Queues, workflow_id: str) -> str | None:
     return flow["state"] if flow else None
 
 
-def member_state(sender, workflow_id, step):
+def member_state(sender: Queues, workflow_id: str, step: int) -> str:
     """The state of the one member of step ``step``, as ``workflow_status`` shows it."""
-    (member,) = workflow_status(workflow_id, broker=sender.broker)["steps"][step]["members"]
-    return member["state"]
+    flow = workflow_status(workflow_id, broker=sender.broker)
+    assert flow is not None, f"no record of workflow {workflow_id}"
+    (member,) = flow["steps"][step]["members"]
+    state: str = member["state"]
+    return state
 
 
 def launched(flow: group | pipeline) -> str:
@@ -331,13 +334,13 @@ def test_a_step_of_a_cancelled_workflow_arriving_after_its_mark_expired_never_ru
         lambda: first_worker.events("workflow_step_sent", workflow_id=flow.workflow_id),
         what="the delayed step sent",
     )
-    assert cancel(flow.workflow_id, broker=sender.broker) == [after.message_id]
+    assert cancel(launched(flow), broker=sender.broker) == [after.message_id]
     assert first_worker.stop() == 0  # the step, still delayed, handed back for the next worker
     wait_for(lambda: not workflows.marks.cancelled_among([after.message_id]), what="the mark's expiry")
     second_worker = start_worker(**env)
-    wait_for(lambda: member_state(sender, flow.workflow_id, 1) != "waiting", what="the step counted")
-    assert member_state(sender, flow.workflow_id, 1) == "cancelled"
-    assert flow_state(sender, flow.workflow_id) == "cancelled"
+    wait_for(lambda: member_state(sender, launched(flow), 1) != "waiting", what="the step counted")
+    assert member_state(sender, launched(flow), 1) == "cancelled"
+    assert flow_state(sender, launched(flow)) == "cancelled"
     assert second_worker.events("job_cancelled", message_id=after.message_id)  # skipped, never started
     assert sender.left_after_stop([second_worker], sender.name(workload.record)) == 0
     assert store.smembers(key("tokens")) == {"first"}

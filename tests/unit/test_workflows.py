@@ -866,8 +866,8 @@ def test_a_step_sent_as_its_workflow_is_cancelled_is_skipped_after_its_mark_expi
     flow = pipeline([square.message(2), total.message_with_options(delay=10 * SHORT)], broker=broker)
     count = workflows.backend.finish
 
-    def count_then_cancel(workflow_id: str, step: int, *rest: Any) -> Any:
-        progress = count(workflow_id, step, *rest)
+    def count_then_cancel(workflow_id: str, step: int, *rest: Any, **named: Any) -> Any:
+        progress = count(workflow_id, step, *rest, **named)
         if step == 0:
             assert progress.send_next and cancel(workflow_id, broker=broker)
         return progress
@@ -910,7 +910,12 @@ def test_a_members_workflow_is_read_in_the_marks_call_and_a_store_error_defers_i
     broker, cancellation, _, square, _ = short_marks_broker(store)
     calls: list[str] = []
     marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
-    cancellation.backend.cancelled_among = lambda ids: calls.append("marks") or marks(ids)  # type: ignore[method-assign]
+
+    def asking(ids: list[str]) -> set[str]:
+        calls.append("marks")
+        return marks(ids)
+
+    cancellation.backend.cancelled_among = asking  # type: ignore[method-assign]
 
     def down(arrivals: Any) -> list[bool]:
         calls.append("workflows")
