@@ -32,10 +32,10 @@ test:  ## Run both test tiers (real RabbitMQ, Redis, worker subprocesses; CI run
 test-fast:  ## Run the unit tier only: in-process, Redis and SQLite, no RabbitMQ (under 30 s)
 	$(BIN)/pytest tests/unit
 
-lint:  ## ruff check, ruff format --check and mypy
+lint:  ## ruff check, ruff format --check and mypy (the tests too)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy jobsystem actors middleware scheduler jobctl demo dashboard bench
+	$(BIN)/mypy jobsystem actors middleware scheduler jobctl demo dashboard bench tests
 
 format:  ## Apply ruff's fixes and formatting
 	$(BIN)/ruff check --fix .

@@ -62,7 +62,8 @@ def call(
         "server": ("testserver", 80),
     }
     incoming = [{"type": "http.request", "body": json.dumps(body).encode() if body is not None else b""}]
-    status, chunks, answered = [500], [], {}
+    status, chunks = [500], []
+    answered: dict[str, str] = {}
 
     async def receive() -> dict[str, Any]:
         return incoming.pop(0) if incoming else {"type": "http.disconnect"}

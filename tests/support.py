@@ -22,10 +22,11 @@ from urllib.parse import quote
 import dramatiq
 import requests
 
+from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.settings import Settings
 from jobsystem.store import StateStore, open_store
 from jobsystem.store.redis import RedisStore, delete_matching
-from jobsystem.system import get_system
+from jobsystem.system import System, get_system
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -289,10 +290,10 @@ def wait_for_final_events(
 
 
 #: The brokers :func:`sender_system` built on the test Redis since :func:`flush_senders` last ran.
-_SENDERS: list[dramatiq.Broker] = []
+_SENDERS: list[ProjectBroker] = []
 
 
-def sender_system(prefix: str, state_url: str) -> Any:
+def sender_system(prefix: str, state_url: str) -> System:
     """A system (a :class:`jobsystem.system.System`) on ``prefix`` and ``state_url``, as an
     application or a dashboard would build it: its broker has the project's middleware and knows
     the project's actors (without rebinding them)."""
@@ -306,10 +307,9 @@ def sender_system(prefix: str, state_url: str) -> Any:
     return system
 
 
-def sender_broker(prefix: str, state_url: str) -> dramatiq.Broker:
+def sender_broker(prefix: str, state_url: str) -> ProjectBroker:
     """The broker of a :func:`sender_system`."""
-    broker: dramatiq.Broker = sender_system(prefix, state_url).broker
-    return broker
+    return sender_system(prefix, state_url).broker
 
 
 def flush_senders(timeout: float = 10.0) -> None:
@@ -385,12 +385,12 @@ def delete_prefixed(settings: Settings, prefix: str) -> list[str]:
 class Queues:
     """The per-test queues: send to them, count them, and delete them at the end of the test."""
 
-    def __init__(self, prefix: str, broker: dramatiq.Broker | None = None) -> None:
+    def __init__(self, prefix: str, broker: ProjectBroker | None = None) -> None:
         self.prefix = prefix
         self.settings = get_system().settings
         self.broker = broker or get_system().broker
 
-    def using(self, broker: dramatiq.Broker) -> Queues:
+    def using(self, broker: ProjectBroker) -> Queues:
         """The same queues, sending through ``broker``."""
         return Queues(self.prefix, broker)
 

@@ -361,7 +361,7 @@ if os.environ.get("TEST_ASYNCIO"):
 def _send_elsewhere(token: str, actor_name: str, how: str) -> None:
     """Send a message to ``actor_name``, an actor this worker does not have (another service's),
     on the test's queue ``elsewhere``; note its message id as ``sent:<how>:<token>``."""
-    message = dramatiq.Message(
+    message: dramatiq.Message[Any] = dramatiq.Message(
         queue_name=settings.queue("elsewhere"), actor_name=actor_name, args=(token,), kwargs={}, options={}
     )
     store.set(key(f"sent:{how}:{token}"), dramatiq.get_broker().enqueue(message).message_id)

@@ -292,8 +292,10 @@ class Scrubber:
         ((shown, scrubbed),) = self._container({key: value}, 1, set()).items()
         return shown, scrubbed
 
-    def mapping(self, event: Mapping[str, Any]) -> dict[str, Any]:
-        """A scrubbed copy of a mapping (a log event, a Sentry event or breadcrumb)."""
+    def mapping(self, event: Mapping[Any, Any]) -> dict[Any, Any]:
+        """A scrubbed copy of a mapping (a log event, a Sentry event or breadcrumb). A key need not
+        be a string (a dict logged or sent whole may have any): one that is not is judged as a
+        value, so the copy's keys are not all strings either."""
         try:
             scrubbed = self._container(event if type(event) is dict else dict(event), 1, set())
             assert isinstance(scrubbed, dict)

@@ -52,7 +52,7 @@ class ScrubMemo:
         self.max_chars = max_chars
         self._local = threading.local()
 
-    def mapping(self, event: Mapping[str, Any], made_here: Collection[str] = ()) -> dict[Any, Any]:
+    def mapping(self, event: Mapping[Any, Any], made_here: Collection[str] = ()) -> dict[Any, Any]:
         """``scrubber.mapping(event)``: the same entries in the same order.
 
         Parameters:

@@ -58,7 +58,7 @@ def test_a_message_of_no_registered_actor_leaves_no_trace_of_its_actor_name(star
     status = status_backend(open_store(TEST_REDIS_URL, namespace=f"jobs:{prefix}"))
     with sentry_server() as (dsn, envelopes):
         worker = start_worker(SENTRY_DSN=dsn)
-        bogus = [
+        bogus: list[Message[Any]] = [
             Message(queue_name=queue, actor_name=name, args=(), kwargs={}, options={})
             for name in SENDERS_TEXT
         ]
@@ -100,7 +100,7 @@ def test_a_delayed_message_the_worker_releases_records_only_a_registered_actor(s
     status = status_backend(open_store(TEST_REDIS_URL, namespace=f"jobs:{prefix}"))
     worker = start_worker()
     now = int(time.time() * 1000)
-    delayed = [
+    delayed: list[Message[Any]] = [
         Message(queue_name=queue + ".DQ", actor_name=name, args=args, kwargs={}, options={"eta": now})
         for name, args in (("Ana_Lopez_1980", ()), ("record", ("t2",)))
     ]

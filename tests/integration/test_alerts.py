@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -23,9 +24,9 @@ from tests.support import final_events, wait_for
 
 
 @contextmanager
-def sentry_recorder() -> Iterator[tuple[int, list[dict]]]:
+def sentry_recorder() -> Iterator[tuple[int, list[dict[str, Any]]]]:
     """A Sentry stand-in on loopback: yields its port and the events it received."""
-    events: list[dict] = []
+    events: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:

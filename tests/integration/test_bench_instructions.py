@@ -11,6 +11,7 @@ import pytest
 from bench.callgrind import callgrind_redis
 from bench.store_instructions import TIMEOUT_S, idempotency_costs, status_costs
 from jobsystem.store import open_store
+from jobsystem.store.redis import RedisStore
 from tests.support import run_bench
 
 pytestmark = pytest.mark.skipif(
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.skipif(
 def test_the_same_call_costs_the_same_instructions_and_more_work_costs_more():
     with callgrind_redis() as server:
         store = open_store(server.url, namespace="test-instructions:", timeout=TIMEOUT_S)
+        assert isinstance(store, RedisStore)  # a redis:// URL
         try:
             script = store.client.register_script(
                 "for i = 1, tonumber(ARGV[1]) do redis.call('SET', KEYS[1], 'x') end"

@@ -9,13 +9,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dramatiq import Consumer
+
 from jobsystem.dramatiq_internals import request_redelivery
 from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from tests import workload
 from tests.support import Queues, wait_for
 
 
-def received(consumer: DeadLetteringConsumer, count: int) -> list[Any]:
+def received(consumer: Consumer, count: int) -> list[Any]:
     messages: list[Any] = []
 
     def more() -> bool:

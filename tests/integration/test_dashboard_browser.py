@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import dramatiq
 import pytest
+import redis
 
 from tests import workload
 from tests.dashboard_server import DASHBOARD_ADMIN, DASHBOARD_VIEWER
-from tests.support import ROOT, wait_for
+from tests.support import ROOT, Queues, wait_for
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = [
@@ -40,7 +46,7 @@ def browser():
         launched.close()
 
 
-def session(browser, user, password):
+def session(browser: Browser, user: str, password: str) -> Page:
     context = browser.new_context(
         http_credentials={"username": user, "password": password}, viewport={"width": 1440, "height": 900}
     )
@@ -48,12 +54,12 @@ def session(browser, user, password):
     return context.new_page()
 
 
-def shot(page, name):
+def shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
 
 
-def cell(page, queue, column):
+def cell(page: Page, queue: str, column: str) -> str:
     return page.locator(f'#queues tr[data-queue="{queue}"] td[data-col="{column}"]').inner_text()
 
 
@@ -74,7 +80,7 @@ def test_an_operator_watches_finds_follows_retries_and_audits(
     assert queues.left_after_stop([worker], queue) == 0
 
 
-def watch_the_overview(page, url, queues, queue):
+def watch_the_overview(page: Page, url: str, queues: Queues, queue: str) -> None:
     """The queue's succeeded count goes up while the page is open (it updates itself)."""
     page.goto(url + "/")
     page.wait_for_selector(f'#queues tr[data-queue="{queue}"]')
@@ -90,7 +96,7 @@ def watch_the_overview(page, url, queues, queue):
     shot(page, "overview")
 
 
-def follow_a_job(page, url, queues, queue, store, prefix):
+def follow_a_job(page: Page, url: str, queues: Queues, queue: str, store: redis.Redis, prefix: str) -> None:
     """Find a job by id, open it, watch its progress and timeline move."""
     staged = queues.send(workload.staged, "s1", 2)
     wait_for(lambda: queues.status(staged.message_id), what="the staged job's record")
@@ -113,7 +119,9 @@ def follow_a_job(page, url, queues, queue, store, prefix):
     shot(page, "jobs")
 
 
-def retry_two_dead_letters(page, url, queues, store, prefix):
+def retry_two_dead_letters(
+    page: Page, url: str, queues: Queues, store: redis.Redis, prefix: str
+) -> list[dramatiq.Message[Any]]:
     """Select two of three dead letters, retry them once the dependency is back: they run."""
     store.set(f"test:{prefix}dependency-down", "1")
     dead = [queues.send(workload.depends, f"d{i}") for i in range(3)]
@@ -137,7 +145,7 @@ def retry_two_dead_letters(page, url, queues, store, prefix):
     return dead
 
 
-def see_the_action_audited(page, url):
+def see_the_action_audited(page: Page, url: str) -> None:
     """The action is in the audit log, with who and how many; the other pages render."""
     page.goto(url + "/audit")
     row = page.locator("#audit tbody tr").first
@@ -151,7 +159,7 @@ def see_the_action_audited(page, url):
     assert page.locator("#workers tbody tr").count() >= 1
 
 
-def the_viewer_cannot_act(browser, url, queue):
+def the_viewer_cannot_act(browser: Browser, url: str, queue: str) -> None:
     """The viewer sees the same pages, without a way to act; a POST from its page is refused."""
     viewer = session(browser, "viewer", DASHBOARD_VIEWER)
     viewer.goto(url + "/dead-letters")

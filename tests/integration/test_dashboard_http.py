@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import Any
 
 import pika
 import pytest
@@ -84,7 +85,7 @@ def test_cross_site_posts_are_refused(start_dashboard, queues):
     other = token[:-1] + ("1" if token.endswith("0") else "0")
     url = dashboard.url + "/api/dead-letters/purge"
     body = {"all": True, "queue": queues.name(workload.depends)}
-    forged = [
+    forged: list[dict[str, Any]] = [
         # An HTML form posted from another site: the browser sends the cached credentials.
         {"data": {"all": "true"}, "headers": {"Origin": "https://evil.example"}},
         {"json": body, "headers": {"Origin": "https://evil.example", "X-CSRF-Token": token}},

@@ -8,17 +8,21 @@ import os
 import signal
 import subprocess
 from collections import Counter
+from typing import Any
 
+import dramatiq
 import pika
 from dramatiq import Message
 
 from jobsystem.system import get_system
 from tests import workload
 from tests.jobctl_run import jobctl
-from tests.support import BIN, ROOT, wait_for, wait_for_final_events
+from tests.support import BIN, ROOT, Queues, wait_for, wait_for_final_events
 
 
-def dead_letters(queues, actor=workload.record):
+def dead_letters(
+    queues: Queues, actor: dramatiq.Actor[Any, Any] = workload.record
+) -> dict[str, dict[str, Any]]:
     return {m["properties"]["message_id"]: m for m in queues.peek(queues.name(actor) + ".DLQ", count=1000)}
 
 
@@ -42,7 +46,9 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
         "age_limit": queues.broker.enqueue(aged),
     }
     # No actor's name: the sender's text, which the record must not carry anywhere.
-    unknown = Message(queue_name=queue, actor_name="ana@example.com", args=(), kwargs={}, options={})
+    unknown: Message[Any] = Message(
+        queue_name=queue, actor_name="ana@example.com", args=(), kwargs={}, options={}
+    )
     queues.publish_raw(unknown)
     get_system().broker.channel.basic_publish(
         "", queue, b"\xff not a message", pika.BasicProperties(message_id="junk")
@@ -53,8 +59,8 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
         there = {m["properties"].get("message_id") for m in queues.peek(queue + ".DLQ")}
         expected = {m.message_id: reason for reason, m in sent.items()}
         expected |= {unknown.message_id: "unknown_actor", "junk": "junk"}
-        missing = sorted(reason for message_id, reason in expected.items() if message_id not in there)
-        raise AssertionError(f"missing {missing}, {queues.depth(queue)} ready in the queue") from None
+        absent = sorted(reason for message_id, reason in expected.items() if message_id not in there)
+        raise AssertionError(f"missing {absent}, {queues.depth(queue)} ready in the queue") from None
 
     letters = dead_letters(queues)
     # The peek's requeue lands a moment later; until then jobctl (reading what is ready) sees less.

@@ -10,6 +10,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pika
 import pytest
@@ -34,7 +35,7 @@ from tests.delay_support import (
 from tests.support import TEST_REDIS_URL, wait_for
 
 
-def get_one(queue: str, timeout: float) -> tuple[float, pika.spec.BasicProperties, dict]:
+def get_one(queue: str, timeout: float) -> tuple[float, pika.spec.BasicProperties, dict[str, Any]]:
     """Wait for a message in ``queue`` (no consumer): when it came, its properties and body."""
     connection = pika.BlockingConnection(pika.URLParameters(get_system().settings.rabbitmq_url))
     try:
@@ -185,7 +186,8 @@ def test_a_two_hour_backoff_and_three_hours_of_reservations_are_scheduled_not_he
     started = time.time()
 
     def scheduled() -> bool:
-        return queues._status().backend.scheduled([queue])[queue].count == 181
+        count: int = queues._status().backend.scheduled([queue])[queue].count
+        return count == 181
 
     wait_for(scheduled, timeout=90, what="the retry and 180 reservations scheduled")
     retry = queues.status(failing.message_id)

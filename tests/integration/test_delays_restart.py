@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import dramatiq
 import pytest
@@ -35,7 +36,7 @@ def restart_rabbitmq(*brokers: dramatiq.Broker) -> None:
         del broker.connection  # type: ignore[attr-defined]  # the next use connects afresh
 
 
-def jobctl(prefix, tmp_path, *args):
+def jobctl(prefix: str, tmp_path: Path, *args: str) -> tuple[int, str]:
     result = subprocess.run(
         [str(BIN / "jobctl"), *args],
         env=worker_env(prefix, tmp_path),

@@ -282,10 +282,10 @@ def test_a_connection_interrupted_mid_call_is_abandoned_not_reused(prefix):
     flush = interrupted._flush_output
 
     def ctrl_c(*waiters: object) -> None:
-        interrupted._flush_output = flush  # type: ignore[method-assign]
+        interrupted._flush_output = flush
         raise KeyboardInterrupt
 
-    interrupted._flush_output = ctrl_c  # type: ignore[method-assign]
+    interrupted._flush_output = ctrl_c
     queue = f"{prefix}interrupted"
     with contextlib.suppress(KeyboardInterrupt):
         broker.channel.queue_declare(queue, auto_delete=True)  # its reply is never read

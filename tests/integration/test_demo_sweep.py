@@ -389,7 +389,8 @@ def _absent(channel: Any, queue: str) -> bool:
     try:
         probe.queue_declare(queue, passive=True)
     except pika.exceptions.ChannelClosedByBroker as exc:
-        return exc.reply_code == 404
+        code: int = exc.reply_code
+        return code == 404
     probe.close()
     return False
 

@@ -25,7 +25,8 @@ def _dead_letters(broker: Any, queue: str) -> str:
 
 
 def _indexed(broker: Any, queue: str) -> int:
-    return broker.dead_letter_index.backend.counts().get(queue, 0)
+    count: int = broker.dead_letter_index.backend.counts().get(queue, 0)
+    return count
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,7 +138,7 @@ def test_campaign_ends_with_one_summary_mail_to_its_owner(start_worker, queues, 
         emails.send_campaign, "autumn", recipients, {"headline": "Autumn", "text": "hi"}, "boss@example.com"
     )
 
-    def summaries():
+    def summaries() -> list[Any]:
         return [m for m in received if m["To"] == "boss@example.com"]
 
     wait_for(summaries, timeout=90, what="the summary mail")

@@ -9,6 +9,8 @@ import os
 import subprocess
 import threading
 import time
+from functools import partial
+from pathlib import Path
 from urllib.parse import quote
 
 import pika
@@ -28,7 +30,7 @@ from tests.servers import free_port, silent_server
 from tests.support import BIN, ROOT, TEST_REDIS_URL, finished_within, wait_for, worker_env
 
 
-def jobctl_health(prefix, tmp_path, *args, **env):
+def jobctl_health(prefix: str, tmp_path: Path, *args: str, **env: str) -> tuple[int, str]:
     result = subprocess.run(
         [str(BIN / "jobctl"), "health", "--queue", "workload", *args],
         env=worker_env(prefix, tmp_path, **env),
@@ -175,7 +177,7 @@ def test_jobs_delayed_or_scheduled_for_a_queue_nobody_consumes_are_reported(queu
         for delay in (20_000, 3_600_000)
     ]
     for message in scheduled:
-        wait_for(lambda m=message: sender.status(m.message_id), what="the scheduled record")
+        wait_for(partial(sender.status, message.message_id), what="the scheduled record")
     settings = load_settings({**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL})
     state = open_store(settings.state_url, namespace=settings.state_namespace)
     report = check([queues.name(workload.record)], config=settings, state=state)

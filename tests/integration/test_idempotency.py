@@ -31,11 +31,11 @@ def keyed(queues, prefix, state_url):
     return queues.using(sender_broker(prefix, state_url))
 
 
-def effects(store, prefix, token):
+def effects(store: redis_lib.Redis, prefix: str, token: str) -> int:
     return store.llen(f"test:{prefix}effect:{token}")
 
 
-def starts(store, prefix, token):
+def starts(store: redis_lib.Redis, prefix: str, token: str) -> int:
     return store.llen(f"test:{prefix}started:{token}")
 
 
@@ -205,7 +205,7 @@ def private_redis(tmp_path):
     port = free_port()
     command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
 
-    def start() -> subprocess.Popen:
+    def start() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, cwd=tmp_path)
         wait_for(lambda: _pings(port), what="redis start")
         return proc

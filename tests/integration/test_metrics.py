@@ -11,8 +11,11 @@ from tests import workload
 from tests.servers import free_port
 from tests.support import wait_for
 
+#: Samples by (name, labels): what an endpoint served.
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
-def scrape(port: int) -> dict[tuple[str, frozenset], float] | None:
+
+def scrape(port: int) -> Samples | None:
     try:
         text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     except requests.RequestException:
@@ -35,13 +38,15 @@ def test_endpoint_serves_the_counters_after_jobs_ran(start_worker, queues, prefi
     assert sorted(r.state for r in finished.values()) == ["dead"] + ["succeeded"] * 7
     queue = f"{prefix}workload"
 
-    def labels(actor: str) -> frozenset:
+    def labels(actor: str) -> frozenset[tuple[str, str]]:
         return frozenset({"queue_name": queue, "actor_name": actor}.items())
 
-    def counted() -> dict | None:
+    def counted() -> Samples | None:
         metrics = scrape(port)
+        if not metrics:
+            return None
         # Each worker process applies its counts every second: wait for both processes' share.
-        done = metrics and metrics.get(("dramatiq_messages_total", labels("flaky"))) == 2
+        done = metrics.get(("dramatiq_messages_total", labels("flaky"))) == 2
         done = done and metrics.get(("dramatiq_messages_total", labels("record"))) == 6
         return (
             metrics if done and metrics.get(("dramatiq_message_rejects_total", labels("permanent"))) else None
@@ -74,7 +79,7 @@ def test_counts_are_exact_once_the_worker_stopped(start_worker, queues, prefix, 
     assert [r.state for r in finished.values()] == ["succeeded"] * 40
     assert worker.stop() == 0
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(directory / f"group-{worker.proc.pid}"))
+    MultiProcessCollector(registry, path=str(directory / f"group-{worker.proc.pid}"))  # type: ignore[no-untyped-call]
     labels = {"queue_name": f"{prefix}workload", "actor_name": "record"}
     assert registry.get_sample_value("dramatiq_messages_total", labels) == 40
     assert registry.get_sample_value("dramatiq_message_duration_milliseconds_count", labels) == 40

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 import dramatiq
 import pika
 import pytest
 import requests
 from dramatiq import Message
+from pika.adapters.blocking_connection import BlockingChannel
 
 from jobsystem.system import get_system
 from tests import workload
 from tests.jobctl_run import jobctl
+from tests.support import Queues
 
 #: Arguments of a queue another application declared on the vhost.
 THEIRS = {"x-message-ttl": 3_600_000}
@@ -81,10 +84,12 @@ def test_a_message_routed_to_a_queue_while_it_is_migrated_is_not_lost(queues, pr
         queues.send(workload.record, f"m{i}")
     system = build_system(load_settings({**os.environ, "QUEUE_PREFIX": prefix, "RABBITMQ_MAX_PRIORITY": "0"}))
     # The actor on its queue, as the application's import registers it.
-    dramatiq.actor(workload.record.fn, actor_name="record", queue_name=queue, broker=system.broker)
+    dramatiq.actor(actor_name="record", queue_name=queue, broker=system.broker)(workload.record.fn)
     move = migration._move
 
-    def move_then_a_producer(channel, source, publish):  # type: ignore[no-untyped-def]
+    def move_then_a_producer(
+        channel: BlockingChannel, source: str, publish: Callable[[pika.BasicProperties, bytes], None]
+    ) -> int:
         moved = move(channel, source, publish)
         if source == queue:
             queues.send(workload.record, "late")
@@ -165,9 +170,7 @@ def test_a_twin_left_with_other_arguments_is_one_line_and_moves_nothing(queues, 
     assert queues.info(twin)["arguments"] == {"x-max-priority": 3} and queues.depth(twin) == 1
 
 
-def _interfered_run(  # type: ignore[no-untyped-def]
-    queues, prefix: str, what: str, to_twin: bool = False
-) -> tuple[str, str, str]:
+def _interfered_run(queues: Queues, prefix: str, what: str, to_twin: bool = False) -> tuple[str, str, str]:
     """``emails`` as plain Dramatiq declares it, holding ``<queue>-0`` to ``-2``, migrated while
     ``what`` (:mod:`tests.migration_interference`) happens to it (``to_twin``: to its twin): its
     name, its twin's, and the one line the failed run printed (exit code 1, no traceback)."""
@@ -183,7 +186,7 @@ def _interfered_run(  # type: ignore[no-untyped-def]
     return queue, twin, line
 
 
-def _payloads(queues, queue: str) -> list[str]:  # type: ignore[no-untyped-def]
+def _payloads(queues: Queues, queue: str) -> list[str]:
     return sorted(m["payload"] for m in queues.peek(queue, count=10))
 
 
@@ -269,6 +272,6 @@ def test_a_management_url_with_a_query_or_fragment_is_refused_naming_the_variabl
 def test_a_management_url_with_a_trailing_slash_works(queues, prefix):
     queue = prefix + "emails"
     queues.broker.channel.queue_declare(queue, durable=True)
-    url = {"RABBITMQ_MANAGEMENT_URL": "http://127.0.0.1:15672/"}
-    assert "management  ok" in jobctl(prefix, "ping", **url).stdout
-    assert f"{queue}: recreated" in jobctl(prefix, "migrate-queues", **url).stdout
+    url = "http://127.0.0.1:15672/"
+    assert "management  ok" in jobctl(prefix, "ping", RABBITMQ_MANAGEMENT_URL=url).stdout
+    assert f"{queue}: recreated" in jobctl(prefix, "migrate-queues", RABBITMQ_MANAGEMENT_URL=url).stdout

@@ -67,7 +67,7 @@ def _send_everything(queues: Queues, prefix: str) -> Run:
     skipped = queues.broker.enqueue(
         old.copy(queue_name=queue, message_timestamp=int(time.time() * 1000) - 60_000)
     )
-    unknown = Message(
+    unknown: Message[Any] = Message(
         queue_name=queue, actor_name="no_such_actor", args=(free_text(),), kwargs=keyed(), options={}
     )
     queues.broker.enqueue(unknown)
@@ -171,8 +171,8 @@ def test_lifecycle_events_of_every_outcome(start_worker, queues, store, prefix):
     assert succeeded["level"] == "info" and succeeded["duration_ms"] >= 0
 
     # Failure, retry, failure, dead letter; no arguments (not opted in).
-    started = run.events("job_started", message_id=run.leaky_id)
-    assert [line["attempt"] for line in started] == [1, 2] and all("args" not in line for line in started)
+    retried = run.events("job_started", message_id=run.leaky_id)
+    assert [line["attempt"] for line in retried] == [1, 2] and all("args" not in line for line in retried)
     failed = run.events("job_failed", message_id=run.leaky_id)
     assert [(line["attempt"], line["level"], line["exc_type"]) for line in failed] == [
         (1, "warning", "RuntimeError"),

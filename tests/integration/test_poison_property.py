@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pika
@@ -58,7 +58,7 @@ def _is_int(value: Any) -> bool:
 
 def well_formed(field: str, value: Any, queue: str) -> bool:
     """The message format, field by field (Dramatiq's ``Message``)."""
-    return {
+    checks: dict[str, Callable[[Any], bool]] = {
         "queue_name": lambda v: v == queue,
         "actor_name": lambda v: isinstance(v, str) and v != "",
         "args": lambda v: isinstance(v, list),
@@ -66,7 +66,8 @@ def well_formed(field: str, value: Any, queue: str) -> bool:
         "options": lambda v: isinstance(v, dict),
         "message_id": lambda v: isinstance(v, str) and v != "",
         "message_timestamp": _is_int,
-    }[field](value)
+    }
+    return checks[field](value)
 
 
 valid_options = st.fixed_dictionaries(

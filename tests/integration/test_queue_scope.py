@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pika
 from dramatiq import Message
@@ -19,12 +20,12 @@ from jobsystem.store.redis import RedisStore
 from tests import workload
 from tests.dashboard_server import DASHBOARD_ADMIN
 from tests.jobctl_run import jobctl
-from tests.support import TEST_REDIS_URL, wait_for
+from tests.support import TEST_REDIS_URL, Queues, wait_for
 
 ADMIN = ("admin", DASHBOARD_ADMIN)
 
 
-def their_dead_letter(queues, prefix) -> str:
+def their_dead_letter(queues: Queues, prefix: str) -> str:
     """Another application's queue ``other_app`` (declared as this project declares its own: an
     application on the same library and prefix) and its ``.DLQ`` holding one message that would
     replay; returns the queue."""
@@ -36,14 +37,16 @@ def their_dead_letter(queues, prefix) -> str:
     return theirs
 
 
-def our_dead_letters(queues, prefix, count: int, indexed: bool = True) -> list[str]:
+def our_dead_letters(queues: Queues, prefix: str, count: int, indexed: bool = True) -> list[str]:
     """``count`` dead letters of the project's ``record`` queue, indexed as a worker files them
     unless ``indexed`` is false; returns their ids."""
     queue = queues.name(workload.record)
     queues.broker.declare_queue(queue, ensure=True)
     ids, entries = [], []
     for i in range(count):
-        message = Message(queue_name=queue, actor_name="record", args=(f"r{i}",), kwargs={}, options={})
+        message: Message[Any] = Message(
+            queue_name=queue, actor_name="record", args=(f"r{i}",), kwargs={}, options={}
+        )
         headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-queue": queue}
         properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers)
         queues.broker.channel.basic_publish("", queue + ".DLQ", message.encode(), properties)
@@ -59,7 +62,7 @@ def our_dead_letters(queues, prefix, count: int, indexed: bool = True) -> list[s
     return ids
 
 
-def orders_dead_letters(queues, prefix, count: int = 3) -> tuple[str, list[str]]:
+def orders_dead_letters(queues: Queues, prefix: str, count: int = 3) -> tuple[str, list[str]]:
     """Another application's ``orders`` queue, declared as it declares its own (plain queues, its
     ``.DLQ`` bound to nothing of the project's), whose ``.DLQ`` holds ``count`` dead letters of
     its own (Dramatiq messages that would replay); returns the queue and their ids."""
@@ -69,14 +72,16 @@ def orders_dead_letters(queues, prefix, count: int = 3) -> tuple[str, list[str]]
         channel.queue_declare(name, durable=True)
     ids = []
     for i in range(count):
-        message = Message(queue_name=orders, actor_name="ship_order", args=(i,), kwargs={}, options={})
+        message: Message[Any] = Message(
+            queue_name=orders, actor_name="ship_order", args=(i,), kwargs={}, options={}
+        )
         properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id)
         channel.basic_publish("", orders + ".DLQ", message.encode(), properties)
         ids.append(message.message_id)
     return orders, ids
 
 
-def held(queues, queue: str) -> list[str]:
+def held(queues: Queues, queue: str) -> list[str]:
     """The message ids ``queue`` holds, read message by message (and put back), not counted."""
     return sorted(m["properties"]["message_id"] for m in queues.peek(queue))
 
@@ -195,12 +200,18 @@ def test_the_dashboard_neither_shows_nor_acts_on_another_applications_queues(sta
     assert queues.depth(ours + ".DLQ") == 0 and queues.depth(theirs + ".DLQ") == 1
 
 
-def retired_dead_letter(queues, retired: str, *, recorded: bool) -> str:
+def retired_dead_letter(queues: Queues, retired: str, *, recorded: bool) -> str:
     """A dead letter of ``retired``, an actor's queue since removed: with the record the project's
     consumer writes (``recorded``), or with RabbitMQ's ``x-death`` only (plain Dramatiq's, moved in
     by ``migrate-queues``); returns its id."""
-    message = Message(queue_name=retired, actor_name="retired_job", args=(), kwargs={}, options={})
-    headers: dict = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "unknown", "x-dl-queue": retired}
+    message: Message[Any] = Message(
+        queue_name=retired, actor_name="retired_job", args=(), kwargs={}, options={}
+    )
+    headers: dict[str, Any] = {
+        "x-dl-reason": "retries_exhausted",
+        "x-dl-actor": "unknown",
+        "x-dl-queue": retired,
+    }
     if not recorded:
         headers = {"x-death": [{"queue": retired, "reason": "rejected", "count": 1, "exchange": ""}]}
     properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers)

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
+
+import redis
 
 from jobsystem.rabbitmq.bulk import send_bulk
 from middleware.idempotency import Idempotency
@@ -28,7 +31,7 @@ def limits(**services: dict[str, float]) -> str:
     return json.dumps({"smtp": {"rate": 1000, "burst": 1000}, **services})
 
 
-def starts(store, prefix) -> list[dict]:
+def starts(store: redis.Redis, prefix: str) -> list[dict[str, Any]]:
     return [json.loads(note) for note in store.lrange(f"test:{prefix}starts", 0, -1)]
 
 

@@ -31,7 +31,10 @@ def test_a_refused_retry_backs_off_alerts_and_runs_the_actor_once(
             message = queues.send(workload.flaky, "r1", failures=1)
 
             def refused() -> list[dict[str, Any]]:
-                return worker.events("follow_up_publish_refused", message_id=message.message_id)
+                lines: list[dict[str, Any]] = worker.events(
+                    "follow_up_publish_refused", message_id=message.message_id
+                )
+                return lines
 
             wait_for(lambda: len(refused()) >= 3, timeout=60, what="three refusals")
             # Today's Dramatiq requeues at once: ~200 runs in these seconds. Held, it ran once.
@@ -75,7 +78,8 @@ def test_a_malformed_message_whose_dead_letter_is_refused_is_held_then_dead_lett
             queues.send(workload.record, f"behind-{i}")
 
         def refused() -> list[dict[str, Any]]:
-            return worker.events("follow_up_publish_refused", message_id="poison-held")
+            lines: list[dict[str, Any]] = worker.events("follow_up_publish_refused", message_id="poison-held")
+            return lines
 
         wait_for(lambda: len(refused()) >= 2, timeout=60, what="two refusals")
         wait_for(lambda: store.scard(f"test:{prefix}tokens") == 5, what="the jobs behind it")

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from middleware.idempotency import Idempotency
 from scheduler.service import fire_key, fire_message_id, parse_utc_iso
 from tests import workload
 from tests.support import BIN, ROOT, TEST_REDIS_URL, sender_broker, wait_for, worker_env
@@ -224,7 +225,9 @@ def test_a_fire_a_dead_leader_registered_but_never_published_is_sent(
     worker = start_worker()
     scheduler = start_scheduler(TICK)
     scheduler.wait_event("schedule_loaded")
-    idempotency = next(m for m in sender_broker(prefix, TEST_REDIS_URL).middleware if hasattr(m, "lookup"))
+    idempotency = next(
+        m for m in sender_broker(prefix, TEST_REDIS_URL).middleware if isinstance(m, Idempotency)
+    )
     first = int(time.time()) + 3
     registered = range(first, first + 4)
     for second in registered:

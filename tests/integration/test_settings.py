@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from tests.support import BIN, ROOT
 
 
-def _run(args, **env):
-    import os
-
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         args, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=False
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 
@@ -15,6 +17,7 @@ from tests.support import (
     BIN,
     ROOT,
     TEST_REDIS_URL,
+    Queues,
     sender_broker,
     wait_for,
     wait_for_final_events,
@@ -22,7 +25,9 @@ from tests.support import (
 )
 
 
-def sending_and_reading(queues, prefix, state_url):
+def sending_and_reading(
+    queues: Queues, prefix: str, state_url: str
+) -> tuple[Queues, Callable[[str], JobStatus | None]]:
     """Send through a broker whose status records go to ``state_url``; read them back."""
     sender = queues.using(sender_broker(prefix, state_url))
     reader = status_backend(open_store(state_url, namespace=f"jobs:{prefix}"))
@@ -41,7 +46,12 @@ def tracked(queues, prefix):
     return sending_and_reading(queues, prefix, TEST_REDIS_URL)
 
 
-def poll(read, message_id, history, condition):
+def poll(
+    read: Callable[[str], JobStatus | None],
+    message_id: str,
+    history: list[tuple[str, float | None]],
+    condition: Callable[[JobStatus], bool],
+) -> JobStatus | None:
     """Poll helper: the current record if it meets ``condition``; notes each (state, progress) seen."""
     record = read(message_id)
     if record is None:
@@ -51,8 +61,13 @@ def poll(read, message_id, history, condition):
     return record if condition(record) else None
 
 
-def finished(record):
+def finished(record: JobStatus) -> bool:
     return record.finished
+
+
+def at_progress(progress: float) -> Callable[[JobStatus], bool]:
+    """A ``poll`` condition: the record shows ``progress`` (to within rounding)."""
+    return lambda record: record.progress is not None and abs(record.progress - progress) < 1e-3
 
 
 def test_status_goes_queued_running_succeeded_with_progress_seen_mid_run(
@@ -68,12 +83,7 @@ def test_status_goes_queued_running_succeeded_with_progress_seen_mid_run(
     history: list[tuple[str, float | None]] = []
     for step in range(3):
         record = wait_for(
-            lambda s=step: poll(
-                read,
-                message.message_id,
-                history,
-                lambda r: r.progress is not None and abs(r.progress - s / 3) < 1e-3,
-            ),
+            partial(poll, read, message.message_id, history, at_progress(step / 3)),
             what=f"progress of step {step}",
         )
         assert record.state == "running" and record.note == f"step {step}" and record.attempts == 1

@@ -54,11 +54,11 @@ class PrivateRedis:
         if fault == "oom":
             self.client.config_set("maxmemory", 1)
         else:  # a replica of a master that is not there: read-only, its data kept
-            self.client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+            self.client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))  # type: ignore[no-untyped-call]
 
     def heal(self) -> None:
         self.client.config_set("maxmemory", 0)
-        self.client.execute_command("REPLICAOF", "NO", "ONE")
+        self.client.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
 
     def stop(self) -> None:
         self.proc.kill()

@@ -58,11 +58,11 @@ def test_workflow_steps_sent_by_retry_timers_leave_no_connection_open(queues, pr
     counted = workflows.backend.finish
     refused: set[str] = set()
 
-    def once_refused(workflow_id: str, *args: Any) -> Any:
+    def once_refused(workflow_id: str, *args: Any, **kwargs: Any) -> Any:
         if workflow_id not in refused:  # the store does not answer the first time
             refused.add(workflow_id)
             raise StoreUnavailable("redis: TimeoutError")
-        return counted(workflow_id, *args)
+        return counted(workflow_id, *args, **kwargs)
 
     workflows.backend.finish = once_refused  # type: ignore[method-assign]
     try:

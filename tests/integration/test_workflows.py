@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
 from dramatiq.broker import MessageProxy
-from dramatiq.results import ResultFailure
+from dramatiq.results import ResultBackend, ResultFailure
 
 from actors.workflows import cancel, group, pipeline, workflow_status
 from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
@@ -20,7 +22,7 @@ from middleware.results import StoreResults
 from middleware.status import Status
 from middleware.workflows import find_workflows
 from tests import workload
-from tests.support import BIN, ROOT, TEST_REDIS_URL, sender_broker, wait_for
+from tests.support import BIN, ROOT, TEST_REDIS_URL, Queues, sender_broker, wait_for
 
 
 @pytest.fixture
@@ -35,15 +37,31 @@ def key(prefix):
     return lambda name: f"test:{prefix}{name}"
 
 
-def flow_state(sender, workflow_id):
+def flow_state(sender: Queues, workflow_id: str) -> str | None:
     flow = workflow_status(workflow_id, broker=sender.broker)
     return flow["state"] if flow else None
 
 
-def member_state(sender, workflow_id, step):
+def member_state(sender: Queues, workflow_id: str, step: int) -> str:
     """The state of the one member of step ``step``, as ``workflow_status`` shows it."""
-    (member,) = workflow_status(workflow_id, broker=sender.broker)["steps"][step]["members"]
-    return member["state"]
+    flow = workflow_status(workflow_id, broker=sender.broker)
+    assert flow is not None, f"no record of workflow {workflow_id}"
+    (member,) = flow["steps"][step]["members"]
+    state: str = member["state"]
+    return state
+
+
+def launched(flow: group | pipeline) -> str:
+    """The id ``run()`` gave ``flow`` (its ``workflow_id`` is None only before it runs)."""
+    assert flow.workflow_id is not None, "the workflow was never run"
+    return flow.workflow_id
+
+
+def recorded(queues: Queues, flow: group | pipeline) -> dict[str, Any]:
+    """``flow``'s workflow status: recorded before its first message is sent, so never missing."""
+    found = workflow_status(launched(flow), broker=queues.broker)
+    assert found is not None, f"no record of workflow {flow.workflow_id}"
+    return found
 
 
 def test_pipeline_pipes_each_result_into_the_next_step(start_worker, sender, state_url):
@@ -58,15 +76,15 @@ def test_pipeline_pipes_each_result_into_the_next_step(start_worker, sender, sta
     assert steps[0].get_result(backend=run_backend(sender), block=True) == 3
     flow = wait_for(
         lambda: (
-            flow_state(sender, run.workflow_id) == "succeeded"
-            and workflow_status(run.workflow_id, broker=sender.broker)
+            flow_state(sender, launched(run)) == "succeeded"
+            and workflow_status(launched(run), broker=sender.broker)
         )
     )
     assert flow["kind"] == "pipeline"
     assert [m["state"] for s in flow["steps"] for m in s["members"]] == ["succeeded"] * 3
 
 
-def run_backend(sender):
+def run_backend(sender: Queues) -> ResultBackend:
     return sender.broker.get_results_backend()
 
 
@@ -100,7 +118,7 @@ def test_chord_runs_the_next_step_once_with_results_in_order_despite_a_sigkill(
     first.proc.wait(10)
     second = start_worker(threads=4)
     assert chord.get_result(block=True, timeout=60_000) == 30
-    assert wait_for(lambda: flow_state(queues, chord.workflow_id) == "succeeded")
+    assert wait_for(lambda: flow_state(queues, launched(chord)) == "succeeded")
     assert queues.left_after_stop([second], queues.name(workload.square)) == 0
     assert [json.loads(r) for r in store.lrange(key("total"), 0, -1)] == [[0, 1, 4, 9, 16]]
     assert store.llen(key("square:3")) == 2  # killed mid-run, then run again
@@ -117,7 +135,7 @@ def test_chord_with_a_dead_lettered_member_never_runs_its_next_step(start_worker
     chord = pipeline([group(members), callback], broker=queues.broker).run()
 
     def ended():
-        flow = workflow_status(chord.workflow_id, broker=queues.broker)
+        flow = recorded(queues, chord)
         states = [m["state"] for m in flow["steps"][0]["members"]]
         # The member states may come from the job status records a moment before the workflow's
         # own count: wait for both.
@@ -142,7 +160,7 @@ def test_chord_member_with_a_result_too_large_fails_the_chord_with_the_reason(
     members = [queues.message(workload.square, 1), queues.message(workload.sized, 70_000)]
     chord = pipeline([group(members), queues.message(workload.total)], broker=queues.broker).run()
     flow = wait_for(
-        lambda: (f := workflow_status(chord.workflow_id, broker=queues.broker))["state"] != "running" and f,
+        lambda: (f := recorded(queues, chord))["state"] != "running" and f,
         what="the chord's end",
     )
     assert flow["state"] == "failed"
@@ -155,13 +173,13 @@ def test_chord_member_with_a_result_too_large_fails_the_chord_with_the_reason(
         "reason": reason,
     }
     assert flow["steps"][1]["members"][0]["state"] == "waiting"
-    shown = jobctl(prefix, "status", chord.workflow_id)
+    shown = jobctl(prefix, "status", launched(chord))
     assert shown.returncode == 0 and f"sized  failed  ({reason})" in shown.stdout
     assert queues.left_after_stop([worker], queues.name(workload.total)) == 0
     assert store.llen(key("total")) == 0
 
 
-def ticks(store, key, token):
+def ticks(store: redis.Redis, key: Callable[[str], str], token: str) -> list[float]:
     return [float(t) for t in store.lrange(key(f"tick:{token}"), 0, -1)]
 
 
@@ -202,6 +220,7 @@ def test_a_cancelled_jobs_key_is_forgotten_before_its_outcome_is_written(sender,
     (status,) = [m for m in broker.middleware if isinstance(m, Status)]
     message = MessageProxy(sender.message(workload.ticking, "forgotten", 30))
     hashed = idempotency.key_of(broker, message)
+    assert hashed is not None  # ticking's actor names a key
     idempotency.backend.register(hashed, message.message_id, 60_000)
     seen: dict[str, object] = {}
     store_exception, update = results.backend.store_exception, status._update
@@ -239,6 +258,7 @@ def test_a_cancelled_jobs_key_is_kept_when_the_store_refuses_to_forget_it(
     (results,) = [m for m in broker.middleware if isinstance(m, StoreResults)]
     message = MessageProxy(queues.message(workload.ticking, "kept", 30))
     hashed = idempotency.key_of(broker, message)
+    assert hashed is not None  # ticking's actor names a key
     idempotency.backend.register(hashed, message.message_id, 60_000)
 
     def refuse(**_: object) -> None:
@@ -287,7 +307,7 @@ def test_a_member_cancelled_while_it_runs_to_its_end_sends_no_next_step(start_wo
     assert cancel(first.message_id, broker=queues.broker) == [first.message_id]
     store.set(key("open:g1"), "1")  # the barrier: the member returns only now
     ended = wait_for(
-        lambda: (f := workflow_status(flow.workflow_id, broker=queues.broker))["state"] != "running" and f,
+        lambda: (f := recorded(queues, flow))["state"] != "running" and f,
         what="the pipeline's end",
     )
     assert ended["state"] == "failed" and ended["failed_member"]["id"] == first.message_id
@@ -314,19 +334,19 @@ def test_a_step_of_a_cancelled_workflow_arriving_after_its_mark_expired_never_ru
         lambda: first_worker.events("workflow_step_sent", workflow_id=flow.workflow_id),
         what="the delayed step sent",
     )
-    assert cancel(flow.workflow_id, broker=sender.broker) == [after.message_id]
+    assert cancel(launched(flow), broker=sender.broker) == [after.message_id]
     assert first_worker.stop() == 0  # the step, still delayed, handed back for the next worker
     wait_for(lambda: not workflows.marks.cancelled_among([after.message_id]), what="the mark's expiry")
     second_worker = start_worker(**env)
-    wait_for(lambda: member_state(sender, flow.workflow_id, 1) != "waiting", what="the step counted")
-    assert member_state(sender, flow.workflow_id, 1) == "cancelled"
-    assert flow_state(sender, flow.workflow_id) == "cancelled"
+    wait_for(lambda: member_state(sender, launched(flow), 1) != "waiting", what="the step counted")
+    assert member_state(sender, launched(flow), 1) == "cancelled"
+    assert flow_state(sender, launched(flow)) == "cancelled"
     assert second_worker.events("job_cancelled", message_id=after.message_id)  # skipped, never started
     assert sender.left_after_stop([second_worker], sender.name(workload.record)) == 0
     assert store.smembers(key("tokens")) == {"first"}
 
 
-def jobctl(prefix, *args):
+def jobctl(prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "QUEUE_PREFIX": prefix, "STATE_URL": TEST_REDIS_URL, "LOG_LEVEL": "WARNING"}
     return subprocess.run(
         [str(BIN / "jobctl"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
@@ -339,7 +359,7 @@ def test_jobctl_cancels_a_workflow_and_shows_its_steps(start_worker, queues, sto
     callback = queues.message(workload.total)
     chord = pipeline([group(members), callback], broker=queues.broker).run()
     wait_for(lambda: all(ticks(store, key, f"w{i}") for i in range(2)), what="both members ticking")
-    result = jobctl(prefix, "cancel", chord.workflow_id)
+    result = jobctl(prefix, "cancel", launched(chord))
     assert result.returncode == 0, result.stderr
     assert "cancelled 3 job(s)" in result.stdout
     # The running members are stopped; the callback, not sent yet, is named as having no record.
@@ -356,12 +376,12 @@ def test_jobctl_cancels_a_workflow_and_shows_its_steps(start_worker, queues, sto
         "  no status record (unknown, or not recorded yet: skipped if it arrives): no-such-job",
     ]
 
-    shown = jobctl(prefix, "status", chord.workflow_id, "--json")
+    shown = jobctl(prefix, "status", launched(chord), "--json")
     assert shown.returncode == 0, shown.stderr
     flow = json.loads(shown.stdout)
     assert flow["state"] == "cancelled" and flow["kind"] == "chord"
     assert [m["state"] for m in flow["steps"][0]["members"]] == ["cancelled", "cancelled"]
     assert flow["steps"][1]["members"][0]["actor"] == "total"
-    text = jobctl(prefix, "status", chord.workflow_id)
+    text = jobctl(prefix, "status", launched(chord))
     assert text.returncode == 0 and "state      cancelled" in text.stdout and "step 1" in text.stdout
     assert store.llen(key("total")) == 0

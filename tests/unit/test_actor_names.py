@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 from unittest import mock
 
 import dramatiq
@@ -40,7 +41,7 @@ def broker() -> RecordingBroker:
     return broker
 
 
-def _message(actor: object) -> dramatiq.Message:
+def _message(actor: object) -> dramatiq.Message[Any]:
     return dramatiq.Message("work", actor, (), {}, {})  # type: ignore[arg-type]
 
 
@@ -109,7 +110,7 @@ def test_the_dead_letter_of_an_unknown_actor_names_it_nowhere(broker):
 def test_dramatiqs_undefined_actor_line_names_no_actor():
     name = BOGUS[1]  # not written in a line the traceback quotes
     try:
-        raise ActorNotFound(name)
+        raise ActorNotFound(name)  # type: ignore[no-untyped-call]
     except ActorNotFound:
         exc_info = sys.exc_info()
     record = logging.LogRecord(
@@ -236,7 +237,7 @@ def test_a_letter_rabbitmq_dead_lettered_itself_names_only_an_actor_of_the_reade
     channel.basic_get.side_effect = [(mock.Mock(delivery_tag=n), p, b) for n, (b, p) in enumerate(letters)]
     connection = mock.Mock(channel=mock.Mock(return_value=channel))
     broker = mock.Mock(parameters=pika.ConnectionParameters(), actors={"job": object()})
-    with mock.patch.object(dead_letter_reader.pika, "BlockingConnection", return_value=connection):
+    with mock.patch("jobsystem.ops.dead_letter_reader.pika.BlockingConnection", return_value=connection):
         read = [dead for dead, _ in dead_letter_reader.Reader(broker).stream("p-work.DLQ")]
     assert [dead.actor for dead in read] == [UNKNOWN_ACTOR, "job"]
     assert [dead.index_entry().actor for dead in read] == [UNKNOWN_ACTOR, "job"]

@@ -4,7 +4,7 @@ open, and a store that fails (down, or only when the lease is given back) never 
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import structlog
@@ -26,7 +26,9 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def report(*queues: QueueHealth, problems: tuple[Problem, ...] = ()) -> HealthReport:
-    status = "degraded" if problems or any(q.problems for q in queues) else "healthy"
+    status: Literal["degraded", "healthy"] = (
+        "degraded" if problems or any(q.problems for q in queues) else "healthy"
+    )
     return HealthReport(status, list(queues), "management", problems=list(problems))
 
 

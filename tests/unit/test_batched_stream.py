@@ -76,14 +76,19 @@ def test_lines_made_at_send_time_keep_their_place_and_one_that_fails_loses_only_
 
 def test_a_line_made_at_send_time_is_made_once_for_every_batched_stream():
     recorders = [Recorder(), Recorder()]
-    handlers = [logging.StreamHandler(BatchedStream(r, interval=600)) for r in recorders]  # type: ignore[arg-type]
+    handlers = [logging.StreamHandler(BatchedStream(r, interval=600)) for r in recorders]
     handlers[1].terminator = "\r\n"
     made: list[str] = []
-    assert DirectLines.write_later(lambda: made.append("x") or "line", handlers)
+
+    def make() -> str:
+        made.append("x")
+        return "line"
+
+    assert DirectLines.write_later(make, handlers)
     for handler in handlers:
         handler.stream.flush()
     assert made == ["x"] and [r.writes for r in recorders] == [["line\n"], ["line\r\n"]]
-    plain = [logging.StreamHandler(Recorder())]  # type: ignore[arg-type]
+    plain = [logging.StreamHandler(Recorder())]
     assert not DirectLines.write_later(lambda: "line", [*handlers, *plain])  # made now, by the caller
     handlers[0].stream.write_later("pending\n")
     assert not DirectLines.write_later(lambda: "line", handlers)  # a batch pending: made now
@@ -133,7 +138,12 @@ def test_queueing_a_line_does_not_wait_for_a_send_in_progress():
     sender.start()
     assert recorder.entered.wait(10), "the ordinary write never reached the stream"
     queued = threading.Event()
-    writer = threading.Thread(target=lambda: (stream.write_later("line\n"), queued.set()))
+
+    def write_a_line_later() -> None:
+        stream.write_later("line\n")
+        queued.set()
+
+    writer = threading.Thread(target=write_a_line_later)
     writer.start()
     try:
         assert queued.wait(10), "write_later waited for the send in progress"
@@ -273,8 +283,8 @@ def test_a_forked_child_sends_only_its_own_lines_and_can_write_while_the_parent_
 
 def test_under_dramatiq_lifecycle_lines_and_a_warning_reach_the_parent_in_order_in_one_message():
     reader, writer = multiprocessing.Pipe(duplex=False)
-    pipe = StreamablePipe(writer)
-    sys.stderr = pipe  # type: ignore[assignment]  # as Dramatiq's worker process has it
+    pipe: Any = StreamablePipe(writer)  # type: ignore[no-untyped-call]  # a text stream to its users
+    sys.stderr = pipe  # as Dramatiq's worker process has it
     root = logging.getLogger()
     root.handlers = [logging.StreamHandler(pipe)]
     configure_logging(load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"}))
@@ -282,7 +292,7 @@ def test_under_dramatiq_lifecycle_lines_and_a_warning_reach_the_parent_in_order_
     assert isinstance(handler, logging.StreamHandler) and type(handler.stream) is BatchedStream
     assert sys.stderr is handler.stream  # print() to stderr keeps its place too
     assert _in_dramatiq_worker()  # a bad setting found later still exits quietly with code 2
-    handler.stream.interval = 600  # type: ignore[attr-defined]
+    handler.stream.interval = 600
     log = structlog.get_logger(DEFAULT_LOGGER)
     log.info("job_started", **FIELDS)
     log.info("job_succeeded", duration_ms=1.5, **FIELDS)
@@ -299,7 +309,7 @@ def test_under_dramatiq_lifecycle_lines_and_a_warning_reach_the_parent_in_order_
 def test_configuring_twice_wraps_the_pipe_once():
     reader, writer = multiprocessing.Pipe(duplex=False)
     root = logging.getLogger()
-    root.handlers = [logging.StreamHandler(StreamablePipe(writer))]
+    root.handlers = [logging.StreamHandler(StreamablePipe(writer))]  # type: ignore[no-untyped-call]
     settings = load_settings({"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"})
     configure_logging(settings)
     first = root.handlers[0].stream  # type: ignore[attr-defined]

@@ -150,7 +150,8 @@ def test_a_node_that_hangs_while_opening_is_given_up(
     batch = messages(3)
     with fake_rabbitmq(speak=False) as rabbit:
         broker = broker_of(rabbit, recorder, monkeypatch)
-        broker.parameters.stack_timeout = 0.5 if bound == "stack_timeout" else 60
+        parameters: Any = broker.parameters  # one URL: pika's URLParameters (typed as the list of many)
+        parameters.stack_timeout = 0.5 if bound == "stack_timeout" else 60
         started = time.monotonic()
         error = within(
             10, lambda: send_bulk(batch, broker=broker, timeout=60 if bound == "stack_timeout" else 0.5)

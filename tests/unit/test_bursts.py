@@ -30,5 +30,5 @@ def test_the_deliveries_buffered_ahead_of_a_cancellation_are_counted():
 
 
 def test_a_channel_not_consuming_yet_has_none_buffered():
-    assert buffered_deliveries(SimpleNamespace(_queue_consumer_generator=None)) == 0  # type: ignore[arg-type]
+    assert buffered_deliveries(SimpleNamespace(_queue_consumer_generator=None)) == 0
     assert buffered_deliveries(channel_holding()) == 0

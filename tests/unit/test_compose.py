@@ -64,7 +64,9 @@ def test_rabbitmq_uses_a_real_user_and_the_declared_consumer_timeout():
     url = urlsplit(_environment("worker")["RABBITMQ_URL"])
     assert (url.username, url.password) == (user, password)
     conf = COMPOSE["configs"][rabbit["configs"][0]["source"]]["content"]
-    timeout = int(re.search(r"^consumer_timeout\s*=\s*(\d+)", conf, re.M).group(1))
+    found = re.search(r"^consumer_timeout\s*=\s*(\d+)", conf, re.M)
+    assert found is not None, conf
+    timeout = int(found.group(1))
     settings = load_settings(_environment("worker"))
     assert timeout == settings.rabbitmq_consumer_timeout_ms
     assert settings.job_max_backoff_ms < timeout and settings.job_time_limit_ms < timeout

@@ -89,8 +89,8 @@ HOLD_S, YOUNG_S = 0.01, 0.05
 def consumer(deliveries: int, *, hold: bool = False) -> tuple[Connection, RabbitChannel, AckBatch]:
     connection, channel = Connection(), RabbitChannel()
     acks = AckBatch(
-        connection,  # type: ignore[arg-type]
-        channel,  # type: ignore[arg-type]
+        connection,
+        channel,
         hold_s=HOLD_S if hold else 0.0,
         young_s=YOUNG_S,
         clock=lambda: connection.now,

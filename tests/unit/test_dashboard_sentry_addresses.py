@@ -12,8 +12,9 @@ from typing import Any
 
 from jobsystem.store import StateStore, open_store
 from jobsystem.store.base import StoreUnavailable
+from tests.asgi import call
 from tests.servers import free_port, sent_to_sentry
-from tests.unit.test_dashboard_app import call, dashboard
+from tests.unit.test_dashboard_app import dashboard
 
 
 def _sent_to_sentry(act: Callable[[], None]) -> str:

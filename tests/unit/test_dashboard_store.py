@@ -19,7 +19,9 @@ from middleware import dead_letters as record
 # ``store``: each backend in turn (tests/unit/conftest.py).
 
 
-def update(message_id, state, attempt, at, queue="q1", actor="a1"):
+def update(
+    message_id: str, state: str, attempt: int, at: float, queue: str = "q1", actor: str = "a1"
+) -> StatusUpdate:
     once = {"actor": actor, "queue": queue, "enqueued_at": str(at)}
     return StatusUpdate(
         message_id, queue, order_of(attempt, state), {"state": state, "updated_at": str(at)}, once
@@ -46,6 +48,7 @@ def test_the_job_index_pages_filters_and_moves_jobs_between_states(store):
     ]
     assert backend.page(JobFilter(queue="other"))[0] == []
     record = backend.get("m03")
+    assert record is not None
     assert [step[0] for step in record.timeline] == ["queued", "running", "succeeded"]
     minutes = backend.minutes(["q1"], now - 3_600_000)["q1"]
     assert sum(m.get("queued", 0) for m in minutes.values()) == 10
@@ -59,6 +62,7 @@ def test_a_state_written_late_still_takes_its_place_in_the_timeline(store):
     backend.apply([update("m", "queued", 0, now + 6)], 60_000)  # the sender's write, after the worker's
     backend.apply([update("m", "queued", 0, now + 7)], 60_000)  # once only
     record = backend.get("m")
+    assert record is not None
     assert record.state == "running" and [s[0] for s in record.timeline] == ["queued", "running"]
 
 
@@ -97,9 +101,11 @@ def test_the_dead_letter_index_counts_copies_filters_and_trims(store):
     assert [e.message_id for e in matching] == ["m19", "m17", "m13", "m11", "m7", "m5"]
     since = backend.page(DeadLetterFilter(exception="E2", since=now + 10), None, 50).entries
     assert [e.message_id for e in since] == ["m16", "m12"]
-    assert backend.get("q1", "m19").copies == 2
+    entry = backend.get("q1", "m19")
+    assert entry is not None and entry.copies == 2
     backend.remove([("q1", "m19"), ("q1", "m17")])
-    assert backend.get("q1", "m19").copies == 1 and backend.get("q1", "m17") is None
+    entry = backend.get("q1", "m19")
+    assert entry is not None and entry.copies == 1 and backend.get("q1", "m17") is None
     backend.replace("q1", [entries[1]])
     assert backend.counts() == {"q1": 1, "q2": 8}
 

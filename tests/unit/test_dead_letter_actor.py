@@ -40,7 +40,7 @@ def broker() -> RecordingBroker:
 @pytest.mark.parametrize("actor", [*BOGUS, *ACTOR_SHAPED])
 def test_a_message_of_no_registered_actor_is_recorded_with_the_placeholder(broker, actor):
     proxy = delivery(dramatiq.Message("work", actor, (), {}, {}))
-    record = DeadLetters().record(broker, proxy, ActorNotFound(actor))
+    record = DeadLetters().record(broker, proxy, ActorNotFound(actor))  # type: ignore[no-untyped-call]
     assert record["x-dl-reason"] == "unknown_actor" and record["x-dl-actor"] == UNKNOWN_ACTOR
 
 

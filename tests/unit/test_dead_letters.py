@@ -43,7 +43,7 @@ def headers(broker: RecordingBroker, proxy: Any, error: BaseException | None, **
         (RuntimeError("still down"), "retries_exhausted"),
         (Permanent("no such account"), "non_retryable"),
         (TimeLimitExceeded(), "time_limit"),
-        (ActorNotFound("gone"), "unknown_actor"),
+        (ActorNotFound("gone"), "unknown_actor"),  # type: ignore[no-untyped-call]
         (None, "rejected"),
     ],
 )
@@ -56,7 +56,9 @@ def test_the_reason_follows_from_the_last_attempt(broker, error, reason):
 
 
 def test_a_message_past_its_max_age_is_dead_for_its_age(broker):
-    old = dramatiq.Message("work", "job", (), {}, {}, message_timestamp=int(time.time() * 1000) - 120_000)
+    old: dramatiq.Message[Any] = dramatiq.Message(
+        "work", "job", (), {}, {}, message_timestamp=int(time.time() * 1000) - 120_000
+    )
     assert headers(broker, delivery(old), SkipMessage("too old"))["x-dl-reason"] == "age_limit"
 
 
@@ -121,7 +123,7 @@ def test_the_on_dead_letter_hook_of_a_message_naming_no_actor_is_told_unknown(br
     actor; its hook is the application's own code, but it logs or alerts with what it is told:
     the name is labelled as in every other output."""
     proxy = delivery(dramatiq.Message("work", name, (), {}, {"on_dead_letter": "told"}))
-    record = headers(broker, proxy, ActorNotFound(name))
+    record = headers(broker, proxy, ActorNotFound(name))  # type: ignore[no-untyped-call]
     told = DeadLetters().notify(broker, proxy, record)
     assert told is not None and told.actor_name == "told"
     assert (told.kwargs["actor"], told.kwargs["reason"]) == ("unknown", "unknown_actor")

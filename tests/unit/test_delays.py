@@ -237,7 +237,8 @@ def test_a_scheduled_record_outlives_the_status_ttl_until_it_is_due(store):
         # ``later`` was written first: with the TTL of a record not scheduled it would be gone
         # no later than ``now``, so once ``now`` has expired, ``later`` must still be there.
         wait_for(lambda: status.get(now.message_id) is None, timeout=2, what="the record's TTL")
-        assert status.get(later.message_id).state == "scheduled"
+        record = status.get(later.message_id)
+        assert record is not None and record.state == "scheduled"
     finally:
         status.writes.stop()
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from types import MethodType
+from typing import Any, cast
 
 import pika.exceptions
 import pytest
@@ -53,7 +54,7 @@ def test_hooks_run_in_dramatiqs_order_and_only_where_defined():
     broker.emit_after("enqueue", message(), None)
     assert calls == ["before a", "before b", "after b", "after a"]
     hooks = broker._listeners("before_enqueue", reverse=False)
-    assert [hook.__self__ for hook in hooks] == [broker.middleware[0], broker.middleware[2]]
+    assert [cast(MethodType, hook).__self__ for hook in hooks] == [broker.middleware[0], broker.middleware[2]]
 
 
 def test_a_middleware_error_reaches_the_caller_and_any_other_is_logged_and_passed(caplog):

@@ -79,7 +79,7 @@ def test_a_dead_letter_is_replayed_into_its_own_queue_whatever_its_headers_name(
     """A dead letter in this environment's ``p-work.DLQ`` whose record names another queue (put
     there by hand, or moved from another environment's) goes back to ``p-work``, never into a
     queue this environment's tools were not asked to touch."""
-    message = Message("p-work", "job", (), {}, {})
+    message: Message[Any] = Message("p-work", "job", (), {}, {})
     headers = {"x-dl-reason": "retries_exhausted", "x-dl-queue": "staging-work"}
     made = queues({"p-work.DLQ": [_dead("p-work.DLQ", message.encode(), headers, message.message_id)]})
     outcome = ops.replay(NO_INDEX, ["p-work.DLQ"], ops.Filters())  # type: ignore[arg-type]
@@ -99,7 +99,7 @@ def test_a_dead_letter_whose_body_is_not_a_message_is_kept_and_the_others_replay
     """Its record says it failed as a message, but its body is not one (it does not decode, or
     Dramatiq decodes it but the worker would refuse it): it is skipped, kept in its queue, and
     the dead letters after it are replayed all the same."""
-    good = Message("p-work", "job", (), {}, {})
+    good: Message[Any] = Message("p-work", "job", (), {}, {})
     letters = [
         _dead("p-work.DLQ", body, {"x-dl-reason": "retries_exhausted"}, "junk"),
         _dead("p-work.DLQ", good.encode(), {"x-dl-reason": "retries_exhausted"}, good.message_id),
@@ -117,7 +117,8 @@ def test_jobctl_says_when_rabbitmq_did_not_confirm_the_removal_and_fails(command
 
     class Context:
         def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
-            self.ops, self.broker, self.queues, self.filters = ops, None, [], ops.Filters()
+            self.ops, self.broker, self.filters = ops, None, ops.Filters()
+            self.queues: list[str] = []
 
         @contextlib.contextmanager
         def progress(self, label: str) -> Any:

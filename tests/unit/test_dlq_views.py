@@ -62,14 +62,16 @@ def test_jobctl_never_prints_the_senders_text_as_the_actor(command):
 def test_the_messages_a_body_carries_have_their_positional_arguments_hidden_too():
     """A workflow member carries its next steps (option ``workflow.next``), a Dramatiq pipeline
     step its target (``pipe_target``): whole messages, arguments included."""
-    summary = Message(
+    summary: Message[Any] = Message(
         queue_name="p-work",
         actor_name="campaign_summary",
         args=("spring", "Ana Lopez"),
         kwargs={"name": "Ana Lopez"},
         options={"idempotency_key": "Ana Lopez|summary"},
     )
-    later = Message(queue_name="p-work", actor_name="archive", args=("Ana Lopez",), kwargs={}, options={})
+    later: Message[Any] = Message(
+        queue_name="p-work", actor_name="archive", args=("Ana Lopez",), kwargs={}, options={}
+    )
     nested = summary.copy(options={"pipe_target": later.asdict()})
     body = Message(
         queue_name="p-work",

@@ -11,6 +11,7 @@ import dramatiq
 import pytest
 from dramatiq import Message, Worker
 from dramatiq.broker import MessageProxy
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
@@ -42,8 +43,8 @@ def test_every_part_relied_on_is_there():
     ("owner", "name", "named"),
     [
         (Worker, "_add_worker", "Worker._add_worker"),
-        (internals.RabbitmqBroker, "_declare_xq_queue", "_declare_xq_queue"),
-        (internals.RabbitmqBroker, "consumer_class", "consumer_class"),
+        (RabbitmqBroker, "_declare_xq_queue", "_declare_xq_queue"),
+        (RabbitmqBroker, "consumer_class", "consumer_class"),
     ],
 )
 def test_a_part_gone_in_an_upgrade_fails_the_contract_naming_it(monkeypatch, owner, name, named):
@@ -55,7 +56,7 @@ def test_a_part_gone_in_an_upgrade_fails_the_contract_naming_it(monkeypatch, own
 def test_a_changed_signature_fails_the_contract_naming_it(monkeypatch):
     def renamed(self, broker, queue_name, prefetch, timeout_ms): ...
 
-    monkeypatch.setattr(internals._RabbitmqConsumer, "__init__", renamed)
+    monkeypatch.setattr(internals.RabbitmqConsumer, "__init__", renamed)
     with pytest.raises(DramatiqContractError, match=r"_RabbitmqConsumer.__init__\(broker, queue_name"):
         check_contract()
 
@@ -125,7 +126,7 @@ def test_retries_publish_the_retry_through_the_brokers_enqueue():
 def test_a_retry_rabbitmq_refuses_is_held_for_redelivery_with_the_retry_decided():
     class Refusing(StubBroker):
         def enqueue(self, message, *, delay=None):
-            raise dramatiq.errors.ConnectionClosed(RuntimeError("refused"))
+            raise dramatiq.errors.ConnectionClosed(RuntimeError("refused"))  # type: ignore[no-untyped-call]
 
     broker = Refusing()
     dramatiq.actor(broker=broker, actor_name="job", queue_name="q")(lambda: None)
@@ -183,7 +184,9 @@ def test_the_topology_hooks_route_dramatiqs_private_steps_to_public_ones():
 def test_a_delivery_holds_its_messages_fields_as_they_are():
     """ProjectMessage copies the message's fields onto itself once (read past
     ``MessageProxy.__getattr__``): right only while a Message is a frozen dataclass without slots."""
-    message = Message(queue_name="q", actor_name="a", args=(1,), kwargs={"k": 2}, options={"o": 3})
+    message: Message[Any] = Message(
+        queue_name="q", actor_name="a", args=(1,), kwargs={"k": 2}, options={"o": 3}
+    )
     delivery = ProjectMessage(False, 7, message)
     assert dataclasses.is_dataclass(Message) and Message.__dataclass_params__.frozen  # type: ignore[attr-defined]
     for field in dataclasses.fields(Message):
@@ -200,7 +203,7 @@ def test_quick_pipelines_pipe_as_dramatiqs_and_leave_a_message_in_no_pipeline_al
     broker = RecordingBroker(middleware=[pipelines])
     first = dramatiq.actor(broker=broker, actor_name="first", queue_name="q")(lambda: 1)
     second = dramatiq.actor(broker=broker, actor_name="second", queue_name="q")(lambda x: x)
-    piped = dramatiq.pipeline([first.message(), second.message()]).messages[0]
+    piped = dramatiq.pipeline([first.message(), second.message_with_options()]).messages[0]
     pipelines.after_process_message(broker, delivery(first.message()), result=1)
     pipelines.after_process_message(broker, delivery(piped), result=None, exception=ValueError("x"))
     assert broker.enqueued == []

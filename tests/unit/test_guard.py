@@ -63,11 +63,12 @@ def test_an_unexpected_error_before_the_run_defers_the_message_with_a_growing_de
     guard = BrokenRun()
     broker, actor = setup(guard)
     message = actor.message().copy(options={"retries": 1})
-    delays = []
+    delays: list[int] = []
     for _ in range(3):
         with pytest.raises(SkipMessage, match="guard_failed"):
             guard.before_process_message(broker, delivery(message))
         message, delay = broker.enqueued[-1]
+        assert delay is not None  # deferred: enqueued again with a delay
         delays.append(delay)
     assert message.options["broken_waits"] == 3 and message.options["retries"] == 1  # no retry spent
     assert 2_000 <= delays[0] < delays[1] < delays[2] <= 60_000
@@ -81,9 +82,10 @@ def test_deliberate_answers_pass_through_unchanged():
 
 
 def test_an_unexpected_error_at_send_refuses_the_send():
-    broker, actor = setup(Broken(ValueError("a bug")))
+    guard = Broken(ValueError("a bug"))
+    broker, actor = setup(guard)
     with pytest.raises(GuardError, match="could not check the send"):
-        broker.middleware[0].before_enqueue(broker, actor.message(), None)
+        guard.before_enqueue(broker, actor.message(), None)
 
 
 def test_a_guard_names_its_own_send_error():
@@ -93,9 +95,10 @@ def test_a_guard_names_its_own_send_error():
     class Strict(Broken):
         send_error = Refused
 
-    broker, actor = setup(Strict(ValueError("a bug")))
+    guard = Strict(ValueError("a bug"))
+    broker, actor = setup(guard)
     with pytest.raises(Refused):
-        broker.middleware[0].before_enqueue(broker, actor.message(), None)
+        guard.before_enqueue(broker, actor.message(), None)
 
 
 def test_an_after_hook_that_fails_is_rescued_and_a_failed_rescue_requeues_the_delivery():
@@ -111,6 +114,7 @@ def test_an_after_hook_that_fails_is_rescued_and_a_failed_rescue_requeues_the_de
 
 
 def test_an_error_on_receipt_is_logged_and_the_consumer_goes_on(caplog):
-    broker, actor = setup(Broken(RuntimeError("a bug")))
-    broker.middleware[0].on_receive(broker, delivery(actor.message()))
+    guard = Broken(RuntimeError("a bug"))
+    broker, actor = setup(guard)
+    guard.on_receive(broker, delivery(actor.message()))
     assert "guard_failed" in caplog.text

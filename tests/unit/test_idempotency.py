@@ -17,12 +17,13 @@ import dramatiq
 import pytest
 from dramatiq.middleware import SkipMessage
 
-from jobsystem.dramatiq_internals import dead_letter_error, dead_letter_reason
+from jobsystem.dramatiq_internals import ProjectMessage, dead_letter_error, dead_letter_reason
 from jobsystem.privacy.keyhash import UNKEYED, KeyHasher
 from jobsystem.runtime import claims_ahead
 from jobsystem.runtime.coalesce import Coalescer
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
+from jobsystem.store.sqlite import SqliteStore
 from middleware.idempotency import (
     HELD_WAITS,
     REGISTERED,
@@ -65,6 +66,14 @@ def idem(store: StateStore) -> Iterator[Setup]:
     yield setup
     setup.middleware.writes.stop()
     setup.broker.close()
+
+
+def sent_ahead(proxy: ProjectMessage) -> claims_ahead.Ahead:
+    """The claim the middleware sent ahead for ``proxy`` at receipt. The delivery keeps it as an
+    ``object`` (dramatiq_internals knows none of the runtime's types): read back as what it is."""
+    found = proxy.claim_ahead
+    assert isinstance(found, claims_ahead.Ahead), f"no claim sent ahead: {found!r}"
+    return found
 
 
 def run(idem: Setup, proxy: Any, *, result: Any = None, exception: BaseException | None = None) -> None:
@@ -193,6 +202,7 @@ def ms_left(store: StateStore, key: str) -> int:
     name = store.key("idem2:" + key)
     if isinstance(store, RedisStore):
         return int(store.client.pttl(name))
+    assert isinstance(store, SqliteStore)  # the other backend the fixture gives
     (expires_at,) = (
         store.connection().execute("SELECT expires_at FROM idempotency WHERE key = ?", (name,)).fetchone()
     )
@@ -245,7 +255,7 @@ def test_a_skip_after_the_claim_gives_it_back_at_once(idem):
 def test_a_claim_sent_ahead_is_used_and_given_back_if_the_message_is_skipped_first(idem):
     ran = delivery(idem.message("ran"))
     idem.middleware.on_receive(idem.broker, [ran])
-    assert ran.claim_ahead is not None and ran.claim_ahead.claim is not None  # its answer read
+    assert sent_ahead(ran).claim is not None  # its answer read
     assert idem.state("ran") == "running"
     run(idem, ran)
     assert idem.state("ran") == "done"
@@ -321,11 +331,11 @@ def test_a_burst_of_one_leaves_before_its_answer_and_a_larger_one_waits_for_it(i
     calls = counted_calls(middleware)
     one = delivery(idem.message("one"))
     middleware.on_receive(idem.broker, [one])
-    burst_of_one = one.claim_ahead.burst
+    burst_of_one = sent_ahead(one).burst
     assert not burst_of_one.answered
     several = [delivery(idem.message(token)) for token in ("a", "b")]
     middleware.on_receive(idem.broker, several)
-    assert all(proxy.claim_ahead.burst.answered for proxy in several)
+    assert all(sent_ahead(proxy).burst.answered for proxy in several)
     assert not burst_of_one.answered  # its reply was read on the way, and kept for it
     for proxy in (one, *several):
         run(idem, proxy)
@@ -340,7 +350,7 @@ def test_a_store_down_at_receipt_leaves_each_claim_to_the_job_and_pauses_the_cla
     down = Setup(RedisStore("redis://127.0.0.1:1/0", socket_timeout=0.2))
     first, second = delivery(down.message("first")), delivery(down.message("second"))
     down.middleware.on_receive(down.broker, [first])
-    assert first.claim_ahead is not None and first.claim_ahead.claim is None
+    assert sent_ahead(first).claim is None
     down.middleware.on_receive(down.broker, [second])
     assert second.claim_ahead is None  # within the pause: not asked at receipt
     for proxy in (first, second):
@@ -365,10 +375,10 @@ def test_an_unexpected_error_at_receipt_leaves_the_claim_to_the_job_as_the_same_
 
         return read
 
-    middleware.backend.send_claims = broken  # type: ignore[method-assign]
+    middleware.backend.send_claims = broken
     proxy = delivery(idem.message("lost"))
     middleware.on_receive(idem.broker, [proxy])
-    assert proxy.claim_ahead is not None and proxy.claim_ahead.claim is None
+    assert sent_ahead(proxy).claim is None
     run(idem, proxy)
     (ahead, start) = [(kind, [r.owner for r in requests]) for kind, requests in calls]
     assert ahead[0] == "ahead" and start == ("start", ahead[1])  # the same owner: granted, not held
@@ -440,8 +450,9 @@ def test_a_granted_claim_sent_ahead_is_trusted_for_a_third_of_its_lease(idem, mo
         batches.clear()
         proxy = delivery(idem.message(token))
         middleware.on_receive(idem.broker, [proxy])
-        assert proxy.claim_ahead.claim.status == "claimed"  # the answer read
-        proxy.claim_ahead.burst.sent_at -= waited_s  # as if it had waited that long in the prefetch
+        granted = sent_ahead(proxy).claim
+        assert granted is not None and granted.status == "claimed"  # the answer read
+        sent_ahead(proxy).burst.sent_at -= waited_s  # as if it had waited that long in the prefetch
         silent[0] = silent_s  # as if the store had said nothing since
         run(idem, proxy)
         assert idem.state(token) == "done"

@@ -310,9 +310,9 @@ def test_a_scrubber_that_fails_on_an_entry_leaves_the_event_to_the_chain(monkeyp
 
 def test_lines_go_to_the_worker_pipe_in_order_with_other_writes():
     reader, writer = multiprocessing.Pipe(duplex=False)
-    handler = _configure(StreamablePipe(writer))  # as in a worker process: batched
+    handler = _configure(StreamablePipe(writer))  # type: ignore[no-untyped-call]  # as in a worker: batched
     assert type(handler.stream) is BatchedStream
-    handler.stream.interval = 600  # type: ignore[attr-defined]
+    handler.stream.interval = 600
     Job().run()
     assert not reader.poll(0.1)  # held in the batch, as DirectLines' lines are
     logging.getLogger("dramatiq.worker").warning("something odd")
@@ -362,7 +362,9 @@ _bindings = st.lists(
     ),
     max_size=12,
 )
-_OTHER_VARS = [contextvars.ContextVar(f"other_library_{i}") for i in range(12)]
+_OTHER_VARS: list[contextvars.ContextVar[Any]] = [
+    contextvars.ContextVar(f"other_library_{i}") for i in range(12)
+]
 
 
 @settings(max_examples=300, deadline=None)

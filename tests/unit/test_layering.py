@@ -62,7 +62,7 @@ def import_nodes(path: Path) -> list[ast.Import | ast.ImportFrom]:
 
 def imports(path: Path, module: str) -> set[str]:
     """The project modules ``path`` imports, wherever in the file (functions included)."""
-    found = set()
+    found: set[str] = set()
     for node in import_nodes(path):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
@@ -87,7 +87,12 @@ def test_every_import_points_down_the_layers():
 
 
 def test_middleware_never_imports_the_wiring_or_the_entry_points():
-    forbidden = ("jobsystem.settings", "jobsystem.system", "jobsystem.stack", "jobsystem.rabbitmq")
+    forbidden: tuple[str, ...] = (
+        "jobsystem.settings",
+        "jobsystem.system",
+        "jobsystem.stack",
+        "jobsystem.rabbitmq",
+    )
     forbidden += ("jobsystem.ops", "jobsystem.observability", "jobsystem.privacy.setup", *ENTRY_POINTS)
     wrong = [
         f"{module} imports {imported}"

@@ -13,6 +13,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,7 +82,7 @@ def _pump(source: socket.socket, target: socket.socket) -> None:
             target.sendall(data)
 
 
-def _given_up(url: str, **kwargs: object) -> None:
+def _given_up(url: str, **kwargs: Any) -> None:
     outcome = within(DEADLINE_S + 5, lambda: call_json("GET", url, DEADLINE_S, **kwargs))
     assert isinstance(outcome, ManagementTimeout), outcome
 

@@ -71,7 +71,12 @@ def test_renditions_and_what_the_job_reports_carry_nothing_of_the_source_name(
     for name in ("holiday-jane-doe.png", "holiday-john-roe.png"):
         Image.new("RGB", (64, 48)).save(tmp_path / "media" / "uploads" / name)
     notes: list[str | None] = []
-    monkeypatch.setattr(media, "progress", lambda value, note=None: notes.append(note) or True)
+
+    def progress(value: float, note: str | None = None) -> bool:
+        notes.append(note)
+        return True
+
+    monkeypatch.setattr(media, "progress", progress)
     with structlog.testing.capture_logs() as logged:
         jane = media.make_renditions("uploads/holiday-jane-doe.png", sizes=[32, 16], output_dir="out")
     john = media.make_renditions("uploads/holiday-john-roe.png", sizes=[32, 16], output_dir="out")

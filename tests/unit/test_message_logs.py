@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import TracebackType
+from typing import Any
 
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
@@ -13,13 +15,16 @@ from jobsystem.dramatiq_internals import ACTOR_ARGUMENTS_FORMAT
 from jobsystem.privacy.message_logs import HideMessageArguments
 from tests.pii_corpus import free_text, leaks
 
+#: What ``sys.exc_info()`` returns, as a record keeps it.
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
-def _record(msg: object, *args: object, exc_info: object = None) -> logging.LogRecord:
+
+def _record(msg: object, *args: object, exc_info: ExcInfo | None = None) -> logging.LogRecord:
     return logging.LogRecord("dramatiq.worker", logging.ERROR, __file__, 1, msg, args or None, exc_info)
 
 
 def test_dramatiq_records_show_messages_without_their_arguments():
-    message = Message(
+    message: Message[Any] = Message(
         queue_name="q", actor_name="send_email", args=("Ana Lucia Lopez",), kwargs={"to": "x"}, options={}
     )
     hide = HideMessageArguments()
@@ -41,6 +46,7 @@ def test_undecodable_body_is_reduced_to_its_size():
     except DecodeError:
         record = _record("Failed to decode message using encoder %r.", "json", exc_info=sys.exc_info())
     HideMessageArguments().filter(record)
+    assert record.exc_info is not None
     assert str(record.exc_info[1]) == f"failed to decode message ({len(body)} bytes, body not logged)"
     text = logging.Formatter().format(record)
     assert f"failed to decode message ({len(body)} bytes, body not logged)" in text

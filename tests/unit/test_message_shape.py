@@ -38,7 +38,7 @@ def test_a_well_formed_body_is_the_message():
 
 def test_the_decoded_message_is_the_one_dramatiq_would_build():
     """Built without the dataclass's ``__init__``: equal, copied, encoded and frozen as Dramatiq's."""
-    built = Message(**body())
+    built: Message[Any] = Message(**body())
     message = decode(json.dumps(body()).encode(), "work")
     assert isinstance(message, Message)
     assert message == built and message.asdict() == built.asdict()
@@ -138,6 +138,7 @@ def test_any_queue_is_accepted_when_none_is_given():
 
 def test_int_option_never_fails_on_what_it_reads():
     assert int_option({"attempts": 3}, "attempts") == 3
+    options: object
     for options in (None, [], {"attempts": "3"}, {"attempts": True}, {}):
         assert int_option(options, "attempts", default=-1) == -1
 

@@ -144,7 +144,7 @@ def _run(
 ) -> None:
     channel = Channel(rabbit)
     connection = type("Connection", (), {"channel": lambda self: channel, "close": lambda self: None})()
-    monkeypatch.setattr(migration.pika, "BlockingConnection", lambda parameters: connection)
+    monkeypatch.setattr("jobsystem.ops.migration.pika.BlockingConnection", lambda parameters: connection)
     monkeypatch.setattr(migration, "existing_queues", lambda settings: rabbit.existing())
     try:
         migration.migrate(Broker(rabbit), load_settings({"QUEUE_PREFIX": prefix}), names)  # type: ignore[arg-type]

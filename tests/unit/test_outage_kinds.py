@@ -18,6 +18,7 @@ from redis._parsers.base import BaseParser
 
 from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StoreUnavailable
+from jobsystem.store.redis import RedisStore
 from middleware.store_check import StoreCheck
 from tests.support import fresh_store
 
@@ -41,6 +42,7 @@ def test_an_operator_at_info_can_tell_a_refused_redis_from_a_full_one(
             with pytest.raises(StoreUnavailable) as failure, store.errors():
                 raise raised
             check._unavailable(failure.value)
+        assert isinstance(store, RedisStore)  # fresh_store("redis")
         with pytest.raises(StoreUnavailable) as failure, store.errors():
             store.client.evalsha("0" * 40, 0)  # a real error reply, as redis-py parses it
         check._unavailable(failure.value)
@@ -59,13 +61,13 @@ def test_an_operator_at_info_can_tell_a_refused_redis_from_a_full_one(
         (REFUSED, {"cause": "ConnectionError"}),
         (redis.TimeoutError("Timeout reading from 10.0.0.5:6379"), {"cause": "TimeoutError"}),
         # Replies as redis-py parses them: the classes it maps lose their code from the text.
-        (BaseParser.parse_error("OOM command not allowed"), {"cause": "OutOfMemoryError", "code": "OOM"}),
+        (BaseParser.parse_error("OOM command not allowed"), {"cause": "OutOfMemoryError", "code": "OOM"}),  # type: ignore[no-untyped-call]
         (
-            BaseParser.parse_error("READONLY You can't write against a read only replica."),
+            BaseParser.parse_error("READONLY You can't write against a read only replica."),  # type: ignore[no-untyped-call]
             {"code": "READONLY"},
         ),
-        (BaseParser.parse_error("BUSY Redis is busy running a script."), {"code": "BUSY"}),
-        (BaseParser.parse_error("LOADING Redis is loading the dataset"), {"code": "LOADING"}),
+        (BaseParser.parse_error("BUSY Redis is busy running a script."), {"code": "BUSY"}),  # type: ignore[no-untyped-call]
+        (BaseParser.parse_error("LOADING Redis is loading the dataset"), {"code": "LOADING"}),  # type: ignore[no-untyped-call]
         # An older redis-py (no status_code): the code from the class it maps the reply to.
         (
             redis.exceptions.ReadOnlyError("You can't write against a read only replica."),

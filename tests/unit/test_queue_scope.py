@@ -110,7 +110,12 @@ def test_a_queue_named_whose_dead_letter_queue_exists_is_read_and_reindexed_not_
         ops.dead_letter_queues(SETTINGS, broker(), "removed")
     project = SimpleNamespace(settings=SETTINGS, broker=broker())
     reindexed: list[str] = []
-    monkeypatch.setattr(ops, "reindex", lambda broker, name: reindexed.append(name) or ops.Reindexed(3, 1))
+
+    def reindex(broker: object, name: str) -> ops.Reindexed:
+        reindexed.append(name)
+        return ops.Reindexed(3, 1)
+
+    monkeypatch.setattr(ops, "reindex", reindex)
     assert dashboard_dead_letters.reindex(project, "removed") == {"indexed": 3, "left_out": 1}  # type: ignore[arg-type]
     assert reindexed == ["removed.DLQ"]
     with pytest.raises(ActionError, match="'removed' is not a queue of the project's actors"):
@@ -174,7 +179,7 @@ def test_health_and_migration_take_the_actors_queues_not_every_queue_published_t
     with the project's arguments, the actors' queues: a queue the process sent a message to (another
     service's actor) is declared on its broker all the same, and is none of them."""
     stub = StubBroker()
-    dramatiq.actor(lambda: None, actor_name="send_email", queue_name="emails", broker=stub)
+    dramatiq.actor(actor_name="send_email", queue_name="emails", broker=stub)(lambda: None)
     stub.declare_queue("billing")  # what a send to another service's actor there declares
     assert resolve_queues(SETTINGS, stub) == ["emails"]
     assert foreign_queues(stub, ["emails", "billing"]) == ["billing"]  # type: ignore[arg-type]

@@ -14,7 +14,16 @@ from jobsystem.store.buckets import TakeRequest, bucket_backend
 SLOW = 0.01
 
 
-def leasing(lease=10.0, *, rate=1_000.0, burst=100.0, cost=1.0, lease_ms=1_000, slot_ms=None, key="h"):
+def leasing(
+    lease: float = 10.0,
+    *,
+    rate: float = 1_000.0,
+    burst: float = 100.0,
+    cost: float = 1.0,
+    lease_ms: int = 1_000,
+    slot_ms: int | None = None,
+    key: str = "h",
+) -> TakeRequest:
     return TakeRequest(key, rate, burst, cost, 60_000, slot_ms, lease, lease_ms)
 
 

@@ -15,7 +15,16 @@ from jobsystem.store.sqlite import SqliteStore
 from tests.support import wait_for
 
 
-def req(key="b", rate=10.0, burst=3.0, cost=1.0, horizon_ms=60_000, slot_ms=None, owner=None, sleep_ms=0):
+def req(
+    key: str = "b",
+    rate: float = 10.0,
+    burst: float = 3.0,
+    cost: float = 1.0,
+    horizon_ms: int = 60_000,
+    slot_ms: int | None = None,
+    owner: str | None = None,
+    sleep_ms: int = 0,
+) -> TakeRequest:
     return TakeRequest(key, rate, burst, cost, horizon_ms, slot_ms, owner=owner, sleep_ms=sleep_ms)
 
 

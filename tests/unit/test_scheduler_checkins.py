@@ -24,8 +24,8 @@ from scheduler.triggers import CronSchedule
 from tests import workload  # noqa: F401 - declares the test actors
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 class Capture(Transport):

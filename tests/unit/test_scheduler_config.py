@@ -27,8 +27,8 @@ def local(expression: str, start: datetime, count: int, tz: str = NEW_YORK) -> l
     ]
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def test_spring_forward_a_fixed_time_in_the_skipped_hour_fires_once_an_hour_later():

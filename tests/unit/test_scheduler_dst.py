@@ -14,8 +14,8 @@ from scheduler.triggers import CronSchedule, fires_between, next_fires
 NEW_YORK, BERLIN = "America/New_York", "Europe/Berlin"
 
 
-def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def local(expression: str, tz: str, start: datetime, hours: int) -> list[str]:

@@ -21,7 +21,7 @@ SCRUBBERS = {
 }
 
 
-def _events() -> list[dict[str, Any]]:
+def _events() -> list[dict[Any, Any]]:
     job = {"message_id": str(uuid.uuid4()), "actor": "send_email", "queue": "emails", "attempt": 1}
     lifecycle = {"event": "job_started", **job, "level": "info", "timestamp": "2026-12-01T14:09:15.123456Z"}
     return [

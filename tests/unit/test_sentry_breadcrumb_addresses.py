@@ -30,11 +30,12 @@ from tests.unit.test_bulk import Recorder, messages
 
 def _line(log: str, event: str) -> dict[str, Any]:
     """The log's one JSON line of ``event``."""
-    (line,) = [
+    lines: list[dict[str, Any]] = [
         found
         for found in (json.loads(text) for text in log.splitlines() if text.startswith("{"))
         if found.get("event") == event
     ]
+    (line,) = lines
     return line
 
 
@@ -121,13 +122,14 @@ def test_a_dashboard_starting_sends_sentry_no_address(
     )
     monkeypatch.setattr(dashboard.server, "create_app", lambda *args: None)
     monkeypatch.setattr(
-        dashboard.server.uvicorn, "run", lambda app, host, port, **_: served.append((host, port))
+        "dashboard.server.uvicorn.run", lambda app, host, port, **_: served.append((host, port))
     )
     with fresh_store("redis", tmp_path) as store:
         project = SimpleNamespace(settings=settings, store=store)
         sent, log = sent_to_sentry(
-            lambda: dashboard.server.serve(project, "10.9.8.5", 8181), log_level="DEBUG"
-        )  # type: ignore[arg-type]
+            lambda: dashboard.server.serve(project, "10.9.8.5", 8181),  # type: ignore[arg-type]
+            log_level="DEBUG",
+        )
     assert served == [("10.9.8.5", 8181)]
     assert "dashboard_started" in sent  # the breadcrumb went
     assert "10.9.8." not in sent and store.label not in sent, sent

@@ -5,17 +5,29 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from jobsystem.observability.sentry import scrub_event
 from jobsystem.privacy.scrub import Scrubber
 from tests.pii_corpus import free_text, keyed, leaks
+
+if TYPE_CHECKING:
+    from dramatiq import Message
+    from sentry_sdk.types import Event
 
 MESSAGE_REPR = (
     "<MessageProxy Message(queue_name='q', actor_name='bill', args=('Ana Lucia Lopez',), kwargs={})>"
 )
 
 
-def _exception() -> dict:
+def scrubbed(event: Mapping[str, Any]) -> Any:
+    """``before_send``'s answer to ``event``, built as the SDK sends one, as plain JSON: the SDK's
+    ``Event`` type leaves every nested value an ``object``, which these tests read into."""
+    return scrub_event(Scrubber(), cast("Event", event))
+
+
+def _exception() -> dict[str, Any]:
     """A job's exception as the SDK reports it: a library frame, then one of the application's."""
     library = {
         "module": "dramatiq.worker",
@@ -36,7 +48,7 @@ def _exception() -> dict:
     }
 
 
-def _event():
+def _event() -> dict[str, Any]:
     job = {
         "queue_name": "emails",
         "actor_name": "bill",
@@ -77,7 +89,7 @@ def _event():
 
 def test_no_corpus_value_survives_and_the_sdk_fields_stay():
     event = _event()
-    out = scrub_event(Scrubber(), copy.deepcopy(event))
+    out = scrubbed(copy.deepcopy(event))
     assert out is not None
     assert leaks(json.dumps(out)) == []
     for field in (
@@ -97,7 +109,7 @@ def test_no_corpus_value_survives_and_the_sdk_fields_stay():
 
 
 def test_job_arguments_and_dramatiq_frame_locals_are_removed_outright():
-    out = scrub_event(Scrubber(), _event())
+    out = scrubbed(_event())
     data = out["contexts"]["dramatiq"]["data"]
     assert data["args"] == data["kwargs"] == "[removed]"
     assert data["options"]["traceback"].startswith("RuntimeError: Customer wrote: [email]")
@@ -142,7 +154,7 @@ def test_locals_of_library_frames_go_and_application_frames_keep_scrubbed_brief_
         },
         "threads": {"values": [{"stacktrace": {"frames": [_frame("pika.channel", False, {"b": "x"})]}}]},
     }
-    out = scrub_event(Scrubber(), event)
+    out = scrubbed(event)
     text = json.dumps(out)
     assert "Sm7p-Pa55word" not in text and "Ana Lucia" not in text and leaks(text) == []
     library, own = out["exception"]["values"][0]["stacktrace"]["frames"]
@@ -157,12 +169,12 @@ def test_locals_of_library_frames_go_and_application_frames_keep_scrubbed_brief_
 
 
 def test_event_is_tagged_with_the_job():
-    out = scrub_event(Scrubber(), _event())
+    out = scrubbed(_event())
     assert out["tags"] == {"region": "eu", "actor": "bill", "queue": "emails", "message_id": "m-1"}
 
 
 def test_an_event_that_cannot_be_scrubbed_is_dropped_not_sent():
-    assert scrub_event(Scrubber(), {"contexts": "not a mapping", "message": free_text()}) is None
+    assert scrubbed({"contexts": "not a mapping", "message": free_text()}) is None
 
 
 def test_structlog_events_reach_sentry_scrubbed_as_structures(logging_restored):
@@ -198,15 +210,17 @@ def test_structlog_events_reach_sentry_scrubbed_as_structures(logging_restored):
     assert "[address]" in crumb["message"]
 
 
-def _workflow_messages():
+def _workflow_messages() -> tuple[Message[Any], Message[Any]]:
     """A job whose later steps travel in its options: a project workflow's ``workflow.next`` and a
     Dramatiq pipeline's ``pipe_target``, each a whole message, arguments and all."""
     from dramatiq import Message
 
     from jobsystem.runtime.workflow_steps import Step, annotate
 
-    report = Message("reports", "make_report", ("2026-11",), {}, {})
-    mail = Message("emails", "send_report", ("Ana Lucia Lopez",), {"ship_to": "12 Rue Lepic"}, {})
+    report: Message[Any] = Message("reports", "make_report", ("2026-11",), {}, {})
+    mail: Message[Any] = Message(
+        "emails", "send_report", ("Ana Lucia Lopez",), {"ship_to": "12 Rue Lepic"}, {}
+    )
     _, (member,) = annotate("pipeline", [Step([report]), Step([mail])])
     piped = report.copy(options={"pipe_target": mail.asdict()})
     return member, piped
@@ -226,6 +240,7 @@ def test_the_arguments_of_a_workflows_next_steps_do_not_reach_sentry(logging_res
         configure_sentry(load_settings({"SENTRY_DSN": dsn}))
         try:
             integration = sentry_sdk.get_client().get_integration(DramatiqIntegration)
+            assert integration is not None  # configure_sentry installs it
             for message in _workflow_messages():
                 with sentry_sdk.isolation_scope() as scope:
                     scope.add_event_processor(_make_message_event_processor(message, integration))

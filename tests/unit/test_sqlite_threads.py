@@ -86,8 +86,12 @@ def _interrupted_in_begin(store: SqliteStore, path: Path, first: Callable[[], ob
     ready, go, interrupted, checked = (threading.Event() for _ in range(4))
     waiting = threading.Event()
 
+    def note_begin(sql: str) -> None:
+        if sql == "BEGIN IMMEDIATE":
+            waiting.set()
+
     def job() -> None:
-        store.connection().set_trace_callback(lambda sql: sql == "BEGIN IMMEDIATE" and waiting.set())
+        store.connection().set_trace_callback(note_begin)
         ready.set()
         go.wait(10)
         try:

@@ -61,9 +61,9 @@ def test_a_time_limit_reached_while_a_429d_job_is_re_enqueued_loses_nothing(tmp_
     rate_limits = RateLimits(store, {"api": Limit(rate=20, burst=1)}, wait_ms=0, max_delay_ms=60_000)
     drain_and_take = rate_limits.backend.drain_and_take
 
-    def slow_drain(*args: Any) -> Any:
+    def slow_drain(*args: Any, **kwargs: Any) -> Any:
         time.sleep(0.3)
-        return drain_and_take(*args)
+        return drain_and_take(*args, **kwargs)
 
     rate_limits.backend.drain_and_take = slow_drain  # type: ignore[method-assign]
     time_limit = TimeLimit(time_limit=100, interval=10)

@@ -125,7 +125,8 @@ def _redis_snapshot(store: RedisStore) -> dict[str, Any]:
         if kind == "hash":
             found[name] = {reply_text(k): reply_text(v) for k, v in client.hgetall(raw).items()}
         elif kind == "zset":
-            found[name] = [(reply_text(m), s) for m, s in client.zrange(raw, 0, -1, withscores=True)]
+            scored: list[Any] = client.zrange(raw, 0, -1, withscores=True)  # (member, score) pairs
+            found[name] = [(reply_text(m), s) for m, s in scored]
     return found
 
 

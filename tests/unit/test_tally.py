@@ -12,7 +12,7 @@ from jobsystem.runtime.tally import Tally
 BUCKETS = (5, 10, 25, 100, float("inf"))
 
 
-def instruments():
+def instruments() -> tuple[prom.CollectorRegistry, prom.Counter, prom.Gauge, prom.Histogram]:
     registry = prom.CollectorRegistry()
     labels = ["queue_name", "actor_name"]
     counter = prom.Counter("jobs", "Jobs.", labels, registry=registry)
@@ -21,7 +21,7 @@ def instruments():
     return registry, counter, gauge, histogram
 
 
-def value(registry, name, **labels):
+def value(registry: prom.CollectorRegistry, name: str, **labels: str) -> float | None:
     return registry.get_sample_value(name, {"queue_name": "q", "actor_name": "a", **labels})
 
 

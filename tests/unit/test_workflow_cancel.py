@@ -35,7 +35,8 @@ def test_a_member_cancelled_while_it_runs_sends_no_next_step(store: StateStore) 
     cancellation = Cancellation(store, keep_ms=TTL, poll_interval=60)
     workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
     broker = RecordingBroker(middleware=[cancellation, workflows, ForgetCancelledKeys()])
-    started, release, ran = threading.Event(), threading.Event(), []
+    started, release = threading.Event(), threading.Event()
+    ran: list[Any] = []
 
     def hold() -> int:
         started.set()
@@ -45,7 +46,7 @@ def test_a_member_cancelled_while_it_runs_sends_no_next_step(store: StateStore) 
     held = dramatiq.actor(broker=broker, actor_name="held", queue_name="q")(hold)
     after = dramatiq.actor(broker=broker, actor_name="after", queue_name="q")(ran.append)
     first = held.message()
-    flow = pipeline([first, after.message()], broker=broker).run()
+    flow = pipeline([first, after.message_with_options()], broker=broker).run()
     worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=50)
     worker.start()
     try:
@@ -76,11 +77,11 @@ def test_a_cancel_between_the_count_and_the_send_of_the_next_step_stops_it(store
     ran: list[Any] = []
     first = dramatiq.actor(broker=broker, actor_name="first", queue_name="q")(lambda: 1).message()
     after = dramatiq.actor(broker=broker, actor_name="after", queue_name="q")(ran.append)
-    flow = pipeline([first, after.message()], broker=broker)
+    flow = pipeline([first, after.message_with_options()], broker=broker)
     count = workflows.backend.finish
 
-    def count_then_cancel(workflow_id: str, step: int, member: str, *rest: Any) -> Any:
-        progress = count(workflow_id, step, member, *rest)
+    def count_then_cancel(workflow_id: str, step: int, member: str, *rest: Any, **named: Any) -> Any:
+        progress = count(workflow_id, step, member, *rest, **named)
         if member == first.message_id:
             assert progress.send_next  # the count said "send", the cancel comes now
             assert cancel(workflow_id, broker=broker) != []
@@ -114,7 +115,7 @@ def test_a_cancel_whose_marks_fail_leaves_the_workflow_running_not_cancelled(sto
     workflows, broker, (first, after), workflow_id = _two_steps_sent(store)
     mark = workflows.marks.mark_cancelled
 
-    def refused(*args: Any) -> None:
+    def refused(*args: Any, **kwargs: Any) -> None:
         raise StoreUnavailable("OOM command not allowed when used memory > 'maxmemory'")
 
     workflows.marks.mark_cancelled = refused  # type: ignore[method-assign]
@@ -138,7 +139,9 @@ def _two_steps_sent(store: StateStore) -> tuple[Workflows, RecordingBroker, list
     workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
     broker = RecordingBroker(middleware=[workflows])
     first = dramatiq.actor(broker=broker, actor_name="first", queue_name="q")(lambda: 1).message()
-    after = dramatiq.actor(broker=broker, actor_name="after", queue_name="q")(lambda _: None).message()
+    after = dramatiq.actor(broker=broker, actor_name="after", queue_name="q")(
+        lambda _: None
+    ).message_with_options()
     flow = pipeline([first, after], broker=broker)
     flow.run()
     (sent, _), *_ = broker.enqueued  # the first step as sent: its workflow option on it
@@ -153,8 +156,8 @@ def test_a_workflow_cancelled_while_a_member_returns_is_shown_cancelled(store: S
     workflows, broker, (first, after), workflow_id = _two_steps_sent(store)
     mark = workflows.marks.mark_cancelled
 
-    def mark_then_first_returns(*args: Any) -> None:
-        mark(*args)
+    def mark_then_first_returns(*args: Any, **kwargs: Any) -> None:
+        mark(*args, **kwargs)
         workflows.member_finished(broker, first, "succeeded", 1)  # the member's worker, meanwhile
 
     workflows.marks.mark_cancelled = mark_then_first_returns  # type: ignore[method-assign]

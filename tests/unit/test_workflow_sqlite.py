@@ -81,7 +81,8 @@ def test_a_member_counted_by_a_worker_of_the_previous_release_completes_its_step
     square = dramatiq.actor(broker=broker, actor_name="square", queue_name="q")(lambda i: i * i)
     total = dramatiq.actor(broker=broker, actor_name="total", queue_name="q")(sum)
     record, first = annotate(
-        "chord", [Step([square.message(i) for i in range(3)], pipe="list"), Step([total.message()])]
+        "chord",
+        [Step([square.message(i) for i in range(3)], pipe="list"), Step([total.message_with_options()])],
     )
     workflows.backend.create(record, TTL)
     workflows.after_process_message(broker, delivery(first[0]), result=0)
