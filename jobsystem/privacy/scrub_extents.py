@@ -35,17 +35,17 @@ from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
 from jobsystem.privacy.scrub_value_shapes import birth_date_end, network_end, postcode_end
 
-__all__ = ["NUMBER_LABELS", "value_end"]
+__all__ = ["GROUP_END", "NUMBER_LABELS", "value_end"]
 
 #: Labels of the keys whose values are numbers written in groups.
 NUMBER_LABELS = frozenset({"phone", "card", "iban", "ssn", "id_number", "account"})
 #: What may follow a group: a space, a separator, the end, a full stop that ends a sentence.
-_GROUP_END = r"(?=[\s,;!?'\"\]})>]|\.?$|\.\s)"
+GROUP_END = r"(?=[\s,;!?'\"\]})>]|\.?$|\.\s)"
 #: The next group of digits of a number, joined by the punctuation numbers are written with
 #: (``(0)20``, ``98765-4321``), not by a ``.`` (``3.11``: a decimal or a version).
-_DIGIT_GROUP = re.compile(r"[ \t]+([(+]?\d+(?:[()\-/]{1,2}\d+)*\)?)" + _GROUP_END)
+_DIGIT_GROUP = re.compile(r"[ \t]+([(+]?\d+(?:[()\-/]{1,2}\d+)*\)?)" + GROUP_END)
 #: The next group of an IBAN printed in groups of four.
-_IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + _GROUP_END)
+_IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + GROUP_END)
 #: Groups looked at, at most (an IBAN has up to nine).
 _MAX_GROUPS = 10
 _SPACES = str.maketrans("\u00a0\u202f", "  ")
