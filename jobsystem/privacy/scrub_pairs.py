@@ -132,6 +132,7 @@ def key_values(
     phone number. A secret is never hashed: ``password:a1b2c3d4e5f6`` is always a password."""
     parts: list[str] = []
     done = 0
+    refused: dict[str, int] = {}  # by label, where the last value in brackets it refused ends
     for separator in _SEPARATOR.finditer(text):
         at = separator.start()
         if at < done:
@@ -142,7 +143,7 @@ def key_values(
         label = key.label
         value = _value_at(text, at + 1)
         if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
-            span = _bracketed(text, at + 1, key, replace, value_end)
+            span = _bracketed(text, at + 1, key, replace, value_end, refused)
         else:
             own_hash = own_hashes and text[at] == ":" and value[0] == at + 1
             span = _word_or_quoted(text, value, label, key, own_hash, replace, value_end)
@@ -178,13 +179,18 @@ def _word_or_quoted(
 
 
 def _bracketed(
-    text: str, pos: int, key: _Key, replace: Replace, value_end: ValueEnd
+    text: str, pos: int, key: _Key, replace: Replace, value_end: ValueEnd, refused: dict[str, int]
 ) -> tuple[int, int, str] | None:
     """A value in brackets at ``pos`` (after spaces): where it begins and ends (with a port after
     it: ``[2001:db8::1]:443``), and what replaces it, quoted as its key is (``"address":
     "[address]"`` keeps JSON text JSON); None if there is none, or it stays: empty (``[]``), a
     replacement already (``[address]``), or not of its label's shape (``'send_email': ['welcome']``).
-    After a number's key, :func:`_bracketed_number` says where it ends."""
+    After a number's key, :func:`_bracketed_number` says where it ends.
+
+    ``refused``: by label, the end of the last value in brackets refused on this text. One that
+    begins inside it is refused unread: it ends inside it (a bracket opened in a bracket closes
+    in it), and a part of a value without its label's shape (an ``@``, a digit) has none either.
+    Read again, each such value cost the rest of its line: 9,000 ``email=(`` took a minute."""
     opening = _OPEN_BRACKET.match(text, pos)
     if opening is None:
         return None
@@ -194,6 +200,8 @@ def _bracketed(
         if number_end is None:
             return None
         stop = number_end
+    elif begin < refused.get(label, -1):
+        return None
     else:
         stop = bracketed_end(text, begin)
         if text[stop - 1 : stop] == "]" and (port := _PORT.match(text, stop)):
@@ -201,6 +209,7 @@ def _bracketed(
     value = text[begin:stop]
     shaped = SHAPED_LABELS.get(label)
     if already_removed(value) or not value[1:].strip(" \t)]}>") or (shaped is not None and not shaped(value)):
+        refused[label] = stop
         return None
     return begin, stop, f"{key.quote}{replace(label, value)}{key.quote}"
 
