@@ -5,7 +5,8 @@ Street'}``, and JSON text inside a JSON string (``\\"name\\": \\"Jos\\\\u00e9\\"
 deeper (``\\\\\\"name\\\\\\":`` three ``json.dumps`` deep), up to seven ``json.dumps`` deep or
 the repr of six (:data:`~jobsystem.privacy.scrub_text.QUOTE_SLASHES`). A key is a word, or a
 name of several words written in words (``date of birth:``). A quoted value ends at its quote,
-a value in brackets at the bracket that closes it (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`);
+a value in brackets at the bracket that closes it (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`;
+after a number's key, where the number in it, or begun by it, ends: ``phone=(555) 123-4567``);
 an unquoted one is a word, or runs on as far as the caller's ``value_end`` says
 (:mod:`scrub_extents`: an address or a date of birth, a person's name, a phone number in groups).
 """
@@ -190,7 +191,7 @@ def _bracketed(
     ``refused``: by label, the end of the last value in brackets refused on this text. One that
     begins inside it is refused unread: it ends inside it (a bracket opened in a bracket closes
     in it), and a part of a value without its label's shape (an ``@``, a digit) has none either.
-    Read again, each such value cost the rest of its line: 9,000 ``email=(`` took a minute."""
+    Read again, each such value cost the rest of its line: 9,300 ``email=(`` took some 40 s."""
     opening = _OPEN_BRACKET.match(text, pos)
     if opening is None:
         return None
