@@ -8,7 +8,10 @@ An unquoted value was one word: ``mobile: 70123 45678`` logged ``[phone] 45678``
   ``postcode: SW1A 1AA``: :mod:`scrub_value_shapes`), else to the end of the value, before the
   line's next ``key=value`` pair (``address=221B Baker Street status=ok``): :mod:`scrub_freeform`;
   a mailbox's or a machine's address as its first word is a shape, unless a ``,`` or ``;`` after
-  it starts the next part of the value (``address=ana@example.com, 221B Baker Street``);
+  it starts the next part of the value: after a mailbox's (``address=ana@example.com, 221B Baker
+  Street``), or after any under a key naming a place's address (``home_address=81.2.69.142, Flat
+  3``); under a plain ``address`` key an IP or a ``host:port`` is a machine's, and the words after
+  its ``,`` stay (``address=10.0.0.1, retrying in 5 s``);
 - a person's name (``name=José Pérez``): see :mod:`scrub_names`;
 - a number of a personal kind (:data:`NUMBER_LABELS`: a phone, a card, an IBAN, a national or
   account number; and a name key's value that starts as a phone number does,
@@ -27,22 +30,22 @@ import re
 
 from jobsystem.privacy.scrub_freeform import FREEFORM_LABELS, freeform_end
 from jobsystem.privacy.scrub_groups import run_end
-from jobsystem.privacy.scrub_keys import is_machine_address_key, is_postcode_key
+from jobsystem.privacy.scrub_keys import is_machine_address_key, is_place_address_key, is_postcode_key
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
 from jobsystem.privacy.scrub_value_shapes import birth_date_end, network_end, postcode_end
 
-__all__ = ["NUMBER_LABELS", "value_end"]
+__all__ = ["GROUP_END", "NUMBER_LABELS", "value_end"]
 
 #: Labels of the keys whose values are numbers written in groups.
 NUMBER_LABELS = frozenset({"phone", "card", "iban", "ssn", "id_number", "account"})
 #: What may follow a group: a space, a separator, the end, a full stop that ends a sentence.
-_GROUP_END = r"(?=[\s,;!?'\"\]})>]|\.?$|\.\s)"
+GROUP_END = r"(?=[\s,;!?'\"\]})>]|\.?$|\.\s)"
 #: The next group of digits of a number, joined by the punctuation numbers are written with
 #: (``(0)20``, ``98765-4321``), not by a ``.`` (``3.11``: a decimal or a version).
-_DIGIT_GROUP = re.compile(r"[ \t]+([(+]?\d+(?:[()\-/]{1,2}\d+)*\)?)" + _GROUP_END)
+_DIGIT_GROUP = re.compile(r"[ \t]+([(+]?\d+(?:[()\-/]{1,2}\d+)*\)?)" + GROUP_END)
 #: The next group of an IBAN printed in groups of four.
-_IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + _GROUP_END)
+_IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + GROUP_END)
 #: Groups looked at, at most (an IBAN has up to nine).
 _MAX_GROUPS = 10
 _SPACES = str.maketrans("\u00a0\u202f", "  ")
@@ -71,9 +74,9 @@ def value_end(numbers: NumberFinder, label: str, key: str, text: str, begin: int
 
 def _freeform_end(label: str, key: str, text: str, begin: int, stop: int) -> int:
     """The end of a value of a free-form kind: its shape's if it has one, else the value's. A
-    machine's or a mailbox's address is one word, but under a key that names no machine's
-    address a ``,`` or ``;`` after it makes it the first part of a value in parts (a mailbox, then
-    a street): the rest is the value's too, as far as a free-form value runs."""
+    machine's or a mailbox's address is one word, but a ``,`` or ``;`` after it may make it the
+    first part of a value in parts (:func:`_first_of_parts`): the rest is the value's too, as far
+    as a free-form value runs."""
     if label == "birth_date":
         shaped = birth_date_end(text, begin)
     elif label == "address" and is_postcode_key(key):
@@ -81,11 +84,23 @@ def _freeform_end(label: str, key: str, text: str, begin: int, stop: int) -> int
     elif label == "address":
         machine = is_machine_address_key(key)
         shaped = network_end(text, begin, stop, host_names=machine)
-        if shaped is not None and not machine and text[stop : stop + 1] in _LIST_SEPARATORS:
+        if shaped is not None and not machine and _first_of_parts(key, text, begin, stop):
             shaped = None  # ``address=ana@example.com, 221B Baker Street``: a part, then the rest
     else:
         shaped = None
     return max(shaped, stop) if shaped is not None else freeform_end(text, begin, stop)
+
+
+def _first_of_parts(key: str, text: str, begin: int, stop: int) -> bool:
+    """Whether the address ``text[begin:stop]``, a machine's or a mailbox's, after ``key`` (no
+    machine's address key) is the first part of an address in parts: a ``,`` or ``;`` follows it,
+    and it is a mailbox's (``ana@example.com, 221B Baker Street``) or ``key`` names a place's
+    address (``home_address=81.2.69.142, Flat 3``). An IP or a ``host:port`` under a plain
+    ``address`` key is a machine's: ``address=10.0.0.1, retrying in 5 s`` lost ``retrying in 5 s``."""
+    if text[stop : stop + 1] not in _LIST_SEPARATORS:
+        return False
+    word = text[begin:stop]
+    return ("@" in word and "://" not in word) or is_place_address_key(key)
 
 
 def _spaced(text: str) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "SECRET_LABELS",
     "KeyMatcher",
     "is_machine_address_key",
+    "is_place_address_key",
     "is_postcode_key",
     "tokens",
 ]
@@ -148,6 +149,13 @@ _MACHINE_QUALIFIERS = frozenset(
     {"server", "bind", "remote", "local", "listen", "host", "peer", "ip", "mac", "broker", "node", "socket"}
     | {"proxy", "gateway", "upstream", "backend", "hardware", "network"}
 )
+#: Qualifiers before an address word that name a place's address, a person's or a business's
+#: (``home_address``, ``billingAddress``); ``new_``, ``primary_`` and the like name either.
+_PLACE_QUALIFIERS = frozenset(
+    {"home", "billing", "shipping", "delivery", "postal", "mailing", "street", "residential", "residence"}
+    | {"physical", "correspondence", "registered", "business", "office", "work", "permanent", "customer"}
+    | {"contact", "invoice", "return", "pickup", "forwarding", "legal"}
+)
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _SPLIT = re.compile(r"[^a-z0-9]+")
@@ -167,15 +175,26 @@ def is_postcode_key(key: str) -> bool:
 def is_machine_address_key(key: str) -> bool:
     """Whether ``key`` names a machine's address: its last word is an address, qualified by a word
     of :data:`_MACHINE_QUALIFIERS` (``server_address``, ``listenAddr``, ``bindaddress``)."""
+    return _address_qualifier(key) in _MACHINE_QUALIFIERS
+
+
+def is_place_address_key(key: str) -> bool:
+    """Whether ``key`` names a place's address: its last word is an address, qualified by a word
+    of :data:`_PLACE_QUALIFIERS` (``home_address``, ``shippingAddr``, ``billing address``)."""
+    return _address_qualifier(key) in _PLACE_QUALIFIERS
+
+
+def _address_qualifier(key: str) -> str | None:
+    """The word qualifying the address word that ends ``key`` (``server`` of ``server_address``
+    and of ``serveraddress``), empty if none does (``address``); None if no address word ends it."""
     words = tokens(key)
     if not words:
-        return False
+        return None
     last = words[-1]
     word = next((w for w in _ADDRESS_WORDS if last.endswith(w)), None)
     if word is None:
-        return False
-    qualifier = last.removesuffix(word) or (words[-2] if len(words) > 1 else "")
-    return qualifier in _MACHINE_QUALIFIERS
+        return None
+    return last.removesuffix(word) or (words[-2] if len(words) > 1 else "")
 
 
 def _singular(word: str) -> tuple[str, ...]:

@@ -5,7 +5,8 @@ Street'}``, and JSON text inside a JSON string (``\\"name\\": \\"Jos\\\\u00e9\\"
 deeper (``\\\\\\"name\\\\\\":`` three ``json.dumps`` deep), up to seven ``json.dumps`` deep or
 the repr of six (:data:`~jobsystem.privacy.scrub_text.QUOTE_SLASHES`). A key is a word, or a
 name of several words written in words (``date of birth:``). A quoted value ends at its quote,
-a value in brackets at the bracket that closes it (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`);
+a value in brackets at the bracket that closes it (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`;
+after a number's key, where the number in it, or begun by it, ends: ``phone=(555) 123-4567``);
 an unquoted one is a word, or runs on as far as the caller's ``value_end`` says
 (:mod:`scrub_extents`: an address or a date of birth, a person's name, a phone number in groups).
 """
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import NamedTuple
 
+from jobsystem.privacy.scrub_extents import GROUP_END, NUMBER_LABELS
 from jobsystem.privacy.scrub_freeform import bracketed_end
 from jobsystem.privacy.scrub_keys import SECRET_LABELS, KeyMatcher
 from jobsystem.privacy.scrub_text import QUOTE_SLASHES, Replace, already_removed, unescaped
@@ -34,6 +36,16 @@ _WORD_BEFORE = re.compile(r"(?<![\w\-])[A-Za-z]{1,32}\Z")
 #: A value that opens with a bracket (after spaces), and a port after an IPv6 address in brackets.
 _OPEN_BRACKET = re.compile(r"[ \t]*[(\[{<]")
 _PORT = re.compile(r":\d{1,5}(?!\d)")
+#: A number's first group in brackets, and the digits joined to it: ``(555)`` of ``(555) 123-4567``,
+#: ``(555)123-4567``, ``(+44)``, ``(0)20``; it ends where a group of digits ends.
+_BRACKETED_GROUP = re.compile(r"\(\+?\d{1,5}\)(?:\d+(?:[\-/]\d+)*)?" + GROUP_END)
+#: The first word inside a bracket (after spaces), and what follows a number there: its bracket's
+#: end, or a ``,`` and the next item.
+_INNER_WORD = re.compile(r"[ \t]*[^\s\"',;&(){}\[\]<>]+")
+_AFTER_ITEM = re.compile(r"[ \t]*([,)\]}>])")
+#: A bracket whose first item is quoted: a repr's or JSON's list, its items' shapes tested as a whole.
+_QUOTED_ITEM = re.compile(r"[ \t]*[\"'\\]")
+_CLOSING = {"(": ")", "[": "]", "{": "}", "<": ">"}
 #: Address keys written as a word, that a word before them may qualify.
 _ADDRESS_KEYS = frozenset({"address", "addr"})
 
@@ -121,6 +133,7 @@ def key_values(
     phone number. A secret is never hashed: ``password:a1b2c3d4e5f6`` is always a password."""
     parts: list[str] = []
     done = 0
+    refused: dict[str, int] = {}  # by label, where the last value in brackets it refused ends
     for separator in _SEPARATOR.finditer(text):
         at = separator.start()
         if at < done:
@@ -131,7 +144,7 @@ def key_values(
         label = key.label
         value = _value_at(text, at + 1)
         if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
-            span = _bracketed(text, at + 1, label, key.quote, replace)
+            span = _bracketed(text, at + 1, key, replace, value_end, refused)
         else:
             own_hash = own_hashes and text[at] == ":" and value[0] == at + 1
             span = _word_or_quoted(text, value, label, key, own_hash, replace, value_end)
@@ -166,23 +179,65 @@ def _word_or_quoted(
     return None if replaced is None else (begin, stop, replaced)
 
 
-def _bracketed(text: str, pos: int, label: str, quote: str, replace: Replace) -> tuple[int, int, str] | None:
+def _bracketed(
+    text: str, pos: int, key: _Key, replace: Replace, value_end: ValueEnd, refused: dict[str, int]
+) -> tuple[int, int, str] | None:
     """A value in brackets at ``pos`` (after spaces): where it begins and ends (with a port after
     it: ``[2001:db8::1]:443``), and what replaces it, quoted as its key is (``"address":
     "[address]"`` keeps JSON text JSON); None if there is none, or it stays: empty (``[]``), a
-    replacement already (``[address]``), or not of its label's shape (``'send_email': ['welcome']``)."""
+    replacement already (``[address]``), or not of its label's shape (``'send_email': ['welcome']``).
+    After a number's key, :func:`_bracketed_number` says where it ends.
+
+    ``refused``: by label, the end of the last value in brackets refused on this text. One that
+    begins inside it is refused unread: it ends inside it (a bracket opened in a bracket closes
+    in it), and a part of a value without its label's shape (an ``@``, a digit) has none either.
+    Read again, each such value cost the rest of its line: 9,300 ``email=(`` took some 40 s."""
     opening = _OPEN_BRACKET.match(text, pos)
     if opening is None:
         return None
-    begin = opening.end() - 1
-    stop = bracketed_end(text, begin)
-    if text[stop - 1 : stop] == "]" and (port := _PORT.match(text, stop)):
-        stop = port.end()
+    begin, label = opening.end() - 1, key.label
+    if label in NUMBER_LABELS and not _QUOTED_ITEM.match(text, begin + 1):
+        number_end = _bracketed_number(text, begin, key, value_end)
+        if number_end is None:
+            return None
+        stop = number_end
+    elif begin < refused.get(label, -1):
+        return None
+    else:
+        stop = bracketed_end(text, begin)
+        if text[stop - 1 : stop] == "]" and (port := _PORT.match(text, stop)):
+            stop = port.end()
     value = text[begin:stop]
     shaped = SHAPED_LABELS.get(label)
     if already_removed(value) or not value[1:].strip(" \t)]}>") or (shaped is not None and not shaped(value)):
+        refused[label] = stop
         return None
-    return begin, stop, f"{quote}{replace(label, value)}{quote}"
+    return begin, stop, f"{key.quote}{replace(label, value)}{key.quote}"
+
+
+def _bracketed_number(text: str, begin: int, key: _Key, value_end: ValueEnd) -> int | None:
+    """Where a number after a number's key (a phone, a card...) that opens with the bracket at
+    ``begin`` ends, or None if the bracket holds no such number (``phone: (retry 3 of 5)``, as
+    ``card: (attempt 2 of 3)``, is a remark: no number reads so). Either its first group is in
+    brackets and the groups after it are the number's (``(555) 123-4567``, ``(020) 7946 0958``),
+    as far as ``value_end`` reads them; or ``value_end`` reads the bracket's first word to its
+    closing bracket (``(+44 7700 900123)``, ``[4111 1111 1111 1111]``), or to a ``,`` after which
+    more items follow (``[+44 7700 900123, +44 7700 900456]``: all of the bracket)."""
+    group = _BRACKETED_GROUP.match(text, begin)
+    if group is not None:
+        return value_end(key.label, key.name, text, begin, group.end())
+    word = _INNER_WORD.match(text, begin + 1)
+    if word is None:
+        return None
+    first = word.end() - len(word[0].lstrip(" \t"))
+    end = value_end(key.label, key.name, text, first, word.end())
+    closing = _CLOSING[text[begin]]
+    if text[end - 1] == ")" == closing:
+        return end  # a group of digits takes the ``)`` after it: ``(+44 7700 900123)``
+    after = _AFTER_ITEM.match(text, end)
+    if after is None or after[1] not in (closing, ","):
+        return None
+    return after.end() if after[1] == closing else bracketed_end(text, begin)
 
 
 class _Key(NamedTuple):

@@ -139,6 +139,21 @@ def assert_no_traceback(
     assert "Traceback" not in stderr and "AssertionError" not in stderr + caplog.text, stderr
 
 
+def bulk_lines(records: list[logging.LogRecord]) -> list[str]:
+    """The lines the bulk send logged: from ``jobsystem.rabbitmq.bulk`` and, since the publisher
+    has its own module, ``jobsystem.rabbitmq.bulk_publisher`` (matched by name alone, a check of
+    the first saw none of the publisher's lines, and could not fail on one)."""
+    return [r.getMessage() for r in records if r.name.startswith("jobsystem.rabbitmq.bulk")]
+
+
+def test_the_bulk_lines_checked_are_the_senders_and_the_publishers():
+    def record(name: str) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, f"from {name}", None, None)
+
+    names = ["jobsystem.rabbitmq.bulk", "jobsystem.rabbitmq.bulk_publisher", "pika.adapters", "dramatiq"]
+    assert bulk_lines([record(name) for name in names]) == [f"from {name}" for name in names[:2]]
+
+
 @pytest.mark.parametrize("bound", ["stack_timeout", "timeout"])
 def test_a_node_that_hangs_while_opening_is_given_up(
     monkeypatch, recorder, bound, caplog, capfd, pika_tracebacks
@@ -205,9 +220,7 @@ def test_the_next_node_is_tried_when_one_hangs_while_opening_past_the_send_timeo
     assert time.monotonic() - started < 5
     assert rabbit.published == ids(batch) and hung.published == []
     assert recorder.enqueued == ids(batch) and recorder.unsent == []
-    assert [r.getMessage() for r in caplog.records if r.name == "jobsystem.rabbitmq.bulk"] == [
-        "bulk_send_node_unreachable"
-    ]
+    assert bulk_lines(caplog.records) == ["bulk_send_node_unreachable"]
     assert_no_traceback(caplog, capfd, pika_tracebacks)
 
 

@@ -245,6 +245,11 @@ _ADVERSARIAL_LINES = [
     "'ana' + B * 65_000 + 'u00e9@example.com'",
     "(B * 64 + 'u00e9') * 900 + '@example.com'",
     "'a@' + (B * 64 + 'u00e4') * 900 + '.com'",
+    # Brackets after a key whose shape refuses them (no ``@``, no digit), unclosed or closed last.
+    "'email=(' * 9_300",
+    "'email=(' * 8_000 + ')' * 8_000",
+    "'phone=(' * 9_300",
+    "('phone=(' + A) * 8_000",
 ]
 
 _TIMED = """
