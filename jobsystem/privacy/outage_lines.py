@@ -22,14 +22,12 @@ A line that is no failure follows the same rule (every INFO line is a breadcrumb
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from typing import Any
 
-import redis
 import structlog
 
-from jobsystem.store.base import StoreUnavailable
+from jobsystem.store.failures import WRAPPERS, reply_code, wrapped
 
 __all__ = [
     "ADDRESSES_SUFFIX",
@@ -47,58 +45,18 @@ CAUSE_SUFFIX = "_cause"
 #: The DEBUG line with the addresses a line ``event`` leaves out: ``event + ADDRESSES_SUFFIX``.
 ADDRESSES_SUFFIX = "_addresses"
 
-#: Errors that only carry another's failure: a line names the one they wrap as its ``cause``.
-WRAPPERS: tuple[type[BaseException], ...] = (StoreUnavailable,)
-
-#: An error reply's code: a short word all in capitals (a word of the text in any other shape,
-#: an address, a name, is not a code and is never logged at the line's level).
-_CODE = re.compile(r"[A-Z]{2,16}")
-
-
-def _wrapped(exc: BaseException) -> BaseException | None:
-    """The first error in ``exc``'s chain (``__cause__``, else ``__context__``) that is not a
-    wrapper, or None when ``exc`` is no wrapper or wraps nothing else."""
-    seen: set[int] = set()
-    error: BaseException | None = exc
-    while isinstance(error, WRAPPERS) and id(error) not in seen:
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None if error is exc else error
-
-
-#: The error replies whose code redis-py strips from the text (it names them by class instead):
-#: recent releases keep it as ``status_code``, older ones the project allows (``redis>=5.0``) do not.
-_CLASS_CODES: dict[type[redis.RedisError], str] = {
-    redis.exceptions.OutOfMemoryError: "OOM",
-    redis.exceptions.ReadOnlyError: "READONLY",
-    redis.exceptions.NoScriptError: "NOSCRIPT",
-    redis.exceptions.BusyLoadingError: "LOADING",
-    redis.exceptions.ExecAbortError: "EXECABORT",
-    redis.exceptions.NoPermissionError: "NOPERM",
-}
-
-
-def _reply_code(error: BaseException) -> str | None:
-    """A Redis error reply's code: what redis-py parsed (``status_code``, or the class of a reply
-    whose code it strips from the text), else the text's first word when it has a code's shape."""
-    if not isinstance(error, redis.RedisError):
-        return None
-    parsed = getattr(error, "status_code", None)
-    if not isinstance(parsed, str):
-        parsed = next((c for kind, c in _CLASS_CODES.items() if isinstance(error, kind)), None)
-    if parsed is None and isinstance(error, redis.ResponseError):
-        parsed = (str(error).split(maxsplit=1) or [""])[0]
-    return parsed if parsed is not None and _CODE.fullmatch(parsed) else None
+# The wrapped error and a reply's code are read by jobsystem.store.failures, which also tells a
+# writer whether a failure passes: one parser for both.
 
 
 def failure_fields(exc: BaseException) -> dict[str, str]:
     """The fields naming ``exc`` at a line's own level: ``error`` (its class), ``cause`` (the class
     of the error it wraps, when a wrapper) and ``code`` (a Redis error reply's), never a text."""
     fields = {"error": type(exc).__name__}
-    cause = _wrapped(exc)
+    cause = wrapped(exc)
     if cause is not None:
         fields["cause"] = type(cause).__name__
-    code = _reply_code(exc if cause is None else cause)
+    code = reply_code(exc if cause is None else cause)
     if code is not None:
         fields["code"] = code
     return fields

@@ -2,8 +2,16 @@
 
 A completion mark or a status update can reach the store a few milliseconds after the job; what
 matters is that the worker thread does not wait for it. Writes submitted together go out in one
-batch (on Redis one Lua call per kind of write, on SQLite one transaction). A batch that fails is
-retried, in order, until the store answers again.
+batch (on Redis one Lua call per kind of write, on SQLite one transaction). A batch that fails in
+a way that passes (:func:`~jobsystem.store.failures.transient`: a lost connection, ``OOM``,
+``READONLY``, a busy SQLite file) is retried, in order, until the store answers again.
+
+A failure that would come back on every retry (a ``WRONGTYPE`` reply for a key holding another
+type, a script's own error, a bug in a kind's code) is no outage: retried, it held every later
+write of the process (every job's status and completion) behind it for good, and dropping the whole
+batch lost the other kinds' writes with it. The failed kind's writes are dropped alone (one ERROR
+line, ``deferred_write_dropped``, naming the kind and the count) and the others written one kind at
+a time, each in a batch of its own.
 
 A retry writes again exactly what the failure undid. On SQLite that is every group of the batch:
 one group's error (a busy lock, a full disk) rolls back the groups before it too. On Redis each
@@ -23,7 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from jobsystem.privacy.outage_lines import log_outage
-from jobsystem.store.base import StateStore, StoreUnavailable
+from jobsystem.store.base import StateStore
+from jobsystem.store.failures import transient
 
 #: Applies many queued items of one kind to a batch view of the store, in one operation if it can.
 ApplyMany = Callable[[StateStore, list[Any]], None]
@@ -106,31 +115,70 @@ class DeferredWrites:
             self._write(batch)
 
     def _write(self, batch: list[tuple[ApplyMany | Buffered, Any]]) -> None:
-        """Apply ``batch`` in one store batch, retried while the store is unavailable."""
+        """Apply ``batch`` in one store batch, retried while its failure passes; a kind of write
+        that fails for good is dropped alone, the others written."""
         try:
             groups = _grouped(batch)
-        except Exception:
-            logger.exception("deferred_write_dropped", extra={"writes": len(batch)})
+        except Exception as exc:
+            log_outage(logger, logging.ERROR, "deferred_write_dropped", exc, kind="batch", writes=len(batch))
             return
         while groups:
-            applied = 0
+            groups = self._apply(groups, len(batch))
+            if groups:
+                time.sleep(self.retry_delay)
+
+    def _apply(self, groups: list[_Group], writes: int) -> list[_Group]:
+        """Apply ``groups`` in one store batch; returns those to write again after a failure that
+        passes (none when written). After any other failure, the failed group is the one that
+        raised: on Redis it is dropped as it is (the writes of its own before the failure stood,
+        and would count twice); the groups the failure undid are written one by one."""
+        applied = 0
+        try:
+            with self.store.batch() as view:
+                for apply_many, items in groups:
+                    apply_many(view, items)
+                    applied += 1
+            return []
+        except Exception as exc:
+            if transient(exc):
+                log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=writes)
+                # On Redis the groups before the failed one stood: written again, a counter counts twice.
+                return groups if self.store.atomic_batch else groups[applied:]
+            if self.store.atomic_batch:
+                return self._one_by_one(groups)
+            if applied < len(groups):
+                _dropped(groups[applied], exc)
+            return self._one_by_one(groups[applied + 1 :])
+
+    def _one_by_one(self, groups: list[_Group]) -> list[_Group]:
+        """Apply each group in a store batch of its own, dropping those that fail for good; returns
+        the groups left to retry from the first that failed in a way that passes."""
+        for index, group in enumerate(groups):
+            apply_many, items = group
             try:
                 with self.store.batch() as view:
-                    for apply_many, items in groups:
-                        apply_many(view, items)
-                        applied += 1
-                return
-            except StoreUnavailable as exc:
-                log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=len(batch))
-                if not self.store.atomic_batch:
-                    groups = groups[applied:]  # those stood: written again, a counter would count twice
-                time.sleep(self.retry_delay)
-            except Exception:
-                logger.exception("deferred_write_dropped", extra={"writes": len(batch)})
-                return
+                    apply_many(view, items)
+            except Exception as exc:
+                if transient(exc):
+                    log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=len(items))
+                    return groups[index:]
+                _dropped(group, exc)
+        return []
 
 
-def _grouped(batch: list[tuple[ApplyMany | Buffered, Any]]) -> list[tuple[ApplyMany, list[Any]]]:
+#: One kind of write and its items (a :class:`Buffered` kind's already taken from its buffer).
+_Group = tuple[ApplyMany, list[Any]]
+
+
+def _dropped(group: _Group, exc: Exception) -> None:
+    """Log a group of writes that failed in a way no retry mends: its kind of write (its apply
+    function, by qualified name) and how many, never the items, whose contents are the jobs'."""
+    apply_many, items = group
+    kind = getattr(apply_many, "__qualname__", type(apply_many).__qualname__)
+    log_outage(logger, logging.ERROR, "deferred_write_dropped", exc, kind=kind, writes=len(items))
+
+
+def _grouped(batch: list[tuple[ApplyMany | Buffered, Any]]) -> list[_Group]:
     """The batch's items per kind of write, in the order each kind first came; a :class:`Buffered`
     kind's writes taken out of its buffer now, so that a retry of the batch applies them again."""
     groups: dict[ApplyMany | Buffered, list[Any]] = {}

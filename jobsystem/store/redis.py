@@ -60,7 +60,8 @@ def send_packed(conn: Any, command: tuple[Any, ...], *, check_health: bool = Tru
 
 def redis_error(exc: redis.RedisError) -> StoreUnavailable:
     """The store error for anything redis-py raised: misconfigured, or unavailable (everything
-    else, error replies included: they mean "not now", so callers defer)."""
+    else, error replies included: they mean "not now", so callers defer). It wraps ``exc``, which
+    says whether a retry can help (:func:`jobsystem.store.failures.transient`)."""
     text = str(exc)
     refused = redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError
     misconfigured = isinstance(exc, refused) or (
@@ -68,7 +69,9 @@ def redis_error(exc: redis.RedisError) -> StoreUnavailable:
         and (text.startswith(_REDIS_MISCONFIGURED) or any(t in text for t in _REDIS_MISCONFIGURED_TEXT))
     )
     kind = StoreMisconfigured if misconfigured else StoreUnavailable
-    return kind(f"redis: {type(exc).__name__}: {text}")
+    error = kind(f"redis: {type(exc).__name__}: {text}")
+    error.__cause__ = exc  # kept with it: an error reply read later is raised away from its except
+    return error
 
 
 def delete_matching(client: redis.Redis, pattern: str, batch: int = 1_000) -> int:

@@ -28,7 +28,9 @@ def sqlite_error(exc: sqlite3.Error) -> StoreUnavailable:
     """The store error for anything sqlite3 raised (a busy lock or a full disk is unavailable)."""
     text = str(exc)
     kind = StoreMisconfigured if any(t in text for t in _SQLITE_MISCONFIGURED) else StoreUnavailable
-    return kind(f"sqlite: {type(exc).__name__}: {text}")
+    error = kind(f"sqlite: {type(exc).__name__}: {text}")
+    error.__cause__ = exc  # says whether a retry can help (jobsystem.store.failures.transient)
+    return error
 
 
 _SCHEMA = """

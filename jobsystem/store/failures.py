@@ -1,0 +1,106 @@
+"""What a store failure is: the error it wraps, a Redis reply's code, and whether waiting helps.
+
+Every backend error surfaces as :class:`~jobsystem.store.base.StoreUnavailable`, which is right for
+a caller that fails closed, but a writer that retries must tell two kinds apart. A refused
+connection, a timeout, a full or read-only Redis (``OOM``, ``READONLY``), a busy or locked SQLite
+file pass: retrying the same write later succeeds. A ``WRONGTYPE`` reply (the key holds another
+type), a script's own ``error_reply``, an ``ERR`` for bad arguments, or any bug in the writer's own
+code fail the same way every time: retried, they block every write queued behind them for good.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+
+import redis
+
+from jobsystem.store.base import StoreMisconfigured, StoreUnavailable
+
+__all__ = ["TRANSIENT_REPLY_CODES", "WRAPPERS", "reply_code", "transient", "wrapped"]
+
+#: Errors that only carry another's failure: what they wrap says what failed.
+WRAPPERS: tuple[type[BaseException], ...] = (StoreUnavailable,)
+
+#: Redis error replies that mean "not now": out of memory, a replica or a failover in progress, a
+#: script running, the dataset loading, a cluster resharding or without enough replicas.
+TRANSIENT_REPLY_CODES = frozenset(
+    {"OOM", "READONLY", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"}
+)
+
+#: SQLite's primary result codes that mean "not now": another connection holds the lock, the
+#: disk is full, the file could not be read or written.
+_TRANSIENT_SQLITE_CODES = frozenset(
+    {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR}
+)
+#: The same, by their text, for an error sqlite3 did not raise itself (no ``sqlite_errorcode``).
+_TRANSIENT_SQLITE_TEXT = (
+    "database is locked",
+    "table is locked",
+    "database or disk is full",
+    "disk I/O error",
+)
+
+#: An error reply's code: a short word all in capitals (a word of the text in any other shape,
+#: an address, a name, is not a code and is never logged at the line's level).
+_CODE = re.compile(r"[A-Z]{2,16}")
+
+#: The error replies whose code redis-py strips from the text (it names them by class instead):
+#: recent releases keep it as ``status_code``, older ones the project allows (``redis>=5.0``) do not.
+_CLASS_CODES: dict[type[redis.RedisError], str] = {
+    redis.exceptions.OutOfMemoryError: "OOM",
+    redis.exceptions.ReadOnlyError: "READONLY",
+    redis.exceptions.NoScriptError: "NOSCRIPT",
+    redis.exceptions.BusyLoadingError: "LOADING",
+    redis.exceptions.ExecAbortError: "EXECABORT",
+    redis.exceptions.NoPermissionError: "NOPERM",
+    redis.exceptions.TryAgainError: "TRYAGAIN",
+    redis.exceptions.MasterDownError: "MASTERDOWN",  # before its base class, ClusterDownError
+    redis.exceptions.ClusterDownError: "CLUSTERDOWN",
+}
+
+
+def wrapped(exc: BaseException) -> BaseException | None:
+    """The first error in ``exc``'s chain (``__cause__``, else ``__context__``) that is not a
+    wrapper, or None when ``exc`` is no wrapper or wraps nothing else."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while isinstance(error, WRAPPERS) and id(error) not in seen:
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None if error is exc else error
+
+
+def reply_code(error: BaseException) -> str | None:
+    """A Redis error reply's code: what redis-py parsed (``status_code``, or the class of a reply
+    whose code it strips from the text), else the text's first word when it has a code's shape."""
+    if not isinstance(error, redis.RedisError):
+        return None
+    parsed = getattr(error, "status_code", None)
+    if not isinstance(parsed, str):
+        parsed = next((c for kind, c in _CLASS_CODES.items() if isinstance(error, kind)), None)
+    if parsed is None and isinstance(error, redis.ResponseError):
+        parsed = (str(error).split(maxsplit=1) or [""])[0]
+    return parsed if parsed is not None and _CODE.fullmatch(parsed) else None
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether the same write, tried again later, may succeed: ``exc`` is a store error that wraps
+    a lost or timed-out connection, a Redis reply in :data:`TRANSIENT_REPLY_CODES`, or a busy,
+    locked, full or failing SQLite file. A misconfigured store (``NOAUTH``, a database index it
+    lacks) counts too: it fails every write alike, so dropping the failed ones would drop them all,
+    and :class:`StoreMisconfigured` is handled like an outage at run time. Anything else (another
+    reply, a store error that wraps nothing, any other exception) fails again the same way."""
+    if isinstance(exc, StoreMisconfigured):
+        return True
+    cause = wrapped(exc) if isinstance(exc, StoreUnavailable) else None
+    if isinstance(cause, redis.ResponseError):
+        return reply_code(cause) in TRANSIENT_REPLY_CODES
+    if isinstance(cause, redis.RedisError):
+        return isinstance(cause, redis.ConnectionError | redis.TimeoutError)  # not a DataError: bad arguments
+    if isinstance(cause, sqlite3.Error):
+        code = getattr(cause, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            return (code & 0xFF) in _TRANSIENT_SQLITE_CODES
+        return any(text in str(cause) for text in _TRANSIENT_SQLITE_TEXT)
+    return isinstance(cause, ConnectionError | TimeoutError)
