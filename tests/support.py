@@ -92,18 +92,23 @@ def run_bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 @contextlib.contextmanager
 def fresh_store(kind: str, tmp_path: Path) -> Iterator[StateStore]:
     """A state store of ``kind`` (redis: the test Redis, in a namespace of its own, deleted after;
-    sqlite: a file under ``tmp_path``)."""
+    sqlite: a file under ``tmp_path``). Cleaned up also when the body raises: a test that fails
+    inside ``with fresh_store(...)`` would otherwise leave its keys in the test Redis."""
     if kind == "sqlite":
         sqlite = open_store(f"sqlite:///{tmp_path}/state.db")
-        yield sqlite
-        sqlite.close()
+        try:
+            yield sqlite
+        finally:
+            sqlite.close()
         return
     namespace = f"test-{uuid.uuid4().hex[:8]}:"
     redis = open_store(TEST_REDIS_URL, namespace=namespace)
-    yield redis
     assert isinstance(redis, RedisStore)
-    delete_matching(redis.client, f"{namespace}*")
-    redis.close()
+    try:
+        yield redis
+    finally:
+        delete_matching(redis.client, f"{namespace}*")
+        redis.close()
 
 
 def wait_for(

@@ -14,7 +14,7 @@ from jobsystem.store.base import Backends, StateStore, StoreMisconfigured, Store
 from jobsystem.store.idempotency import idempotency_backend
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
-from tests.support import fresh_store, wait_for
+from tests.support import TEST_REDIS_URL, fresh_store, wait_for
 
 
 def test_open_store_picks_the_backend(tmp_path):
@@ -200,3 +200,12 @@ def test_a_script_call_interrupted_before_its_reply_leaves_no_reply_for_the_next
         with pytest.raises(Interrupted):
             store.acquire_lease("free", "me", 60_000)  # its reply (1: acquired) is left unread
         assert store.acquire_lease("held", "me", 60_000) is False
+
+
+def test_a_fresh_redis_store_is_deleted_also_when_the_body_raises(tmp_path):
+    """Test hygiene: a test failing inside ``with fresh_store(...)`` leaves no key in the test Redis."""
+    with pytest.raises(RuntimeError), fresh_store("redis", tmp_path) as store:
+        store.set("x", b"1")
+        key = store.key("x")
+        raise RuntimeError("the test failed")
+    assert redis.Redis.from_url(TEST_REDIS_URL).exists(key) == 0
