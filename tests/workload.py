@@ -360,11 +360,15 @@ if os.environ.get("TEST_ASYNCIO"):
 
 def _send_elsewhere(token: str, actor_name: str, how: str) -> None:
     """Send a message to ``actor_name``, an actor this worker does not have (another service's),
-    on the test's queue ``elsewhere``; note its message id as ``sent:<how>:<token>``."""
+    on the test's queue ``elsewhere``; note its message id as ``sent:<how>:<token>``. Delayed ten
+    minutes: a worker consumes every queue its broker declares (Dramatiq adds a consumer), so an
+    undelayed message could be taken, failed as an unknown actor and recorded ``unknown`` before
+    its sender's own write, which the test reads (the record's actor is written once)."""
     message: dramatiq.Message[Any] = dramatiq.Message(
         queue_name=settings.queue("elsewhere"), actor_name=actor_name, args=(token,), kwargs={}, options={}
     )
-    store.set(key(f"sent:{how}:{token}"), dramatiq.get_broker().enqueue(message).message_id)
+    sent = dramatiq.get_broker().enqueue(message, delay=600_000)
+    store.set(key(f"sent:{how}:{token}"), sent.message_id)
 
 
 @dramatiq.actor(queue_name=QUEUE)
