@@ -33,6 +33,7 @@ from middleware.heartbeat import Heartbeat
 from middleware.idempotency import Idempotency
 from middleware.lifecycle import JobLifecycle
 from middleware.metrics import Metrics
+from middleware.own_queues import OwnQueues
 from middleware.pipelines import QuickPipelines
 from middleware.prefetch import Prefetch
 from middleware.ratelimit import RateLimits
@@ -51,8 +52,8 @@ def build_middleware(
     settings: Settings, store: StateStore, *, scrubber: Scrubber, key_hasher: KeyHasher
 ) -> list[Middleware]:
     """The middleware every worker and sender runs, in the order their ``before_*`` hooks fire:
-    StoreCheck, ThreadWatchdog, Prefetch (``WORKER_PREFETCH``), Heartbeat, JobLifecycle, AgeLimit,
-    Callbacks, QuickPipelines (Dramatiq's Pipelines), DeadLetters, SafeRetries, CurrentMessage,
+    StoreCheck, ThreadWatchdog, Prefetch (``WORKER_PREFETCH``), OwnQueues, Heartbeat, JobLifecycle,
+    AgeLimit, Callbacks, QuickPipelines (Dramatiq's Pipelines), DeadLetters, SafeRetries, CurrentMessage,
     Cancellation, RateLimits, Idempotency, StoreResults, Workflows, Status (``JOB_STATUS``),
     Metrics (``PROMETHEUS_PORT``), ScrubStoredTracebacks, TimeLimit, ShutdownNotifications,
     ForgetCancelledKeys. Their ``after_*`` hooks fire in the reverse order."""
@@ -62,6 +63,7 @@ def build_middleware(
         StoreCheck(store, setting="STATE_URL", on_misconfigured=_stop_misconfigured),
         ThreadWatchdog(),
         Prefetch(settings.worker_prefetch),
+        OwnQueues(),
         Heartbeat(store),
         JobLifecycle(scrub=scrubber, flush_logs=flush_batched_streams, write_line=write_job_line),
         AgeLimit(max_age=settings.job_max_age_ms),

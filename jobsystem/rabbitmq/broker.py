@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
-from dramatiq import Broker, Message
+from dramatiq import Message
 from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
@@ -22,6 +22,7 @@ from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from jobsystem.rabbitmq.dead_letter_indexer import DeadLetterIndexer
 from jobsystem.rabbitmq.delays import DelayCascade, cascade_seconds, routing_key
 from jobsystem.rabbitmq.dispatch import HookDispatch
+from jobsystem.runtime.actor_names import actor_queues
 from jobsystem.runtime.follow_ups import RefusedFollowUps
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore
@@ -65,15 +66,6 @@ DEAD_LETTER_SUFFIX = ".DLQ"
 def dead_letter_queue(queue_name: str) -> str:
     """The durable queue holding ``queue_name``'s dead letters."""
     return q_name(queue_name) + DEAD_LETTER_SUFFIX
-
-
-def actor_queues(broker: Broker) -> set[str]:
-    """The work queues (canonical names: ``<queue>.DQ`` and ``<queue>.DLQ`` derive from them) of
-    the actors registered on ``broker``: the project's and those of the modules a command imported.
-    Not :meth:`~dramatiq.Broker.get_declared_queues`: every publish declares its queue, so that
-    also holds whatever the process sent to since it started (a replay into a removed actor's
-    queue, a send to another service's actor), which is no reason to take a queue as the project's."""
-    return {q_name(actor.queue_name) for actor in broker.actors.values()}
 
 
 class QueueArgumentsMismatch(RuntimeError):

@@ -17,9 +17,11 @@ import re
 from collections.abc import Container
 from typing import Any
 
+from dramatiq import Broker
+from dramatiq.common import q_name
 from dramatiq.errors import ActorNotFound
 
-__all__ = ["ACTOR_NAME_SHAPE", "UNKNOWN_ACTOR", "actor_label", "unnamed_actor_not_found"]
+__all__ = ["ACTOR_NAME_SHAPE", "UNKNOWN_ACTOR", "actor_label", "actor_queues", "unnamed_actor_not_found"]
 
 #: The label of a name no registered actor has (the sender's text, which could be anything).
 UNKNOWN_ACTOR = "unknown"
@@ -52,3 +54,12 @@ def unnamed_actor_not_found(error: ActorNotFound) -> ActorNotFound:
     unnamed.__traceback__ = error.__traceback__
     unnamed.__suppress_context__ = True
     return unnamed
+
+
+def actor_queues(broker: Broker) -> set[str]:
+    """The work queues (canonical names: ``<queue>.DQ`` and ``<queue>.DLQ`` derive from them) of
+    the actors registered on ``broker``: the project's and those of the modules a command imported.
+    Not :meth:`~dramatiq.Broker.get_declared_queues`: every publish declares its queue, so that
+    also holds whatever the process sent to since it started (a replay into a removed actor's
+    queue, a send to another service's actor), which is no reason to take a queue as the project's."""
+    return {q_name(actor.queue_name) for actor in broker.actors.values()}
