@@ -92,6 +92,27 @@ def _message_is_its_fields() -> bool:
     )
 
 
+def _broker_keeps_a_connection_per_thread() -> bool:
+    connection = _source(inspect.getattr_static(RabbitmqBroker, "connection").fget)
+    channel = _source(inspect.getattr_static(RabbitmqBroker, "channel").fget)
+    opens = (
+        "self.state.connection",
+        "BlockingConnection(parameters=self.parameters)",
+        "self.connections.add",
+    )
+    channels = (
+        "self.state.channel",
+        "self.connection.channel()",
+        "self.confirm_delivery",
+        "self.channels.add",
+    )
+    return (
+        all(p in connection for p in opens)
+        and all(p in channel for p in channels)
+        and "chain(self.channels, self.connections)" in _source(RabbitmqBroker.close)
+    )
+
+
 def _deletable(*names: str) -> bool:
     return all(getattr(inspect.getattr_static(RabbitmqBroker, n), "fdel", None) is not None for n in names)
 
@@ -140,6 +161,12 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
     (
         "del RabbitmqBroker.connection closes the calling thread's own (self.state.connection), if any",
         lambda: "self.state.connection" in _source(inspect.getattr_static(RabbitmqBroker, "connection").fdel),
+    ),
+    (
+        "RabbitmqBroker.connection and .channel open one per thread into self.state, each noted in "
+        "self.connections / self.channels, and close() closes what those hold (ThreadConnections "
+        "does the same under a lock)",
+        _broker_keeps_a_connection_per_thread,
     ),
     ("RabbitmqBroker.queues_pending", lambda: _sets(RabbitmqBroker.__init__, "queues_pending")),
     (

@@ -1,8 +1,9 @@
 """Every private or undocumented part of Dramatiq the project relies on, in one place, with why.
 
 Dramatiq 2.2 has no public way to change the RabbitMQ topology, to dead-letter a message with its
-final record, to replace a dead worker thread, to close one thread's RabbitMQ connection, or to
-tell a ``dramatiq`` worker process apart.
+final record, to replace a dead worker thread, to close one thread's RabbitMQ connection (or a dead
+thread's), to close the broker while threads open theirs, or to tell a ``dramatiq`` worker process
+apart.
 The project reaches for these names through this module only; ``check_contract`` in
 :mod:`jobsystem.dramatiq_contract` (run by ``tests/unit/test_dramatiq_contract.py``) checks each
 one is still there and shaped as relied on, and ``pyproject.toml`` pins Dramatiq to the minor
@@ -16,8 +17,11 @@ requeued).
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
+import pika
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
@@ -38,7 +42,9 @@ __all__ = [
     "RabbitmqConsumer",
     "RabbitmqTopology",
     "StreamablePipe",
+    "ThreadConnections",
     "add_worker_thread",
+    "close_ended_threads_connections",
     "dead_letter_error",
     "dead_letter_reason",
     "mark_dead_lettered",
@@ -53,6 +59,8 @@ __all__ = [
     "take_claim_ahead",
     "wants_redelivery",
 ]
+
+logger = logging.getLogger(__name__)
 
 # -- names -----------------------------------------------------------------------------------------
 
@@ -111,6 +119,116 @@ def release_thread_connection(broker: object) -> None:
     (reading ``broker.connection`` would open one). Any other broker (a stub) holds none."""
     if isinstance(broker, RabbitmqBroker):
         del broker.connection
+
+
+def close_ended_threads_connections(broker: object) -> int:
+    """Close the RabbitMQ connections of ``broker``'s threads that ended without closing theirs;
+    returns how many. Only a :class:`ThreadConnections` broker knows which thread opened which
+    (Dramatiq's own keeps a thread's connection in a thread-local that is gone once the thread
+    is): any other broker is left as it is."""
+    if isinstance(broker, ThreadConnections):
+        return broker.close_ended_threads()
+    return 0
+
+
+def _close_quietly(opened: Any) -> None:
+    """Close a pika connection or channel that may be closed already (by RabbitMQ, by ``close()``)."""
+    if not opened.is_open:
+        return
+    try:
+        opened.close()
+    except Exception:  # a connection RabbitMQ dropped; nothing more to release
+        logger.warning("broker_connection_close_failed", extra={"kind": type(opened).__name__}, exc_info=True)
+
+
+class ThreadConnections(RabbitmqBroker):
+    """Dramatiq's per-thread connections and channels, each noted with the thread that opened it,
+    under a lock that ``close()`` holds.
+
+    Dramatiq keeps a thread's connection and channel in a thread-local (``state``) and all of them
+    in the sets ``connections`` and ``channels``. Its ``close()`` walks those sets unguarded: a
+    thread opening or closing its own meanwhile raised ``RuntimeError: Set changed size during
+    iteration`` and left the rest open (and a worker's shutdown failed). And a thread that ended
+    without :func:`release_thread_connection` (a worker thread that died, replaced by the
+    watchdog) left its connection open, in the set for the life of the process (and in RabbitMQ
+    until it missed two heartbeats): once the thread is gone, nothing told whose it was.
+
+    The network steps (a handshake, a thread closing its own) run outside the lock: a connection
+    a thread finishes opening while ``close()`` runs is registered after it, as on a broker used
+    after ``close()`` (Dramatiq's opens new connections then). Threads not started through
+    ``threading`` (a C library's) always look alive: their connections are closed by ``close()``
+    only.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.connections_lock = threading.Lock()
+        #: Each open connection and channel, with the thread that opened it.
+        self.owners: dict[Any, threading.Thread] = {}
+
+    @property
+    def connection(self) -> Any:
+        connection = getattr(self.state, "connection", None)
+        if connection is None:
+            connection = pika.BlockingConnection(parameters=self.parameters)
+            self.state.connection = connection
+            self._register(connection, self.connections)
+        return connection
+
+    @connection.deleter
+    def connection(self) -> None:
+        state = vars(self.state)
+        channel, connection = state.pop("channel", None), state.pop("connection", None)
+        self._forget(channel, connection)  # both at once: close() then touches neither
+        for opened in (channel, connection):
+            if opened is not None:
+                _close_quietly(opened)
+
+    @property
+    def channel(self) -> Any:
+        channel = getattr(self.state, "channel", None)
+        if channel is None:
+            channel = self.connection.channel()
+            if self.confirm_delivery:
+                channel.confirm_delivery()
+            self.state.channel = channel
+            self._register(channel, self.channels)
+        return channel
+
+    @channel.deleter
+    def channel(self) -> None:
+        channel = vars(self.state).pop("channel", None)
+        if channel is not None:
+            self._forget(channel)
+            _close_quietly(channel)
+
+    def _register(self, opened: Any, kept: set[Any]) -> None:
+        with self.connections_lock:
+            kept.add(opened)
+            self.owners[opened] = threading.current_thread()
+
+    def _forget(self, *opened: Any) -> None:
+        with self.connections_lock:
+            for item in opened:
+                self.channels.discard(item)
+                self.connections.discard(item)
+                self.owners.pop(item, None)
+
+    def close_ended_threads(self) -> int:
+        """Close the connections (and so their channels) of threads that ended; returns how many.
+        No other thread uses them: their thread-local went with their thread."""
+        with self.connections_lock:
+            ended = [item for item, owner in self.owners.items() if not owner.is_alive()]
+            connections = [item for item in ended if item in self.connections]
+        self._forget(*ended)
+        for connection in connections:
+            _close_quietly(connection)
+        return len(connections)
+
+    def close(self) -> None:
+        """Dramatiq's ``close()``, while no thread adds or removes a connection or a channel."""
+        with self.connections_lock:
+            super().close()
 
 
 class RabbitmqTopology(RabbitmqBroker):

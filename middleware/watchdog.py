@@ -11,6 +11,13 @@ process would stay up, consuming nothing or running nothing, until someone notic
 daemon thread and starts a replacement for each one that died while it was meant to be running,
 logging ``worker_thread_replaced`` at ERROR (an alert through Sentry's logging integration). It
 stops looking when the worker starts shutting down, before Dramatiq stops the threads itself.
+
+A dead thread's RabbitMQ connection is closed too. A consumer thread has one of its own, holding
+its unacked deliveries; and worker and consumer threads alike open one of the broker's
+(per thread, on their first publish or queue declaration) that only their thread would close.
+Left open, each replacement left one more behind: in the broker's set of connections for the
+life of the process, and in RabbitMQ until two heartbeats went unanswered (about two minutes with
+``RABBITMQ_HEARTBEAT=60``; for good with heartbeats off).
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ import dramatiq
 from dramatiq.broker import Broker
 from dramatiq.middleware import Middleware
 
-from jobsystem.dramatiq_internals import ConsumerThread, add_worker_thread
+from jobsystem.dramatiq_internals import (
+    ConsumerThread,
+    add_worker_thread,
+    close_ended_threads_connections,
+)
 
 __all__ = ["ThreadWatchdog"]
 
@@ -82,7 +93,17 @@ class ThreadWatchdog(Middleware):
                 continue
             self._replace_consumer(worker, queue_name, consumer)
             replaced += 1
+        if replaced:
+            self._close_connections_of_the_dead(worker.broker)
         return replaced
+
+    @staticmethod
+    def _close_connections_of_the_dead(broker: Broker) -> None:
+        """Close the broker connections of threads that ended, the dead ones' among them: a dead
+        thread cannot close its own."""
+        closed = close_ended_threads_connections(broker)
+        if closed:
+            logger.info("dead_thread_connections_closed", extra={"connections": closed})
 
     @staticmethod
     def _replace_consumer(worker: dramatiq.Worker, queue_name: str, dead: ConsumerThread) -> None:

@@ -5,14 +5,23 @@ the test's (the client-provided ``connection_name``, which the management API li
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import pika
 import requests
 
+from jobsystem.rabbitmq.broker import connection_urls
 from jobsystem.settings import Settings
 from tests.support import wait_for
 
-__all__ = ["held_open", "name_connections"]
+__all__ = ["held_open", "name_connections", "named_url"]
+
+
+def named_url(settings: Settings, name: str) -> str:
+    """The AMQP URL with a connection name, by which the management API finds the connection (a
+    process given it as ``RABBITMQ_URL`` names each connection it opens so)."""
+    url = connection_urls(settings)[0]
+    return f"{url}{'&' if '?' in url else '?'}client_properties={quote(repr({'connection_name': name}))}"
 
 
 def name_connections(broker: Any, name: str) -> None:

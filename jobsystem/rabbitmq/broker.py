@@ -17,7 +17,7 @@ from dramatiq.common import current_millis, dq_name, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
-from jobsystem.dramatiq_internals import RabbitmqConsumer, RabbitmqTopology
+from jobsystem.dramatiq_internals import RabbitmqConsumer, RabbitmqTopology, ThreadConnections
 from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from jobsystem.rabbitmq.dead_letter_indexer import DeadLetterIndexer
 from jobsystem.rabbitmq.delays import DelayCascade, cascade_seconds, routing_key
@@ -72,7 +72,7 @@ class QueueArgumentsMismatch(RuntimeError):
     """A queue exists with other arguments than this project declares (RabbitMQ answers 406)."""
 
 
-class ProjectBroker(HookDispatch, RabbitmqTopology):
+class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
     """Dramatiq's RabbitMQ broker with the project's dead-letter topology and duplicate answers.
 
     - Work and delay queues dead-letter into the direct exchange ``dead_letter_exchange``, routed
@@ -95,6 +95,9 @@ class ProjectBroker(HookDispatch, RabbitmqTopology):
     - Every publish carries its time as the AMQP ``timestamp`` property (seconds): for a message
       in a work queue, when it became ready there (a delayed message and a retry are published
       again when due), which the health check reads as the waiting message's age.
+    - Each thread's connection is noted with its thread, under a lock ``close()`` holds
+      (:class:`~jobsystem.dramatiq_internals.ThreadConnections`): closing is safe while threads
+      open or close theirs, and the watchdog closes those of the threads it replaces.
     """
 
     def __init__(

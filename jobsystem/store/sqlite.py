@@ -98,7 +98,13 @@ class SqliteStore(StateStore):
 
     def _take_ended(self) -> list[sqlite3.Connection]:
         """The connections of threads that ended, taken out of the registry; the caller holds the
-        lock and closes them."""
+        lock and closes them.
+
+        A thread not started through ``threading`` (one a C library starts and calls back from)
+        is a ``threading._DummyThread``, which always looks alive (CPython 3.11): its connection
+        is closed only by its own :meth:`release_thread`, and stays open otherwise. No thread of
+        the product is one: Dramatiq, APScheduler, uvicorn and anyio, Sentry, prometheus-client
+        and the project start theirs through ``threading``, and pika starts none."""
         ended = [conn for conn, owner in self._connections.items() if not owner.is_alive()]
         for conn in ended:
             del self._connections[conn]

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pika
 import pytest
@@ -34,6 +33,7 @@ from jobsystem.rabbitmq.broker import connection_urls
 from jobsystem.rabbitmq.delays import DelayCascade
 from jobsystem.settings import Settings, load_settings
 from jobsystem.store.redis import delete_matching
+from tests.connections import named_url
 from tests.support import TEST_REDIS_URL, wait_for
 
 _WORK_QUEUES = ("emails", "emails.DQ", "emails.DLQ")
@@ -360,14 +360,8 @@ def test_names_outside_the_demo_prefix_are_never_candidates(settings, made):
         assert made.under(name) == ([name], [], [f"jobs:{name}".encode()])
 
 
-def _named_url(settings: Settings, name: str) -> str:
-    """The AMQP URL with a connection name, by which the management API finds the connection."""
-    url = connection_urls(settings)[0]
-    return f"{url}{'&' if '?' in url else '?'}client_properties={quote(repr({'connection_name': name}))}"
-
-
 def _open(settings: Settings, name: str) -> Any:
-    return pika.BlockingConnection(pika.URLParameters(_named_url(settings, name)))
+    return pika.BlockingConnection(pika.URLParameters(named_url(settings, name)))
 
 
 def _close_by_api(settings: Settings, name: str) -> None:
@@ -420,7 +414,7 @@ def test_a_demo_whose_alive_connection_dropped_but_whose_worker_consumes_stays(s
 def test_a_demo_whose_alive_connection_dropped_is_kept_by_its_reconnect(settings, made):
     live = _demo_prefix()
     made.demo(live)
-    alive = AliveQueue(_named_url(settings, f"test-alive-{live}"), live)
+    alive = AliveQueue(named_url(settings, f"test-alive-{live}"), live)
     alive.start()
     try:
         _close_by_api(settings, f"test-alive-{live}")

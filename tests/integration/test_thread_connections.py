@@ -2,9 +2,10 @@
 
 Dramatiq's RabbitMQ broker opens one connection per thread and keeps it until ``broker.close()``:
 a thread that publishes or declares a queue once and then ends left its connection open for the
-life of the process. Two such threads: the dashboard's request threads (anyio retires one after
-10 s idle and starts new ones later) and the workflow middleware's retry timers. Counted where it
-matters, in RabbitMQ (the management API), and in the broker's own set of connections.
+life of the process. Three such threads: the dashboard's request threads (anyio retires one after
+10 s idle and starts new ones later), the workflow middleware's retry timers, and a worker thread
+that died (the watchdog replaces it). Counted where it matters, in RabbitMQ (the management API),
+and in the broker's own set of connections.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from jobsystem.store.base import StoreUnavailable
 from middleware.workflows import find_workflows
 from tests import workload
 from tests.asgi import app_of, call
-from tests.connections import held_open, name_connections
+from tests.connections import held_open, name_connections, named_url
 from tests.support import TEST_REDIS_URL, publish_dead_letters, sender_system, wait_for
 
 #: How many threads each test does its broker work from, one after the other.
@@ -79,3 +80,26 @@ def test_workflow_steps_sent_by_retry_timers_leave_no_connection_open(queues, pr
         assert held_open(queues.settings, name) == 0
     finally:
         system.broker.close()
+
+
+def test_a_worker_thread_the_watchdog_replaces_leaves_no_connection_open(start_worker, queues, store, prefix):
+    """A worker thread opens its connection at its first send (the job sends a message); one that
+    died kept it open as long as its worker process ran, one more for each thread replaced."""
+    name = f"{prefix}worker"
+    worker = start_worker(threads=1, RABBITMQ_URL=named_url(queues.settings, name))
+
+    def sent(token: str) -> None:
+        wait_for(lambda: store.get(f"test:{prefix}sent:sync:{token}"), what=f"the job's send {token}")
+
+    queues.send(workload.send_elsewhere, "first", "elsewhere_actor")
+    sent("first")
+    with_thread = held_open(queues.settings, name)  # the consumers', and the worker thread's
+    queues.send_with_options(workload.send_elsewhere, args=("dies", "elsewhere_actor"), kill_thread="worker")
+    wait_for(lambda: worker.events("worker_thread_replaced"), what="the thread replaced")
+    sent("dies")
+    wait_for(lambda: held_open(queues.settings, name) == with_thread - 1, what="its connection closed")
+    closed = wait_for(lambda: worker.events("dead_thread_connections_closed"), what="the close logged")
+    assert [line["connections"] for line in closed] == [1]
+    queues.send(workload.send_elsewhere, "after", "elsewhere_actor")  # the replacement sends
+    sent("after")
+    assert held_open(queues.settings, name) == with_thread
