@@ -29,6 +29,7 @@ from dramatiq.compat import StreamablePipe
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 
 __all__ = [
@@ -137,8 +138,8 @@ def _close_quietly(opened: Any) -> None:
         return
     try:
         opened.close()
-    except Exception:  # a connection RabbitMQ dropped; nothing more to release
-        logger.warning("broker_connection_close_failed", extra={"kind": type(opened).__name__}, exc_info=True)
+    except Exception as exc:  # a connection RabbitMQ dropped; nothing more to release
+        log_outage(logger, logging.WARNING, "broker_connection_close_failed", exc, kind=type(opened).__name__)
 
 
 class ThreadConnections(RabbitmqBroker):
