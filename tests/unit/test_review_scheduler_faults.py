@@ -26,12 +26,6 @@ def run_date_jobs(sched: Scheduler) -> None:
             job.func(*job.args)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobsystem/store/leader.py:LeaderLease._transition + scheduler/service.py:Scheduler.fire: a "
-    "lease that lapsed between two polls and was renewed is no new election, so the fire refused "
-    "meanwhile is never caught up",
-)
 def test_a_fire_refused_while_the_lease_had_lapsed_is_sent_once_the_process_leads_again(
     store: StateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
