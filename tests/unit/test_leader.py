@@ -1,10 +1,12 @@
 """The leader lease on each state store backend: one leader, take-over after a crash, step-down
-when the store is unreachable, and a lapse renewed by the holder is a new term."""
+when the store is unreachable, a lapse renewed by the holder is a new term, and SQLite leases
+are taken over one TTL after the clock went back."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
@@ -171,3 +173,36 @@ def test_a_lapse_seen_by_a_caller_during_a_slow_renewal_is_a_new_term(
     assert leader.poll()  # valid until 0.7 + 0.9 TTL: the lease thread sees no lapse itself
     assert seen == [False]
     assert events == ["a+", "a-", "a+"]
+
+
+class WallClockStore(SqliteStore):
+    """A SQLite store whose wall clock the test sets."""
+
+    wall_ms = 1_767_600_000_000
+
+    def now_ms(self) -> int:
+        return self.wall_ms
+
+
+def test_a_sqlite_lease_lapses_one_ttl_after_the_clock_went_back_not_the_jump_later(tmp_path: Path) -> None:
+    """SQLite leases expire by wall time. The clock steps back an hour (NTP) and the holder dies:
+    the standby takes over one TTL after it sees the jump, not an hour later; and the cut does
+    not let it in while a live holder keeps renewing."""
+    store = WallClockStore(tmp_path / "state.db")
+    ttl = 15_000
+    assert store.acquire_lease("leader", "a", ttl)
+    store.wall_ms -= 3_600_000  # and "a" dies
+    assert not store.acquire_lease("leader", "b", ttl)  # the jump seen: cut to one TTL from now
+    store.wall_ms += ttl - 1
+    assert not store.acquire_lease("leader", "b", ttl)
+    store.wall_ms += 2
+    assert store.acquire_lease("leader", "b", ttl)
+
+    store.wall_ms -= 3_600_000  # "b" lives on
+    assert not store.acquire_lease("leader", "c", ttl)
+    store.wall_ms += ttl // 3
+    assert store.acquire_lease("leader", "b", ttl)  # renewed as usual
+    store.wall_ms += ttl - 1  # past the cut, within the renewal
+    assert not store.acquire_lease("leader", "c", ttl)
+    assert store.lease_holder("leader") == "b"
+    store.close()
