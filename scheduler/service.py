@@ -3,8 +3,9 @@
 Every replica runs the same triggers. At each fire, the leader (see :mod:`jobsystem.store.leader`)
 looks up the schedule's last sent fire in the state store, asks :func:`scheduler.plan.plan_fires`
 what is due, sends it, and records the new last fire; a standby does nothing. A new leader (at
-start, or taking over from one that died) does the same for every schedule at once, which is how
-missed fires are caught up.
+start, taking over from one that died, or this one again after its lease lapsed in a pause: the
+lapse refused the fires due then) does the same for every schedule at once, which is how missed
+fires are caught up.
 
 Every message carries the idempotency key ``schedule:<id>:<fire time, UTC>``, built from the
 *scheduled* time, so two replicas that both believe they lead, or a restart between a send and

@@ -9,6 +9,11 @@ renewal, measured on its own monotonic clock. It therefore steps down *before* t
 another process in, even when the store stops answering. Two leaders can still overlap if a
 process is paused longer than that between checking and acting (GC, SIGSTOP, a VM migration), so
 the work a leader does must be safe to repeat (the scheduler's fires carry idempotency keys).
+
+A lapse ends a term even when no one else took the lease and this process renews it: work refused
+while it lapsed (a fire skipped during a pause) is otherwise never done. So a lapse seen by a poll,
+or by a caller of :attr:`LeaderLease.is_leader` (work refused), is a loss, and the renewal that
+follows a new election: ``on_lost`` then ``on_elected``, whose catch-up does the refused work.
 """
 
 from __future__ import annotations
@@ -58,14 +63,24 @@ class LeaderLease:
         self.on_lost = on_lost
         self._valid_until = 0.0
         self._leader = False
+        #: Whether this term's lease was seen lapsed (see the module's docstring).
+        self._lapsed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     @property
     def is_leader(self) -> bool:
-        """Whether this process holds the lease, with a margin before the store would expire it."""
-        return time.monotonic() < self._valid_until
+        """Whether this process holds the lease, with a margin before the store would expire it.
+
+        A False while the lease thread still counts this process leader is a lapse: the caller
+        refuses work, so the next renewal counts as a new election and its catch-up does the work.
+        """
+        if time.monotonic() < self._valid_until:
+            return True
+        if self._leader:
+            self._lapsed = True
+        return False
 
     def start(self) -> None:
         """Try to take the lease now, then keep trying (or renewing) on a background thread."""
@@ -91,6 +106,8 @@ class LeaderLease:
         """One attempt to take or renew the lease; returns whether this process leads now."""
         with self._lock:
             started = time.monotonic()
+            if self._leader and started >= self._valid_until:
+                self._lapsed = True  # since the last renewal: the store may have expired it too
             try:
                 held = self.store.acquire_lease(self.name, self.owner, self.ttl_ms)
             except StoreUnavailable as exc:
@@ -102,13 +119,24 @@ class LeaderLease:
             return self.is_leader
 
     def _transition(self) -> None:
-        leader = self.is_leader
-        if leader == self._leader:
-            return
-        self._leader = leader
-        logger.info(
-            "leader_elected" if leader else "leader_lost", extra={"lease": self.name, "owner": self.owner}
-        )
+        leader = time.monotonic() < self._valid_until  # not is_leader: the lease thread's own look
+        if self._leader and (self._lapsed or not leader):
+            self._announce(False)  # lost, released, or lapsed and renewed: a new term follows
+        if leader and not self._leader:
+            self._announce(True)
+
+    def _announce(self, leader: bool) -> None:
+        """Start or end a term: log it and call its callback.
+
+        A lapse seen by another thread just after this clears the mark only costs one needless
+        new term at the next poll (its catch-up finds nothing due).
+        """
+        lapsed, self._leader, self._lapsed = self._lapsed, leader, False
+        fields = {"lease": self.name, "owner": self.owner}
+        if leader:
+            logger.info("leader_elected", extra=fields)
+        else:
+            logger.info("leader_lost", extra={**fields, "lapsed": lapsed})
         callback = self.on_elected if leader else self.on_lost
         if callback is not None:
             try:

@@ -234,13 +234,19 @@ class SqliteStore(StateStore):
                 conn.executemany("DELETE FROM kv WHERE key = ?", [(self.key(k),) for k in keys])
 
     def acquire_lease(self, name: str, owner: str, ttl_ms: int) -> bool:
+        """Expiries are wall times: a holder's lease seen ending more than ``ttl_ms`` from now was
+        renewed before the clock went back, and is cut to ``ttl_ms`` from now, so a dead holder
+        blocks a take-over one TTL after the jump is seen, not for the jump's size. A live holder
+        renews long before. (Every process of a lease uses the same TTL: one setting.)"""
         now = self.now_ms()
         with self.transaction() as conn:
             row = conn.execute(
-                "SELECT value FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
+                "SELECT value, expires_at FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)",
                 (self.key(name), now),
             ).fetchone()
             if row is not None and _as_bytes(row[0]).decode() != owner:
+                if row[1] is not None and row[1] > now + ttl_ms:
+                    conn.execute("UPDATE kv SET expires_at = ? WHERE key = ?", (now + ttl_ms, self.key(name)))
                 return False
             conn.execute(
                 "INSERT INTO kv (key, value, expires_at) VALUES (?, ?, ?) "
