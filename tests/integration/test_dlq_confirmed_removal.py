@@ -75,7 +75,8 @@ def test_a_retry_forgets_the_letters_in_the_index_once_rabbitmq_confirmed_the_ac
 
 def test_a_retry_whose_acks_are_lost_with_the_connection_keeps_the_letters_indexed(queues, prefix, acks_lost):
     """The replays were confirmed (they run); the dead letters are back, and listed: retrying them
-    again publishes duplicates, which their idempotency keys make harmless."""
+    again would publish the same message ids again (only idempotency keys make that harmless), so
+    the outcome names them to purge."""
     broker = queues.broker
     queue = f"{prefix}unsure-replay"
     dead = _dead_letters(broker, queue)
@@ -83,7 +84,30 @@ def test_a_retry_whose_acks_are_lost_with_the_connection_keeps_the_letters_index
     wait_for(lambda: queues.depth(dead) == COUNT, what="the letters back in their queue")
     assert _indexed(broker, queue) == COUNT
     assert (outcome.done, outcome.unconfirmed) == (COUNT, COUNT) and queues.depth(queue) == COUNT
-    assert "not confirmed" in outcome.notes[0]
+    assert "Do not retry them again" in outcome.notes[0] and len(set(outcome.unremoved)) == COUNT
+
+
+def test_a_retry_whose_reader_connection_is_lost_before_the_acks_reports_them_unremoved(
+    queues, prefix, monkeypatch
+):
+    """The reader's connection is gone when the confirmed replays are to be removed (idle through a
+    long publish): pika's ack raises. The replay ends with an outcome, not a traceback: replayed,
+    not removed (the letters come back), named to purge."""
+    broker = queues.broker
+    queue = f"{prefix}lost-reader"
+    dead = _dead_letters(broker, queue)
+    ack = Reader.ack
+
+    def ack_after_loss(reader: Reader, tag: int) -> None:
+        if reader.connection.is_open:
+            reader.connection.close()
+        ack(reader, tag)
+
+    monkeypatch.setattr(Reader, "ack", ack_after_loss)
+    outcome = ops.replay(broker, [dead], ops.Filters())
+    wait_for(lambda: queues.depth(dead) == COUNT, what="the letters back in their queue")
+    assert _indexed(broker, queue) == COUNT and queues.depth(queue) == COUNT
+    assert (outcome.done, outcome.unconfirmed, len(set(outcome.unremoved))) == (COUNT, COUNT, COUNT)
 
 
 def test_a_purge_whose_dead_letter_queue_is_deleted_after_the_acks_counts_them_removed(
