@@ -4,14 +4,17 @@ the letters in their queue, where the index must still list them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 import requests
+from dramatiq import Message
 
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import Reader
+from jobsystem.runtime.message_shape import OPTION_SHAPES, decode
 from tests.support import publish_dead_letters, wait_for
 
 COUNT = 5
@@ -134,3 +137,23 @@ def test_a_purge_whose_dead_letter_queue_is_deleted_after_the_acks_counts_them_r
     assert (outcome.done, outcome.unconfirmed, outcome.notes) == (2 * COUNT, 0, [])
     assert queues.declared(gone) is None and queues.depth(kept) == 0
     assert _indexed(broker, f"{prefix}deleted") == 0 and _indexed(broker, f"{prefix}kept") == 0
+
+
+def test_a_dead_letter_whose_every_known_option_is_null_is_replayed(queues, prefix):
+    """The shape check lets any known option be null ("not set"), so the worker ran such a message
+    and dead-lettered it. Its replay reads ``replays`` as absent, and the project's send hooks
+    (idempotency keys, scrubbing) that run over the replay read the nulls as unset: nothing
+    stops the replay, whose body the worker then takes."""
+    broker = queues.broker
+    queue = f"{prefix}nulls"
+    message: Message[Any] = Message(queue, "record", ("n",), {}, dict.fromkeys(OPTION_SHAPES))
+    assert decode(message.encode(), queue) == message  # well formed
+    headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-queue": queue}
+    broker.publish_dead_letter(message.encode(), headers, message.message_id, queue)
+    outcome = ops.replay(broker, [queue + ".DLQ"], ops.Filters())
+    assert (outcome.done, outcome.skipped, outcome.failed, outcome.notes) == (1, 0, 0, [])
+    (replayed,) = queues.peek(queue)
+    body = json.loads(replayed["payload"])
+    assert body["message_id"] == message.message_id and body["options"]["replays"] == 1
+    assert isinstance(decode(replayed["payload"].encode(), queue), Message)  # the worker takes it
+    assert queues.depth(queue + ".DLQ") == 0
