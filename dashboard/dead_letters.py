@@ -233,6 +233,8 @@ def retry(project: Project, selection: Selection) -> dict[str, Any]:
         "failed": outcome.failed,
         "skipped": outcome.skipped,
         "unconfirmed": outcome.unconfirmed,
+        # Replayed, their letters maybe not removed: to purge, not to retry (at most one batch).
+        "unremoved": outcome.unremoved,
         "left": sum(outcome.left.values()),
         "notes": outcome.notes,
     }

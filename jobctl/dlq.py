@@ -243,6 +243,8 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
     click.echo(
         f"retried {outcome.done} of {outcome.matched} matching, {outcome.failed} failed{_notes(outcome)}"
     )
+    if outcome.unremoved:  # every one (the note names a few): purge, never retry, these
+        click.echo(f"replayed, maybe still dead letters: {' '.join(outcome.unremoved)}", err=True)
     failed = outcome.failed or outcome.unconfirmed or outcome.left or (all_ and not ctx.complete)
     sys.exit(1 if failed or _not_found(message_ids, outcome.found) else 0)
 

@@ -25,7 +25,7 @@ from dramatiq import Message
 
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
-from jobsystem.runtime.message_shape import decode
+from jobsystem.runtime.message_shape import decode, int_option
 from jobsystem.store.dead_letter_index import DeadLetterEntry
 from middleware import dead_letters as record
 
@@ -195,12 +195,14 @@ class DeadLetter:
         """The message to publish again: original queue, attempts reset, same id and key, and
         one more replay counted (its status then moves on from ``dead``); None for a body that is
         not a well-formed message, whatever its headers say (the worker would only dead-letter it
-        again)."""
+        again). A well-formed body may hold any known option as null (the shape check lets null
+        mean "not set"), so ``replays`` is read as a count that is absent when not an integer: one
+        such letter must not stop the replay of every letter after it."""
         message = decode(self.body, None)
         if not isinstance(message, Message):
             return None
         options = {k: v for k, v in message.options.items() if k not in RESET_OPTIONS}
-        options[record.REPLAYS] = int(message.options.get(record.REPLAYS, 0)) + 1
+        options[record.REPLAYS] = int_option(message.options, record.REPLAYS) + 1
         return dataclasses.replace(message, queue_name=self.queue, options=options)
 
 

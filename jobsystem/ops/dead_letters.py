@@ -4,7 +4,8 @@ Dead letters are read with :class:`~jobsystem.ops.dead_letter_reader.Reader`, on
 without acking: nothing leaves a queue unless an operation acks it. Replay publishes a copy to the
 original queue (attempts reset; same message id and idempotency key), waits for RabbitMQ's
 confirms, and only then acks the dead letter. A crash in between leaves the dead letter in place:
-replaying it again duplicates at worst, and the idempotency key makes the duplicate harmless.
+replaying it again duplicates at worst, and the idempotency key makes the duplicate harmless (a job
+without one runs twice: the copy has the same message id, nothing tells it from the first).
 Bodies that are not well-formed messages (reason ``malformed``, or ``undecodable`` from before the
 consumer checked shapes) are not replayed: they would only be dead-lettered again. Their sender
 needs fixing; ``export`` keeps them for that.
@@ -14,7 +15,10 @@ state store (:mod:`jobsystem.store.dead_letter_index`), which the dashboard list
 is known to have processed the acks: an ack has no reply, and acks lost with a connection leave
 their letters in the queue, so the index is changed only after a synchronous round trip on the
 channel that acked (:meth:`~jobsystem.ops.dead_letter_reader.Reader.settle`). A connection lost
-before it stops the operation, says so (``unconfirmed``) and leaves those letters indexed.
+before it, or before an ack could be sent, stops the operation, says so (``unconfirmed``) and
+leaves those letters indexed. Of a replay, those letters were replayed all the same: a second
+retry would publish them again under the same message id, and only a job with an idempotency
+key is then skipped (its key completed), so the operation names them (``unremoved``) to purge.
 :func:`reindex` builds a queue's index again from the queue itself.
 
 Retry, purge and re-index take only the letters :func:`~jobsystem.ops.scope.changeable` allows:
@@ -30,17 +34,19 @@ import functools
 import json
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
+import pika.exceptions
 from dramatiq import Message
 from dramatiq.common import q_name
 
+from jobsystem.ops.dead_letter_outcome import Outcome
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
 from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.ops.scope import INDEX_UNREAD, ForeignQueue, changeable, project_queue, project_scope
-from jobsystem.privacy.outage_lines import log_outage
+from jobsystem.privacy.outage_lines import log_failure, log_outage
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.settings import Settings
@@ -135,43 +141,6 @@ def _named(settings: Settings, broker: ProjectBroker, queue: str, reading: bool)
         raise
 
 
-@dataclass
-class Outcome:
-    """What an operation did, for its summary line."""
-
-    matched: int = 0
-    done: int = 0
-    skipped: int = 0
-    failed: int = 0
-    #: Acked, but the connection was lost before RabbitMQ confirmed it: maybe back in the queue.
-    unconfirmed: int = 0
-    notes: list[str] = field(default_factory=list)
-    #: The message ids matched, when the filters name ids (so a caller can name those not found).
-    found: set[str] = field(default_factory=set)
-    #: Matched but not the project's to change (:func:`~jobsystem.ops.scope.changeable`), per
-    #: dead-letter queue: left where they are.
-    left: dict[str, int] = field(default_factory=dict)
-
-    def matched_one(self, dead: DeadLetter, filters: Filters) -> None:
-        self.matched += 1
-        if filters.message_ids:
-            self.found.add(dead.message_id)
-
-    def leave(self, dead: DeadLetter) -> None:
-        """Count a matching letter that is not the project's to change."""
-        self.left[dead.dead_letter_queue] = self.left.get(dead.dead_letter_queue, 0) + 1
-
-    def note_left(self) -> None:
-        """Say which queues' letters were left, and why (one note per queue)."""
-        for name, count in sorted(self.left.items()):
-            queue = name.removesuffix(DEAD_LETTER_SUFFIX)
-            self.notes.append(
-                f"{count} left in {name}: no actor declares {queue!r} and they carry no dead-letter"
-                " record of the project's naming it, so they may be another application's (if its"
-                " actors are yours, name their module)"
-            )
-
-
 Progress = Callable[[int], None]
 
 
@@ -180,20 +149,30 @@ class _Unsettled(Exception):
 
 
 def _settle(
-    broker: ProjectBroker, reader: Reader, dead_letter_queue: str, acked: list[DeadLetter], outcome: Outcome
+    broker: ProjectBroker,
+    reader: Reader,
+    dead_letter_queue: str,
+    acked: list[DeadLetter],
+    outcome: Outcome,
+    *,
+    replayed: bool = False,
 ) -> None:
     """Forget ``acked`` in the index once RabbitMQ confirmed their acks; if it cannot be had, keep
     them indexed (they may be back in their queue), say so and raise :class:`_Unsettled`."""
     if not acked:
         return
     if not reader.settle(dead_letter_queue):
-        outcome.unconfirmed += len(acked)
-        outcome.notes.append(
-            f"{len(acked)} acked but not confirmed by RabbitMQ before the connection was lost: they may"
-            " still be dead letters, and stay listed; run the command again"
-        )
-        raise _Unsettled
+        _unconfirmed(outcome, acked, replayed=replayed)
     forget(broker, acked)
+
+
+def _unconfirmed(outcome: Outcome, letters: list[DeadLetter], *, replayed: bool) -> NoReturn:
+    """Count ``letters`` as not known to be removed, say what to do, and stop the operation."""
+    if replayed:
+        outcome.note_unremoved(letters)
+    else:
+        outcome.note_unconfirmed(letters)
+    raise _Unsettled
 
 
 def _noop(_: int) -> None:
@@ -220,7 +199,7 @@ def replay(
                 progress(1)
                 if not filters.match(dead):
                     continue
-                outcome.matched_one(dead, filters)
+                outcome.matched_one(dead, by_id=bool(filters.message_ids))
                 if not ours(dead):
                     outcome.leave(dead)
                     continue
@@ -265,15 +244,30 @@ def _publish_then_ack(
         confirmed = {m.message_id for m, _, _ in batch}
     except BulkSendError as error:
         confirmed = {m.message_id for m in error.confirmed}
-        outcome.failed += len(error.failed)
-        outcome.notes.append(str(error))
-    removed = []
-    for message, tag, dead in batch:
-        if message.message_id in confirmed:
+        _not_replayed(outcome, error)
+    replayed = [(tag, dead) for message, tag, dead in batch if message.message_id in confirmed]
+    outcome.done += len(replayed)
+    try:
+        for tag, _ in replayed:
             reader.ack(tag)
-            removed.append(dead)
-            outcome.done += 1
-    _settle(broker, reader, dead_letter_queue, removed, outcome)
+    except pika.exceptions.AMQPError:  # the reader's connection was lost (idle through the publish)
+        _unconfirmed(outcome, [dead for _, dead in replayed], replayed=True)
+    _settle(broker, reader, dead_letter_queue, [dead for _, dead in replayed], outcome, replayed=True)
+
+
+def _not_replayed(outcome: Outcome, error: BulkSendError) -> None:
+    """Count and note the letters whose replay RabbitMQ did not confirm, naming the failure by its
+    class: the error's text may name RabbitMQ's host and port, and notes reach the dashboard's
+    answer and its audit log (the text is logged at DEBUG only)."""
+    outcome.note_not_replayed(len(error.failed), error.error_class)
+    log_failure(
+        logger,
+        logging.WARNING,
+        "dead_letter_replay_unconfirmed",
+        str(error),
+        error=error.error_class,
+        failed=len(error.failed),
+    )
 
 
 def forget(broker: ProjectBroker, removed: list[DeadLetter]) -> None:
@@ -300,7 +294,7 @@ def purge(
                 progress(1)
                 if not filters.match(dead):
                     continue
-                outcome.matched_one(dead, filters)
+                outcome.matched_one(dead, by_id=bool(filters.message_ids))
                 if ours(dead):
                     reader.ack(tag)
                     acked.append(dead)

@@ -36,14 +36,25 @@ class BulkSendError(RuntimeError):
     dropped or went silent); ``confirmed`` holds the others. The idempotency keys of ``failed``
     were given back: sending them again (or new messages with their keys) publishes them, and one
     RabbitMQ had after all still runs once (the claim at run).
+
+    ``reason`` (and so the error's text) may quote pika's error, which names RabbitMQ's host and
+    port: what a user or Sentry sees names the failure by ``error_class`` (pika's error class,
+    ``TimeoutError``, or ``nacked``/``unroutable``), never by the text.
     """
 
-    def __init__(self, reason: str, failed: list[Message[Any]], confirmed: list[Message[Any]]) -> None:
+    def __init__(
+        self,
+        reason: str,
+        failed: list[Message[Any]],
+        confirmed: list[Message[Any]],
+        error_class: str = "unknown",
+    ) -> None:
         ids = ", ".join(m.message_id for m in failed[:5]) + (" ..." if len(failed) > 5 else "")
         super().__init__(
             f"{len(failed)} of {len(failed) + len(confirmed)} messages not confirmed ({reason}): {ids}"
         )
         self.reason = reason
+        self.error_class = error_class
         self.failed = failed
         self.confirmed = confirmed
 
@@ -91,9 +102,9 @@ def send_bulk(
         duplicates = _register(target, requested)
         pending = [m for m in requested if m.message_id not in duplicates]
         if pending:
-            reason = _publish(target, pending, confirmed, window=window, timeout=timeout)
-            if reason is not None:
-                raise BulkSendError(reason, _other_than(pending, confirmed), confirmed)
+            failure = _publish(target, pending, confirmed, window=window, timeout=timeout)
+            if failure is not None:
+                raise BulkSendError(failure[0], _other_than(pending, confirmed), confirmed, failure[1])
     except BaseException:
         _unsent(target, _other_than(requested, confirmed))
         raise
@@ -117,11 +128,11 @@ def _publish(
     *,
     window: int,
     timeout: float,
-) -> str | None:
+) -> tuple[str, str] | None:
     """Run the ``before_enqueue`` hooks, encode, declare the queues, and publish on the first node
     that accepts a connection. Appends the messages RabbitMQ confirmed to ``confirmed`` and runs
     their ``after_enqueue`` hooks, an interrupt included (the caller gives back the others' keys);
-    returns why not all were confirmed, or None."""
+    returns why not all were confirmed and the class of that failure, or None."""
     for message in pending:
         broker.emit_before("enqueue", message, None)
     # Every body before the first publish (the hooks may change options): nothing goes out if one fails.
@@ -155,7 +166,9 @@ def _publish(
         )
     if len(confirmed) == len(pending):
         return None
-    return publisher.error or ("unroutable" if publisher.returned_ids else "nacked by RabbitMQ")
+    if publisher.error is not None:
+        return publisher.error, publisher.error_class or "unknown"
+    return ("unroutable", "unroutable") if publisher.returned_ids else ("nacked by RabbitMQ", "nacked")
 
 
 def _other_than(messages: list[Message[Any]], confirmed: list[Message[Any]]) -> list[Message[Any]]:

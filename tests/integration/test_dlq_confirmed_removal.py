@@ -4,14 +4,17 @@ the letters in their queue, where the index must still list them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 import requests
+from dramatiq import Message
 
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import Reader
+from jobsystem.runtime.message_shape import OPTION_SHAPES, decode
 from tests.support import publish_dead_letters, wait_for
 
 COUNT = 5
@@ -75,7 +78,8 @@ def test_a_retry_forgets_the_letters_in_the_index_once_rabbitmq_confirmed_the_ac
 
 def test_a_retry_whose_acks_are_lost_with_the_connection_keeps_the_letters_indexed(queues, prefix, acks_lost):
     """The replays were confirmed (they run); the dead letters are back, and listed: retrying them
-    again publishes duplicates, which their idempotency keys make harmless."""
+    again would publish the same message ids again (only idempotency keys make that harmless), so
+    the outcome names them to purge."""
     broker = queues.broker
     queue = f"{prefix}unsure-replay"
     dead = _dead_letters(broker, queue)
@@ -83,7 +87,30 @@ def test_a_retry_whose_acks_are_lost_with_the_connection_keeps_the_letters_index
     wait_for(lambda: queues.depth(dead) == COUNT, what="the letters back in their queue")
     assert _indexed(broker, queue) == COUNT
     assert (outcome.done, outcome.unconfirmed) == (COUNT, COUNT) and queues.depth(queue) == COUNT
-    assert "not confirmed" in outcome.notes[0]
+    assert "Do not retry them again" in outcome.notes[0] and len(set(outcome.unremoved)) == COUNT
+
+
+def test_a_retry_whose_reader_connection_is_lost_before_the_acks_reports_them_unremoved(
+    queues, prefix, monkeypatch
+):
+    """The reader's connection is gone when the confirmed replays are to be removed (idle through a
+    long publish): pika's ack raises. The replay ends with an outcome, not a traceback: replayed,
+    not removed (the letters come back), named to purge."""
+    broker = queues.broker
+    queue = f"{prefix}lost-reader"
+    dead = _dead_letters(broker, queue)
+    ack = Reader.ack
+
+    def ack_after_loss(reader: Reader, tag: int) -> None:
+        if reader.connection.is_open:
+            reader.connection.close()
+        ack(reader, tag)
+
+    monkeypatch.setattr(Reader, "ack", ack_after_loss)
+    outcome = ops.replay(broker, [dead], ops.Filters())
+    wait_for(lambda: queues.depth(dead) == COUNT, what="the letters back in their queue")
+    assert _indexed(broker, queue) == COUNT and queues.depth(queue) == COUNT
+    assert (outcome.done, outcome.unconfirmed, len(set(outcome.unremoved))) == (COUNT, COUNT, COUNT)
 
 
 def test_a_purge_whose_dead_letter_queue_is_deleted_after_the_acks_counts_them_removed(
@@ -110,3 +137,23 @@ def test_a_purge_whose_dead_letter_queue_is_deleted_after_the_acks_counts_them_r
     assert (outcome.done, outcome.unconfirmed, outcome.notes) == (2 * COUNT, 0, [])
     assert queues.declared(gone) is None and queues.depth(kept) == 0
     assert _indexed(broker, f"{prefix}deleted") == 0 and _indexed(broker, f"{prefix}kept") == 0
+
+
+def test_a_dead_letter_whose_every_known_option_is_null_is_replayed(queues, prefix):
+    """The shape check lets any known option be null ("not set"), so the worker ran such a message
+    and dead-lettered it. Its replay reads ``replays`` as absent, and the project's send hooks
+    (idempotency keys, scrubbing) that run over the replay read the nulls as unset: nothing
+    stops the replay, whose body the worker then takes."""
+    broker = queues.broker
+    queue = f"{prefix}nulls"
+    message: Message[Any] = Message(queue, "record", ("n",), {}, dict.fromkeys(OPTION_SHAPES))
+    assert decode(message.encode(), queue) == message  # well formed
+    headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-queue": queue}
+    broker.publish_dead_letter(message.encode(), headers, message.message_id, queue)
+    outcome = ops.replay(broker, [queue + ".DLQ"], ops.Filters())
+    assert (outcome.done, outcome.skipped, outcome.failed, outcome.notes) == (1, 0, 0, [])
+    (replayed,) = queues.peek(queue)
+    body = json.loads(replayed["payload"])
+    assert body["message_id"] == message.message_id and body["options"]["replays"] == 1
+    assert isinstance(decode(replayed["payload"].encode(), queue), Message)  # the worker takes it
+    assert queues.depth(queue + ".DLQ") == 0

@@ -113,6 +113,7 @@ def test_a_send_fails_when_rabbitmq_goes_silent_and_never_answers_the_close(monk
         error = within(10, lambda: send_bulk(batch, broker=broker, timeout=0.5))
         assert rabbit.closed.wait(5), "the connection was left open"
     assert isinstance(error, BulkSendError) and "no confirm within 0.5 s" in str(error)
+    assert error.error_class == "TimeoutError"  # what a user may see: the failure by its class
     assert ids(error.confirmed) == ids(batch[:5]) and ids(error.failed) == ids(batch[5:])
     assert recorder.unsent == ids(batch[5:])
 
@@ -175,6 +176,7 @@ def test_a_node_that_hangs_while_opening_is_given_up(
     assert time.monotonic() - started < 5
     assert isinstance(error, BulkSendError) and len(error.failed) == 3
     assert ("connection failed" if bound == "stack_timeout" else "not connected within") in str(error)
+    assert error.error_class == ("ConnectionOpenAborted" if bound == "stack_timeout" else "TimeoutError")
     assert_no_traceback(caplog, capfd, pika_tracebacks)
 
 

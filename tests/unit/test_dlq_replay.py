@@ -110,21 +110,24 @@ def test_a_dead_letter_whose_body_is_not_a_message_is_kept_and_the_others_replay
     assert (outcome.done, outcome.skipped) == (1, 1)
 
 
+class StandInContext:
+    """``jobctl dlq``'s context, for a command whose operation a test replaces."""
+
+    def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
+        self.ops, self.broker, self.filters, self.complete = ops, None, ops.Filters(), True
+        self.queues: list[str] = []
+
+    @contextlib.contextmanager
+    def progress(self, label: str) -> Any:
+        yield lambda n: None
+
+
 @pytest.mark.parametrize("command", [["purge", "--all", "--yes"], ["retry", "--all"]])
 def test_jobctl_says_when_rabbitmq_did_not_confirm_the_removal_and_fails(command, monkeypatch):
     note = "2 acked but not confirmed by RabbitMQ before the connection was lost"
     unsure = ops.Outcome(matched=2, done=2 if command[0] == "retry" else 0, unconfirmed=2, notes=[note])
 
-    class Context:
-        def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
-            self.ops, self.broker, self.filters = ops, None, ops.Filters()
-            self.queues: list[str] = []
-
-        @contextlib.contextmanager
-        def progress(self, label: str) -> Any:
-            yield lambda n: None
-
-    monkeypatch.setattr(dlq, "Context", Context)
+    monkeypatch.setattr(dlq, "Context", StandInContext)
     monkeypatch.setattr(ops, "purge", lambda *args, **kwargs: unsure)
     monkeypatch.setattr(ops, "replay", lambda *args, **kwargs: unsure)
     result = CliRunner().invoke(dlq.dlq, command)

@@ -1,0 +1,93 @@
+"""What an operation on the dead letters did, and the notes its summary gives the operator.
+
+The notes reach ``jobctl``'s output, the dashboard's answer and its audit log: they name a
+failure by its class, never by an error's text (which may name RabbitMQ's host and port; see
+:mod:`jobsystem.privacy.outage_lines`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jobsystem.ops.dead_letter_reader import DeadLetter
+from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX
+
+__all__ = ["Outcome"]
+
+#: How many message ids a note names (an operation may leave thousands: ``unremoved`` has all).
+SHOWN_IDS = 10
+
+
+@dataclass
+class Outcome:
+    """What an operation did, for its summary line."""
+
+    matched: int = 0
+    done: int = 0
+    skipped: int = 0
+    failed: int = 0
+    #: Acked, but the connection was lost before RabbitMQ confirmed it: maybe back in the queue.
+    unconfirmed: int = 0
+    #: Of a replay, the message ids among ``unconfirmed``: replayed, their dead letters maybe not
+    #: removed (to purge, not to retry again).
+    unremoved: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: The message ids matched, when the filters name ids (so a caller can name those not found).
+    found: set[str] = field(default_factory=set)
+    #: Matched but not the project's to change (:func:`~jobsystem.ops.scope.changeable`), per
+    #: dead-letter queue: left where they are.
+    left: dict[str, int] = field(default_factory=dict)
+
+    def matched_one(self, dead: DeadLetter, *, by_id: bool) -> None:
+        """Count a matching letter; ``by_id``: the filters name message ids."""
+        self.matched += 1
+        if by_id:
+            self.found.add(dead.message_id)
+
+    def leave(self, dead: DeadLetter) -> None:
+        """Count a matching letter that is not the project's to change."""
+        self.left[dead.dead_letter_queue] = self.left.get(dead.dead_letter_queue, 0) + 1
+
+    def note_left(self) -> None:
+        """Say which queues' letters were left, and why (one note per queue)."""
+        for name, count in sorted(self.left.items()):
+            queue = name.removesuffix(DEAD_LETTER_SUFFIX)
+            self.notes.append(
+                f"{count} left in {name}: no actor declares {queue!r} and they carry no dead-letter"
+                " record of the project's naming it, so they may be another application's (if its"
+                " actors are yours, name their module)"
+            )
+
+    def note_unconfirmed(self, letters: list[DeadLetter]) -> None:
+        """Count ``letters`` acked (purged) but not confirmed removed: running again is safe."""
+        self.unconfirmed += len(letters)
+        self.notes.append(
+            f"{len(letters)} acked but not confirmed by RabbitMQ before the connection was lost: they may"
+            " still be dead letters, and stay listed; run the command again"
+        )
+
+    def note_unremoved(self, letters: list[DeadLetter]) -> None:
+        """Count ``letters`` replayed but not confirmed removed. Retrying them again is not safe:
+        the replay keeps the message id, so the project cannot tell a second replay from the
+        first, and only a job with an idempotency key is skipped (its key completed)."""
+        ids = [dead.message_id for dead in letters]
+        self.unconfirmed += len(ids)
+        self.unremoved += ids
+        more = len(ids) - SHOWN_IDS
+        shown = " ".join(ids[:SHOWN_IDS]) + (f" and {more} more" if more > 0 else "")
+        self.notes.append(
+            f"{len(ids)} replayed, but the connection to RabbitMQ was lost before their removal from"
+            " the dead letters was confirmed: they may still be dead letters, and stay listed. Do"
+            " not retry them again (a retry publishes the same message id again, and runs a job"
+            " without an idempotency key a second time): purge them with"
+            f" jobctl dlq purge --yes ID...: {shown}"
+        )
+
+    def note_not_replayed(self, count: int, error_class: str) -> None:
+        """Count ``count`` letters whose replay RabbitMQ did not confirm, by the failure's class."""
+        self.failed += count
+        self.notes.append(
+            f"{count} not replayed, RabbitMQ did not confirm their publish ({error_class}): they stay"
+            " dead letters (one whose publish was lost with its connection may have been queued all"
+            " the same)"
+        )
