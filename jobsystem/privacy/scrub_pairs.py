@@ -37,9 +37,9 @@ _SEPARATOR_OR_IS = re.compile(r"[:=]| is ")
 _DIGITS_WORD = re.compile(r"[ \t]*[^\s\d]*\d[^\s\d]*\d")
 #: A lower-case word, one space before a key written as a word (``email address:``).
 _QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
-#: A word of letters ending where the search ends: one of a key written in words (``date of``),
-#: possessive too (``driver's licence``, read as ``drivers``).
-_WORD_BEFORE = re.compile(r"(?<![\w\-])[A-Za-z]{1,32}(?:['\u2019][sS])?\Z")
+#: A word of letters ending where the search ends: one of a key written in words (``date of``).
+_WORD_BEFORE = re.compile(r"(?<![\w\-])[A-Za-z]{1,32}\Z")
+_APOSTROPHES = ("'", "\u2019")
 #: A value that opens with a bracket (after spaces), and a port after an IPv6 address in brackets.
 _OPEN_BRACKET = re.compile(r"[ \t]*[(\[{<]")
 _PORT = re.compile(r":\d{1,5}(?!\d)")
@@ -141,7 +141,9 @@ def key_values(
     parts: list[str] = []
     done = 0
     refused: dict[str, int] = {}  # by label, where the last value in brackets it refused ends
-    separators = _SEPARATOR_OR_IS if " is " in text else _SEPARATOR
+    separators = _separators(text, keys)
+    if separators is None:
+        return text
     for separator in separators.finditer(text):
         at, pos = separator.span()
         if at < done:
@@ -164,6 +166,19 @@ def key_values(
         return text
     parts.append(text[done:])
     return "".join(parts)
+
+
+def _separators(text: str, keys: KeyMatcher) -> re.Pattern[str] | None:
+    """:data:`_SEPARATOR_OR_IS` when a `` is `` in ``text`` follows a word that may end a key in
+    words (``number is``), else :data:`_SEPARATOR` if there is a ``:`` or ``=``, else None: the
+    other lines with `` is `` (``worker 3 is stopping``) are not scanned for it (a pattern with
+    `` is `` costs a line of 70 characters some 1.3 us)."""
+    at = text.find(" is ")
+    while at > 0:
+        if text[text.rfind(" ", 0, at) + 1 : at].lower() in keys.phrase_ends:
+            return _SEPARATOR_OR_IS
+        at = text.find(" is ", at + 3)
+    return _SEPARATOR if ":" in text or "=" in text else None
 
 
 def _is_value(text: str, pos: int, key: _Key) -> bool:
@@ -303,12 +318,16 @@ def _in_words(text: str, start: int, end: int, done: int, keys: KeyMatcher) -> t
         return word, None
     words, starts, at = [word], [start], start
     while len(words) <= keys.phrase_words and at - 1 > done and text[at - 1] == " ":
-        before = _WORD_BEFORE.search(text, max(done, at - 36), at - 1)
+        before = _WORD_BEFORE.search(text, max(done, at - 34), at - 1)
         if before is None:
             break
-        written = before[0]  # ``driver's`` is read as ``drivers``: one word
-        words.insert(0, f"{written[:-2]}s" if written[-2:-1] in ("'", "\u2019") else written)
-        starts.insert(0, at := before.start())
+        written, at = before[0], before.start()
+        if written in ("s", "S") and text[at - 1 : at] in _APOSTROPHES and at - 1 > done:
+            owner = _WORD_BEFORE.search(text, max(done, at - 35), at - 1)  # ``driver's``: ``drivers``
+            if owner is not None:
+                written, at = f"{owner[0]}s", owner.start()
+        words.insert(0, written)
+        starts.insert(0, at)
     found = keys.label_of_words(words)
     if found is None:
         return word, None
