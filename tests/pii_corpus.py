@@ -284,6 +284,48 @@ KEYED_SHAPED: list[tuple[str, str, str]] = [
     ("postCode", "address", "EC1A 1BB"),  # ``postCode``: a postcode key of two words
 ]
 
+#: (key written in words, label, value) of personal numbers in no shape the finders take (a
+#: passport with letters, an ID or a tax number in another country's format): only the key gives
+#: them away, after ``:``, ``=`` or `` is ``, in any case.
+KEYED_IN_WORDS: list[tuple[str, str, str]] = [
+    ("passport number", "id_number", "X1234567"),
+    ("Passport No", "id_number", "C03005988"),
+    ("phone number", "phone", "555 0134"),  # a local number without its area code
+    ("customer phone number", "phone", "2079460"),
+    ("social security number", "ssn", "219 09 9999"),  # in groups no SSN check confirms
+    ("credit card number", "card", "4111 1111 1111 1112"),  # a digit mistyped: fails Luhn
+    ("bank account number", "account", "31926819"),
+    ("tax id", "id_number", "912-70-1234"),  # a US ITIN
+    ("tax number", "id_number", "12/345/67890"),  # a German Steuernummer
+    ("driver's licence number", "id_number", "MORGA753116SM9IJ"),  # a UK driving licence
+    ("driver license number", "id_number", "D1234567"),  # a Californian one
+    ("national insurance number", "id_number", "1234567FA"),  # an Irish PPS number
+]
+
+#: Words before a separator that name an operation's numbers, not a person's, and remarks after a
+#: key in words: none may change (``order number`` is an order's, ``phone number is missing`` no number).
+NOT_KEYED_IN_WORDS: list[str] = [
+    "retry number: 3",
+    "order number: 73905561427",
+    "order number is 73905561427",
+    "attempt number = 2",
+    "line number: 487",
+    "port number: 5672",
+    "version number: 3.11.7",
+    "build number: 20261102.3",
+    "invoice number: INV-2026-000123",
+    "serial number: SN-20261102-7",
+    "page number is 4",
+    "reference number: REF-88213",
+    "phone number is missing",
+    "phone number is 3 digits short",
+    "passport number is required for this route",
+    "token is expired",
+    "password is incorrect for user 42",
+    "retry 3 is scheduled in 200 ms",
+    "phone numbers: 3 of 5 invalid",
+]
+
 #: Ordinary values of a job system: none may change.
 ORDINARY: list[str] = [
     "ord-20261102-0042",
@@ -402,7 +444,7 @@ def _values() -> list[str]:
     raw = [value for _, value in all_pattern_values()] + [secret for _, _, secret in SECRETS]
     raw += [str(value) for _, _, value in BY_KEY + NEW_KEYS if len(str(value)) > 4]
     raw += [form for _, encoded, address in ENCODED_EMAILS for form in (encoded, address)]
-    raw += [value for _, _, value in KEYED_IN_GROUPS + KEYED_FREE_FORM + KEYED_SHAPED]
+    raw += [value for _, _, value in KEYED_IN_GROUPS + KEYED_FREE_FORM + KEYED_SHAPED + KEYED_IN_WORDS]
     return [*raw, "4111111111111111", "4155550134"]
 
 

@@ -30,15 +30,18 @@ import re
 
 from jobsystem.privacy.scrub_freeform import FREEFORM_LABELS, freeform_end
 from jobsystem.privacy.scrub_groups import run_end
-from jobsystem.privacy.scrub_keys import is_machine_address_key, is_place_address_key, is_postcode_key
+from jobsystem.privacy.scrub_keys import (
+    NUMBER_LABELS,
+    is_machine_address_key,
+    is_place_address_key,
+    is_postcode_key,
+)
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
 from jobsystem.privacy.scrub_value_shapes import birth_date_end, network_end, postcode_end
 
-__all__ = ["GROUP_END", "NUMBER_LABELS", "value_end"]
+__all__ = ["GROUP_END", "value_end"]
 
-#: Labels of the keys whose values are numbers written in groups.
-NUMBER_LABELS = frozenset({"phone", "card", "iban", "ssn", "id_number", "account"})
 #: What may follow a group: a space, a separator, the end, a full stop that ends a sentence.
 GROUP_END = r"(?=[\s,;!?'\"\]})>]|\.?$|\.\s)"
 #: The next group of digits of a number, joined by the punctuation numbers are written with

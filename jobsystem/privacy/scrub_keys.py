@@ -12,7 +12,10 @@ all become ``customer email``). Three kinds of name match:
   person's name far more often than not, ``queue_name`` or ``template_name`` are not).
 
 A name of several words is a key written in words too, in free text (``date of birth:``, ``Birth
-Date:``, ``zip code:``): :meth:`KeyMatcher.label_of_words`.
+Date:``, ``zip code:``): :meth:`KeyMatcher.label_of_words`. So is a name of a personal number
+followed by ``number`` or ``no`` (``phone number:``, ``passport number:``, ``social security
+number:``, ``driver's licence number:``), but no other word before it: ``order number:``, ``retry
+number:`` and ``port number:`` name an operation's numbers, not a person's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ __all__ = [
     "DEFAULT_KEYS",
     "DEFAULT_TAIL_KEYS",
     "EXTRA_LABEL",
+    "NUMBER_LABELS",
     "SECRET_LABELS",
     "KeyMatcher",
     "is_machine_address_key",
@@ -38,6 +42,13 @@ SECRET_LABELS = frozenset({"password", "secret", "token", "authorization", "cook
 
 #: Label of keys added by configuration (``extra_keys``).
 EXTRA_LABEL = "redacted"
+
+#: Labels of the keys whose values are numbers (often written in groups): a phone, a card, an
+#: IBAN, a social security, national, tax or account number.
+NUMBER_LABELS = frozenset({"phone", "card", "iban", "ssn", "id_number", "account"})
+
+#: Words after a number's name in a key written in words (``phone number``, ``passport no``).
+_NUMBER_WORDS = frozenset({"number", "no", "nr", "num"})
 
 DEFAULT_KEYS: Mapping[str, str] = {
     # Secrets: replaced, never hashed.
@@ -70,10 +81,17 @@ DEFAULT_KEYS: Mapping[str, str] = {
     "ssn": "ssn",
     "social_security": "ssn",
     "tax_id": "id_number",
+    "tax_number": "id_number",
     "national_id": "id_number",
     "national_insurance": "id_number",
     "id_number": "id_number",
     "passport": "id_number",
+    "driver_license": "id_number",
+    "drivers_license": "id_number",
+    "driver_licence": "id_number",
+    "drivers_licence": "id_number",
+    "driving_licence": "id_number",
+    "driving_license": "id_number",
     "personnummer": "id_number",
     "codice_fiscale": "id_number",
     "aadhaar": "id_number",
@@ -84,6 +102,7 @@ DEFAULT_KEYS: Mapping[str, str] = {
     "cardholder": "name",
     "iban": "iban",
     "account_number": "account",
+    "account_no": "account",
     "address": "address",
     "street": "address",
     "postcode": "address",
@@ -228,11 +247,14 @@ class KeyMatcher:
         self._exact = {"_".join(tokens(k)): label for k, label in exact_keys.items()}
         self._cache: dict[str, str | None] = {}
         phrases = [t for t in specs if len(t) > 1]
-        #: The last words of the names of several words: only a word of these may end a key
-        #: written in words (a cheap test before looking at the words before it).
-        self.phrase_ends = frozenset(t[-1] for t in phrases)
+        #: The last words of the names of several words, and the words after a number's name:
+        #: only a word of these may end a key written in words (a cheap test before looking at the
+        #: words before it).
+        self.phrase_ends = frozenset(t[-1] for t in phrases) | _NUMBER_WORDS
         #: Words before the last that a key written in words has, at most.
-        self.phrase_words = max((len(t) - 1 for t in phrases), default=0)
+        #: A number's name before ``number`` (``social security``) counts whole.
+        widest_number = max((len(t) for t, label in specs.items() if label in NUMBER_LABELS), default=0)
+        self.phrase_words = max([len(t) - 1 for t in phrases] + [widest_number])
         self._phrase_widths = sorted({len(t) for t in phrases}, reverse=True)
 
     def label(self, key: str) -> str | None:
@@ -252,14 +274,25 @@ class KeyMatcher:
         last, name a key of several words (``date_of_birth``, ``birth_date``, ``zip_code``,
         ``api_key``) in any case, and its label; None if they end none. Only a name that the last
         word ends counts: ``email sent:`` names nothing (``email`` names a value as a key's last
-        word, not as a word before it), and neither does a word alone (that is :meth:`label`'s)."""
+        word, not as a word before it), and neither does a word alone (that is :meth:`label`'s).
+        A name of a number's kind (:data:`NUMBER_LABELS`) and ``number`` after it is one too
+        (``phone number``, ``social security no``); ``order number`` is not."""
         if len(words) < 2 or words[-1].lower() not in self.phrase_ends:
             return None
         written = tokens(" ".join(words))
         if len(written) != len(words):  # each word one token (``birthDate`` is two)
             return None
-        for width in self._phrase_widths:
-            label = self._specs.get(written[-width:]) if width <= len(written) else None
+        found = self._ending(written, self._phrase_widths)
+        if found is None and written[-1] in _NUMBER_WORDS:
+            named = self._ending(written[:-1], self._widths)
+            if named is not None and named[1] in NUMBER_LABELS:
+                return named[0] + 1, named[1]
+        return found
+
+    def _ending(self, words: tuple[str, ...], widths: Sequence[int]) -> tuple[int, str] | None:
+        """The widest name of :attr:`_specs`, of one of ``widths``, that ``words`` end with."""
+        for width in widths:
+            label = self._specs.get(words[-width:]) if width <= len(words) else None
             if label is not None:
                 return width, label
         return None

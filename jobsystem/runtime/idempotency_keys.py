@@ -3,11 +3,13 @@
 A key comes from the message option ``idempotency_key`` or from its actor's ``idempotency_key``
 callable. Keys are job data (``ana@example.com|welcome``), so a key names nothing until it is
 scoped by actor and hashed: ``actor:<keyed hash of actor:key>``, the same at send, at run and in
-lookups.
+lookups. A key is hashed as its Unicode NFC form: ``café`` typed on macOS (decomposed, NFD) and on
+Linux (composed) is one key, not two. An ASCII key is its own NFC form, so it hashes as it always has.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +38,10 @@ class CompletedDuplicate(SkipMessage):
 
 
 def scoped_key(hasher: Callable[[str], str], actor_name: str, key: str) -> str:
-    """The name ``key`` of ``actor_name`` has in the store and the logs."""
+    """The name ``key`` of ``actor_name`` has in the store and the logs: the same for every
+    Unicode form of one key (hashed as NFC; an ASCII key, the common case, is not looked at)."""
+    if not key.isascii():
+        key = unicodedata.normalize("NFC", key)
     return f"{actor_name}:{hasher(f'{actor_name}:{key}')}"
 
 

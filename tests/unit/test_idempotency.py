@@ -21,6 +21,7 @@ from jobsystem.dramatiq_internals import ProjectMessage, dead_letter_error, dead
 from jobsystem.privacy.keyhash import UNKEYED, KeyHasher
 from jobsystem.runtime import claims_ahead
 from jobsystem.runtime.coalesce import Coalescer
+from jobsystem.runtime.idempotency_keys import scoped_key
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.sqlite import SqliteStore
@@ -486,6 +487,42 @@ def test_key_hashes_are_hmac_sha256_of_the_text_so_stored_names_never_change(sec
         expected = hmac.new(raw or UNKEYED, text.encode("utf-8", "surrogatepass"), hashlib.sha256)
         assert hasher(text) == expected.hexdigest()[:32]
         assert hasher(text) == expected.hexdigest()[:32]  # the remembered one too
+
+
+#: One key in its two Unicode forms: composed (NFC, as Linux and most keyboards give it) and
+#: decomposed (NFD, ``e`` then U+0301, as macOS file names and some forms give it).
+CAFE_NFC, CAFE_NFD = "caf\u00e9:ana", "cafe\u0301:ana"
+
+
+def test_one_key_sent_in_two_unicode_forms_is_one_key(idem):
+    """``café`` typed on a Mac and on Linux: the second send is a duplicate of the first, a
+    lookup in either form finds it, and a run of either form skips once the other completed."""
+    assert CAFE_NFC != CAFE_NFD
+    first, second = idem.message(CAFE_NFD), idem.message(CAFE_NFC)
+    idem.middleware.before_enqueue(idem.broker, first, None)
+    with pytest.raises(DuplicateMessage) as caught:
+        idem.middleware.before_enqueue(idem.broker, second, None)
+    assert caught.value.original_message_id == first.message_id
+    assert idem.state(CAFE_NFC) == idem.state(CAFE_NFD) == "pending"
+    messages = [idem.message("b" + CAFE_NFC), idem.message("b" + CAFE_NFD)]
+    assert idem.middleware.before_enqueue_batch(idem.broker, messages) == {
+        messages[1].message_id: messages[0].message_id
+    }
+    run(idem, delivery(first))
+    again = delivery(idem.message(CAFE_NFC))
+    with pytest.raises(SkipMessage):
+        idem.middleware.before_process_message(idem.broker, again)
+    assert idem.state(CAFE_NFC) == "done"
+
+
+def test_an_ascii_key_is_stored_under_the_name_it_always_had():
+    """Keys in flight across an upgrade keep their names: an ASCII key is hashed as it is (HMAC
+    of ``actor:key``); another key as its NFC form, whichever form it came in."""
+    ascii_keys = [(key, key) for key in ("t1", "send_email:ana@example.com|welcome||", "schedule:x")]
+    for key, hashed in (*ascii_keys, (CAFE_NFD, CAFE_NFC), (CAFE_NFC, CAFE_NFC)):
+        text = f"job:{hashed}".encode()
+        expected = hmac.new(UNKEYED, text, hashlib.sha256).hexdigest()[:32]
+        assert scoped_key(KeyHasher(), "job", key) == f"job:{expected}"
 
 
 def test_a_delivery_for_no_declared_actor_is_not_claimed_nor_held(idem):

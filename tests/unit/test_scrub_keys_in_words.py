@@ -1,0 +1,59 @@
+"""Keys of personal numbers written in words in free text: ``passport number: X1234567``.
+
+``date of birth:`` was read as a key, but ``phone number:``, ``passport number:``, ``social
+security number:``, ``driver's licence number:`` and the like were the word ``number`` before a
+colon, which names nothing: a number in a shape the finders take went by its shape, any other
+(a passport with letters, another country's ID or tax number) passed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jobsystem.privacy.scrub import Scrubber
+from jobsystem.privacy.scrub_keys import KeyMatcher
+from tests.pii_corpus import KEYED_IN_WORDS, NOT_KEYED_IN_WORDS, leaks
+
+scrub = Scrubber()
+hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
+
+#: The key of a structure whose value hashes as a value of each label does.
+KEY_OF = {"account": "account_number"}
+
+#: How a key in words is written before its value: the separators the key reader takes.
+SEPARATORS = [": ", ":", "=", " = ", " is "]
+
+
+@pytest.mark.parametrize("separator", SEPARATORS)
+@pytest.mark.parametrize(("key", "label", "value"), KEYED_IN_WORDS)
+def test_a_personal_number_after_its_key_in_words_is_removed(key, label, value, separator):
+    for written in (key, key.lower(), key.upper(), key.title()):
+        line = f"{written}{separator}{value} retried"
+        assert scrub.text(line) == f"{written}{separator}[{label}] retried", line
+    assert leaks(scrub.text(f"then {key}{separator}{value}; status=ok")) == []
+
+
+@pytest.mark.parametrize(("key", "label", "value"), KEYED_IN_WORDS)
+def test_a_key_in_words_is_a_key_quoted_and_hashes_as_under_its_key(key, label, value):
+    assert scrub.text(f'{{"{key}": "{value}", "n": 1}}') == f'{{"{key}": "[{label}]", "n": 1}}'
+    field = KEY_OF.get(label, label)
+    under_key = hashing({field: value})[field]
+    assert hashing.text(f"{key}: {value}") == f"{key}: {under_key}"
+
+
+@pytest.mark.parametrize("line", NOT_KEYED_IN_WORDS)
+def test_an_operations_number_or_a_remark_after_words_stays(line):
+    assert scrub.text(line) == line
+    assert scrub.text(line.upper()) == line.upper()
+
+
+def test_only_a_numbers_name_before_number_makes_a_key():
+    """``number`` ends a key in words after a name whose values are numbers (a phone, an ID), and
+    counts with it; after any other word it names nothing."""
+    keys = KeyMatcher()
+    assert keys.label_of_words(["customer", "phone", "number"]) == (2, "phone")
+    assert keys.label_of_words(["his", "social", "security", "no"]) == (3, "ssn")
+    assert keys.label_of_words(["drivers", "license", "number"]) == (3, "id_number")
+    assert keys.label_of_words(["credit", "card", "number"]) == (2, "card")  # ``card_number``
+    for words in (["order", "number"], ["retry", "number"], ["email", "number"], ["password", "no"]):
+        assert keys.label_of_words(words) is None, words
