@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import unicodedata
 
 __all__ = ["KeyHasher"]
 
@@ -41,13 +42,16 @@ class KeyHasher:
         self._recent: dict[str, str] = {}
 
     def __call__(self, text: str) -> str:
+        """The hash of ``text``'s NFC form: one key typed decomposed (macOS) and composed (Linux)
+        is one name. ASCII text, the common case, is its own NFC form and is not looked at."""
         # The same texts come back (a tenant's bucket on every job, a key hashed again at start
         # when no claim was made at receipt): those are a dict lookup. The cache is emptied when full
         # rather than kept in order (cheaper).
         hashed = self._recent.get(text)
         if hashed is None:
             mac = self._keyed.copy()
-            mac.update(text.encode("utf-8", "surrogatepass"))
+            one_form = text if text.isascii() else unicodedata.normalize("NFC", text)
+            mac.update(one_form.encode("utf-8", "surrogatepass"))
             hashed = mac.hexdigest()[:32]
             if len(self._recent) >= RECENT_KEYS:
                 self._recent.clear()

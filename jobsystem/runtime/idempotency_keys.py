@@ -9,7 +9,6 @@ Linux (composed) is one key, not two. An ASCII key is its own NFC form, so it ha
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +38,7 @@ class CompletedDuplicate(SkipMessage):
 
 def scoped_key(hasher: Callable[[str], str], actor_name: str, key: str) -> str:
     """The name ``key`` of ``actor_name`` has in the store and the logs: the same for every
-    Unicode form of one key (hashed as NFC; an ASCII key, the common case, is not looked at)."""
-    if not key.isascii():
-        key = unicodedata.normalize("NFC", key)
+    Unicode form of one key (the project's hasher, ``KeyHasher``, hashes NFC forms)."""
     return f"{actor_name}:{hasher(f'{actor_name}:{key}')}"
 
 

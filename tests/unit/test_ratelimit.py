@@ -201,6 +201,13 @@ def test_a_tenants_bucket_is_its_own_and_named_by_a_hash(limited):
     assert bucket.startswith("api:") and "tenant-1" not in bucket
 
 
+def test_a_tenant_typed_in_two_unicode_forms_has_one_bucket(limited):
+    composed, decomposed = "api:caf\u00e9", "api:cafe\u0301"  # NFC (Linux) and NFD (macOS)
+    limited.before(limited.actor.message(composed))
+    with pytest.raises(SkipMessage):  # the same tenant's budget: spent, not a second one
+        limited.before(limited.actor.message(decomposed))
+
+
 def test_a_named_bucket_kept_per_actor_never_serves_a_message_with_its_own_options(store):
     limits = {name: Limit(rate=0.01, burst=1) for name in ("api", "other", "third")}
     middleware = RateLimits(store, limits, wait_ms=0, max_delay_ms=600_000, lease_jobs=0)
