@@ -1,9 +1,10 @@
 """Review (faults, area 3): destructive operations stay within their own ``QUEUE_PREFIX``.
 
 Two environments of the project share a vhost and a Redis: ``jobs`` and ``jobs2``, whose prefix
-begins with the first's. Each environment's workers dead-letter with the same ``x-dl-*`` record,
-naming their own queue. In memory, as ``test_queue_scope``: a stand-in reader holds the dead
-letters, a stand-in index remembers what a re-index wrote, and the operations run for real.
+begins with the first's; or one on the default, empty, prefix and ``staging-``. Each environment's
+workers dead-letter with the same ``x-dl-*`` record, naming their own queue. In memory, as
+``test_queue_scope``: a stand-in reader holds the dead letters, a stand-in index remembers what
+a re-index wrote, and the operations run for real.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from jobsystem.settings import load_settings
 from jobsystem.store.dead_letter_index import DeadLetterEntry
 from tests.unit.test_dlq_replay import _dead, _Queues
 
-#: The vhost: ``jobs``'s queue ``jobsemails`` and ``jobs2``'s queue ``jobs2emails``.
-ON_THE_VHOST = ["jobsemails", "jobsemails.DLQ", "jobs2emails", "jobs2emails.DLQ"]
+#: The vhost: the ``emails`` queue of each environment (``jobs``, ``jobs2``, ``""``, ``staging-``).
+ON_THE_VHOST = [f"{p}emails{s}" for p in ("jobs", "jobs2", "", "staging-") for s in ("", ".DLQ")]
 
 
 class Index:
-    """The ``jobs`` environment's dead-letter index (its own namespace of the state store)."""
+    """This environment's dead-letter index (its own namespace of the state store)."""
 
     def __init__(self) -> None:
         self.entries: dict[str, list[DeadLetterEntry]] = {}
@@ -54,37 +55,34 @@ def vhost(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("vhost")
+@pytest.mark.parametrize(("ours", "theirs"), [("jobs", "jobs2"), ("", "staging-")])
 @pytest.mark.xfail(
     strict=True,
     reason="jobsystem/ops/scope.py:changeable + jobsystem/ops/health.py:own_queue: a re-index by name "
     "takes another environment's recorded letters into this one's scope, then purge --all deletes them",
 )
 def test_purge_all_never_deletes_the_dead_letters_of_an_environment_whose_prefix_extends_this_one(
-    monkeypatch: pytest.MonkeyPatch,
+    ours: str, theirs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The operator of ``jobs`` re-indexes the queue ``jobs2emails`` named on the dashboard
-    (``own_queue`` takes it as this environment's, for it starts with ``jobs``), then purges every
-    dead letter of the project. ``jobs2``'s letter carries the project's own record (its workers
-    run the same code), so ``changeable`` takes it: the purge of ``jobs`` deletes ``jobs2``'s dead
-    letter, which its operators can never replay."""
-    settings = load_settings({"QUEUE_PREFIX": "jobs"})
-    index = Index()
+    (``own_queue`` takes it as this environment's, for it starts with ``jobs``; with the empty
+    prefix every name does), then purges every dead letter of the project. ``jobs2``'s letter
+    carries the project's own record (its workers run the same code), so ``changeable`` takes it:
+    the purge of ``jobs`` deletes ``jobs2``'s dead letter, which its operators can never replay."""
+    settings = load_settings({"QUEUE_PREFIX": ours})
     broker = SimpleNamespace(
-        actors={"send_email": SimpleNamespace(queue_name="jobsemails")},
-        dead_letter_index=SimpleNamespace(backend=index),
+        actors={"send_email": SimpleNamespace(queue_name=f"{ours}emails")},
+        dead_letter_index=SimpleNamespace(backend=Index()),
     )
-    theirs: Message[Any] = Message("jobs2emails", "send_email", (), {}, {})
-    record = {"x-dl-reason": "retries_exhausted", "x-dl-queue": "jobs2emails"}  # as jobs2's worker wrote it
-    made = _Queues(
-        {
-            "jobs2emails.DLQ": [_dead("jobs2emails.DLQ", theirs.encode(), record, theirs.message_id)],
-            "jobsemails.DLQ": [],
-        }
-    )
+    other = f"{theirs}emails"
+    message: Message[Any] = Message(other, "send_email", (), {}, {})
+    record = {"x-dl-reason": "retries_exhausted", "x-dl-queue": other}  # as the other's worker wrote it
+    letter = _dead(f"{other}.DLQ", message.encode(), record, message.message_id)
+    made = _Queues({f"{other}.DLQ": [letter], f"{ours}emails.DLQ": []})
     monkeypatch.setattr(ops, "Reader", made.reader)
     project = SimpleNamespace(settings=settings, broker=broker)
 
-    dashboard_dead_letters.reindex(project, "jobs2emails")  # type: ignore[arg-type]
+    dashboard_dead_letters.reindex(project, other)  # type: ignore[arg-type]
     purged = dashboard_dead_letters.purge(project, Selection(queue=None, all=True))  # type: ignore[arg-type]
 
-    assert made.acked == [], f"jobs purged jobs2's dead letter: {purged}"
+    assert made.acked == [], f"{ours!r} purged {theirs!r}'s dead letter: {purged}"
