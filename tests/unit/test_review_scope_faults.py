@@ -56,27 +56,28 @@ def vhost(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("vhost")
 @pytest.mark.parametrize(("ours", "theirs"), [("jobs", "jobs2"), ("", "staging-")])
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobsystem/ops/scope.py:changeable + jobsystem/ops/health.py:own_queue: a re-index by name "
-    "takes another environment's recorded letters into this one's scope, then purge --all deletes them",
-)
+@pytest.mark.parametrize("stamped", [True, False], ids=["stamped", "previous-release"])
 def test_purge_all_never_deletes_the_dead_letters_of_an_environment_whose_prefix_extends_this_one(
-    ours: str, theirs: str, monkeypatch: pytest.MonkeyPatch
+    ours: str, theirs: str, stamped: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The operator of ``jobs`` re-indexes the queue ``jobs2emails`` named on the dashboard
     (``own_queue`` takes it as this environment's, for it starts with ``jobs``; with the empty
     prefix every name does), then purges every dead letter of the project. ``jobs2``'s letter
     carries the project's own record (its workers run the same code), so ``changeable`` takes it:
-    the purge of ``jobs`` deletes ``jobs2``'s dead letter, which its operators can never replay."""
+    the purge of ``jobs`` deleted ``jobs2``'s dead letter, which its operators can never replay.
+    Now a letter is changed only by the environment stamped on it, and one written before the
+    stamp (``previous-release``) only in a queue of an actor of this environment."""
     settings = load_settings({"QUEUE_PREFIX": ours})
     broker = SimpleNamespace(
         actors={"send_email": SimpleNamespace(queue_name=f"{ours}emails")},
         dead_letter_index=SimpleNamespace(backend=Index()),
+        environment=ours,
     )
     other = f"{theirs}emails"
     message: Message[Any] = Message(other, "send_email", (), {}, {})
     record = {"x-dl-reason": "retries_exhausted", "x-dl-queue": other}  # as the other's worker wrote it
+    if stamped:
+        record["x-dl-environment"] = theirs
     letter = _dead(f"{other}.DLQ", message.encode(), record, message.message_id)
     made = _Queues({f"{other}.DLQ": [letter], f"{ours}emails.DLQ": []})
     monkeypatch.setattr(ops, "Reader", made.reader)
