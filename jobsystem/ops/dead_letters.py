@@ -139,7 +139,7 @@ def _named(settings: Settings, broker: ProjectBroker, queue: str, reading: bool)
         return project_queue(settings, broker, queue) + DEAD_LETTER_SUFFIX
     except ForeignQueue as exc:
         if reading:
-            names = list(dict.fromkeys(q + DEAD_LETTER_SUFFIX for q in (exc.name, queue)))
+            names = list(dict.fromkeys(q + DEAD_LETTER_SUFFIX for q in (settings.queue(queue), queue)))
             with contextlib.suppress(ConnectionError):  # unreachable: refused, as not known
                 missing = set(missing_queues(settings, names, RABBITMQ_TIMEOUT_S))
                 found = [name for name in names if name not in missing]

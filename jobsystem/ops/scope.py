@@ -107,12 +107,14 @@ def project_queues(broker: ProjectBroker) -> set[str]:
 
 
 def project_queue(settings: Settings, broker: ProjectBroker, name: str) -> str:
-    """The project's queue ``name`` (``QUEUE_PREFIX`` added unless present); raises
-    :class:`ForeignQueue` when it is not one of :func:`project_queues`."""
+    """The project's queue ``name`` (:func:`~jobsystem.ops.health.own_queue`: ``QUEUE_PREFIX``
+    added unless ``name`` is one of :func:`project_queues` whole); raises :class:`ForeignQueue`
+    when it is none of them, naming ``name`` as given when it begins with the prefix (the operator
+    may have meant it whole: ``jobs2emails``, or a queue only an unread index knows)."""
     scope = project_scope(broker)
     queue = own_queue(settings, name, scope.queues)
     if queue not in scope.queues:
-        raise ForeignQueue(queue, scope.complete)
+        raise ForeignQueue(name if name.startswith(settings.queue_prefix) else queue, scope.complete)
     return queue
 
 

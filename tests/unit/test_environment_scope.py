@@ -88,19 +88,19 @@ def test_every_dead_letter_is_stamped_with_the_environment_that_wrote_it() -> No
 
 
 def test_a_name_that_begins_with_the_prefix_is_not_taken_for_this_environments_queue() -> None:
-    """``jobs2emails`` is ``jobs2``'s queue: named to ``jobs``'s tools it is ``jobsjobs2emails``
-    (which does not exist), and a purge or retry of it is refused; a queue of ``jobs`` named whole
-    or short is its own."""
+    """``jobs2emails`` is ``jobs2``'s queue: named to ``jobs``'s tools it is none of ``jobs``'s
+    (its queue of that name would be ``jobsjobs2emails``), and a purge or retry of it is refused;
+    a queue of ``jobs`` named whole or short is its own."""
     stub = StubBroker()
     dramatiq.actor(actor_name="send_email", queue_name="jobsemails", broker=stub)(lambda: None)
     assert resolve_queues(SETTINGS, stub, ["jobs2emails"]) == ["jobsjobs2emails"]
     assert resolve_queues(SETTINGS, stub, ["jobsemails", "emails"]) == ["jobsemails"]
     broker = jobs_broker()
     assert ops.dead_letter_queues(SETTINGS, broker, "emails") == ["jobsemails.DLQ"]
-    with pytest.raises(ops.ForeignQueue, match="'jobsjobs2emails' is not a queue"):
+    with pytest.raises(ops.ForeignQueue, match="'jobs2emails' is not a queue"):
         ops.dead_letter_queues(SETTINGS, broker, "jobs2emails")
     project = SimpleNamespace(settings=SETTINGS, broker=broker)
-    with pytest.raises(ActionError, match="'jobsjobs2emails' is not a queue"):
+    with pytest.raises(ActionError, match="'jobs2emails' is not a queue"):
         dashboard_dead_letters.purge(project, Selection(queue="jobs2emails", all=True))  # type: ignore[arg-type]
 
 
