@@ -137,7 +137,7 @@ def _named(settings: Settings, broker: ProjectBroker, queue: str, reading: bool)
     only :func:`~jobsystem.ops.scope.changeable` letters are ever indexed or changed."""
     try:
         return project_queue(settings, broker, queue) + DEAD_LETTER_SUFFIX
-    except ForeignQueue as exc:
+    except ForeignQueue:
         if reading:
             names = list(dict.fromkeys(q + DEAD_LETTER_SUFFIX for q in (settings.queue(queue), queue)))
             with contextlib.suppress(ConnectionError):  # unreachable: refused, as not known

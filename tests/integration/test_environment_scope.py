@@ -38,7 +38,9 @@ def held(queues: Queues, queue: str) -> list[str]:
     return ids
 
 
-def test_an_environment_whose_prefix_extends_this_ones_keeps_its_dead_letters(start_dashboard, queues, prefix):
+def test_an_environment_whose_prefix_extends_this_ones_keeps_its_dead_letters(
+    start_dashboard, queues, prefix
+):
     other = prefix + "2"
     theirs = other + "workload"  # the second environment's queue of the tests.workload actors
     broker = sender_broker(other, TEST_REDIS_URL)
