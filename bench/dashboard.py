@@ -79,6 +79,7 @@ def _seed_dead_letters(broker: Any, queue: str, count: int) -> list[str]:
             "x-dl-actor": "actor3",
             "x-dl-enqueued-at": "2026-11-29T00:00:00+00:00",
             "x-dl-failed-at": f"2026-11-29T00:{i // 600 % 60:02d}:{i // 10 % 60:02d}+00:00",
+            "x-dl-environment": broker.environment,  # as its workers stamp them
         }
         properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers)
         channel.basic_publish("", dead_letter_queue(queue), message.encode(), properties)

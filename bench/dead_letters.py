@@ -49,6 +49,7 @@ def fill(count: int) -> tuple[str, Any]:
         "x-dl-actor": "noop",
         "x-dl-enqueued-at": "2026-11-29T00:00:00+00:00",
         "x-dl-failed-at": "2026-11-29T00:10:00+00:00",
+        "x-dl-environment": broker.environment,  # as its workers stamp them
     }
     for _ in range(count):
         message: Message[Any] = Message(queue_name=queue, actor_name="noop", args=(), kwargs={}, options={})

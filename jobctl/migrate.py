@@ -26,8 +26,10 @@ def migrate_queues(modules: tuple[str, ...], queues: tuple[str, ...]) -> None:
     import_application("jobctl", modules)
     from jobsystem.ops.health import own_queue
     from jobsystem.ops.migration import MigrationError, foreign_queues, migrate, twins_left
+    from jobsystem.rabbitmq.broker import actor_queues
 
-    named = {own_queue(system.settings, queue): f"--queue {queue!r}" for queue in queues}
+    own = actor_queues(system.broker)
+    named = {own_queue(system.settings, queue, own): f"--queue {queue!r}" for queue in queues}
     # A queue an interrupted run deleted is there as its twin, whose messages this run moves back.
     twins = twins_left(system.settings, list(named))
     require_queues(system.settings, {q: how for q, how in named.items() if q not in twins})

@@ -32,6 +32,7 @@ __all__ = [
     "HEADER_ACTOR",
     "HEADER_ATTEMPTS",
     "HEADER_ENQUEUED_AT",
+    "HEADER_ENVIRONMENT",
     "HEADER_ERROR",
     "HEADER_EXCEPTION",
     "HEADER_FAILED_AT",
@@ -66,6 +67,9 @@ HEADER_QUEUE = "x-dl-queue"
 HEADER_ACTOR = "x-dl-actor"
 HEADER_ENQUEUED_AT = "x-dl-enqueued-at"
 HEADER_FAILED_AT = "x-dl-failed-at"
+#: The ``QUEUE_PREFIX`` of the environment whose worker wrote the dead letter (stamped by the
+#: broker as it publishes it): the operator tools change only their own environment's letters.
+HEADER_ENVIRONMENT = "x-dl-environment"
 #: Of a malformed message: the field that is wrong (``options.retries``); ``x-dl-error`` says how.
 HEADER_FIELD = "x-dl-field"
 #: The exception type a malformed message's record names.

@@ -53,9 +53,10 @@ class Outcome:
         for name, count in sorted(self.left.items()):
             queue = name.removesuffix(DEAD_LETTER_SUFFIX)
             self.notes.append(
-                f"{count} left in {name}: no actor declares {queue!r} and they carry no dead-letter"
-                " record of the project's naming it, so they may be another application's (if its"
-                " actors are yours, name their module)"
+                f"{count} left in {name}: not this environment's to change: stamped by another"
+                f" environment (QUEUE_PREFIX), or unstamped where no actor declares {queue!r} (another"
+                " application's, or a removed actor's from before the stamp; if its actors are yours,"
+                " name their module)"
             )
 
     def note_unconfirmed(self, letters: list[DeadLetter]) -> None:

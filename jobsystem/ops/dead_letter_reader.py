@@ -44,6 +44,17 @@ def _header(headers: Any, name: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _stamp(headers: dict[str, Any]) -> str | None:
+    """The environment stamped on a record (the empty prefix is a stamp too); None when missing
+    or not text."""
+    if record.HEADER_ENVIRONMENT not in headers:
+        return None
+    value = headers[record.HEADER_ENVIRONMENT]
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value if isinstance(value, str) else None
+
+
 def _from_millis(millis: int) -> datetime | None:
     try:
         return datetime.fromtimestamp(millis / 1000, UTC)
@@ -83,10 +94,10 @@ class DeadLetter:
     enqueued_at: datetime | None
     failed_at: datetime | None
     body: bytes = field(repr=False)
-    #: It carries the project's record of its own queue (``x-dl-reason``, and ``x-dl-queue``
-    #: naming the queue whose ``.DLQ`` holds it): the project's consumer dead-lettered it. Another
-    #: application's letters, and RabbitMQ's own dead-lettering (``x-death``), do not.
-    recorded: bool = False
+    #: The ``QUEUE_PREFIX`` of the environment whose worker dead-lettered it (``x-dl-environment``,
+    #: stamped on every record the project writes); None: not stamped, i.e. written by the release
+    #: before the stamp, by RabbitMQ's own dead-lettering (``x-death``) or by another application.
+    environment: str | None = None
 
     @classmethod
     def from_delivery(
@@ -96,7 +107,7 @@ class DeadLetter:
         body: bytes,
         actors: Container[str] | None = None,
     ) -> DeadLetter:
-        """Read the project's ``x-dl-*`` record (``recorded`` when it names this queue), or
+        """Read the project's ``x-dl-*`` record (with the ``environment`` that wrote it), or
         RabbitMQ's ``x-death`` for a body it dead-lettered itself (an undecodable one). Its queue
         is the one whose dead-letter queue holds it, not one its headers name: a replay never
         leaves the queues the operator chose. ``actors``: the broker's, which alone tell a body's
@@ -118,7 +129,7 @@ class DeadLetter:
                 enqueued_at=_parse_time(_header(headers, record.HEADER_ENQUEUED_AT)),
                 failed_at=_parse_time(_header(headers, record.HEADER_FAILED_AT)),
                 body=body,
-                recorded=_header(headers, record.HEADER_QUEUE) == origin,
+                environment=_stamp(headers),
             )
         deaths = headers.get("x-death")
         death = deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}

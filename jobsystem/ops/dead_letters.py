@@ -22,9 +22,10 @@ key is then skipped (its key completed), so the operation names them (``unremove
 :func:`reindex` builds a queue's index again from the queue itself.
 
 Retry, purge and re-index take only the letters :func:`~jobsystem.ops.scope.changeable` allows:
-in a queue no actor declares, the project's own dead letters, never another application's, even
-when its queue made its way into the index. The others stay in their queue, out of the index,
-and the operation says how many it left.
+those stamped with this environment's ``QUEUE_PREFIX``, and unstamped ones (the release before
+the stamp, RabbitMQ's own) only in an actor's queue; never another environment's or application's,
+even when its queue made its way into the index or shares a name with one of this environment's.
+The others stay in their queue, out of the index, and the operation says how many it left.
 """
 
 from __future__ import annotations
@@ -112,11 +113,12 @@ def dead_letter_scope(
     """The dead-letter queues of the project's queues (:func:`~jobsystem.ops.scope.project_queues`)
     that RabbitMQ has, never every ``.DLQ`` with ``QUEUE_PREFIX`` (the default, empty, prefix
     would take every application's on the vhost), and whether the dead-letter index was read to
-    find them (False: the actors' queues only). A ``queue`` named is the project's (the prefix
-    added unless present): another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`,
-    unless ``reading`` (list, show, export, re-index) and its ``.DLQ`` exists: named explicitly,
-    a removed actor's letters the index does not know stay readable, and can be re-indexed (its
-    own dead letters only: :func:`reindex`)."""
+    find them (False: the actors' queues only). A ``queue`` named is the project's
+    (:func:`~jobsystem.ops.scope.project_queue`: the prefix added unless it names one whole):
+    another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`, unless ``reading`` (list,
+    show, export, re-index) and its ``.DLQ`` exists: named explicitly, a removed actor's letters
+    the index does not know stay readable, and can be re-indexed (this environment's own dead
+    letters only: :func:`reindex`)."""
     if queue is not None:
         return [_named(settings, broker, q_name(queue), reading)], True
     scope = project_scope(broker)
@@ -129,15 +131,20 @@ def dead_letter_scope(
 
 
 def _named(settings: Settings, broker: ProjectBroker, queue: str, reading: bool) -> str:
-    """The dead-letter queue of ``queue`` named by an operator (see :func:`dead_letter_scope`)."""
+    """The dead-letter queue of ``queue`` named by an operator (see :func:`dead_letter_scope`);
+    for reading, the first of this environment's (prefix added) and the name as given whose
+    ``.DLQ`` exists: a removed actor's queue named whole, or another environment's, is read, and
+    only :func:`~jobsystem.ops.scope.changeable` letters are ever indexed or changed."""
     try:
         return project_queue(settings, broker, queue) + DEAD_LETTER_SUFFIX
-    except ForeignQueue as exc:
-        named = exc.name + DEAD_LETTER_SUFFIX
+    except ForeignQueue:
         if reading:
+            names = list(dict.fromkeys(q + DEAD_LETTER_SUFFIX for q in (settings.queue(queue), queue)))
             with contextlib.suppress(ConnectionError):  # unreachable: refused, as not known
-                if not missing_queues(settings, [named], RABBITMQ_TIMEOUT_S):
-                    return named
+                missing = set(missing_queues(settings, names, RABBITMQ_TIMEOUT_S))
+                found = [name for name in names if name not in missing]
+                if found:
+                    return found[0]
         raise
 
 

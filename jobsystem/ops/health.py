@@ -27,6 +27,7 @@ import contextlib
 import functools
 import threading
 import weakref
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -149,10 +150,12 @@ class HealthReport:
         return data
 
 
-def own_queue(settings: Settings, name: str) -> str:
-    """The queue ``name`` of this environment: ``QUEUE_PREFIX`` added unless present, so that an
-    operator's name never reaches another environment's queue on the same vhost."""
-    return name if name.startswith(settings.queue_prefix) else settings.queue(name)
+def own_queue(settings: Settings, name: str, known: Collection[str]) -> str:
+    """The queue ``name`` of this environment: ``name`` itself when it is one of ``known`` (this
+    environment's own queues, prefix included), else ``QUEUE_PREFIX`` + ``name``. Never because
+    it begins with the prefix: ``jobs2emails`` is another environment's (``jobs2``) queue, and
+    every name begins with the default, empty, prefix."""
+    return name if name in known else settings.queue(name)
 
 
 def resolve_queues(settings: Settings, broker: Broker, names: list[str] | None = None) -> list[str]:
@@ -160,7 +163,8 @@ def resolve_queues(settings: Settings, broker: Broker, names: list[str] | None =
     actors registered on ``broker`` (:func:`~jobsystem.rabbitmq.broker.actor_queues`: not every
     queue the process sent to, which may be another service's)."""
     if names:
-        return sorted({own_queue(settings, n) for n in names})
+        own = actor_queues(broker)
+        return sorted({own_queue(settings, n, own) for n in names})
     return sorted(actor_queues(broker))
 
 

@@ -18,17 +18,29 @@ A state store that does not answer leaves the actors' queues only: nothing else 
 the scope says it is incomplete (:attr:`Scope.complete`), so a command over "every dead letter"
 can say so rather than report a partial answer as the whole.
 
-A queue the operator *names* whose ``.DLQ`` exists is taken for reading and re-indexing even when
-it is none of these (a removed actor's letters from before the index, an index lost): see
-:func:`~jobsystem.ops.dead_letters.dead_letter_queues`. Purge and retry take only the project's
-queues, and in them only the letters :func:`changeable` allows: being in the index is not enough
-to be changed, since an operator may name another application's queue (``orders`` on the empty
-prefix) for a re-index, and an index written before that was checked may hold its letters. A
-letter may be changed when its queue is an actor's (the operator who names a ``--module`` says its
-queues are the project's), or when the project's consumer dead-lettered it: its ``x-dl-*`` record
-names its queue (:attr:`~jobsystem.ops.dead_letter_reader.DeadLetter.recorded`), which another
-application's letters and RabbitMQ's own dead-lettering do not carry. So a removed actor's letters
-stay purgeable, and another application's stay where they are, whatever the index says.
+A queue the operator *names* is this environment's queue of that name: ``QUEUE_PREFIX`` is added
+unless the name is one of the queues above, whole (:func:`~jobsystem.ops.health.own_queue`), never
+because it merely begins with the prefix (``jobs2emails`` is ``jobs2``'s, not ``jobs``'s; with the
+empty prefix every name begins with it). For reading and re-indexing, a named queue whose
+``.DLQ`` exists is taken even when it is none of these (a removed actor's letters from before the
+index, an index lost): see :func:`~jobsystem.ops.dead_letters.dead_letter_queues`.
+
+Purge and retry take only the project's queues, and in them only the letters :func:`changeable`
+allows; a re-index indexes only those. Being in a queue of the scope is not enough: an index
+written by an earlier release may hold another environment's or application's queue, and two
+environments of one vhost run the same code, so their letters carry the same record. What tells
+them apart is the environment each worker stamps on its dead letters (``x-dl-environment``: its
+``QUEUE_PREFIX``, :class:`~jobsystem.rabbitmq.broker.ProjectBroker`):
+
+- a stamped letter may be changed by the environment it names, and by no other, whatever its
+  queue (``jobs`` + ``2emails`` and ``jobs2`` + ``emails`` even share ``jobs2emails``);
+- a letter without the stamp (the release before it wrote none; RabbitMQ's own dead-lettering,
+  Dramatiq's ``.XQ`` moved in by ``migrate-queues``, another application's) may be changed only
+  in the ``.DLQ`` of a queue of an actor registered on the broker, named whole: nothing else tells
+  whose it is, and a queue name that merely begins with the prefix may be another environment's.
+  So a rolling upgrade strands nothing of a live actor's (the previous release's letters stay
+  changeable where they are); a removed actor's unstamped letters stay read-only (list, show,
+  export) unless a ``--module`` declaring its queue is named.
 """
 
 from __future__ import annotations
@@ -95,18 +107,26 @@ def project_queues(broker: ProjectBroker) -> set[str]:
 
 
 def project_queue(settings: Settings, broker: ProjectBroker, name: str) -> str:
-    """The project's queue ``name`` (``QUEUE_PREFIX`` added unless present); raises
-    :class:`ForeignQueue` when it is not one of :func:`project_queues`."""
-    queue = own_queue(settings, name)
+    """The project's queue ``name`` (:func:`~jobsystem.ops.health.own_queue`: ``QUEUE_PREFIX``
+    added unless ``name`` is one of :func:`project_queues` whole); raises :class:`ForeignQueue`
+    when it is none of them, naming ``name`` as given when it begins with the prefix (the operator
+    may have meant it whole: ``jobs2emails``, or a queue only an unread index knows)."""
     scope = project_scope(broker)
+    queue = own_queue(settings, name, scope.queues)
     if queue not in scope.queues:
-        raise ForeignQueue(queue, scope.complete)
+        raise ForeignQueue(name if name.startswith(settings.queue_prefix) else queue, scope.complete)
     return queue
 
 
 def changeable(broker: ProjectBroker) -> Callable[[DeadLetter], bool]:
-    """Whether retry or purge may take a dead letter read from a project's queue: any letter of a
-    queue of an actor registered on ``broker`` (the project's, the ``--module`` ones'); of a queue
-    only the index knows, only one the project dead-lettered (see the module doc)."""
-    actors = frozenset(actor_queues(broker))
-    return lambda dead: dead.recorded or dead.queue in actors
+    """Whether retry, purge or re-index may take a dead letter read from a queue of the scope: one
+    stamped with ``broker``'s environment; one without a stamp only in an actor's queue (the
+    project's, the ``--module`` ones'). See the module doc."""
+    actors, own = frozenset(actor_queues(broker)), broker.environment
+
+    def ours(dead: DeadLetter) -> bool:
+        if dead.environment is not None:
+            return dead.environment == own
+        return dead.queue in actors
+
+    return ours

@@ -26,7 +26,7 @@ from jobsystem.runtime.actor_names import actor_queues
 from jobsystem.runtime.follow_ups import RefusedFollowUps
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore
-from middleware.dead_letters import DeadLetters
+from middleware.dead_letters import HEADER_ENVIRONMENT, DeadLetters
 from middleware.idempotency import DuplicateMessage, as_duplicate
 
 __all__ = [
@@ -82,6 +82,10 @@ class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
       delivered): the consumer publishes the final record (see ``middleware.dead_letters``),
       confirmed, then acks; so it does with bodies that are not well-formed messages
       (``jobsystem.rabbitmq.consumer``). Follow-ups RabbitMQ refuses are counted in ``refused_follow_ups``.
+    - Every dead letter carries ``environment`` (its ``QUEUE_PREFIX``) in ``x-dl-environment``:
+      environments share the exchange and the record's format, and a queue name cannot tell
+      ``jobs`` + ``2emails`` from ``jobs2`` + ``emails``; the operator tools change only the
+      letters of their own environment (:func:`jobsystem.ops.scope.changeable`).
     - A send dropped as a duplicate by the idempotency middleware returns the message carrying the
       first message's id and ``duplicate=True``, as BullMQ answers a known ``jobId``.
     - Each dead letter RabbitMQ confirmed is indexed in the state store (``dead_letter_index``,
@@ -103,6 +107,7 @@ class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
     def __init__(
         self,
         *,
+        environment: str,
         dead_letter_exchange: str = DEAD_LETTER_EXCHANGE,
         dead_letter_ttl_ms: int | None = None,
         dead_letter_max_length: int | None = None,
@@ -112,6 +117,8 @@ class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        #: The environment (``QUEUE_PREFIX``) stamped on every dead letter published here.
+        self.environment = environment
         self.delays = DelayCascade(delay_prefix)
         self.delay_horizon_ms = delay_horizon_ms
         self._cascade_declared = False
@@ -286,8 +293,10 @@ class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
         *,
         properties: Mapping[str, Any] | None = None,
     ) -> None:
-        """Publish one dead letter and wait for RabbitMQ's confirm; raise if it cannot be had.
-        ``properties``: more AMQP properties (a malformed delivery's content type...)."""
+        """Publish one dead letter, stamped with this broker's environment, and wait for RabbitMQ's
+        confirm; raise if it cannot be had. ``properties``: more AMQP properties (a malformed
+        delivery's content type...)."""
+        headers = {**headers, HEADER_ENVIRONMENT: self.environment}
         amqp = pika.BasicProperties(
             **{**(properties or {}), "delivery_mode": 2, "message_id": message_id, "headers": headers}
         )
@@ -346,6 +355,7 @@ def build_broker(
     instead of a silent loss.
     """
     return ProjectBroker(
+        environment=settings.queue_prefix,
         dead_letter_ttl_ms=settings.dead_letter_ttl_ms,
         dead_letter_max_length=settings.dead_letter_max_length,
         url=connection_urls(settings),

@@ -69,6 +69,7 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
         headers = letters[message.message_id]["properties"]["headers"]
         assert headers["x-dl-reason"] == reason, (reason, headers)
         assert headers["x-dl-queue"] == queue and headers["x-dl-actor"] == message.actor_name
+        assert headers["x-dl-environment"] == prefix  # whose tools may change it
         assert headers["x-dl-enqueued-at"] <= headers["x-dl-failed-at"]
     flaky = letters[sent["retries_exhausted"].message_id]["properties"]["headers"]
     # The final attempt's traceback, not the previous one's (which is all RabbitMQ would keep).
@@ -83,6 +84,7 @@ def test_every_failure_path_lands_in_the_dead_letters_with_its_final_record(
     junk = letters["junk"]["properties"]["headers"]  # not a message: dead-lettered as it came
     assert junk["x-dl-reason"] == "malformed" and junk["x-dl-field"] == "body"
     assert junk["x-dl-queue"] == queue and junk["x-dl-attempts"] == 0
+    assert junk["x-dl-environment"] == prefix
 
     listing = jobctl(prefix, "dlq", "list", "--json")
     by_id = {d["message_id"]: d for d in map(json.loads, listing.stdout.splitlines())}

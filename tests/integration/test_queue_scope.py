@@ -48,6 +48,7 @@ def our_dead_letters(queues: Queues, prefix: str, count: int, indexed: bool = Tr
             queue_name=queue, actor_name="record", args=(f"r{i}",), kwargs={}, options={}
         )
         headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-queue": queue}
+        headers["x-dl-environment"] = prefix  # as this environment's workers stamp it
         properties = pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers)
         queues.broker.channel.basic_publish("", queue + ".DLQ", message.encode(), properties)
         ids.append(message.message_id)
@@ -130,7 +131,7 @@ def test_another_applications_letters_in_the_index_are_left_by_purge_and_retry(
     assert held(queues, orders + ".DLQ") == sorted(theirs), purged.stdout + purged.stderr
     assert held(queues, orders) == []
     assert purged.returncode == 1 and purged.stdout.startswith("purged 0 dead letter(s) (3 left in "), purged
-    assert f"no actor declares {orders!r}" in purged.stdout
+    assert f"unstamped where no actor declares {orders!r}" in purged.stdout
     assert retried.returncode == 1 and retried.stdout.startswith("retried 2 of 5 matching, 0 failed"), retried
     assert queues.depth(queues.name(workload.record)) == 2  # the project's own were replayed
     assert by_dashboard.status_code == 200 and by_dashboard.json()["left"] == 3, by_dashboard.text
@@ -202,8 +203,8 @@ def test_the_dashboard_neither_shows_nor_acts_on_another_applications_queues(sta
 
 def retired_dead_letter(queues: Queues, retired: str, *, recorded: bool) -> str:
     """A dead letter of ``retired``, an actor's queue since removed: with the record the project's
-    consumer writes (``recorded``), or with RabbitMQ's ``x-death`` only (plain Dramatiq's, moved in
-    by ``migrate-queues``); returns its id."""
+    consumer writes, stamped with the environment (``recorded``), or with RabbitMQ's ``x-death``
+    only (plain Dramatiq's, moved in by ``migrate-queues``); returns its id."""
     message: Message[Any] = Message(
         queue_name=retired, actor_name="retired_job", args=(), kwargs={}, options={}
     )
@@ -211,6 +212,7 @@ def retired_dead_letter(queues: Queues, retired: str, *, recorded: bool) -> str:
         "x-dl-reason": "retries_exhausted",
         "x-dl-actor": "unknown",
         "x-dl-queue": retired,
+        "x-dl-environment": queues.prefix,
     }
     if not recorded:
         headers = {"x-death": [{"queue": retired, "reason": "rejected", "count": 1, "exchange": ""}]}

@@ -48,6 +48,7 @@ def dashboard(
         dead_letter_index=SimpleNamespace(backend=dead_letter_index(store)),
         middleware=[],
         parameters=pika.URLParameters(settings.rabbitmq_url),
+        environment=settings.queue_prefix,
     )
     project = SimpleNamespace(
         store=store,

@@ -71,8 +71,10 @@ def _dead(dead_letter_queue: str, body: bytes, headers: dict[str, Any], message_
     return DeadLetter.from_delivery(dead_letter_queue, properties, body)
 
 
-#: A broker without a dead-letter index whose actor uses ``p-work``.
-NO_INDEX = SimpleNamespace(dead_letter_index=None, actors={"job": SimpleNamespace(queue_name="p-work")})
+#: A broker of the environment ``p-`` without a dead-letter index, whose actor uses ``p-work``.
+NO_INDEX = SimpleNamespace(
+    dead_letter_index=None, actors={"job": SimpleNamespace(queue_name="p-work")}, environment="p-"
+)
 
 
 def test_a_dead_letter_is_replayed_into_its_own_queue_whatever_its_headers_name(queues):

@@ -50,6 +50,7 @@ def broker(index: Index | None = None, sent_to: frozenset[str] = frozenset()) ->
         actors={"send_email": SimpleNamespace(queue_name="emails")},
         get_declared_queues=lambda: {"emails", *sent_to},
         dead_letter_index=SimpleNamespace(backend=index or Index()),
+        environment="",  # the default, empty, QUEUE_PREFIX: the stamp its workers write
     )
 
 
@@ -139,19 +140,20 @@ def letter(dead_letter_queue: str, headers: dict[str, Any]) -> DeadLetter:
     return DeadLetter.from_delivery(dead_letter_queue, properties, b'{"not": "a message"}')
 
 
-def test_only_the_projects_own_letters_may_change_in_a_queue_no_actor_declares() -> None:
+def test_only_the_environments_own_letters_may_change_in_a_queue_no_actor_declares() -> None:
     """Being in the index does not make a queue's letters the project's to retry or purge: in a
-    queue no actor declares, only those whose ``x-dl-*`` record names the queue (the project's
-    consumer dead-lettered them); in an actor's queue, every letter."""
+    queue no actor declares, only those stamped with this environment (its workers wrote them);
+    in an actor's queue, every letter but another environment's."""
     ours = changeable(broker())
-    recorded = {"x-dl-reason": "retries_exhausted", "x-dl-queue": "retired"}
-    assert ours(letter("retired.DLQ", recorded))
+    stamped = {"x-dl-reason": "retries_exhausted", "x-dl-queue": "retired", "x-dl-environment": ""}
+    assert ours(letter("retired.DLQ", stamped))
+    assert ours(letter("retired.DLQ", {**stamped, "x-dl-environment": b""}))  # as pika may hand it
     assert not ours(letter("orders.DLQ", {}))  # another application's
     assert not ours(letter("orders.DLQ", {"x-death": [{"queue": "orders", "reason": "rejected"}]}))
-    assert not ours(letter("orders.DLQ", recorded))  # a record of another queue
-    assert not ours(letter("orders.DLQ", {"x-dl-reason": "rejected"}))  # a record naming no queue
-    assert ours(letter("orders.DLQ", {**recorded, "x-dl-queue": b"orders"}))  # as pika may hand it
+    assert not ours(letter("retired.DLQ", {**stamped, "x-dl-environment": "staging-"}))
+    assert not ours(letter("retired.DLQ", {**stamped, "x-dl-environment": 7}))  # not a stamp
     assert ours(letter("emails.DLQ", {}))  # declared: RabbitMQ's dead-lettering and old letters too
+    assert not ours(letter("emails.DLQ", {**stamped, "x-dl-environment": "staging-"}))
 
 
 @pytest.mark.usefixtures("vhost")
@@ -171,7 +173,12 @@ def test_a_queue_the_process_published_to_is_not_taken_for_an_actors(monkeypatch
     ours = changeable(sent)
     assert not ours(letter("removed.DLQ", {"x-death": [{"queue": "removed", "reason": "rejected"}]}))
     assert not ours(letter("billing.DLQ", {}))
-    assert ours(letter("removed.DLQ", {"x-dl-reason": "retries_exhausted", "x-dl-queue": "removed"}))
+    assert ours(
+        letter(
+            "removed.DLQ",
+            {"x-dl-reason": "retries_exhausted", "x-dl-queue": "removed", "x-dl-environment": ""},
+        )
+    )
 
 
 def test_health_and_migration_take_the_actors_queues_not_every_queue_published_to() -> None:

@@ -53,7 +53,7 @@ class FakeConnection:
 def broker(monkeypatch: pytest.MonkeyPatch) -> ProjectBroker:
     monkeypatch.setattr(pika, "BlockingConnection", FakeConnection)
     monkeypatch.setattr(FakeConnection, "on_close", None)
-    return ProjectBroker(url="amqp://127.0.0.1:1/", middleware=[])
+    return ProjectBroker(environment="", url="amqp://127.0.0.1:1/", middleware=[])
 
 
 def _in_thread(work: Callable[[], Any]) -> tuple[threading.Thread, threading.Event, list[BaseException]]:
