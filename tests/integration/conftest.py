@@ -12,7 +12,10 @@ import redis
 from jobsystem.rabbitmq.delays import DelayCascade
 from jobsystem.system import get_system
 from tests.dashboard_server import DASHBOARD_ADMIN, DASHBOARD_VIEWER, Dashboard
-from tests.support import TEST_REDIS_URL, Queues, Worker, drop_closed, sender_broker, worker_env
+from tests.queues import Queues, drop_closed
+from tests.senders import sender_broker
+from tests.support import TEST_REDIS_URL, worker_env
+from tests.workers import Worker
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,8 @@ import requests
 
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import Reader
-from tests.support import publish_dead_letters, wait_for
+from tests.senders import publish_dead_letters
+from tests.support import wait_for
 
 COUNT = 5
 

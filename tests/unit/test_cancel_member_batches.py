@@ -11,7 +11,7 @@ from jobsystem.store import StateStore
 from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.store.workflows import Arrival
 from jobsystem.workflows import cancel, group
-from tests.unit.test_workflows import short_marks_broker, wait_until
+from tests.unit.workflow_brokers import short_marks_broker, wait_until
 
 
 def test_two_copies_of_one_message_in_one_batch_are_each_answered_for_their_own_workflow(
