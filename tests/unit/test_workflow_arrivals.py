@@ -18,7 +18,7 @@ from jobsystem.store import StoreUnavailable
 from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.store.workflows import workflow_backend
 from middleware.cancellation import Cancellation
-from tests.unit.stub import RecordingBroker, delivery
+from tests.unit.stub import RecordingBroker, delivery, noting_calls
 from tests.unit.workflow_brokers import (
     SHORT,
     TTL,
@@ -249,13 +249,8 @@ def test_a_members_workflow_is_read_in_the_marks_call_and_a_store_error_defers_i
     is not a member asks for its mark only, as before. A store error defers the member (fail closed)."""
     broker, cancellation, _, square, _ = short_marks_broker(store)
     calls: list[str] = []
-    marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
-
-    def asking(ids: list[str]) -> set[str]:
-        calls.append("marks")
-        return marks(ids)
-
-    cancellation.backend.cancelled_among = asking  # type: ignore[method-assign]
+    members = cancellation.workflows.cancelled_among
+    noting_calls(cancellation.backend, "cancelled_among", calls, "marks")
 
     def down(arrivals: Any) -> list[bool]:
         calls.append("workflows")
