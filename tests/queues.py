@@ -5,19 +5,22 @@ test's or a run's prefix made."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import re
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import quote
 
 import dramatiq
 import requests
+from dramatiq.common import dq_name, q_name
 
 from jobsystem.rabbitmq.broker import ProjectBroker
 from jobsystem.settings import Settings
 from jobsystem.system import get_system
 from tests.support import wait_for
-from tests.workers import Worker
+from tests.workers import WORKER_MODULES, Worker
 
 __all__ = ["FINISHED_STATES", "Queues", "delete_prefixed", "drop_closed", "prefixed_topology"]
 
@@ -101,7 +104,7 @@ class Queues:
     def publish_raw(self, message: dramatiq.Message[Any], copies: int = 1) -> None:
         """Publish ``message``'s body as it is, bypassing every middleware (a redelivery, a
         client that sends twice). Unlike a send, it declares nothing: its queue must exist (a
-        worker says it is ready before its consumers have declared theirs). A body no queue
+        worker's consumers declare theirs: the ``start_worker`` fixture waits for them). A body no queue
         takes is returned by RabbitMQ and raised here (``pika.exceptions.UnroutableError``),
         rather than dropped, which a test would only see as a timeout."""
         import pika
@@ -169,6 +172,42 @@ class Queues:
             return counts is not None and counts[1] >= count
 
         wait_for(attached, timeout, what=f"{count} consumers on the queue")
+
+    def consumed(self) -> list[str]:
+        """The queues a worker on these queues consumes, as far as this process knows its actors:
+        the queue of each actor of :data:`~tests.workers.WORKER_MODULES` and its ``.DQ`` (OwnQueues
+        limits a worker to these). The modules are imported here as the worker imports them (most
+        test modules have already); an actor of another module (a bench's, the demo's) that this
+        process declared is not taken for one of the worker's."""
+        for module in WORKER_MODULES:
+            importlib.import_module(module)
+        modules = tuple(f"{module}." for module in WORKER_MODULES)
+        canonical = {
+            q_name(actor.queue_name)
+            for actor in get_system().broker.actors.values()
+            if f"{actor.fn.__module__}.".startswith(modules)
+        }
+        names = sorted(self.prefix + queue.removeprefix(self.settings.queue_prefix) for queue in canonical)
+        return [name for queue in names for name in (queue, dq_name(queue))]
+
+    def wait_consumed(self, consumers: Callable[[], int], timeout: float = 30.0) -> None:
+        """Wait until each of :meth:`consumed` has ``consumers()`` consumers (asked at each look:
+        one per worker process still running). A worker logs that it is ready once its consumer
+        threads started, before they declared and subscribed to their queues: a raw publish right
+        after could find no queue, and a message no consumer. Fails naming the queue it waited for."""
+        pending = self.consumed()
+        deadline = time.monotonic() + timeout
+        while pending:
+            counts = self.declared(pending[0])
+            if counts is not None and counts[1] >= consumers():
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout:g} s waiting for {consumers()} consumers on {pending[0]}, "
+                    f"a queue the worker consumes (it has {counts[1] if counts else 'not been declared'})"
+                )
+            time.sleep(0.01)
 
     # -- terminal signals ---------------------------------------------------------------------------
 

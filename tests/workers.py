@@ -17,6 +17,7 @@ from tests.support import BIN, ROOT, wait_for
 
 __all__ = [
     "FINAL_EVENTS",
+    "WORKER_MODULES",
     "Process",
     "Worker",
     "final_events",
@@ -83,13 +84,22 @@ class Process:
         return self.log_path.read_text(errors="replace")
 
 
+#: The modules a test worker's ``dramatiq`` imports: the project's actors, then the tests' own.
+WORKER_MODULES = ("actors", "tests.workload")
+
+
 class Worker(Process):
     """``dramatiq actors tests.workload`` in a subprocess, with its output captured to a file."""
 
     def __init__(self, log_path: Path, env: dict[str, str], processes: int = 1, threads: int = 4) -> None:
         self.processes = processes
-        argv = ["dramatiq", "actors", "tests.workload", "-p", str(processes), "-t", str(threads)]
+        argv = ["dramatiq", *WORKER_MODULES, "-p", str(processes), "-t", str(threads)]
         super().__init__(argv, log_path, env)
+
+    def check_running(self) -> None:
+        """Fail the test, showing the worker's output, if the worker exited."""
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.output()}")
 
     def events(self, *names: str, **fields: Any) -> list[dict[str, Any]]:
         """The worker's JSON log lines (``LOG_FORMAT=json``), only those of the events ``names``
@@ -102,8 +112,7 @@ class Worker(Process):
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.output()}")
+            self.check_running()
             return self.output().count("Worker process is ready for action") >= self.processes
 
         wait_for(ready, timeout, what="worker start")
