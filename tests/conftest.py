@@ -13,7 +13,9 @@ import requests
 
 from jobsystem.settings import load_settings
 from jobsystem.store.redis import delete_matching
-from tests.support import TEST_REDIS_URL, delete_prefixed, flush_senders
+from tests.queues import delete_prefixed
+from tests.senders import flush_senders
+from tests.support import TEST_REDIS_URL
 
 #: The environment variable that carries this run's mark to pytest-xdist's workers (started after
 #: ``pytest_configure``, with the controller's environment).

@@ -10,7 +10,8 @@ from typing import Any
 import requests
 
 from tests.servers import free_port
-from tests.support import Process, wait_for
+from tests.support import wait_for
+from tests.workers import Process
 
 #: The dashboard's passwords in the tests (never printed by it: tests/integration/test_dashboard_http.py).
 DASHBOARD_ADMIN = "admin-Pa55word-for-tests"

@@ -19,7 +19,8 @@ import requests
 from jobsystem.rabbitmq.delays import DelayCascade, seconds_of
 from jobsystem.settings import load_settings
 from jobsystem.system import build_system, get_system
-from tests.support import TEST_REDIS_URL, Queues, wait_for
+from tests.queues import Queues
+from tests.support import TEST_REDIS_URL, wait_for
 
 
 def _rabbitmqctl_eval(expression: str) -> str:

@@ -12,7 +12,10 @@ import redis
 from jobsystem.rabbitmq.delays import DelayCascade
 from jobsystem.system import get_system
 from tests.dashboard_server import DASHBOARD_ADMIN, DASHBOARD_VIEWER, Dashboard
-from tests.support import TEST_REDIS_URL, Queues, Worker, drop_closed, sender_broker, worker_env
+from tests.queues import Queues, drop_closed
+from tests.senders import sender_broker
+from tests.support import TEST_REDIS_URL, worker_env
+from tests.workers import Worker
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +62,8 @@ def state_url(request: pytest.FixtureRequest, prefix: str, tmp_path: Path) -> It
 
 @pytest.fixture
 def start_worker(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callable[..., Worker]]:
-    """Start ``dramatiq actors tests.workload`` subprocesses on the test's queues; all are stopped after."""
+    """Start ``dramatiq actors tests.workload`` subprocesses on the test's queues, each returned once
+    its consumers are on every queue it consumes; all are stopped after."""
     started: list[Worker] = []
 
     def start(processes: int = 1, threads: int = 4, **env: str) -> Worker:
@@ -67,7 +71,14 @@ def start_worker(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callab
         worker = Worker(log, worker_env(prefix, tmp_path, **env), processes=processes, threads=threads)
         started.append(worker)
         worker.wait_ready()
+        # Ready is logged once the consumer threads started, before they declared and subscribed to
+        # their queues: wait for a consumer of each running worker process on every one of them.
+        queues.wait_consumed(lambda: running_processes(worker))
         return worker
+
+    def running_processes(worker: Worker) -> int:
+        worker.check_running()
+        return sum(w.processes for w in started if w.proc.poll() is None)
 
     yield start
     for worker in started:

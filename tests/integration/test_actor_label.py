@@ -15,8 +15,10 @@ from dramatiq import Message
 from jobsystem.store import open_store
 from jobsystem.store.status import status_backend
 from tests import workload
+from tests.queues import Queues
 from tests.servers import sentry_events, sentry_server
-from tests.support import TEST_REDIS_URL, Queues, Worker, wait_for
+from tests.support import TEST_REDIS_URL, wait_for
+from tests.workers import Worker
 
 #: An e-mail address, and a person's name shaped as an identifier (no pattern tells it apart).
 SENDERS_TEXT = ("ana@example.com", "Ana_Lopez_1980")

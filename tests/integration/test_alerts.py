@@ -20,7 +20,8 @@ import requests
 from actors.health import check_health
 from tests import workload
 from tests.servers import free_port
-from tests.support import final_events, wait_for
+from tests.support import wait_for
+from tests.workers import final_events
 
 
 @contextmanager

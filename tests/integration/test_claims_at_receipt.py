@@ -23,7 +23,8 @@ from jobsystem.runtime.claims_ahead import Ahead
 from jobsystem.store.idempotency import ClaimRequest
 from middleware.idempotency import Idempotency
 from tests import workload
-from tests.support import Queues, wait_for
+from tests.queues import Queues
+from tests.support import wait_for
 
 
 @dataclass

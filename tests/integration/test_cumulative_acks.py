@@ -14,7 +14,8 @@ from dramatiq import Consumer
 from jobsystem.dramatiq_internals import request_redelivery
 from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
 from tests import workload
-from tests.support import Queues, wait_for
+from tests.queues import Queues
+from tests.support import wait_for
 
 
 def received(consumer: Consumer, count: int) -> list[Any]:

@@ -15,7 +15,8 @@ import redis
 
 from tests import workload
 from tests.dashboard_server import DASHBOARD_ADMIN, DASHBOARD_VIEWER
-from tests.support import ROOT, Queues, wait_for
+from tests.queues import Queues
+from tests.support import ROOT, wait_for
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page

@@ -17,7 +17,9 @@ from dramatiq import Message
 from jobsystem.system import get_system
 from tests import workload
 from tests.jobctl_run import jobctl
-from tests.support import BIN, ROOT, Queues, wait_for, wait_for_final_events
+from tests.queues import Queues
+from tests.support import BIN, ROOT, wait_for
+from tests.workers import wait_for_final_events
 
 
 def dead_letters(

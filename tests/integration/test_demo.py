@@ -24,16 +24,10 @@ from demo.run import SHORT
 from demo.sweep import find_leftovers, sweep
 from jobsystem.rabbitmq.broker import connection_urls
 from jobsystem.settings import load_settings
+from tests.queues import Queues, prefixed_topology
 from tests.servers import smtp_server
-from tests.support import (
-    ROOT,
-    TEST_REDIS_URL,
-    Queues,
-    prefixed_topology,
-    process_tree,
-    running,
-    wait_for,
-)
+from tests.support import ROOT, TEST_REDIS_URL, wait_for
+from tests.workers import process_tree, running
 
 
 def _demo(tmp_path: Path, *arguments: str, **overrides: str) -> subprocess.Popen[bytes]:

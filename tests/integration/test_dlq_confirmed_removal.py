@@ -15,7 +15,8 @@ from dramatiq import Message
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import Reader
 from jobsystem.runtime.message_shape import OPTION_SHAPES, decode
-from tests.support import publish_dead_letters, wait_for
+from tests.senders import publish_dead_letters
+from tests.support import wait_for
 
 COUNT = 5
 

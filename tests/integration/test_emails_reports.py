@@ -89,7 +89,7 @@ def test_report_is_written_then_mailed(start_worker, queues, smtp, tmp_path):
 
 
 def test_a_campaign_sent_twice_mails_nobody_twice(start_worker, queues, smtp, prefix, state_url):
-    from tests.support import sender_broker
+    from tests.senders import sender_broker
 
     port, received = smtp
     worker = start_worker(SMTP_URL=f"smtp://127.0.0.1:{port}", STATE_URL=state_url)

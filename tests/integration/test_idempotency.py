@@ -21,8 +21,10 @@ from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.rabbitmq.bulk_publisher import Publisher
 from middleware.idempotency import Idempotency
 from tests import workload
+from tests.senders import sender_broker
 from tests.servers import free_port
-from tests.support import final_events, sender_broker, wait_for, wait_for_final_events
+from tests.support import wait_for
+from tests.workers import final_events, wait_for_final_events
 
 
 @pytest.fixture

@@ -9,7 +9,8 @@ from collections import Counter
 
 from jobsystem.rabbitmq.bulk import send_bulk
 from tests import workload
-from tests.support import json_lines, wait_for, wait_for_final_events
+from tests.support import wait_for
+from tests.workers import json_lines, wait_for_final_events
 
 LIFECYCLE = ("job_started", "job_succeeded")
 

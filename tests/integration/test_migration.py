@@ -18,7 +18,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from jobsystem.system import get_system
 from tests import workload
 from tests.jobctl_run import jobctl
-from tests.support import Queues
+from tests.queues import Queues
 
 #: Arguments of a queue another application declared on the vhost.
 THEIRS = {"x-message-ttl": 3_600_000}
@@ -28,7 +28,7 @@ def test_queues_of_plain_dramatiq_get_a_clear_error_and_a_lossless_migration(que
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
     from jobsystem.rabbitmq.broker import QueueArgumentsMismatch
-    from tests.support import sender_broker
+    from tests.senders import sender_broker
 
     queue = queues.name(workload.record)
     plain = RabbitmqBroker(url=get_system().settings.rabbitmq_url, confirm_delivery=True)

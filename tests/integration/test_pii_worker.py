@@ -22,8 +22,10 @@ from dramatiq import Message
 
 from tests import workload
 from tests.pii_corpus import free_text, keyed, leaks
+from tests.queues import Queues
 from tests.servers import sentry_events, sentry_server
-from tests.support import BIN, ROOT, Queues, Worker, wait_for
+from tests.support import BIN, ROOT, wait_for
+from tests.workers import Worker
 
 DEAD_LETTERS = 5  # leaky_failure, the skipped message, the unknown actor, two malformed bodies
 

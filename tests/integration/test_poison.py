@@ -17,7 +17,8 @@ import pika
 
 from jobsystem.system import get_system
 from tests import workload
-from tests.support import BIN, ROOT, Queues, wait_for
+from tests.queues import Queues
+from tests.support import BIN, ROOT, wait_for
 
 
 def valid_body(queue: str, token: str) -> dict[str, Any]:

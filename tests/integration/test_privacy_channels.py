@@ -24,7 +24,8 @@ import requests
 
 from actors import emails
 from tests.servers import free_port, self_signed_certificate, sentry_events, sentry_server, server_tls
-from tests.support import BIN, ROOT, TEST_REDIS_URL, Worker, wait_for, worker_env
+from tests.support import BIN, ROOT, TEST_REDIS_URL, wait_for, worker_env
+from tests.workers import Worker
 
 
 def _jobctl(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,8 @@ from jobsystem.store.redis import RedisStore
 from tests import workload
 from tests.dashboard_server import DASHBOARD_ADMIN
 from tests.jobctl_run import jobctl
-from tests.support import TEST_REDIS_URL, Queues, wait_for
+from tests.queues import Queues
+from tests.support import TEST_REDIS_URL, wait_for
 
 ADMIN = ("admin", DASHBOARD_ADMIN)
 

@@ -19,7 +19,9 @@ import redis
 from jobsystem.rabbitmq.bulk import send_bulk
 from middleware.idempotency import Idempotency
 from tests import workload
-from tests.support import json_lines, run_worker, sender_broker, wait_for, wait_for_final_events
+from tests.senders import sender_broker
+from tests.support import run_worker, wait_for
+from tests.workers import json_lines, wait_for_final_events
 
 TIMING_SLACK = 0.1
 #: The shared-queue test: limited jobs (20/s) and quick jobs sent behind them in the same queue.

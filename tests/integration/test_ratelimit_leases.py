@@ -9,7 +9,8 @@ import time
 from jobsystem.rabbitmq.bulk import send_bulk
 from tests import workload
 from tests.integration.test_ratelimit import TIMING_SLACK, assert_conforms, limits, starts
-from tests.support import json_lines, sender_broker
+from tests.senders import sender_broker
+from tests.workers import json_lines
 
 RATE, BURST = 400, 160  # leases of 10 jobs (1/16 of the burst; 50 ms of the rate is 20)
 

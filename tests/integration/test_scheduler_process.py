@@ -21,7 +21,8 @@ import pytest
 from middleware.idempotency import Idempotency
 from scheduler.service import fire_key, fire_message_id, parse_utc_iso
 from tests import workload
-from tests.support import BIN, ROOT, TEST_REDIS_URL, sender_broker, wait_for, worker_env
+from tests.senders import sender_broker
+from tests.support import BIN, ROOT, TEST_REDIS_URL, wait_for, worker_env
 
 LEASE_MS = 2_000
 

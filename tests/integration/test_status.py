@@ -13,16 +13,10 @@ from jobsystem.store import open_store
 from jobsystem.store.status import status_backend
 from jobsystem.store.status_records import JobStatus
 from tests import workload
-from tests.support import (
-    BIN,
-    ROOT,
-    TEST_REDIS_URL,
-    Queues,
-    sender_broker,
-    wait_for,
-    wait_for_final_events,
-    worker_env,
-)
+from tests.queues import Queues
+from tests.senders import sender_broker
+from tests.support import BIN, ROOT, TEST_REDIS_URL, wait_for, worker_env
+from tests.workers import wait_for_final_events
 
 
 def sending_and_reading(

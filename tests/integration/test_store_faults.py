@@ -16,8 +16,10 @@ import redis as redis_lib
 from middleware.idempotency import IdempotencyKeyError, IdempotencyStoreError
 from tests import workload
 from tests.integration.test_ratelimit import assert_conforms, limits, starts
+from tests.senders import sender_broker
 from tests.servers import free_port
-from tests.support import run_worker, sender_broker, wait_for, wait_for_final_events
+from tests.support import run_worker, wait_for
+from tests.workers import wait_for_final_events
 
 
 class PrivateRedis:

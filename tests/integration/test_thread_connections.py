@@ -20,7 +20,8 @@ from middleware.workflows import find_workflows
 from tests import workload
 from tests.asgi import app_of, call
 from tests.connections import held_open, name_connections, named_url
-from tests.support import TEST_REDIS_URL, publish_dead_letters, sender_system, wait_for
+from tests.senders import publish_dead_letters, sender_system
+from tests.support import TEST_REDIS_URL, wait_for
 
 #: How many threads each test does its broker work from, one after the other.
 THREADS = 3

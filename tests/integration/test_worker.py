@@ -10,7 +10,8 @@ import signal
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.system import get_system
 from tests import workload
-from tests.support import wait_for, wait_for_final_events
+from tests.support import wait_for
+from tests.workers import wait_for_final_events
 
 
 def test_job_sent_from_another_process_runs(start_worker, queues, store, prefix):

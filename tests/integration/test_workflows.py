@@ -22,7 +22,9 @@ from middleware.results import StoreResults
 from middleware.status import Status
 from middleware.workflows import find_workflows
 from tests import workload
-from tests.support import BIN, ROOT, TEST_REDIS_URL, Queues, sender_broker, wait_for
+from tests.queues import Queues
+from tests.senders import sender_broker
+from tests.support import BIN, ROOT, TEST_REDIS_URL, wait_for
 
 
 @pytest.fixture

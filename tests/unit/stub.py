@@ -1,9 +1,10 @@
-"""In-process stand-ins for the unit tier: a stub broker that notes every enqueue, and deliveries
-as the project's consumer makes them."""
+"""In-process stand-ins for the unit tier: a stub broker that notes every enqueue, deliveries as the
+project's consumer makes them, and a method that notes each call it gets."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from dramatiq import Message
@@ -30,3 +31,16 @@ class RecordingBroker(StubBroker):
 def delivery(message: Message[Any], *, redelivered: bool = False) -> ProjectMessage:
     """``message`` as the project's consumer hands it to the worker."""
     return ProjectMessage(redelivered, next(_tags), message)
+
+
+def noting_calls(owner: object, method: str, calls: list[str], name: str) -> Callable[..., Any]:
+    """Replace ``owner``'s ``method`` by one that notes ``name`` in ``calls`` and then calls it, so
+    that a test sees which store calls a path made, in order; returns the method as it was."""
+    original: Callable[..., Any] = getattr(owner, method)
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return original(*args, **kwargs)
+
+    setattr(owner, method, noted)
+    return original

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 from demo.orphan_guard import EXIT_PARENT_GONE
-from tests.support import ROOT, running, wait_for
+from tests.support import ROOT, wait_for
+from tests.workers import running
 
 
 def test_the_production_guide_names_only_real_settings_and_commands():

@@ -9,7 +9,8 @@ import pytest
 
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_freeform import freeform_end
-from tests.pii_corpus import KEYED_FREE_FORM, KEYED_SHAPED, ORDINARY, leaks
+from tests.pii_corpus import KEYED_FREE_FORM, KEYED_SHAPED, leaks
+from tests.pii_ordinary import ORDINARY
 
 scrub = Scrubber()
 hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")

@@ -12,7 +12,8 @@ import pytest
 
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_keys import KeyMatcher
-from tests.pii_corpus import KEYED_IN_WORDS, NOT_KEYED_IN_WORDS, leaks
+from tests.pii_corpus import KEYED_IN_WORDS, leaks
+from tests.pii_ordinary import NOT_KEYED_IN_WORDS
 
 scrub = Scrubber()
 hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")

@@ -14,7 +14,8 @@ from jobsystem.observability.direct_lines import dumps
 from jobsystem.observability.sentry import scrub_event
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_memo import ScrubMemo
-from tests.pii_corpus import KEYED_IN_GROUPS, NATIONAL_IDS, ORDINARY, leaks
+from tests.pii_corpus import KEYED_IN_GROUPS, NATIONAL_IDS, leaks
+from tests.pii_ordinary import ORDINARY
 
 scrub = Scrubber()
 hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")

@@ -11,153 +11,23 @@ vhost is shared, and a demo of an older release running beside them has no alive
 
 from __future__ import annotations
 
-import os
-import secrets
-import threading
-import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import pika
 import pytest
 import redis
 
-from demo.alive import SECOND_LOOK_S, AliveQueue, alive_queue
-from demo.folders import FRESH_S, folder_for, hold_folder, mark_folder, vhost_of
-from demo.services import delete_named, listed_names
+from demo.alive import alive_queue
+from demo.folders import folder_for, vhost_of
 from demo.sweep import Leftovers, find_leftovers, sweep
-from jobsystem.ops.management import call_api
-from jobsystem.rabbitmq.broker import connection_urls
 from jobsystem.rabbitmq.delays import DelayCascade
-from jobsystem.settings import Settings, load_settings
-from jobsystem.store.redis import delete_matching
-from tests.connections import named_url
-from tests.support import TEST_REDIS_URL, wait_for
-
-_WORK_QUEUES = ("emails", "emails.DQ", "emails.DLQ")
-
-#: The vhost a demo of this host runs on when it is not this one.
-_OTHER_VHOST = "rabbit-2:5672/other"
-
-#: The expiry the sweep gives the state keys it cannot judge.
-_A_DAY = 24 * 3600
-
-
-def _demo_prefix() -> str:
-    return f"demo-{uuid.uuid4().hex[:6]}-"
-
-
-@pytest.fixture
-def settings() -> Settings:
-    return load_settings({**os.environ, "STATE_URL": TEST_REDIS_URL})
-
-
-@pytest.fixture
-def channel(settings: Settings) -> Iterator[Any]:
-    connection = pika.BlockingConnection(pika.URLParameters(connection_urls(settings)[0]))
-    yield connection.channel()
-    connection.close()
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(TEST_REDIS_URL)
-    yield client
-    client.close()
-
-
-def _old_folder(prefix: str, root: Path, vhost: str) -> Path:
-    """A folder as the release before the lock made it: its name without ``-held``, unlocked."""
-    tail = "".join(secrets.choice("abcdefghijklmnopqrstuvwxyz0123456789_") for _ in range(8))
-    folder = root / f"jobs-{prefix}{tail}"
-    folder.mkdir(mode=0o700)
-    mark_folder(folder, vhost)
-    return folder
-
-
-def _age(folder: Path) -> None:
-    """Date ``folder`` back past :data:`FRESH_S` (an unmarked held folder younger is taken for one
-    between its ``mkdir`` and its lock): a demo's killed there, found by a later sweep."""
-    past = time.time() - 2 * FRESH_S
-    os.utime(folder, (past, past))
-
-
-class Made:
-    """The names a test made, all deleted at its end (the sweep's or not)."""
-
-    def __init__(self, settings: Settings, channel: Any, client: redis.Redis, folders: Path) -> None:
-        self.settings, self.channel, self.client = settings, channel, client
-        self.folders = folders  # the temporary directory the demos' folders are in
-        self.starts: list[str] = []
-        self.locks: list[int] = []  # the live demos' folder locks, let go at the end
-
-    def demo(
-        self,
-        prefix: str,
-        *,
-        queues: bool = True,
-        keys: bool = True,
-        vhost: str | None = None,
-        owner: str = "gone",
-    ) -> Path:
-        """A demo's leftovers under ``prefix``: work queues, the delay cascade, two state keys,
-        and its folder (returned) with a file in it, marked with ``vhost`` (default: this one).
-        The folder's ``owner``: ``gone`` (a killed demo's: its lock free), ``live`` (held by this
-        process), ``old`` (the release before the lock: no lock, its old name)."""
-        self.starts.append(prefix)
-        vhost = vhost or vhost_of(self.settings.rabbitmq_url)
-        if owner == "old":
-            folder = _old_folder(prefix, self.folders, vhost)
-        else:
-            folder = folder_for(prefix, self.folders)
-            lock = hold_folder(folder, vhost)
-            if owner == "live":
-                self.locks.append(lock)
-            else:
-                os.close(lock)
-        (folder / "state.db").write_bytes(b"x")
-        if queues:
-            for name in _WORK_QUEUES:
-                self.channel.queue_declare(prefix + name, durable=True)
-            DelayCascade(prefix).declare(self.channel)
-        if keys:
-            self.client.set(f"jobs:{prefix}status:1", "x")
-            self.client.set(f"jobs:{prefix}idem:1", "x")
-        return folder
-
-    def other(self, name: str) -> None:
-        """A queue and a key that are not a demo's, though their names look alike."""
-        self.starts.append(name)
-        self.channel.queue_declare(name, durable=True)
-        self.client.set(f"jobs:{name}", "x")
-
-    def under(self, start: str) -> tuple[list[str], list[str], list[bytes]]:
-        """The queues, exchanges and keys under ``start``, sorted (SCAN's order changes as Redis
-        rehashes, e.g. after other keys were deleted)."""
-        return (
-            sorted(listed_names(self.settings, "queues", start)),
-            sorted(listed_names(self.settings, "exchanges", start)),
-            sorted(self.client.scan_iter(f"jobs:{start}*", count=1000)),
-        )
-
-    def delete_all(self) -> None:
-        for lock in self.locks:
-            os.close(lock)
-        for start in self.starts:
-            for kind in ("queues", "exchanges"):
-                for name in listed_names(self.settings, kind, start):
-                    if name != alive_queue(start):  # goes with the test's connection
-                        delete_named(self.settings, kind, name)
-            delete_matching(self.client, f"jobs:{start}*")
-
-
-@pytest.fixture
-def made(settings: Settings, channel: Any, client: redis.Redis, tmp_path: Path) -> Iterator[Made]:
-    made = Made(settings, channel, client, tmp_path)
-    yield made
-    made.delete_all()
+from tests.integration.demo_sweep.leftovers import (
+    _A_DAY,
+    _OTHER_VHOST,
+    _WORK_QUEUES,
+    _age,
+    _demo_prefix,
+    _old_folder,
+)
 
 
 def test_a_dead_demos_leftovers_go_and_a_live_ones_stay(settings, made, channel):
@@ -358,104 +228,3 @@ def test_names_outside_the_demo_prefix_are_never_candidates(settings, made):
     assert swept.demos == []
     for name in lookalikes:
         assert made.under(name) == ([name], [], [f"jobs:{name}".encode()])
-
-
-def _open(settings: Settings, name: str) -> Any:
-    return pika.BlockingConnection(pika.URLParameters(named_url(settings, name)))
-
-
-def _close_by_api(settings: Settings, name: str) -> None:
-    """Close the connection called ``name`` by the management API, as RabbitMQ closes one whose
-    heartbeats stopped (a network blip, the demo paused past two missed heartbeats)."""
-
-    def listed() -> list[str]:
-        api = settings.management_api("connections")
-        found = call_api(settings, "GET", api, 10, params={"columns": "name,client_properties"})
-        return [c["name"] for c in found if c.get("client_properties", {}).get("connection_name") == name]
-
-    for connection in wait_for(listed, timeout=30, what=f"the connection {name}"):
-        call_api(settings, "DELETE", settings.management_api("connections", connection), 10)
-
-
-def _absent(channel: Any, queue: str) -> bool:
-    """Whether ``queue`` is gone (a passive declare on a channel of its own)."""
-    probe = channel.connection.channel()
-    try:
-        probe.queue_declare(queue, passive=True)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        code: int = exc.reply_code
-        return code == 404
-    probe.close()
-    return False
-
-
-def test_a_demo_whose_alive_connection_dropped_but_whose_worker_consumes_stays(settings, made, channel):
-    paused, dead = _demo_prefix(), _demo_prefix()
-    made.demo(paused)
-    made.demo(dead)
-    holder = _open(settings, f"test-alive-{paused}")  # never reconnects: the demo stays paused
-    holder.channel().queue_declare(alive_queue(paused), exclusive=True)
-    worker = _open(settings, f"test-worker-{paused}")  # the paused demo's worker goes on consuming
-    worker.channel().basic_consume(paused + "emails", lambda *_: None)
-    try:
-        _close_by_api(settings, f"test-alive-{paused}")
-        wait_for(lambda: _absent(channel, alive_queue(paused)), timeout=30, what="the alive queue to go")
-        found = find_leftovers(settings)
-        live_before = made.under(paused)
-
-        swept = sweep(settings, "", {p: found[p] for p in (paused, dead)})
-
-        assert swept.demos == [dead] and made.under(dead) == ([], [], [])
-        assert made.under(paused) == live_before and paused + "emails" in live_before[0]
-    finally:
-        worker.close()
-
-
-def test_a_demo_whose_alive_connection_dropped_is_kept_by_its_reconnect(settings, made):
-    live = _demo_prefix()
-    made.demo(live)
-    alive = AliveQueue(named_url(settings, f"test-alive-{live}"), live)
-    alive.start()
-    try:
-        _close_by_api(settings, f"test-alive-{live}")
-        found = find_leftovers(settings)
-        live_before = made.under(live)
-
-        swept = sweep(settings, "", {live: found[live]})
-
-        assert swept.demos == []
-        after = made.under(live)
-        assert set(live_before[0]) - {alive_queue(live)} <= set(after[0])
-        assert after[1:] == live_before[1:]
-    finally:
-        alive.close()
-
-
-def test_an_alive_queue_back_before_the_second_look_keeps_its_demo(settings, made, channel):
-    live = _demo_prefix()
-    made.demo(live)
-    holder = _open(settings, f"test-alive-{live}")
-    holder.channel().queue_declare(alive_queue(live), exclusive=True)
-    holder.close()  # the demo's connection down: no alive queue, and no consumer anywhere
-    assert _absent(channel, alive_queue(live))
-    back: list[Any] = []
-
-    def reconnect() -> None:
-        back.append(_open(settings, f"test-alive-{live}"))
-        back[0].channel().queue_declare(alive_queue(live), exclusive=True)
-
-    timer = threading.Timer(SECOND_LOOK_S / 3, reconnect)  # within the wait, after the first look
-    found = find_leftovers(settings)
-    live_before = made.under(live)
-    timer.start()
-    try:
-        swept = sweep(settings, "", {live: found[live]})
-
-        assert swept.demos == []
-        after = made.under(live)
-        assert set(live_before[0]) | {alive_queue(live)} <= set(after[0])
-        assert after[1:] == live_before[1:]
-    finally:
-        timer.join()
-        for connection in back:
-            connection.close()
