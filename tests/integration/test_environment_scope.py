@@ -16,7 +16,9 @@ from dramatiq import Message
 from tests import workload
 from tests.dashboard_server import DASHBOARD_ADMIN
 from tests.jobctl_run import jobctl
-from tests.support import TEST_REDIS_URL, Queues, publish_dead_letters, sender_broker, wait_for
+from tests.queues import Queues
+from tests.senders import publish_dead_letters, sender_broker
+from tests.support import TEST_REDIS_URL, wait_for
 
 ADMIN = ("admin", DASHBOARD_ADMIN)
 
