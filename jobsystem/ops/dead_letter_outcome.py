@@ -32,6 +32,9 @@ class Outcome:
     #: removed (to purge, not to retry again).
     unremoved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The class of the error that stopped the operation before every matching letter was read
+    #: (None: it went through them all); a note says what it left.
+    stopped: str | None = None
     #: The message ids matched, when the filters name ids (so a caller can name those not found).
     found: set[str] = field(default_factory=set)
     #: Matched but not the project's to change (:func:`~jobsystem.ops.scope.changeable`), per
@@ -58,6 +61,13 @@ class Outcome:
                 " application's, or a removed actor's from before the stamp; if its actors are yours,"
                 " name their module)"
             )
+
+    def note_stopped(self, error_class: str, why: str, left: str, cause: str | None = None) -> None:
+        """Stop the operation for ``why`` (an error of class ``error_class``, wrapping one of class
+        ``cause``), saying what it left."""
+        self.stopped = error_class
+        named = error_class if cause is None else f"{error_class}: {cause}"
+        self.notes.append(f"stopped: {why} ({named}): {left}")
 
     def note_unconfirmed(self, letters: list[DeadLetter]) -> None:
         """Count ``letters`` acked (purged) but not confirmed removed: running again is safe."""

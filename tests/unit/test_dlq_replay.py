@@ -116,7 +116,8 @@ class StandInContext:
     """``jobctl dlq``'s context, for a command whose operation a test replaces."""
 
     def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
-        self.ops, self.broker, self.filters, self.complete = ops, None, ops.Filters(), True
+        self.ops, self.filters, self.complete = ops, ops.Filters(), True
+        self.broker: Any = None
         self.queues: list[str] = []
 
     @contextlib.contextmanager
