@@ -185,3 +185,27 @@ def test_a_purge_whose_reader_connection_is_lost_between_queues_ends_with_what_i
     ]
     assert queues.depth(first) == 0 and _indexed(broker, f"{prefix}first") == 0
     assert queues.depth(second) == COUNT and _indexed(broker, f"{prefix}second") == COUNT
+
+
+def test_a_retry_leaves_a_letter_whose_idempotency_key_is_refused_and_replays_the_others(queues, prefix):
+    """A letter published by hand, not through the project (no ``idempotency_registered``), whose
+    key is "": the bulk send's key check (the project's idempotency middleware) refuses the whole
+    batch with IdempotencyKeyError, and the retry raised it, replaying none of the letters. That
+    letter stays a dead letter, listed, with a note; the others are replayed and removed."""
+    broker = queues.broker
+    queue = f"{prefix}keys"
+    good: list[Message[Any]] = [Message(queue, "record", (f"g{n}",), {}, {}) for n in range(2)]
+    empty: Message[Any] = Message(queue, "record", ("e",), {}, {"idempotency_key": ""})
+    headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-queue": queue}
+    for message in (good[0], empty, good[1]):
+        broker.publish_dead_letter(message.encode(), headers, message.message_id, queue)
+    assert broker.dead_letter_index.flush(10)
+    outcome = ops.replay(broker, [queue + ".DLQ"], ops.Filters())
+    assert (outcome.done, outcome.skipped, outcome.failed, outcome.stopped) == (2, 1, 0, None)
+    assert "idempotency key is refused" in outcome.notes[0]
+    assert sorted(json.loads(m["payload"])["message_id"] for m in queues.peek(queue)) == sorted(
+        m.message_id for m in good
+    )
+    (left,) = queues.peek(queue + ".DLQ")
+    assert json.loads(left["payload"])["message_id"] == empty.message_id
+    assert _indexed(broker, queue) == 1

@@ -73,7 +73,10 @@ def _dead(dead_letter_queue: str, body: bytes, headers: dict[str, Any], message_
 
 #: A broker of the environment ``p-`` without a dead-letter index, whose actor uses ``p-work``.
 NO_INDEX = SimpleNamespace(
-    dead_letter_index=None, actors={"job": SimpleNamespace(queue_name="p-work")}, environment="p-"
+    dead_letter_index=None,
+    actors={"job": SimpleNamespace(queue_name="p-work")},
+    environment="p-",
+    middleware=[],
 )
 
 

@@ -7,8 +7,10 @@ bulk send records what is published.
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
+import dramatiq
 import pika.exceptions
 import pytest
 from click.testing import CliRunner
@@ -18,8 +20,12 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from jobctl import dlq
 from jobsystem.ops import dead_letters as ops
 from jobsystem.rabbitmq.bulk import send_bulk
+from jobsystem.store import open_store
+from jobsystem.store.base import StoreUnavailable
+from middleware.idempotency import Idempotency
 from tests.amqp_server import fake_rabbitmq
 from tests.support import within
+from tests.unit.stub import RecordingBroker
 from tests.unit.test_bulk import Recorder
 from tests.unit.test_dlq_replay import NO_INDEX, StandInContext, _dead, _Queues
 
@@ -303,3 +309,123 @@ def test_jobctl_ends_a_stopped_operation_with_its_summary_and_fails(
     assert isinstance(result.exception, SystemExit) and result.exit_code == 1, result.output
     assert summary in result.stdout and "(StreamLostError)" in result.stdout
     assert "10.0.0.5" not in result.output
+
+
+@pytest.fixture
+def keyed(made: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A broker with the project's idempotency middleware on a SQLite store, whose actor ``job``
+    of ``p-work`` has a key function that raises for ``bad=True``; the stand-in send runs the
+    middleware's check of a batch's keys first, as the real bulk send does."""
+    store = open_store(f"sqlite:///{tmp_path}/state.db")
+    idempotency = Idempotency(store)
+    broker = RecordingBroker(middleware=[idempotency])
+    broker.dead_letter_index = None  # type: ignore[attr-defined]
+    broker.environment = "p-"  # type: ignore[attr-defined]
+
+    def job(token: str, bad: bool = False) -> None: ...
+
+    def key(token: str, bad: bool = False) -> str:
+        if bad:
+            raise ValueError("no key for this one")
+        return token
+
+    dramatiq.actor(broker=broker, actor_name="job", queue_name="p-work", idempotency_key=key)(job)
+
+    def make(letters: list[Message[Any]]) -> _Queues:
+        queues: _Queues = made(letters)
+
+        def send(messages: list[Message[Any]], *, broker: Any) -> list[Message[Any]]:
+            for middleware in broker.middleware:  # raises as send_bulk's _register does
+                middleware.before_enqueue_batch(broker, messages)
+            return queues.send_bulk(messages, broker=broker)
+
+        monkeypatch.setattr(ops, "send_bulk", send)
+        return queues
+
+    yield SimpleNamespace(broker=broker, idempotency=idempotency, make=make)
+    idempotency.writes.stop()
+    broker.close()
+    store.close()
+
+
+def test_a_letter_whose_idempotency_key_is_refused_is_skipped_and_the_others_replayed(keyed: Any) -> None:
+    """A letter the project did not send (no ``idempotency_registered``) whose key is "", and one
+    whose actor's key function raises: the send refuses the whole batch with IdempotencyKeyError,
+    and the replay raised it, replaying none of the good letters around them. Each bad one stays
+    a dead letter with a reason; the others are replayed."""
+    good: list[Message[Any]] = [Message("p-work", "job", (f"t{n}",), {}, {}) for n in range(2)]
+    empty: Message[Any] = Message("p-work", "job", ("t9",), {}, {"idempotency_key": ""})
+    raising: Message[Any] = Message("p-work", "job", ("t8",), {"bad": True}, {})
+    queues = keyed.make([good[0], empty, raising, good[1]])
+    outcome = ops.replay(keyed.broker, ["p-work.DLQ"], ops.Filters())
+    assert [m.message_id for m in queues.published] == [m.message_id for m in good]
+    assert queues.acked == [1, 4]  # the bad ones stay where they are
+    assert (outcome.done, outcome.skipped, outcome.failed, outcome.stopped) == (2, 2, 0, None)
+    assert outcome.notes == [
+        "2 not replayed, their idempotency key is refused (empty, not a string or number, or their"
+        " actor's idempotency_key function raised): they stay dead letters (fix the function or the"
+        " sender; export or purge them)"
+    ]
+
+
+def test_a_replay_whose_state_store_is_down_stops_with_what_it_replayed(
+    keyed: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store stops answering after a first batch: the send's key check raises
+    IdempotencyStoreError, before anything of the second batch is published. The replay raised
+    it with a traceback; it ends now with the first batch counted, a note naming the cause by
+    class (the store's address only in the DEBUG line), and the letters left in their queue."""
+    letters: list[Message[Any]] = [Message("p-work", "job", (f"t{n}",), {}, {}) for n in range(4)]
+    queues = keyed.make(letters)
+    register = keyed.idempotency.backend.register_many
+    calls = [0]
+
+    def down(items: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            try:
+                raise ConnectionError("Error 111 connecting to 10.0.0.5:6379. Connection refused.")
+            except ConnectionError as exc:
+                raise StoreUnavailable(f"redis: {exc}") from exc
+        return register(items)
+
+    monkeypatch.setattr(keyed.idempotency.backend, "register_many", down)
+    caplog.set_level(logging.DEBUG, logger="jobsystem.ops")
+    outcome = ops.replay(keyed.broker, ["p-work.DLQ"], ops.Filters(), batch_size=2)
+    assert [m.message_id for m in queues.published] == [m.message_id for m in letters[:2]]
+    assert queues.acked == [1, 2]
+    assert (outcome.done, outcome.failed, outcome.stopped) == (2, 0, "IdempotencyStoreError")
+    assert outcome.notes == [
+        "stopped: the state store did not answer the replays' idempotency check (IdempotencyStoreError:"
+        " ConnectionError): 2 read and not replayed (none published) and those not yet read stay dead"
+        " letters; run the command again once the store answers"
+    ]
+    (line,) = [r for r in caplog.records if r.getMessage() == "dead_letter_replay_stopped"]
+    assert (line.levelno, line.error, line.cause) == (logging.WARNING, "StoreUnavailable", "ConnectionError")  # type: ignore[attr-defined]
+    assert all("10.0.0.5" not in str(vars(r)) for r in caplog.records if r.levelno > logging.DEBUG)
+
+
+def test_a_replay_whose_queue_cannot_be_declared_stops_with_what_it_replayed(
+    made: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bulk send declares the replays' queue before it publishes; a declare that fails
+    (Dramatiq's ConnectionClosed after its attempts, its text quoting pika's: an address) is raised
+    before anything is published. The replay raised it; it ends now with the first batch counted
+    and the error named by its class."""
+    letters: list[Message[Any]] = [Message("p-work", "job", (), {}, {}) for _ in range(4)]
+    queues: _Queues = made(letters)
+    send = queues.send_bulk
+
+    def declare_fails(messages: list[Message[Any]], *, broker: Any) -> list[Message[Any]]:
+        if queues.published:
+            raise dramatiq.errors.ConnectionClosed(pika.exceptions.StreamLostError(LOST))  # type: ignore[no-untyped-call]
+        return send(messages, broker=broker)
+
+    monkeypatch.setattr(ops, "send_bulk", declare_fails)
+    outcome = ops.replay(NO_INDEX, ["p-work.DLQ"], ops.Filters(), batch_size=2)  # type: ignore[arg-type]
+    assert len(queues.published) == 2 and queues.acked == [1, 2]
+    assert (outcome.done, outcome.stopped) == (2, "ConnectionClosed")
+    assert outcome.notes == [
+        "stopped: the replays could not be published (ConnectionClosed): 2 read and not replayed (none"
+        " published) and those not yet read stay dead letters; run the command again once that is fixed"
+    ]
