@@ -230,7 +230,9 @@ class Dashboard:
         counted = ("retried", "purged", "indexed", "cancelled")
         count = next((v for k, v in outcome.items() if k in counted), None)
         took_ms = int((time.monotonic() - started) * 1000)
-        finished = {"state": "done", "count": count, "outcome": outcome, "took_ms": took_ms}
+        # Stopped before the end (a connection lost, the store down): what it did, and its note.
+        state = "stopped" if outcome.get("stopped") else "done"
+        finished = {"state": state, "count": count, "outcome": outcome, "took_ms": took_ms}
         await self._audit_finish(entry_id, finished)
         logger.info("dashboard_action", extra={"user": user.name, "action": action, "count": count})
         return JSONResponse(outcome)

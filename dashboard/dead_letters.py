@@ -236,6 +236,8 @@ def retry(project: Project, selection: Selection) -> dict[str, Any]:
         # Replayed, their letters maybe not removed: to purge, not to retry (at most one batch).
         "unremoved": outcome.unremoved,
         "left": sum(outcome.left.values()),
+        # The class of the error that stopped it before the end (None: it went through them all).
+        "stopped": outcome.stopped,
         "notes": outcome.notes,
     }
 
@@ -250,6 +252,8 @@ def purge(project: Project, selection: Selection) -> dict[str, Any]:
         "matched": outcome.matched,
         "unconfirmed": outcome.unconfirmed,
         "left": sum(outcome.left.values()),
+        # The class of the error that stopped it before the end (None: it went through them all).
+        "stopped": outcome.stopped,
         "notes": outcome.notes,
     }
 

@@ -241,16 +241,23 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
             ctx.broker, ctx.queues, ctx.filters, batch_size=batch_size, progress=progress
         )
     click.echo(
-        f"retried {outcome.done} of {outcome.matched} matching, {outcome.failed} failed{_notes(outcome)}"
+        f"retried {outcome.done} of {outcome.matched} matching{_so_far(outcome)},"
+        f" {outcome.failed} failed{_notes(outcome)}"
     )
     if outcome.unremoved:  # every one (the note names a few): purge, never retry, these
         click.echo(f"replayed, maybe still dead letters: {' '.join(outcome.unremoved)}", err=True)
     failed = outcome.failed or outcome.unconfirmed or outcome.left or (all_ and not ctx.complete)
-    sys.exit(1 if failed or _not_found(message_ids, outcome.found) else 0)
+    # Stopped before the end (the note says why): ids not read yet are not named as not found.
+    sys.exit(1 if failed or outcome.stopped or _not_found(message_ids, outcome.found) else 0)
 
 
 def _notes(outcome: Any) -> str:
     return f" ({'; '.join(outcome.notes)})" if outcome.notes else ""
+
+
+def _so_far(outcome: Any) -> str:
+    """Of an operation that stopped before reading every letter: its counts are what it read."""
+    return " so far" if outcome.stopped else ""
 
 
 @dlq.command()
@@ -266,9 +273,10 @@ def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: boo
     ctx = Context(message_ids, selected)
     with ctx.progress("purging") as progress:
         outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
-    click.echo(f"purged {outcome.done} dead letter(s){_notes(outcome)}")
+    click.echo(f"purged {outcome.done} dead letter(s){_so_far(outcome)}{_notes(outcome)}")
     failed = outcome.unconfirmed or outcome.left or (all_ and not ctx.complete)
-    sys.exit(1 if failed or _not_found(message_ids, outcome.found) else 0)
+    # Stopped before the end (the note says why): ids not read yet are not named as not found.
+    sys.exit(1 if failed or outcome.stopped or _not_found(message_ids, outcome.found) else 0)
 
 
 def _not_found(message_ids: tuple[str, ...], found: set[str]) -> bool:

@@ -28,6 +28,10 @@
     return data;
   }
 
+  function notes(data) {
+    return data.notes && data.notes.length ? " (" + data.notes.join("; ") + ")" : "";
+  }
+
   function summary(data) {
     return Object.entries(data).filter(([, v]) => typeof v === "number")
       .map(([k, v]) => k + " " + v).join(", ");
@@ -37,7 +41,7 @@
     if (confirmText && !window.confirm(confirmText)) return;
     try {
       const data = await post(url, body);
-      toast("done: " + summary(data) + (data.notes && data.notes.length ? " (" + data.notes.join("; ") + ")" : ""));
+      toast((data.stopped ? "stopped: " : "done: ") + summary(data) + notes(data), Boolean(data.stopped));
       selected.clear();
       refresh();
     } catch (error) {
@@ -58,12 +62,14 @@
     const groups = selectionOps();
     if (!window.confirm(op + " " + selected.size + " selected dead letter(s)?")) return;
     const totals = {};
+    let stopped = null; // the answer of a queue's action that stopped before the end, with its notes
     try {
       for (const [queue, ids] of groups) {
         const data = await post("/api/dead-letters/" + op, { queue: queue, ids: ids });
         for (const [k, v] of Object.entries(data)) if (typeof v === "number") totals[k] = (totals[k] || 0) + v;
+        if (data.stopped) { stopped = data; break; } // the next queues' are left as they are
       }
-      toast("done: " + summary(totals));
+      toast((stopped ? "stopped: " : "done: ") + summary(totals) + (stopped ? notes(stopped) : ""), Boolean(stopped));
     } catch (error) {
       toast("refused: " + error.message, true);
     }

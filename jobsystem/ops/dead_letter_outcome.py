@@ -12,10 +12,20 @@ from dataclasses import dataclass, field
 from jobsystem.ops.dead_letter_reader import DeadLetter
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX
 
-__all__ = ["Outcome"]
+__all__ = ["KEY_REFUSED", "MALFORMED", "Outcome"]
 
 #: How many message ids a note names (an operation may leave thousands: ``unremoved`` has all).
 SHOWN_IDS = 10
+
+#: Why a replay skips a letter (:meth:`Outcome.skip`): its body is not a well-formed message, or
+#: the send's idempotency check refuses its key. Either way it stays a dead letter.
+MALFORMED, KEY_REFUSED = "malformed", "key_refused"
+_SKIP_NOTES = {
+    MALFORMED: "{} malformed, not replayed (fix the sender; export or purge them)",
+    KEY_REFUSED: "{} not replayed, their idempotency key is refused (empty, not a string or number,"
+    " or their actor's idempotency_key function raised): they stay dead letters (fix the function"
+    " or the sender; export or purge them)",
+}
 
 
 @dataclass
@@ -32,6 +42,11 @@ class Outcome:
     #: removed (to purge, not to retry again).
     unremoved: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The class of the error that stopped the operation before every matching letter was read
+    #: (None: it went through them all); a note says what it left.
+    stopped: str | None = None
+    #: Of ``skipped``, how many per reason (:data:`MALFORMED`, :data:`KEY_REFUSED`).
+    skips: dict[str, int] = field(default_factory=dict)
     #: The message ids matched, when the filters name ids (so a caller can name those not found).
     found: set[str] = field(default_factory=set)
     #: Matched but not the project's to change (:func:`~jobsystem.ops.scope.changeable`), per
@@ -58,6 +73,23 @@ class Outcome:
                 " application's, or a removed actor's from before the stamp; if its actors are yours,"
                 " name their module)"
             )
+
+    def skip(self, reason: str) -> None:
+        """Count a letter not replayed for ``reason``; it stays where it is."""
+        self.skipped += 1
+        self.skips[reason] = self.skips.get(reason, 0) + 1
+
+    def note_skipped(self) -> None:
+        """Say how many letters were skipped, and why (one note per reason)."""
+        for reason, count in self.skips.items():
+            self.notes.append(_SKIP_NOTES[reason].format(count))
+
+    def note_stopped(self, error_class: str, why: str, left: str, cause: str | None = None) -> None:
+        """Stop the operation for ``why`` (an error of class ``error_class``, wrapping one of class
+        ``cause``), saying what it left."""
+        self.stopped = error_class
+        named = error_class if cause is None else f"{error_class}: {cause}"
+        self.notes.append(f"stopped: {why} ({named}): {left}")
 
     def note_unconfirmed(self, letters: list[DeadLetter]) -> None:
         """Count ``letters`` acked (purged) but not confirmed removed: running again is safe."""

@@ -8,7 +8,8 @@ replaying it again duplicates at worst, and the idempotency key makes the duplic
 without one runs twice: the copy has the same message id, nothing tells it from the first).
 Bodies that are not well-formed messages (reason ``malformed``, or ``undecodable`` from before the
 consumer checked shapes) are not replayed: they would only be dead-lettered again. Their sender
-needs fixing; ``export`` keeps them for that.
+needs fixing; ``export`` keeps them for that. Nor is a letter whose idempotency key the send
+refuses (``""``, or its actor's key function raises): it would fail the whole batch it is in.
 
 Whatever an operation removes from a queue it also removes from the dead-letter index in the
 state store (:mod:`jobsystem.store.dead_letter_index`), which the dashboard lists, once RabbitMQ
@@ -20,6 +21,12 @@ leaves those letters indexed. Of a replay, those letters were replayed all the s
 retry would publish them again under the same message id, and only a job with an idempotency
 key is then skipped (its key completed), so the operation names them (``unremoved``) to purge.
 :func:`reindex` builds a queue's index again from the queue itself.
+
+An operation that cannot go on (the reader's connection lost between two letters or at an ack,
+the state store down when a replay's idempotency keys are checked) ends with what it did so far,
+a note naming the failure by its class and what it left, and :attr:`Outcome.stopped`: ``jobctl``
+and the dashboard give the operator that summary, never a traceback
+(:mod:`jobsystem.ops.dead_letter_stops`).
 
 Retry, purge and re-index take only the letters :func:`~jobsystem.ops.scope.changeable` allows:
 those stamped with this environment's ``QUEUE_PREFIX``, and unstamped ones (the release before
@@ -37,14 +44,15 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import Any
 
 import pika.exceptions
 from dramatiq import Message
 from dramatiq.common import q_name
 
-from jobsystem.ops.dead_letter_outcome import Outcome
+from jobsystem.ops.dead_letter_outcome import KEY_REFUSED, MALFORMED, Outcome
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
+from jobsystem.ops.dead_letter_stops import Stopped, not_sent, reading, unconfirmed
 from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.ops.scope import INDEX_UNREAD, ForeignQueue, changeable, project_queue, project_scope
 from jobsystem.privacy.outage_lines import log_failure, log_outage
@@ -53,6 +61,7 @@ from jobsystem.rabbitmq.bulk import BulkSendError, send_bulk
 from jobsystem.settings import Settings
 from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.dead_letter_index import DeadLetterEntry
+from middleware.idempotency import REGISTERED, Idempotency, IdempotencyKeyError
 
 __all__ = [
     "INDEX_UNREAD",
@@ -151,10 +160,6 @@ def _named(settings: Settings, broker: ProjectBroker, queue: str, reading: bool)
 Progress = Callable[[int], None]
 
 
-class _Unsettled(Exception):
-    """The reader's connection was lost before RabbitMQ confirmed its acks: the operation stops."""
-
-
 def _settle(
     broker: ProjectBroker,
     reader: Reader,
@@ -165,21 +170,12 @@ def _settle(
     replayed: bool = False,
 ) -> None:
     """Forget ``acked`` in the index once RabbitMQ confirmed their acks; if it cannot be had, keep
-    them indexed (they may be back in their queue), say so and raise :class:`_Unsettled`."""
+    them indexed (they may be back in their queue), say so and raise :class:`Stopped`."""
     if not acked:
         return
     if not reader.settle(dead_letter_queue):
-        _unconfirmed(outcome, acked, replayed=replayed)
+        unconfirmed(outcome, acked, replayed=replayed)
     forget(broker, acked)
-
-
-def _unconfirmed(outcome: Outcome, letters: list[DeadLetter], *, replayed: bool) -> NoReturn:
-    """Count ``letters`` as not known to be removed, say what to do, and stop the operation."""
-    if replayed:
-        outcome.note_unremoved(letters)
-    else:
-        outcome.note_unconfirmed(letters)
-    raise _Unsettled
 
 
 def _noop(_: int) -> None:
@@ -195,44 +191,72 @@ def replay(
     progress: Progress = _noop,
 ) -> Outcome:
     """Publish the matching dead letters back to their queues, then remove them. One whose queue
-    is gone stays (publishing would declare the queue again, where no worker reads it)."""
+    is gone stays (publishing would declare the queue again, where no worker reads it), and so
+    does one the send would refuse (:func:`_replay_of`). A failure that stops the replay ends
+    it with an outcome saying so (:attr:`Outcome.stopped`), never an error."""
     outcome, ours = Outcome(), changeable(broker)
     gone: set[str] = set()
-    with Reader(broker) as reader, contextlib.suppress(_Unsettled):
+    with Reader(broker) as reader, contextlib.suppress(Stopped):
         exists = functools.cache(reader.queue_exists)
         for dead_letter_queue in queues:
             batch: list[tuple[Message[Any], int, DeadLetter]] = []
-            for dead, tag in reader.stream(dead_letter_queue):
-                progress(1)
-                if not filters.match(dead):
-                    continue
-                outcome.matched_one(dead, by_id=bool(filters.message_ids))
-                if not ours(dead):
-                    outcome.leave(dead)
-                    continue
-                message = None if dead.reason in NOT_REPLAYABLE else dead.replay_message()
-                if message is None:
-                    outcome.skipped += 1
-                    continue
-                if not exists(message.queue_name):
-                    gone.add(message.queue_name)
-                    outcome.failed += 1
-                    continue
-                batch.append((message, tag, dead))
-                if len(batch) >= batch_size:
-                    _publish_then_ack(broker, reader, dead_letter_queue, batch, outcome)
-                    batch = []
-            _publish_then_ack(broker, reader, dead_letter_queue, batch, outcome)
+            with reading(outcome, "replayed"):  # what the batch read stays: no replay without an ack
+                for dead, tag in reader.stream(dead_letter_queue):
+                    progress(1)
+                    if not filters.match(dead):
+                        continue
+                    outcome.matched_one(dead, by_id=bool(filters.message_ids))
+                    if not ours(dead):
+                        outcome.leave(dead)
+                        continue
+                    message = _replay_of(broker, dead, outcome)
+                    if message is None:
+                        continue
+                    if not exists(message.queue_name):
+                        gone.add(message.queue_name)
+                        outcome.failed += 1
+                        continue
+                    batch.append((message, tag, dead))
+                    if len(batch) >= batch_size:
+                        _publish_then_ack(broker, reader, dead_letter_queue, batch, outcome)
+                        batch = []
+                _publish_then_ack(broker, reader, dead_letter_queue, batch, outcome)
     outcome.note_left()
-    if outcome.skipped:
-        outcome.notes.append(
-            f"{outcome.skipped} malformed, not replayed (fix the sender; export or purge them)"
-        )
+    outcome.note_skipped()
     if gone:
         outcome.notes.append(
             f"not replayed, their queue is gone: {', '.join(sorted(gone))} (start a worker that declares it)"
         )
     return outcome
+
+
+def _replay_of(broker: ProjectBroker, dead: DeadLetter, outcome: Outcome) -> Message[Any] | None:
+    """The message to publish for ``dead``; None, counted skipped, for a body that is not a
+    well-formed message, or whose idempotency key the send refuses: a refused key fails the
+    whole batch it is sent in, so it is checked here, letter by letter, and only that letter
+    stays (it needs its key, or its actor's key function, fixed)."""
+    message = None if dead.reason in NOT_REPLAYABLE else dead.replay_message()
+    if message is None:
+        outcome.skip(MALFORMED)
+    elif _key_refused(broker, message):
+        outcome.skip(KEY_REFUSED)
+        return None
+    return message
+
+
+def _key_refused(broker: ProjectBroker, message: Message[Any]) -> bool:
+    """Whether the send's idempotency check would refuse the key of ``message`` (its actor's
+    function raises, or it is "" or not a key): the check the send makes, on a copy. A message
+    already registered (``idempotency_registered``) is not checked again at send."""
+    if message.options.get(REGISTERED):
+        return False
+    for middleware in broker.middleware:
+        if isinstance(middleware, Idempotency):
+            try:
+                middleware.key_of(broker, message.copy())
+            except IdempotencyKeyError:
+                return True
+    return False
 
 
 def _publish_then_ack(
@@ -252,13 +276,15 @@ def _publish_then_ack(
     except BulkSendError as error:
         confirmed = {m.message_id for m in error.confirmed}
         _not_replayed(outcome, error)
+    except Exception as exc:  # raised before the first publish (send_bulk's contract): none went out
+        not_sent(outcome, exc, len(batch))
     replayed = [(tag, dead) for message, tag, dead in batch if message.message_id in confirmed]
     outcome.done += len(replayed)
     try:
         for tag, _ in replayed:
             reader.ack(tag)
     except pika.exceptions.AMQPError:  # the reader's connection was lost (idle through the publish)
-        _unconfirmed(outcome, [dead for _, dead in replayed], replayed=True)
+        unconfirmed(outcome, [dead for _, dead in replayed], replayed=True)
     _settle(broker, reader, dead_letter_queue, [dead for _, dead in replayed], outcome, replayed=True)
 
 
@@ -292,25 +318,27 @@ def forget(broker: ProjectBroker, removed: list[DeadLetter]) -> None:
 def purge(
     broker: ProjectBroker, queues: list[str], filters: Filters, *, progress: Progress = _noop
 ) -> Outcome:
-    """Remove the matching dead letters for good (``done``: those whose acks RabbitMQ confirmed)."""
+    """Remove the matching dead letters for good (``done``: those whose acks RabbitMQ confirmed).
+    A failure that stops it ends it with an outcome saying so (:attr:`Outcome.stopped`)."""
     outcome, ours = Outcome(), changeable(broker)
-    with Reader(broker) as reader, contextlib.suppress(_Unsettled):
+    with Reader(broker) as reader, contextlib.suppress(Stopped):
         for dead_letter_queue in queues:
             acked: list[DeadLetter] = []
-            for dead, tag in reader.stream(dead_letter_queue):
-                progress(1)
-                if not filters.match(dead):
-                    continue
-                outcome.matched_one(dead, by_id=bool(filters.message_ids))
-                if ours(dead):
-                    reader.ack(tag)
-                    acked.append(dead)
-                else:
-                    outcome.leave(dead)
-                if len(acked) >= 500:
-                    _settle(broker, reader, dead_letter_queue, acked, outcome)
-                    outcome.done += len(acked)
-                    acked = []
+            with reading(outcome, "purged", acked):
+                for dead, tag in reader.stream(dead_letter_queue):
+                    progress(1)
+                    if not filters.match(dead):
+                        continue
+                    outcome.matched_one(dead, by_id=bool(filters.message_ids))
+                    if ours(dead):
+                        acked.append(dead)  # first: an ack that raises may have gone out
+                        reader.ack(tag)
+                    else:
+                        outcome.leave(dead)
+                    if len(acked) >= 500:
+                        _settle(broker, reader, dead_letter_queue, acked, outcome)
+                        outcome.done += len(acked)
+                        acked.clear()
             _settle(broker, reader, dead_letter_queue, acked, outcome)
             outcome.done += len(acked)
     outcome.note_left()

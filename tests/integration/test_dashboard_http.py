@@ -108,6 +108,7 @@ def test_cross_site_posts_are_refused(start_dashboard, queues):
         "matched": 0,
         "unconfirmed": 0,
         "left": 0,
+        "stopped": None,
         "notes": [],
     }
     # Behind a TLS proxy that keeps the Host header: the browser's origin is https.
@@ -164,7 +165,14 @@ def test_dead_letters_are_listed_from_the_index_retried_purged_and_audited(
     purged = dashboard.post(
         "/api/dead-letters/purge", ADMIN, {"queue": queue, "all": True, "actor": "depends"}
     )
-    assert purged.json() == {"purged": 4, "matched": 4, "unconfirmed": 0, "left": 0, "notes": []}
+    assert purged.json() == {
+        "purged": 4,
+        "matched": 4,
+        "unconfirmed": 0,
+        "left": 0,
+        "stopped": None,
+        "notes": [],
+    }
     assert queues.depth(queue + ".DLQ") == 0
     assert dashboard.get(f"/api/dead-letters?queue={queue}", ADMIN).json()["dead_letters"] == []
     assert store.hgetall(f"test:{prefix}effects") == {"d0": "1", "d1": "1"}

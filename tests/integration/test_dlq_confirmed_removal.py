@@ -158,3 +158,55 @@ def test_a_dead_letter_whose_every_known_option_is_null_is_replayed(queues, pref
     assert body["message_id"] == message.message_id and body["options"]["replays"] == 1
     assert isinstance(decode(replayed["payload"].encode(), queue), Message)  # the worker takes it
     assert queues.depth(queue + ".DLQ") == 0
+
+
+def test_a_purge_whose_reader_connection_is_lost_between_queues_ends_with_what_it_purged(
+    queues, prefix, monkeypatch
+):
+    """The first queue's letters are purged, their acks confirmed; then the reader's connection is
+    gone (closed here, as a restart of RabbitMQ would drop it). The next queue's first read raised
+    pika's error: jobctl ended with a traceback and no word of the letters already purged. The
+    purge ends with them counted and a note naming the error's class; the second queue's letters
+    stay, and stay listed."""
+    broker = queues.broker
+    first, second = _dead_letters(broker, f"{prefix}first"), _dead_letters(broker, f"{prefix}second")
+    settle = Reader.settle
+
+    def settle_then_lose(reader: Reader, dead_letter_queue: str) -> bool:
+        settled = settle(reader, dead_letter_queue)
+        reader.connection.close()
+        return settled
+
+    monkeypatch.setattr(Reader, "settle", settle_then_lose)
+    outcome = ops.purge(broker, [first, second], ops.Filters())
+    assert (outcome.done, outcome.unconfirmed) == (COUNT, 0) and outcome.stopped is not None
+    assert outcome.notes == [
+        "stopped: reading the dead letters failed, RabbitMQ closed or lost the connection"
+        f" ({outcome.stopped}): the letters not yet purged stay dead letters; run the command again"
+    ]
+    assert queues.depth(first) == 0 and _indexed(broker, f"{prefix}first") == 0
+    assert queues.depth(second) == COUNT and _indexed(broker, f"{prefix}second") == COUNT
+
+
+def test_a_retry_leaves_a_letter_whose_idempotency_key_is_refused_and_replays_the_others(queues, prefix):
+    """A letter published by hand, not through the project (no ``idempotency_registered``), whose
+    key is "": the bulk send's key check (the project's idempotency middleware) refuses the whole
+    batch with IdempotencyKeyError, and the retry raised it, replaying none of the letters. That
+    letter stays a dead letter, listed, with a note; the others are replayed and removed."""
+    broker = queues.broker
+    queue = f"{prefix}keys"
+    good: list[Message[Any]] = [Message(queue, "record", (f"g{n}",), {}, {}) for n in range(2)]
+    empty: Message[Any] = Message(queue, "record", ("e",), {}, {"idempotency_key": ""})
+    headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-queue": queue}
+    for message in (good[0], empty, good[1]):
+        broker.publish_dead_letter(message.encode(), headers, message.message_id, queue)
+    assert broker.dead_letter_index.flush(10)
+    outcome = ops.replay(broker, [queue + ".DLQ"], ops.Filters())
+    assert (outcome.done, outcome.skipped, outcome.failed, outcome.stopped) == (2, 1, 0, None)
+    assert "idempotency key is refused" in outcome.notes[0]
+    assert sorted(json.loads(m["payload"])["message_id"] for m in queues.peek(queue)) == sorted(
+        m.message_id for m in good
+    )
+    (left,) = queues.peek(queue + ".DLQ")
+    assert json.loads(left["payload"])["message_id"] == empty.message_id
+    assert _indexed(broker, queue) == 1

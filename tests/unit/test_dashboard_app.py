@@ -13,8 +13,10 @@ from urllib.parse import quote, urljoin
 import pika
 import pytest
 
+from dashboard import dead_letters as dashboard_dead_letters
 from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, Selection, rabbitmq_counts
 from dashboard.guard import SECURITY_HEADERS
+from jobsystem.ops import dead_letters as dead_letter_ops
 from jobsystem.ops.health import HealthReport, Problem
 from jobsystem.settings import Settings
 from jobsystem.store import StateStore, open_store
@@ -29,6 +31,8 @@ from tests.amqp_server import fake_rabbitmq
 from tests.asgi import ADMIN, VIEWER, app_of, call
 from tests.servers import free_port
 from tests.support import finished_within
+from tests.unit.test_dlq_replay import _Queues
+from tests.unit.test_review_dead_letter_faults import _letters, _reader_lost_at_read
 
 #: RabbitMQ on a port nobody listens on: every connection is refused at once.
 DOWN = Settings(
@@ -302,3 +306,29 @@ def test_refusals_and_failures_carry_the_security_headers_and_are_not_cached(sto
                 assert answer.headers.get(name.lower()) == value, (status, name)
     assert all(a.headers["www-authenticate"].startswith("Basic ") for a in answers[401])
     assert "10.1.2.3" not in answers[500][0].text
+
+
+@pytest.mark.parametrize(
+    ("path", "count"), [("/api/dead-letters/retry", "retried"), ("/api/dead-letters/purge", "purged")]
+)
+def test_an_action_whose_connection_is_lost_midway_answers_what_it_did_and_is_audited_stopped(
+    store, monkeypatch, path, count
+):
+    """The first queue's letters are done, then the reader's connection is lost: the answer was a
+    503 "RabbitMQ unreachable ... nothing done, or only part of it", which tells the operator
+    neither what was done nor what is left. It is the outcome, with the note saying why it
+    stopped, and the audit log keeps it as stopped."""
+    queues = _Queues({name: _letters(name, 2, "t_") for name in ("t_emails.DLQ", "t_more.DLQ")})
+    monkeypatch.setattr(
+        dashboard_dead_letters, "_target", lambda project, s: (sorted(queues.letters), s.filters())
+    )
+    monkeypatch.setattr(dead_letter_ops, "Reader", _reader_lost_at_read(queues, 2))
+    monkeypatch.setattr(dead_letter_ops, "send_bulk", queues.send_bulk)
+    app, _, post = dashboard(store)
+    answer = call(app, "POST", path, {"all": True}, post)
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    assert (data[count], data["stopped"]) == (2, "StreamLostError")
+    assert data["notes"][-1].startswith("stopped: reading the dead letters failed")
+    (entry,) = call(app, "GET", "/api/audit").json()["entries"]
+    assert (entry["state"], entry["count"]) == ("stopped", 2)

@@ -73,7 +73,10 @@ def _dead(dead_letter_queue: str, body: bytes, headers: dict[str, Any], message_
 
 #: A broker of the environment ``p-`` without a dead-letter index, whose actor uses ``p-work``.
 NO_INDEX = SimpleNamespace(
-    dead_letter_index=None, actors={"job": SimpleNamespace(queue_name="p-work")}, environment="p-"
+    dead_letter_index=None,
+    actors={"job": SimpleNamespace(queue_name="p-work")},
+    environment="p-",
+    middleware=[],
 )
 
 
@@ -116,7 +119,8 @@ class StandInContext:
     """``jobctl dlq``'s context, for a command whose operation a test replaces."""
 
     def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
-        self.ops, self.broker, self.filters, self.complete = ops, None, ops.Filters(), True
+        self.ops, self.filters, self.complete = ops, ops.Filters(), True
+        self.broker: Any = None
         self.queues: list[str] = []
 
     @contextlib.contextmanager
