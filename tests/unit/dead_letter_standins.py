@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pika.exceptions
 import pytest
 from dramatiq import Message
 
 from jobsystem.ops import dead_letters as ops
 from tests.unit.test_dlq_replay import _dead, _Queues
 
-__all__ = ["RECORD", "stand_in_queues"]
+__all__ = ["LOST", "RECORD", "letters_of", "reader_lost_at_read", "stand_in_queues"]
 
 RECORD = {"x-dl-reason": "retries_exhausted", "x-dl-queue": "p-work"}
 
@@ -28,3 +29,36 @@ def stand_in_queues(monkeypatch: pytest.MonkeyPatch) -> Any:
         return queues
 
     return make
+
+
+LOST = "Stream connection lost: ConnectionResetError(104, 'Connection reset by peer') 10.0.0.5:5672"
+
+
+def reader_lost_at_read(queues: _Queues, reads: int) -> Any:
+    """The stand-in reader whose connection is found lost when letter number ``reads + 1`` (over
+    every queue it streams) is asked for: ``basic_get`` raises, as pika's does."""
+    done = [0]
+
+    def reader(broker: Any) -> Any:
+        made_reader = queues.reader(broker)
+        stream = made_reader.stream
+
+        def lost_stream(name: str) -> Any:
+            for item in stream(name):
+                if done[0] == reads:
+                    raise pika.exceptions.StreamLostError(LOST)
+                done[0] += 1
+                yield item
+
+        made_reader.stream = lost_stream
+        return made_reader
+
+    return reader
+
+
+def letters_of(queue: str, count: int, environment: str = "p-") -> list[Any]:
+    """``count`` dead letters of ``queue`` as the worker of ``environment`` records them."""
+    record = {"x-dl-reason": "retries_exhausted", "x-dl-queue": queue.removesuffix(".DLQ")}
+    record["x-dl-environment"] = environment
+    messages: list[Message[Any]] = [Message("p-work", "job", (), {}, {}) for _ in range(count)]
+    return [_dead(queue, m.encode(), record, m.message_id) for m in messages]

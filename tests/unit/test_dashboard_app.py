@@ -31,8 +31,8 @@ from tests.amqp_server import fake_rabbitmq
 from tests.asgi import ADMIN, VIEWER, app_of, call
 from tests.servers import free_port
 from tests.support import finished_within
+from tests.unit.dead_letter_standins import letters_of, reader_lost_at_read
 from tests.unit.test_dlq_replay import _Queues
-from tests.unit.test_review_dead_letter_faults import _letters, _reader_lost_at_read
 
 #: RabbitMQ on a port nobody listens on: every connection is refused at once.
 DOWN = Settings(
@@ -318,11 +318,11 @@ def test_an_action_whose_connection_is_lost_midway_answers_what_it_did_and_is_au
     503 "RabbitMQ unreachable ... nothing done, or only part of it", which tells the operator
     neither what was done nor what is left. It is the outcome, with the note saying why it
     stopped, and the audit log keeps it as stopped."""
-    queues = _Queues({name: _letters(name, 2, "t_") for name in ("t_emails.DLQ", "t_more.DLQ")})
+    queues = _Queues({name: letters_of(name, 2, "t_") for name in ("t_emails.DLQ", "t_more.DLQ")})
     monkeypatch.setattr(
         dashboard_dead_letters, "_target", lambda project, s: (sorted(queues.letters), s.filters())
     )
-    monkeypatch.setattr(dead_letter_ops, "Reader", _reader_lost_at_read(queues, 2))
+    monkeypatch.setattr(dead_letter_ops, "Reader", reader_lost_at_read(queues, 2))
     monkeypatch.setattr(dead_letter_ops, "send_bulk", queues.send_bulk)
     app, _, post = dashboard(store)
     answer = call(app, "POST", path, {"all": True}, post)

@@ -19,47 +19,14 @@ from jobsystem.ops import dead_letters as ops
 from jobsystem.store import open_store
 from jobsystem.store.base import StoreUnavailable
 from middleware.idempotency import Idempotency
-from tests.unit.dead_letter_standins import stand_in_queues
+from tests.unit.dead_letter_standins import LOST, letters_of, reader_lost_at_read, stand_in_queues
 from tests.unit.stub import RecordingBroker
-from tests.unit.test_dlq_replay import NO_INDEX, StandInContext, _dead, _Queues
+from tests.unit.test_dlq_replay import NO_INDEX, StandInContext, _Queues
 
 
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> Any:
     return stand_in_queues(monkeypatch)
-
-
-LOST = "Stream connection lost: ConnectionResetError(104, 'Connection reset by peer') 10.0.0.5:5672"
-
-
-def _reader_lost_at_read(queues: _Queues, reads: int) -> Any:
-    """The stand-in reader whose connection is found lost when letter number ``reads + 1`` (over
-    every queue it streams) is asked for: ``basic_get`` raises, as pika's does."""
-    done = [0]
-
-    def reader(broker: Any) -> Any:
-        made_reader = queues.reader(broker)
-        stream = made_reader.stream
-
-        def lost_stream(name: str) -> Any:
-            for item in stream(name):
-                if done[0] == reads:
-                    raise pika.exceptions.StreamLostError(LOST)
-                done[0] += 1
-                yield item
-
-        made_reader.stream = lost_stream
-        return made_reader
-
-    return reader
-
-
-def _letters(queue: str, count: int, environment: str = "p-") -> list[Any]:
-    """``count`` dead letters of ``queue`` as the worker of ``environment`` records them."""
-    record = {"x-dl-reason": "retries_exhausted", "x-dl-queue": queue.removesuffix(".DLQ")}
-    record["x-dl-environment"] = environment
-    messages: list[Message[Any]] = [Message("p-work", "job", (), {}, {}) for _ in range(count)]
-    return [_dead(queue, m.encode(), record, m.message_id) for m in messages]
 
 
 TWO_QUEUES = ["p-work.DLQ", "p-more.DLQ"]
@@ -71,8 +38,8 @@ def test_a_purge_whose_connection_is_lost_between_queues_ends_with_what_it_purge
     """The first queue's letters are purged (their acks settled); the connection is lost before the
     next queue's first letter is read. The purge raised pika's StreamLostError: jobctl ended with a
     traceback and no word of the two letters already gone."""
-    queues = _Queues({name: _letters(name, 2) for name in TWO_QUEUES})
-    monkeypatch.setattr(ops, "Reader", _reader_lost_at_read(queues, 2))
+    queues = _Queues({name: letters_of(name, 2) for name in TWO_QUEUES})
+    monkeypatch.setattr(ops, "Reader", reader_lost_at_read(queues, 2))
     outcome = ops.purge(NO_INDEX, TWO_QUEUES, ops.Filters())  # type: ignore[arg-type]
     assert (outcome.done, outcome.unconfirmed, outcome.stopped, queues.acked) == (
         2,
@@ -92,7 +59,7 @@ def test_a_purge_whose_ack_fails_names_the_acks_not_confirmed_and_stops(
     """The second ack finds the channel closed (pika raises ChannelWrongStateError): the first ack,
     sent, may not have arrived, nor the second. Both are counted unconfirmed (they stay listed;
     running again is safe), and the purge stops with a note rather than a traceback."""
-    queues = _Queues({"p-work.DLQ": _letters("p-work.DLQ", 3)})
+    queues = _Queues({"p-work.DLQ": letters_of("p-work.DLQ", 3)})
     reader = queues.reader
 
     def losing_reader(broker: Any) -> Any:
@@ -121,8 +88,8 @@ def test_a_replay_whose_connection_is_lost_at_the_next_read_ends_with_what_it_re
     """A first batch of two is replayed and removed; the reader's connection is lost when the third
     letter is read. Nothing more is published (the letters read after it could not be removed),
     and the outcome says two were retried and the rest stay, where the replay raised."""
-    queues = _Queues({"p-work.DLQ": _letters("p-work.DLQ", 4)})
-    monkeypatch.setattr(ops, "Reader", _reader_lost_at_read(queues, 2))
+    queues = _Queues({"p-work.DLQ": letters_of("p-work.DLQ", 4)})
+    monkeypatch.setattr(ops, "Reader", reader_lost_at_read(queues, 2))
     monkeypatch.setattr(ops, "send_bulk", queues.send_bulk)
     outcome = ops.replay(NO_INDEX, ["p-work.DLQ"], ops.Filters(), batch_size=2)  # type: ignore[arg-type]
     assert len(queues.published) == 2 and queues.acked == [1, 2]
@@ -154,8 +121,8 @@ def test_jobctl_ends_a_stopped_operation_with_its_summary_and_fails(
 ) -> None:
     """The connection is lost between the two queues: jobctl prints what was done and why it
     stopped, and exits 1, where it ended with pika's traceback."""
-    queues = _Queues({name: _letters(name, 2) for name in TWO_QUEUES})
-    monkeypatch.setattr(ops, "Reader", _reader_lost_at_read(queues, 2))
+    queues = _Queues({name: letters_of(name, 2) for name in TWO_QUEUES})
+    monkeypatch.setattr(ops, "Reader", reader_lost_at_read(queues, 2))
     monkeypatch.setattr(ops, "send_bulk", queues.send_bulk)
     monkeypatch.setattr(dlq, "Context", _StandInQueues)
     result = CliRunner().invoke(dlq.dlq, command)
