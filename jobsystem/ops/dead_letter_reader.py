@@ -226,6 +226,8 @@ class Reader:
         #: The actors declared in this process (the project's, and the ``--module`` ones).
         self.actors = broker.actors
         self.channel = self.connection.channel()
+        #: The class of the error that made :meth:`settle` answer False (None until one did).
+        self.failure: str | None = None
 
     def __enter__(self) -> Reader:
         return self
@@ -260,10 +262,12 @@ class Reader:
             self.count(dead_letter_queue)
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != 404:  # closed for an earlier method: the acks may be lost
+                self.failure = type(exc).__name__
                 return False
             with contextlib.suppress(pika.exceptions.AMQPError):  # lost now: the next read says so
                 self.channel = self.connection.channel()
-        except pika.exceptions.AMQPError:
+        except pika.exceptions.AMQPError as exc:
+            self.failure = type(exc).__name__
             return False
         return True
 

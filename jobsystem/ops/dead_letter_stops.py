@@ -52,8 +52,10 @@ def reading(outcome: Outcome, done: str, unsure: list[DeadLetter] | None = None)
         raise Stopped from exc
 
 
-def unconfirmed(outcome: Outcome, letters: list[DeadLetter], *, replayed: bool) -> NoReturn:
-    """Count ``letters`` as not known to be removed, say what to do, and stop the operation."""
+def unconfirmed(outcome: Outcome, letters: list[DeadLetter], *, replayed: bool, error_class: str) -> NoReturn:
+    """Count ``letters`` as not known to be removed, say what to do, and stop the operation
+    (stopped by an error of class ``error_class``: callers that audit it read ``outcome.stopped``)."""
+    outcome.stopped = outcome.stopped or error_class
     if replayed:
         outcome.note_unremoved(letters)
     else:

@@ -174,7 +174,7 @@ def _settle(
     if not acked:
         return
     if not reader.settle(dead_letter_queue):
-        unconfirmed(outcome, acked, replayed=replayed)
+        unconfirmed(outcome, acked, replayed=replayed, error_class=reader.failure or "AMQPError")
     forget(broker, acked)
 
 
@@ -283,8 +283,8 @@ def _publish_then_ack(
     try:
         for tag, _ in replayed:
             reader.ack(tag)
-    except pika.exceptions.AMQPError:  # the reader's connection was lost (idle through the publish)
-        unconfirmed(outcome, [dead for _, dead in replayed], replayed=True)
+    except pika.exceptions.AMQPError as exc:  # the reader's connection was lost (idle through the publish)
+        unconfirmed(outcome, [dead for _, dead in replayed], replayed=True, error_class=type(exc).__name__)
     _settle(broker, reader, dead_letter_queue, [dead for _, dead in replayed], outcome, replayed=True)
 
 

@@ -29,6 +29,8 @@ class _Queues:
         queues = self
 
         class Reader:
+            failure: str | None = None  # why a settle failed (never here)
+
             def __enter__(self) -> Reader:
                 return self
 

@@ -90,8 +90,13 @@ def _losing_reader(queues: _Queues, *, fail_at: int | None, settles: bool) -> An
                 raise pika.exceptions.StreamLostError("Stream connection lost")
             acks(tag)
 
+        def settle(name: str) -> bool:
+            if not settles:
+                made_reader.failure = "StreamLostError"  # as the real reader notes it
+            return settles
+
         made_reader.ack = ack
-        made_reader.settle = lambda name: settles
+        made_reader.settle = settle
         return made_reader
 
     return reader
@@ -115,6 +120,7 @@ def test_every_replayed_letter_whose_removal_is_unsure_is_named_to_purge_and_the
     first = [m.message_id for m in letters[:3]]
     assert [m.message_id for m in queues.published] == first
     assert (outcome.done, outcome.unconfirmed, outcome.unremoved) == (3, 3, first)
+    assert outcome.stopped == "StreamLostError"  # so the dashboard audits it stopped, not done
     assert "purge them" in outcome.notes[0] and "run the command again" not in " ".join(outcome.notes)
 
 
