@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -246,9 +246,11 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
     )
     if outcome.unremoved:  # every one (the note names a few): purge, never retry, these
         click.echo(f"replayed, maybe still dead letters: {' '.join(outcome.unremoved)}", err=True)
-    failed = outcome.failed or outcome.unconfirmed or outcome.left or (all_ and not ctx.complete)
-    # Stopped before the end (the note says why): ids not read yet are not named as not found.
-    sys.exit(1 if failed or outcome.stopped or _not_found(message_ids, outcome.found) else 0)
+    _exit(
+        outcome,
+        message_ids,
+        outcome.failed or outcome.unconfirmed or outcome.left or (all_ and not ctx.complete),
+    )
 
 
 def _notes(outcome: Any) -> str:
@@ -274,9 +276,14 @@ def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: boo
     with ctx.progress("purging") as progress:
         outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
     click.echo(f"purged {outcome.done} dead letter(s){_so_far(outcome)}{_notes(outcome)}")
-    failed = outcome.unconfirmed or outcome.left or (all_ and not ctx.complete)
-    # Stopped before the end (the note says why): ids not read yet are not named as not found.
-    sys.exit(1 if failed or outcome.stopped or _not_found(message_ids, outcome.found) else 0)
+    _exit(outcome, message_ids, outcome.unconfirmed or outcome.left or (all_ and not ctx.complete))
+
+
+def _exit(outcome: Any, message_ids: tuple[str, ...], failed: Any) -> NoReturn:
+    """Exit 1 when anything failed or stopped the operation, or an id given matched no letter
+    (named even when something else failed; not when it stopped: ids not read yet are unknown)."""
+    missing = not outcome.stopped and _not_found(message_ids, outcome.found)
+    sys.exit(1 if failed or outcome.stopped or missing else 0)
 
 
 def _not_found(message_ids: tuple[str, ...], found: set[str]) -> bool:

@@ -137,6 +137,22 @@ def test_jobctl_retry_names_every_replayed_letter_left_unsure_and_fails(
     assert f"replayed, maybe still dead letters: {' '.join(ids)}" in result.stderr
 
 
+@pytest.mark.parametrize("command", [["retry"], ["purge", "--yes"]])
+def test_jobctl_names_the_ids_given_that_matched_nothing_even_when_another_failed(
+    monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """``id-1`` was found and failed (a replay RabbitMQ did not confirm, an ack not confirmed),
+    ``id-2`` matched no dead letter (a typo): both make the exit 1, and the typo is named, where
+    the check for ids not found was skipped once something else had failed."""
+    failed = ops.Outcome(matched=1, failed=1, unconfirmed=1, found={"id-1"}, notes=["1 failed"])
+    monkeypatch.setattr(dlq, "Context", StandInContext)
+    monkeypatch.setattr(ops, "replay", lambda *args, **kwargs: failed)
+    monkeypatch.setattr(ops, "purge", lambda *args, **kwargs: failed)
+    result = CliRunner().invoke(dlq.dlq, [*command, "id-1", "id-2"])
+    assert result.exit_code == 1
+    assert "no dead letter id-2" in result.stderr
+
+
 def test_a_replay_rabbitmq_did_not_confirm_is_noted_by_the_errors_class_never_its_address(
     made: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
