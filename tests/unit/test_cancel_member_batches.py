@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobsystem.store import StateStore
-from jobsystem.store.cancel_marks import cancel_marks
+from jobsystem.store.cancel_marks import Mark, cancel_marks
 from jobsystem.store.workflows import Arrival
 from jobsystem.workflows import cancel, group
 from tests.unit.test_workflows import short_marks_broker, wait_until
@@ -25,8 +25,8 @@ def test_two_copies_of_one_message_in_one_batch_are_each_answered_for_their_own_
     assert in_stopped.message_id == in_running.message_id
     assert cancel(str(stopped.workflow_id), broker=broker) == [shared.message_id]
     marks = cancel_marks(store)
-    wait_until(lambda: not marks.cancelled_among([shared.message_id]))  # now its workflow's record alone
     stopped_arrival = (shared.message_id, str(stopped.workflow_id))
+    wait_until(lambda: not marks.cancelled_among([stopped_arrival]))  # now its workflow's record alone
     running_arrival = (shared.message_id, str(running.workflow_id))
     # Asked one at a time, each arrival gets its own workflow's answer.
     assert cancellation._check_many([stopped_arrival]) == [True]
@@ -46,11 +46,11 @@ def test_a_batch_asks_the_store_once_and_a_batch_with_no_member_asks_the_marks_o
     call (the workflows' check, which reads the marks too), a batch with none the marks' call."""
     _, cancellation, _, _, _ = short_marks_broker(store)
     calls: list[str] = []
-    marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
+    by_marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
 
-    def asking_marks(ids: list[str]) -> set[str]:
+    def asking_marks(marks: Sequence[Mark]) -> set[Mark]:
         calls.append("marks")
-        return marks(ids)
+        return by_marks(marks)
 
     def asking_workflows(arrivals: Sequence[Arrival]) -> list[bool]:
         calls.append("workflows")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import dramatiq
@@ -16,7 +17,7 @@ from dramatiq.results import ResultFailure
 from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.workflow_steps import WORKFLOW, Step, annotate
 from jobsystem.store import StateStore, StoreUnavailable
-from jobsystem.store.cancel_marks import cancel_marks
+from jobsystem.store.cancel_marks import Mark, cancel_marks
 from jobsystem.store.idempotency import idempotency_backend
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.results import StoreResultBackend
@@ -291,12 +292,12 @@ def test_a_cancelled_message_is_skipped_on_arrival_asking_the_store_until_the_po
     broker, cancellation, job = cancellation_broker(store)
     message = job.message()
     cancellation.backend.mark_cancelled([message.message_id], TTL)
-    asked: list[str] = []
+    asked: list[Mark] = []
     exact = cancellation.backend.cancelled_among
 
-    def asking(ids: list[str]) -> set[str]:
-        asked.extend(ids)
-        return exact(ids)
+    def asking(marks: Sequence[Mark]) -> set[Mark]:
+        asked.extend(marks)
+        return exact(marks)
 
     cancellation.backend.cancelled_among = asking  # type: ignore[method-assign]
     arrived = delivery(message)
@@ -845,8 +846,8 @@ def arrives_cancelled(
 ) -> Any:
     """``message`` arriving once its mark expired, at a worker whose poller is up to date (and
     knows no mark): skipped as cancelled, or the test fails. Returns the delivery."""
-    marks = cancel_marks(store)
-    wait_until(lambda: not marks.cancelled_among([message.message_id]))
+    marks, workflow_id = cancel_marks(store), message.options[WORKFLOW]["id"]
+    wait_until(lambda: not marks.cancelled_among([message.message_id, (message.message_id, workflow_id)]))
     cancellation.watch.poll_once()
     assert cancellation.watch.known(message.message_id) is False
     arrived = delivery(message)
@@ -909,11 +910,11 @@ def test_a_members_workflow_is_read_in_the_marks_call_and_a_store_error_defers_i
     is not a member asks for its mark only, as before. A store error defers the member (fail closed)."""
     broker, cancellation, _, square, _ = short_marks_broker(store)
     calls: list[str] = []
-    marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
+    by_marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
 
-    def asking(ids: list[str]) -> set[str]:
+    def asking(marks: Sequence[Mark]) -> set[Mark]:
         calls.append("marks")
-        return marks(ids)
+        return by_marks(marks)
 
     cancellation.backend.cancelled_among = asking  # type: ignore[method-assign]
 
