@@ -336,7 +336,8 @@ def test_a_step_of_a_cancelled_workflow_arriving_after_its_mark_expired_never_ru
     )
     assert cancel(launched(flow), broker=sender.broker) == [after.message_id]
     assert first_worker.stop() == 0  # the step, still delayed, handed back for the next worker
-    wait_for(lambda: not workflows.marks.cancelled_among([after.message_id]), what="the mark's expiry")
+    mark = (after.message_id, launched(flow))  # the workflow's cancel marks it as its member
+    wait_for(lambda: not workflows.marks.cancelled_among([mark]), what="the mark's expiry")
     second_worker = start_worker(**env)
     wait_for(lambda: member_state(sender, launched(flow), 1) != "waiting", what="the step counted")
     assert member_state(sender, launched(flow), 1) == "cancelled"
@@ -344,6 +345,47 @@ def test_a_step_of_a_cancelled_workflow_arriving_after_its_mark_expired_never_ru
     assert second_worker.events("job_cancelled", message_id=after.message_id)  # skipped, never started
     assert sender.left_after_stop([second_worker], sender.name(workload.record)) == 0
     assert store.smembers(key("tokens")) == {"first"}
+
+
+def test_cancelling_one_workflow_leaves_the_same_message_in_another_to_complete(
+    start_worker, sender, store, state_url, key
+):
+    """One message (one message id) in two groups, both delayed: the cancel of one marked the
+    message by id, and the copy in the group nobody cancelled was skipped too. Now the cancelled
+    group's copy is skipped and the other group's runs, and that group succeeds."""
+    worker = start_worker(STATE_URL=state_url)
+    shared = sender.message(workload.record, "shared")
+    stopped = group([shared], broker=sender.broker).run(delay=1_500)
+    running = group([shared], broker=sender.broker).run(delay=1_500)
+    assert cancel(launched(stopped), broker=sender.broker) == [shared.message_id]
+    wait_for(lambda: flow_state(sender, launched(running)) == "succeeded", what="the other group's end")
+    wait_for(lambda: member_state(sender, launched(stopped), 0) == "cancelled", what="the skip counted")
+    assert flow_state(sender, launched(stopped)) == "cancelled"
+    assert member_state(sender, launched(running), 0) == "succeeded"
+    assert worker.events("job_cancelled", message_id=shared.message_id)  # the cancelled copy, skipped
+    assert sender.left_after_stop([worker], sender.name(workload.record)) == 0
+    assert store.smembers(key("tokens")) == {"shared"} and store.get(key("count:record")) == "1"
+
+
+def test_cancelling_one_workflow_interrupts_its_running_copy_only(
+    start_worker, sender, store, state_url, key
+):
+    """Both copies of one message run at once, as members of two groups: the cancel of one group
+    interrupts its copy only (``slow`` sleeps in one call: the interrupt lands as it returns, before
+    it notes its end), the other copy ends, counted succeeded, and its group succeeds."""
+    worker = start_worker(STATE_URL=state_url)
+    shared = sender.message(workload.slow, "both", 3.0)
+    stopped = group([shared], broker=sender.broker).run()
+    running = group([shared], broker=sender.broker).run()
+    wait_for(lambda: store.llen(key("started:both")) == 2, what="both copies running")
+    assert cancel(launched(stopped), broker=sender.broker) == [shared.message_id]
+    wait_for(lambda: flow_state(sender, launched(running)) == "succeeded", what="the other group's end")
+    wait_for(lambda: member_state(sender, launched(stopped), 0) == "cancelled", what="the interrupt counted")
+    assert flow_state(sender, launched(stopped)) == "cancelled"
+    interrupts = worker.events("job_interrupted", message_id=shared.message_id)  # the poller's, one job's end
+    assert [e["logger"] for e in interrupts].count("jobsystem.runtime.cancellation") == 1
+    assert store.llen(key("finished:both")) == 1  # the running group's copy alone ran to its end
+    assert sender.left_after_stop([worker], sender.name(workload.slow)) == 0
 
 
 def jobctl(prefix: str, *args: str) -> subprocess.CompletedProcess[str]:
