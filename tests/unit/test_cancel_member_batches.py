@@ -5,13 +5,10 @@ coalescer hands arrivals of several worker threads to one ``_check_many`` call."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from jobsystem.store import StateStore
-from jobsystem.store.cancel_marks import Mark, cancel_marks
-from jobsystem.store.workflows import Arrival
+from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.workflows import cancel, group
-from tests.unit.test_workflows import short_marks_broker, wait_until
+from tests.unit.test_workflows import noting, short_marks_broker, wait_until
 
 
 def test_two_copies_of_one_message_in_one_batch_are_each_answered_for_their_own_workflow(
@@ -46,18 +43,9 @@ def test_a_batch_asks_the_store_once_and_a_batch_with_no_member_asks_the_marks_o
     call (the workflows' check, which reads the marks too), a batch with none the marks' call."""
     _, cancellation, _, _, _ = short_marks_broker(store)
     calls: list[str] = []
-    by_marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
-
-    def asking_marks(marks: Sequence[Mark]) -> set[Mark]:
-        calls.append("marks")
-        return by_marks(marks)
-
-    def asking_workflows(arrivals: Sequence[Arrival]) -> list[bool]:
-        calls.append("workflows")
-        return members(arrivals)
-
-    cancellation.backend.cancelled_among = asking_marks  # type: ignore[method-assign]
-    cancellation.workflows.cancelled_among = asking_workflows  # type: ignore[method-assign]
+    backend, workflows = cancellation.backend, cancellation.workflows
+    backend.cancelled_among = noting(calls, "marks", backend.cancelled_among)  # type: ignore[method-assign]
+    workflows.cancelled_among = noting(calls, "workflows", workflows.cancelled_among)  # type: ignore[method-assign]
     assert cancellation._check_many([("a", None), ("b", "w1"), ("b", "w2"), ("a", None)]) == [False] * 4
     assert calls == ["workflows"]
     assert cancellation._check_many([("a", None), ("c", None)]) == [False, False]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import dramatiq
@@ -905,18 +905,24 @@ def test_a_first_step_member_delayed_past_its_mark_is_skipped_but_not_one_counte
     assert CANCELLED not in again.options
 
 
+def noting(calls: list[str], name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call``, noting ``name`` in ``calls`` each time it is called (which store call a check made)."""
+
+    def noted(*args: Any) -> Any:
+        calls.append(name)
+        return call(*args)
+
+    return noted
+
+
 def test_a_members_workflow_is_read_in_the_marks_call_and_a_store_error_defers_it(store):
     """A workflow's member asks the store once, the marks and its workflow in one call; a job that
     is not a member asks for its mark only, as before. A store error defers the member (fail closed)."""
     broker, cancellation, _, square, _ = short_marks_broker(store)
     calls: list[str] = []
-    by_marks, members = cancellation.backend.cancelled_among, cancellation.workflows.cancelled_among
-
-    def asking(marks: Sequence[Mark]) -> set[Mark]:
-        calls.append("marks")
-        return by_marks(marks)
-
-    cancellation.backend.cancelled_among = asking  # type: ignore[method-assign]
+    members = cancellation.workflows.cancelled_among
+    backend = cancellation.backend
+    backend.cancelled_among = noting(calls, "marks", backend.cancelled_among)  # type: ignore[method-assign]
 
     def down(arrivals: Any) -> list[bool]:
         calls.append("workflows")
