@@ -22,6 +22,7 @@ from dramatiq import Message
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.workflow_steps import Step, annotate, without_empty_steps
+from jobsystem.store.cancel_marks import Mark
 from jobsystem.store.status_records import JobStatus
 from jobsystem.store.workflows import WorkflowRecord
 from middleware.results import StoreResults
@@ -248,6 +249,13 @@ def status_records(status: Status | None, message_ids: list[str]) -> dict[str, J
 def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
     """Cancel jobs by message id, or workflows by id (every member not yet finished).
 
+    A message id is stopped wherever it runs. A workflow's members are stopped as its members
+    only: each is marked with the pair (its message id, the workflow's id), so the same message
+    in another workflow (a message given to two groups) or sent on its own runs on. Workers of
+    the previous release read such a mark as a mark by id and stop the message everywhere, as
+    they did before: during a rollout nothing of a cancelled workflow runs, at worst the copy
+    in the other workflow is stopped too.
+
     A queued or delayed job is skipped when it arrives (a workflow's member also once its mark
     expired, while the workflow's record says cancelled); a running one has ``JobCancelled``
     raised in its thread (unless its actor is ``interruptible=False``). Returns the message ids
@@ -260,17 +268,18 @@ def cancel(*ids: str, broker: dramatiq.Broker | None = None) -> list[str]:
     """
     broker = broker or dramatiq.get_broker()
     workflows: Workflows = find_workflows(broker)
-    marked: list[str] = []
+    marks: list[Mark] = []
     cancelled: list[str] = []
     for given in ids:
         found = workflows.backend.get(given)
         if found is None:
-            marked.append(given)
+            marks.append(given)
             continue
         members = [m["id"] for step in found.record["steps"] for m in step["members"]]
-        marked.extend(m for m in members if m not in found.states)
+        marks.extend((m, given) for m in members if m not in found.states)
         cancelled.append(given)
-    workflows.marks.mark_cancelled(marked, mark_ttl_ms(broker, marked, workflows.cancel_ttl_ms))
+    marked = [m if isinstance(m, str) else m[0] for m in marks]
+    workflows.marks.mark_cancelled(marks, mark_ttl_ms(broker, marked, workflows.cancel_ttl_ms))
     for workflow_id in cancelled:
         _record_cancelled(workflows, workflow_id)
     return marked

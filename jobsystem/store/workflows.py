@@ -13,8 +13,9 @@ workflow's own (a result too large to hand on), ``e:<id>``) and the set ``wf:<id
 SQLite: the same fields as rows, in :mod:`jobsystem.store.workflows_sqlite`. Ids are UUIDs: no
 personal data in a key name.
 Cancellation marks are in :mod:`jobsystem.store.cancel_marks`; the arrival check of a
-workflow's member reads its mark and its workflow's state in one call
-(:meth:`WorkflowBackend.cancelled_among`), since the mark may expire before the member arrives.
+workflow's member reads its marks (by id, and its pair's in this workflow) and its workflow's
+state in one call (:meth:`WorkflowBackend.cancelled_among`), since the marks may expire before the
+member arrives. A pair's mark in another workflow does not stop it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobsystem.store.base import Backends, StateStore, StoreUnavailable
-from jobsystem.store.cancel_marks import mark_name
+from jobsystem.store.cancel_marks import IN_WORKFLOWS, mark_name, pair_mark_name
 from jobsystem.store.redis import RedisStore, reply_text
 
 __all__ = [
@@ -158,9 +159,10 @@ class WorkflowBackend(ABC):
         with its JSON ``result`` (and why it failed, ``reason``), once however often it is called.
         A member that did not succeed fails the workflow unless its step's mode is ``finished``;
         the last step complete succeeds it. A member ending ``succeeded`` that carries a
-        cancellation mark counts as ``cancelled``: it was cancelled while it ran and returned
-        before the mark could interrupt it, and its step must not be handed on as if it had not
-        been cancelled."""
+        cancellation mark (by id, or its pair's in this workflow: a cancel of another workflow
+        it is a member of too does not count) counts as ``cancelled``: it was cancelled while it
+        ran and returned before the mark could interrupt it, and its step must not be handed on
+        as if it had not been cancelled."""
 
     @abstractmethod
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
@@ -177,8 +179,9 @@ class WorkflowBackend(ABC):
     def cancelled_among(self, arrivals: Sequence[Arrival]) -> list[bool]:
         """For each arrival (a message id, and its workflow's id when it is a workflow's member)
         whether it is to be skipped as cancelled, in one round trip: it carries a cancellation
-        mark, or it is a member whose workflow is recorded cancelled and has not counted it as
-        ended otherwise. A mark lives ``CANCEL_TTL_MS``; the record lives as long as its workflow
+        mark by id, or, as a member, its pair's mark in its own workflow (not another's), or it is
+        a member whose workflow is recorded cancelled and has not counted it as ended otherwise.
+        A mark lives ``CANCEL_TTL_MS``; the record lives as long as its workflow
         may still send or receive a step (a step sent, after the cancel, delayed past the marks'
         TTL arrives with no mark left). A member counted succeeded or dead before the cancel is
         not stopped by it (the cancel marked only those not yet finished), so a redelivery of it
@@ -194,14 +197,19 @@ class WorkflowBackend(ABC):
         self, ids: list[str], pairs: list[tuple[str, str]]
     ) -> tuple[set[str], set[tuple[str, str]]]:
         """In one round trip: which of ``ids`` carry a mark, and which (member, workflow) pairs
-        of ``pairs`` are stopped by their workflow recorded cancelled (see :meth:`cancelled_among`)."""
+        of ``pairs`` are stopped by their own mark or their workflow recorded cancelled (see
+        :meth:`cancelled_among`)."""
 
 
 _FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0, 0} end
 local step, member, state = ARGV[1], ARGV[2], ARGV[3]
 -- Cancelled while it ran, and returned before the mark could interrupt it: counted as cancelled.
-if state == 'succeeded' and redis.call('EXISTS', KEYS[3]) == 1 then state = 'cancelled' end
+-- Marked by id, or as this workflow's member; not by a pair of another workflow ('w' alone).
+if state == 'succeeded' then
+  local held = redis.call('GET', KEYS[3])
+  if (held and held ~= ARGV[7]) or redis.call('EXISTS', KEYS[4]) == 1 then state = 'cancelled' end
+end
 local added = redis.call('SADD', KEYS[2], member)
 if added == 1 then
   redis.call('HSET', KEYS[1], 's:' .. member, state, 'r:' .. member, ARGV[4])
@@ -250,16 +258,22 @@ return 1
 """
 
 
-# KEYS: the marks of the ARGV[1] ids, then one workflow per (member, workflow) pair asked about,
-# the pair's member in ARGV at the same place: each pair answered for its own workflow.
+# KEYS: the marks of the ARGV[1] ids, then per (member, workflow) pair asked about its workflow and
+# its pair's mark, the pair's member in ARGV[j + 2] for the j-th pair: each pair answered for its
+# own workflow. An id's mark held for pairs only (ARGV[2]) is no mark by id.
 _CANCELLED_AMONG = """
 local n = tonumber(ARGV[1])
 local found = {}
-for i = 1, n do found[i] = redis.call('EXISTS', KEYS[i]) end
-for i = n + 1, #KEYS do
-  local fields = redis.call('HMGET', KEYS[i], 'state', 's:' .. ARGV[i - n + 1])
+for i = 1, n do
+  local held = redis.call('GET', KEYS[i])
+  found[i] = (held and held ~= ARGV[2]) and 1 or 0
+end
+for j = 1, (#KEYS - n) / 2 do
+  local workflow, pair = KEYS[n + 2 * j - 1], KEYS[n + 2 * j]
+  local fields = redis.call('HMGET', workflow, 'state', 's:' .. ARGV[j + 2])
   local ended = fields[2]
-  found[i] = (fields[1] == 'cancelled' and (not ended or ended == 'cancelled')) and 1 or 0
+  local stopped = fields[1] == 'cancelled' and (not ended or ended == 'cancelled')
+  found[n + j] = (stopped or redis.call('EXISTS', pair) == 1) and 1 or 0
 end
 return found
 """
@@ -296,8 +310,13 @@ class RedisWorkflows(WorkflowBackend):
     ) -> StepProgress:
         key = self._key(workflow_id)
         reply = self._finish(
-            keys=[key, f"{key}:done:{step}", self.store.key(mark_name(member))],
-            args=[step, member, state, result, ttl_ms, reason],
+            keys=[
+                key,
+                f"{key}:done:{step}",
+                self.store.key(mark_name(member)),
+                self.store.key(pair_mark_name(member, workflow_id)),
+            ],
+            args=[step, member, state, result, ttl_ms, reason, IN_WORKFLOWS],
         )
         try:
             wf_state, added, finished, size, counts, sent, completer = reply
@@ -328,9 +347,11 @@ class RedisWorkflows(WorkflowBackend):
     def _cancelled(
         self, ids: list[str], pairs: list[tuple[str, str]]
     ) -> tuple[set[str], set[tuple[str, str]]]:
-        keys = [self.store.key(mark_name(i)) for i in ids] + [self._key(w) for _, w in pairs]
-        reply = self._cancelled_among(keys=keys, args=[len(ids), *(m for m, _ in pairs)])
-        if not isinstance(reply, list) or len(reply) != len(keys):  # a reply of the wrong shape
+        keys = [self.store.key(mark_name(i)) for i in ids]
+        for member, workflow_id in pairs:
+            keys += [self._key(workflow_id), self.store.key(pair_mark_name(member, workflow_id))]
+        reply = self._cancelled_among(keys=keys, args=[len(ids), IN_WORKFLOWS, *(m for m, _ in pairs)])
+        if not isinstance(reply, list) or len(reply) != len(ids) + len(pairs):  # of the wrong shape
             raise StoreUnavailable("unexpected reply to cancelled_among")
         marked = {i for i, found in zip(ids, reply[: len(ids)], strict=True) if found}
         return marked, {p for p, found in zip(pairs, reply[len(ids) :], strict=True) if found}

@@ -109,7 +109,7 @@ class SqliteWorkflows(WorkflowBackend):
             expiry = self._expiry(conn, workflow_id)
             if expiry is None:
                 return StepProgress("unknown", False, 0, 0)
-            if state == "succeeded" and sqlite_marked(conn, self.store, member):
+            if state == "succeeded" and sqlite_marked(conn, self.store, member, workflow_id):
                 state = "cancelled"  # cancelled while it ran: see WorkflowBackend.finish
             added = (  # and counted in n:<step> by the trigger workflow_done_counted
                 conn.execute(
@@ -160,15 +160,15 @@ class SqliteWorkflows(WorkflowBackend):
     def _cancelled(
         self, ids: list[str], pairs: list[tuple[str, str]]
     ) -> tuple[set[str], set[tuple[str, str]]]:
-        marked = self.marks.cancelled_among(ids)
+        marked = self.marks.cancelled_among([*ids, *pairs])  # a pair: by id, or its own mark
         now = self.store.now_ms()
-        stopped: set[tuple[str, str]] = set()
+        stopped = {p for p in pairs if p in marked}
         for member, workflow_id in pairs:
             # Only while the workflow's record lives: an expired workflow's rows may not be swept yet.
             rows = self.store.rows(_MEMBER_STOPPED, (f"s:{member}", self._wid(workflow_id), now))
             if rows and rows[0][0] == "cancelled" and rows[0][1] in (None, "cancelled"):
                 stopped.add((member, workflow_id))
-        return marked, stopped
+        return {i for i in ids if i in marked}, stopped
 
 
 #: A workflow's state and a member's final state in it (NULL: not counted), if its record lives.

@@ -105,3 +105,16 @@ def start_dashboard(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Cal
     yield start
     for dashboard in started:
         dashboard.stop()
+
+
+@pytest.fixture
+def sender(queues: Queues, prefix: str, state_url: str) -> Queues:
+    """The test's queues sent to through a broker on each state store backend in turn (the
+    worker must be given ``STATE_URL=state_url``)."""
+    return queues.using(sender_broker(prefix, state_url))
+
+
+@pytest.fixture
+def key(prefix: str) -> Callable[[str], str]:
+    """The name of a key the test actors write (``tests.workload.key`` in the worker)."""
+    return lambda name: f"test:{prefix}{name}"

@@ -23,8 +23,8 @@ def test_two_copies_of_one_message_in_one_batch_are_each_answered_for_their_own_
     assert in_stopped.message_id == in_running.message_id
     assert cancel(str(stopped.workflow_id), broker=broker) == [shared.message_id]
     marks = cancel_marks(store)
-    wait_until(lambda: not marks.cancelled_among([shared.message_id]))  # now its workflow's record alone
     stopped_arrival = (shared.message_id, str(stopped.workflow_id))
+    wait_until(lambda: not marks.cancelled_among([stopped_arrival]))  # now its workflow's record alone
     running_arrival = (shared.message_id, str(running.workflow_id))
     # Asked one at a time, each arrival gets its own workflow's answer.
     assert cancellation._check_many([stopped_arrival]) == [True]

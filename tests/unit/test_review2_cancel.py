@@ -3,8 +3,9 @@ workflows, and each (member, workflow) pair is now answered for its own workflow
 the cancel's marks have expired. ``cancel(workflow_id)`` marks its unfinished members by message
 id (``jobsystem.workflows.cancel``), and a mark stops every arrival of that id, in any workflow:
 for as long as the mark lives (``CANCEL_TTL_MS``, the window in which the members arrive), the
-copy in the workflow nobody cancelled is skipped as cancelled (and a running one interrupted).
-Reproduced as a strict xfail until it is fixed."""
+copy in the workflow nobody cancelled was skipped as cancelled (and a running one interrupted).
+Fixed: a workflow's cancel marks the pair (message id, workflow id); more cases, the running
+copy's interrupt and the previous release's marks, in ``test_workflow_cancel_scope.py``."""
 
 from __future__ import annotations
 
@@ -23,10 +24,6 @@ from tests.unit.stub import RecordingBroker, delivery
 LONG_MS = 60_000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobsystem/workflows.py cancel(): marks by message id, which stop the id in every workflow",
-)
 def test_cancelling_one_workflow_leaves_the_same_message_in_another_running(store: StateStore) -> None:
     cancellation = Cancellation(store, keep_ms=LONG_MS, poll_interval=60)
     cancellation.watch.start = lambda: None  # type: ignore[method-assign]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import dramatiq
@@ -15,7 +16,7 @@ from dramatiq.middleware import SkipMessage
 from jobsystem.runtime.cancellation import CANCELLED, CancelWatch, JobCancelled
 from jobsystem.runtime.workflow_steps import Step, annotate
 from jobsystem.store import StoreUnavailable
-from jobsystem.store.cancel_marks import cancel_marks
+from jobsystem.store.cancel_marks import Mark, cancel_marks
 from jobsystem.store.workflows import workflow_backend
 from middleware.cancellation import Cancellation
 from tests.unit.stub import RecordingBroker, delivery, noting_calls
@@ -34,12 +35,12 @@ def test_a_cancelled_message_is_skipped_on_arrival_asking_the_store_until_the_po
     broker, cancellation, job = cancellation_broker(store)
     message = job.message()
     cancellation.backend.mark_cancelled([message.message_id], TTL)
-    asked: list[str] = []
+    asked: list[Mark] = []
     exact = cancellation.backend.cancelled_among
 
-    def asking(ids: list[str]) -> set[str]:
-        asked.extend(ids)
-        return exact(ids)
+    def asking(marks: Sequence[Mark]) -> set[Mark]:
+        asked.extend(marks)
+        return exact(marks)
 
     cancellation.backend.cancelled_among = asking  # type: ignore[method-assign]
     arrived = delivery(message)

@@ -12,7 +12,7 @@ import pytest
 from dramatiq.middleware import SkipMessage
 
 from jobsystem.runtime.cancellation import CANCELLED
-from jobsystem.runtime.workflow_steps import Step, annotate
+from jobsystem.runtime.workflow_steps import WORKFLOW, Step, annotate
 from jobsystem.store import StateStore
 from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.store.workflows import workflow_backend
@@ -133,8 +133,8 @@ def arrives_cancelled(
 ) -> Any:
     """``message`` arriving once its mark expired, at a worker whose poller is up to date (and
     knows no mark): skipped as cancelled, or the test fails. Returns the delivery."""
-    marks = cancel_marks(store)
-    wait_until(lambda: not marks.cancelled_among([message.message_id]))
+    marks, workflow_id = cancel_marks(store), message.options[WORKFLOW]["id"]
+    wait_until(lambda: not marks.cancelled_among([message.message_id, (message.message_id, workflow_id)]))
     cancellation.watch.poll_once()
     assert cancellation.watch.known(message.message_id) is False
     arrived = delivery(message)
