@@ -35,6 +35,7 @@ from jobsystem.dramatiq_internals import (
     add_worker_thread,
     close_ended_threads_connections,
 )
+from jobsystem.privacy.outage_lines import log_outage
 
 __all__ = ["ThreadWatchdog"]
 
@@ -111,8 +112,8 @@ class ThreadWatchdog(Middleware):
         # to RabbitMQ, which redelivers them to the replacement.
         try:
             dead.close()
-        except Exception:
-            logger.warning("dead_consumer_close_failed", extra={"queue": queue_name}, exc_info=True)
+        except Exception as exc:  # pika's text may name RabbitMQ's host and port: by class here
+            log_outage(logger, logging.WARNING, "dead_consumer_close_failed", exc, queue=queue_name)
         replacement = ConsumerThread(
             broker=dead.broker,
             queue_name=queue_name,

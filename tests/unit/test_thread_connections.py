@@ -165,3 +165,35 @@ def test_a_thread_releasing_its_connection_leaves_nothing_to_close(broker):
     thread.join(10)
     assert raised == [] and broker.connections == set() and broker.channels == set()
     assert broker.close_ended_threads() == 0
+
+
+class _DeadConsumer:
+    """A consumer thread that died, whose connection RabbitMQ already dropped: closing it raises
+    pika's error, whose text names RabbitMQ's address."""
+
+    broker, prefetch, work_queue, worker_timeout, name = None, 1, None, 1000, "consumer-q"
+
+    def close(self) -> None:
+        raise pika.exceptions.StreamLostError("Stream connection lost: 10.0.0.5:5672")
+
+
+class _Replacement:
+    def __init__(self, **kwargs: Any) -> None:
+        self.started = False
+
+    def start(self) -> None:
+        self.started = True
+
+
+def test_a_dead_consumer_whose_close_fails_is_replaced_and_logged_by_class(monkeypatch, caplog):
+    """The WARNING (Sentry's breadcrumbs and events) named pika's text, RabbitMQ's host and port
+    with it: now the error's class, the text at DEBUG only."""
+    monkeypatch.setattr("middleware.watchdog.ConsumerThread", _Replacement)
+    worker = FakeWorker(None, [])  # type: ignore[arg-type]
+    with caplog.at_level(logging.DEBUG, logger="middleware.watchdog"):
+        ThreadWatchdog._replace_consumer(worker, "q", _DeadConsumer())  # type: ignore[arg-type]
+    assert worker.consumers["q"].started
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.getMessage() == "dead_consumer_close_failed" and not warning.exc_info
+    assert "10.0.0.5" not in str(vars(warning))
+    assert any("10.0.0.5" in str(vars(r)) for r in caplog.records if r.levelno == logging.DEBUG)
