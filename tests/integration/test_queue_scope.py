@@ -198,7 +198,14 @@ def test_the_dashboard_neither_shows_nor_acts_on_another_applications_queues(sta
     assert queues.depth(theirs) == 0 and queues.depth(theirs + ".DLQ") == 1
     our_dead_letters(queues, prefix, 1)
     purged = dashboard.post("/api/dead-letters/purge", ADMIN, {"all": True})
-    assert purged.json() == {"purged": 1, "matched": 1, "unconfirmed": 0, "left": 0, "notes": []}
+    assert purged.json() == {
+        "purged": 1,
+        "matched": 1,
+        "unconfirmed": 0,
+        "left": 0,
+        "stopped": None,
+        "notes": [],
+    }
     assert queues.depth(ours + ".DLQ") == 0 and queues.depth(theirs + ".DLQ") == 1
 
 
