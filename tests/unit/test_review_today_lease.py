@@ -11,16 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobsystem.store.sqlite import SqliteStore
-
-
-class WallClockStore(SqliteStore):
-    """A SQLite store whose wall clock the test sets (the clock never goes back here)."""
-
-    wall_ms = 1_767_600_000_000
-
-    def now_ms(self) -> int:
-        return self.wall_ms
+from tests.unit.test_leader import WallClockStore
 
 
 @pytest.mark.xfail(
