@@ -4,25 +4,19 @@ queue in this environment, as monitoring configured before today names it. fix/f
 ``own_queue`` takes a name whole only when it is an actor's queue, so the check adds the prefix a
 second time and looks for a queue that does not exist.
 
-A strict xfail: it passes once the fault is fixed, and then must lose its mark. The queue is
-declared under the test's prefix and deleted with it.
+A health check only reads, so a name RabbitMQ has whole (and not prefixed) is checked as given
+(:func:`jobsystem.ops.queue_names.named_queues`). The queue is declared under the test's prefix
+and deleted with it.
 """
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.jobctl_run import jobctl
 from tests.queues import Queues
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobsystem/ops/health.py:own_queue: a queue named whole that is no actor's gets the"
-    " QUEUE_PREFIX twice, so jobctl health --queue exits 2 for a queue RabbitMQ has",
-)
 def test_a_queue_of_this_environment_named_whole_is_the_one_checked(queues: Queues, prefix: str) -> None:
     theirs = prefix + "billing_service"
     queues.broker.channel.queue_declare(theirs, durable=True)
