@@ -4,6 +4,7 @@ lost a WARNING naming the holder, and neither asks the state store while the lea
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,7 +46,7 @@ def run_standby_report(sched: Scheduler) -> None:
     job.func(*job.args)
 
 
-def scheduler_lines(logged: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def scheduler_lines(logged: list[MutableMapping[str, Any]]) -> list[tuple[str, str]]:
     return [(e["event"], e["log_level"]) for e in logged if e["event"].startswith("scheduler_")]
 
 
