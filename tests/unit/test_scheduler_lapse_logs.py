@@ -4,7 +4,8 @@ lost a WARNING naming the holder, and neither asks the state store while the lea
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import structlog
 
 import jobsystem.store.leader
+import scheduler.service
 from jobsystem.store.base import StateStore
 from scheduler.service import LEADER_LEASE, Scheduler
 from tests.unit.test_scheduler_checkins import Clock, RefusingBroker, leading_scheduler, utc
@@ -46,6 +48,15 @@ def run_standby_report(sched: Scheduler) -> None:
     job.func(*job.args)
 
 
+@contextmanager
+def scheduler_logs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[MutableMapping[str, Any]]]:
+    """The scheduler's events meanwhile: its module logger, which an earlier test's logging
+    set-up may have cached with that set-up's processors, is a fresh one made inside the capture."""
+    with structlog.testing.capture_logs() as logged:
+        monkeypatch.setattr(scheduler.service, "logger", structlog.get_logger("scheduler.service"))
+        yield logged
+
+
 def scheduler_lines(logged: list[MutableMapping[str, Any]]) -> list[tuple[str, str]]:
     return [(e["event"], e["log_level"]) for e in logged if e["event"].startswith("scheduler_")]
 
@@ -56,7 +67,7 @@ def test_a_lapse_renewed_at_once_is_an_info_line_and_asks_the_store_nothing(
     sched = leading_scheduler(store, RefusingBroker(), started_at=utc(2026, 1, 5, 8, 59))
     held = holder_lookups(sched, monkeypatch)
     ticks[0] += 14.0  # paused past 90% of the lease's TTL: lapsed, and nobody took it
-    with structlog.testing.capture_logs() as logged:
+    with scheduler_logs(monkeypatch) as logged:
         assert sched.lease.poll()
     assert scheduler_lines(logged) == [("scheduler_lease_lapsed", "info"), ("scheduler_leader", "info")]
     assert held == []
@@ -71,7 +82,7 @@ def test_a_lease_lost_to_another_is_a_warning_naming_it_looked_up_off_the_lease_
     assert store.release_lease(LEADER_LEASE, sched.lease.owner)
     assert store.acquire_lease(LEADER_LEASE, "other", sched.settings.scheduler_lease_ms)
     ticks[0] += 6.0
-    with structlog.testing.capture_logs() as logged:
+    with scheduler_logs(monkeypatch) as logged:
         assert not sched.lease.poll()
         run_standby_report(sched)
     standby = [e for e in logged if e["event"] == "scheduler_standby"]
