@@ -241,8 +241,8 @@ class SqliteStore(StateStore):
         The holder's TTL is recorded beside the lease (:func:`_ttl_key`), not taken from the
         asker: processes may disagree on it while ``SCHEDULER_LEASE_MS`` changes in a rolling
         deploy, and a standby with a shorter TTL cut a live holder's lease to its own and took it.
-        A lease written by the previous release (no record) is judged by the asker's TTL, as
-        then, until its holder's next renewal records one."""
+        A lease of a holder on the previous release (no record, or one another holder left) is
+        judged by the asker's TTL, as then; the previous release never reads the record."""
         now = self.now_ms()
         with self.transaction() as conn:
             row = conn.execute(

@@ -44,7 +44,9 @@ def test_a_lease_left_ahead_by_a_clock_that_went_back_is_cut_to_its_holders_ttl(
         store.close()
 
 
-def test_a_lease_of_the_previous_release_is_judged_by_the_askers_ttl_until_renewed(tmp_path: Path) -> None:
+def test_a_previous_release_lease_is_judged_by_the_askers_ttl_until_renewed_by_this_one(
+    tmp_path: Path,
+) -> None:
     """A row written without a TTL record (the previous release) is cut by the asker's TTL, as
     before; once its holder renews, its own TTL is recorded and a shorter one no longer cuts it.
     A release by another owner leaves the holder's record in place."""
