@@ -10,7 +10,9 @@ import dramatiq
 
 from jobsystem.observability.logs import get_logger
 from jobsystem.ops.alerts import alert
-from jobsystem.ops.health import check, resolve_queues
+from jobsystem.ops.deadline import Deadline
+from jobsystem.ops.health import check
+from jobsystem.ops.queue_names import resolve_queues
 from jobsystem.system import get_system
 
 logger = get_logger(__name__)
@@ -24,9 +26,9 @@ def check_health(queues: list[str] | None = None) -> str:
     Returns the overall status.
     """
     system = get_system()
-    report = check(
-        resolve_queues(system.settings, system.broker, queues), config=system.settings, state=system.store
-    )
+    deadline = Deadline(5.0)  # the names' look-up and the check share one time limit
+    checked = resolve_queues(system.settings, system.broker, queues, deadline=deadline)
+    report = check(checked, config=system.settings, state=system.store, deadline=deadline)
     logger.info(
         "health_checked", status=report.status, degraded=[h.queue for h in report.queues if h.problems]
     )

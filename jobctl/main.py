@@ -329,7 +329,10 @@ def _number(value: float | None, digits: int = 0) -> str:
 
 @main.command()
 @click.option(
-    "--queue", "queues", multiple=True, help="Check only this queue (repeatable; QUEUE_PREFIX is added)."
+    "--queue",
+    "queues",
+    multiple=True,
+    help="Check only this queue (repeatable; QUEUE_PREFIX is added, unless only the name as given exists).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @timeout_option
@@ -344,14 +347,15 @@ def health(queues: tuple[str, ...], as_json: bool, timeout: float) -> None:
     """
     system = load_system()
     from jobsystem.ops.deadline import Deadline
-    from jobsystem.ops.health import check, resolve_queues
+    from jobsystem.ops.health import check
+    from jobsystem.ops.queue_names import named_queues, resolve_queues
 
     settings, broker, deadline = system.settings, system.broker, Deadline(timeout)
-    named = {
-        queue: f"--queue {name!r}" for name in queues for queue in resolve_queues(settings, broker, [name])
-    }
+    # A name given whole that RabbitMQ has is checked as given (read only): see queue_names.
+    found = named_queues(settings, broker, queues, timeout, deadline)
+    named = {queue: f"--queue {name!r}" for name, queue in found.items()}
     require_queues(settings, named, timeout, deadline)
-    checked = resolve_queues(settings, broker, list(queues))
+    checked = sorted(named) if queues else resolve_queues(settings, broker)
     report = check(checked, config=settings, state=system.store, timeout=timeout, deadline=deadline)
     if as_json:
         click.echo(json.dumps(report.to_dict()))

@@ -24,8 +24,8 @@ def migrate_queues(modules: tuple[str, ...], queues: tuple[str, ...]) -> None:
     """
     system = load_system()
     import_application("jobctl", modules)
-    from jobsystem.ops.health import own_queue
     from jobsystem.ops.migration import MigrationError, foreign_queues, migrate, twins_left
+    from jobsystem.ops.queue_names import own_queue
     from jobsystem.rabbitmq.broker import actor_queues
 
     own = actor_queues(system.broker)

@@ -320,7 +320,19 @@ class Scheduler:
             )
 
     def _on_lost(self) -> None:
-        if not self._stop.is_set():
+        """Say why this process stopped leading. Called under the lease's lock: the holder is
+        looked up on APScheduler's thread, since a store that hangs (SQLite's busy timeout, a
+        Redis socket timeout) would otherwise hold up the renewals and, after a lapse, the
+        catch-up of the term that follows at once."""
+        if self._stop.is_set():
+            return
+        if self.lease.renewed:  # a pause outlasted the lease, nobody took it: leads again now
+            logger.info("scheduler_lease_lapsed", renewed=True, hint="fires refused in the gap are caught up")
+            return
+        self.aps.add_job(self._standby, id="standby", replace_existing=True)
+
+    def _standby(self) -> None:
+        if not self.lease.is_leader:
             logger.warning("scheduler_standby", leader=self._holder(), reason="lease lost")
 
     def _holder(self) -> str | None:

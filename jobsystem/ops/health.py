@@ -27,19 +27,16 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import requests
-from dramatiq import Broker
 
 from jobsystem.observability.logs import get_logger
 from jobsystem.ops.deadline import Call, Deadline, Lane, Late
 from jobsystem.ops.management import Undated, oldest_age_s, queue_stats, rate
 from jobsystem.ops.outages import reason, unreachable
 from jobsystem.ops.queue_counts import AmqpCounts, count_queues
-from jobsystem.rabbitmq.broker import actor_queues
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.scheduled import Scheduled
@@ -51,9 +48,7 @@ __all__ = [
     "QueueHealth",
     "check",
     "measure",
-    "own_queue",
     "queue_depths",
-    "resolve_queues",
 ]
 
 
@@ -148,24 +143,6 @@ class HealthReport:
         for queue, health in zip(data["queues"], self.queues, strict=True):
             queue["verdict"] = health.verdict
         return data
-
-
-def own_queue(settings: Settings, name: str, known: Collection[str]) -> str:
-    """The queue ``name`` of this environment: ``name`` itself when it is one of ``known`` (this
-    environment's own queues, prefix included), else ``QUEUE_PREFIX`` + ``name``. Never because
-    it begins with the prefix: ``jobs2emails`` is another environment's (``jobs2``) queue, and
-    every name begins with the default, empty, prefix."""
-    return name if name in known else settings.queue(name)
-
-
-def resolve_queues(settings: Settings, broker: Broker, names: list[str] | None = None) -> list[str]:
-    """The queues to check: ``names`` (this environment's, :func:`own_queue`), else those of the
-    actors registered on ``broker`` (:func:`~jobsystem.rabbitmq.broker.actor_queues`: not every
-    queue the process sent to, which may be another service's)."""
-    if names:
-        own = actor_queues(broker)
-        return sorted({own_queue(settings, n, own) for n in names})
-    return sorted(actor_queues(broker))
 
 
 @dataclass

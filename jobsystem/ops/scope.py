@@ -19,7 +19,7 @@ the scope says it is incomplete (:attr:`Scope.complete`), so a command over "eve
 can say so rather than report a partial answer as the whole.
 
 A queue the operator *names* is this environment's queue of that name: ``QUEUE_PREFIX`` is added
-unless the name is one of the queues above, whole (:func:`~jobsystem.ops.health.own_queue`), never
+unless the name is one of the queues above, whole (:func:`~jobsystem.ops.queue_names.own_queue`), never
 because it merely begins with the prefix (``jobs2emails`` is ``jobs2``'s, not ``jobs``'s; with the
 empty prefix every name begins with it). For reading and re-indexing, a named queue whose
 ``.DLQ`` exists is taken even when it is none of these (a removed actor's letters from before the
@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobsystem.ops.dead_letter_reader import DeadLetter
-from jobsystem.ops.health import own_queue
+from jobsystem.ops.queue_names import own_queue
 from jobsystem.rabbitmq.broker import ProjectBroker, actor_queues
 from jobsystem.settings import Settings
 from jobsystem.store.base import StoreUnavailable
@@ -107,7 +107,7 @@ def project_queues(broker: ProjectBroker) -> set[str]:
 
 
 def project_queue(settings: Settings, broker: ProjectBroker, name: str) -> str:
-    """The project's queue ``name`` (:func:`~jobsystem.ops.health.own_queue`: ``QUEUE_PREFIX``
+    """The project's queue ``name`` (:func:`~jobsystem.ops.queue_names.own_queue`: ``QUEUE_PREFIX``
     added unless ``name`` is one of :func:`project_queues` whole); raises :class:`ForeignQueue`
     when it is none of them, naming ``name`` as given when it begins with the prefix (the operator
     may have meant it whole: ``jobs2emails``, or a queue only an unread index knows)."""

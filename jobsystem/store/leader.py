@@ -40,8 +40,10 @@ class LeaderLease:
       name: the lease's name; processes competing for the same work use the same name.
       ttl_ms: the lease's time to live; renewed every third of it, tried for every tenth.
       on_elected, on_lost: called from the lease thread when this process becomes leader or stops
-        being it (lost to another, lapsed while the store was unreachable, or released at stop).
-        They must return quickly: a slow callback delays the next renewal.
+        being it (lost to another, lapsed while the store was unreachable, or released at stop;
+        :attr:`renewed` tells a lapse this process renewed at once). They are called holding the
+        lease's lock and must return quickly, with no store call: a slow callback delays the next
+        renewal, and after a renewed lapse the new term's ``on_elected``.
       owner: this process's identity in the store (host, pid and a random part by default).
     """
 
@@ -65,6 +67,9 @@ class LeaderLease:
         self._leader = False
         #: Whether this term's lease was seen lapsed (see the module's docstring).
         self._lapsed = False
+        #: Whether the term ``on_lost`` ends lapsed and was renewed at once by this process (a new
+        #: term follows: ``on_elected`` next), rather than lost, lapsed for good or released.
+        self.renewed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -121,7 +126,8 @@ class LeaderLease:
     def _transition(self) -> None:
         leader = time.monotonic() < self._valid_until  # not is_leader: the lease thread's own look
         if self._leader and (self._lapsed or not leader):
-            self._announce(False)  # lost, released, or lapsed and renewed: a new term follows
+            self.renewed = leader  # still valid: lapsed and renewed, a new term follows
+            self._announce(False)  # lost, released, or lapsed and renewed
         if leader and not self._leader:
             self._announce(True)
 
@@ -136,7 +142,7 @@ class LeaderLease:
         if leader:
             logger.info("leader_elected", extra=fields)
         else:
-            logger.info("leader_lost", extra={**fields, "lapsed": lapsed})
+            logger.info("leader_lost", extra={**fields, "lapsed": lapsed, "renewed": self.renewed})
         callback = self.on_elected if leader else self.on_lost
         if callback is not None:
             try:

@@ -234,10 +234,15 @@ class SqliteStore(StateStore):
                 conn.executemany("DELETE FROM kv WHERE key = ?", [(self.key(k),) for k in keys])
 
     def acquire_lease(self, name: str, owner: str, ttl_ms: int) -> bool:
-        """Expiries are wall times: a holder's lease seen ending more than ``ttl_ms`` from now was
-        renewed before the clock went back, and is cut to ``ttl_ms`` from now, so a dead holder
-        blocks a take-over one TTL after the jump is seen, not for the jump's size. A live holder
-        renews long before. (Every process of a lease uses the same TTL: one setting.)"""
+        """Expiries are wall times: a holder's lease seen ending more than the holder's own TTL
+        from now was renewed before the clock went back, and is cut to that TTL from now, so a dead
+        holder blocks a take-over one TTL after the jump is seen, not for the jump's size.
+
+        The holder's TTL is recorded beside the lease (:func:`_ttl_key`), not taken from the
+        asker: processes may disagree on it while ``SCHEDULER_LEASE_MS`` changes in a rolling
+        deploy, and a standby with a shorter TTL cut a live holder's lease to its own and took it.
+        A lease of a holder on the previous release (no record, or one another holder left) is
+        judged by the asker's TTL, as then; the previous release never reads the record."""
         now = self.now_ms()
         with self.transaction() as conn:
             row = conn.execute(
@@ -245,14 +250,20 @@ class SqliteStore(StateStore):
                 (self.key(name), now),
             ).fetchone()
             if row is not None and _as_bytes(row[0]).decode() != owner:
-                if row[1] is not None and row[1] > now + ttl_ms:
-                    conn.execute("UPDATE kv SET expires_at = ? WHERE key = ?", (now + ttl_ms, self.key(name)))
+                holder_ttl = _recorded_ttl(conn, self.key(_ttl_key(name)), _as_bytes(row[0]).decode(), now)
+                cut = now + (ttl_ms if holder_ttl is None else holder_ttl)
+                if row[1] is not None and row[1] > cut:
+                    conn.execute(
+                        "UPDATE kv SET expires_at = ? WHERE key IN (?, ?)",
+                        (cut, self.key(name), self.key(_ttl_key(name))),
+                    )
                 return False
-            conn.execute(
+            upsert = (
                 "INSERT INTO kv (key, value, expires_at) VALUES (?, ?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
-                (self.key(name), owner, now + ttl_ms),
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at"
             )
+            conn.execute(upsert, (self.key(name), owner, now + ttl_ms))
+            conn.execute(upsert, (self.key(_ttl_key(name)), f"{ttl_ms} {owner}", now + ttl_ms))
             return True
 
     def release_lease(self, name: str, owner: str) -> bool:
@@ -261,7 +272,10 @@ class SqliteStore(StateStore):
                 "DELETE FROM kv WHERE key = ? AND value = ? AND expires_at > ?",
                 (self.key(name), owner, self.now_ms()),
             )
-            return cursor.rowcount > 0
+            if cursor.rowcount == 0:
+                return False  # not the holder's: its record stays
+            conn.execute("DELETE FROM kv WHERE key = ?", (self.key(_ttl_key(name)),))
+            return True
 
     def lease_holder(self, name: str) -> str | None:
         value = self.get(name)
@@ -333,3 +347,21 @@ def _as_store_error(exc: sqlite3.Error | OSError) -> StoreUnavailable:
 
 def _as_bytes(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _ttl_key(name: str) -> str:
+    """The key of the TTL lease ``name``'s holder took it with: a row of its own, so the lease's
+    row stays what the previous release reads and writes (its value the holder alone)."""
+    return f"{name}:lease-ttl"
+
+
+def _recorded_ttl(conn: sqlite3.Connection, key: str, holder: str, now: int) -> int | None:
+    """The TTL ``holder`` recorded at ``key``, or None: no record (a lease of the previous
+    release), or one of another holder (one of that release took the lease over since)."""
+    row = conn.execute(
+        "SELECT value FROM kv WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)", (key, now)
+    ).fetchone()
+    if row is None:
+        return None
+    ttl, _, recorded_by = _as_bytes(row[0]).decode().partition(" ")
+    return int(ttl) if recorded_by == holder and ttl.isdigit() else None

@@ -20,8 +20,9 @@ from dramatiq.brokers.stub import StubBroker
 from dashboard import dead_letters as dashboard_dead_letters
 from dashboard.dead_letters import ActionError, Selection
 from jobsystem.ops import dead_letters as ops
+from jobsystem.ops import queue_names
 from jobsystem.ops.dead_letter_reader import DeadLetter
-from jobsystem.ops.health import resolve_queues
+from jobsystem.ops.queue_names import own_queue, resolve_queues
 from jobsystem.rabbitmq.broker import ProjectBroker, build_broker
 from jobsystem.settings import load_settings
 from tests.unit.test_dlq_replay import _dead, _Queues
@@ -32,7 +33,7 @@ SETTINGS = load_settings({"QUEUE_PREFIX": "jobs"})
 ON_THE_VHOST = ["jobsemails", "jobsemails.DLQ", "jobsold.DLQ", "jobs2emails", "jobs2emails.DLQ"]
 
 
-def _missing(settings: object, names: list[str], timeout: float = 0.0) -> list[str]:
+def _missing(settings: object, names: list[str], timeout: float = 0.0, deadline: object = None) -> list[str]:
     return [n for n in names if n not in ON_THE_VHOST]
 
 
@@ -40,6 +41,7 @@ def _missing(settings: object, names: list[str], timeout: float = 0.0) -> list[s
 def vhost(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ops, "missing_queues", _missing)
     monkeypatch.setattr(dashboard_dead_letters, "missing_queues", _missing)
+    monkeypatch.setattr(queue_names, "missing_queues", _missing)
 
 
 def jobs_broker(*queues: str) -> Any:
@@ -90,10 +92,12 @@ def test_every_dead_letter_is_stamped_with_the_environment_that_wrote_it() -> No
 def test_a_name_that_begins_with_the_prefix_is_not_taken_for_this_environments_queue() -> None:
     """``jobs2emails`` is ``jobs2``'s queue: named to ``jobs``'s tools it is none of ``jobs``'s
     (its queue of that name would be ``jobsjobs2emails``), and a purge or retry of it is refused;
-    a queue of ``jobs`` named whole or short is its own."""
+    a queue of ``jobs`` named whole or short is its own. A health check only reads: it reads
+    ``jobs2emails`` as named, for RabbitMQ has it and has no ``jobsjobs2emails``."""
     stub = StubBroker()
     dramatiq.actor(actor_name="send_email", queue_name="jobsemails", broker=stub)(lambda: None)
-    assert resolve_queues(SETTINGS, stub, ["jobs2emails"]) == ["jobsjobs2emails"]
+    assert own_queue(SETTINGS, "jobs2emails", ["jobsemails"]) == "jobsjobs2emails"
+    assert resolve_queues(SETTINGS, stub, ["jobs2emails"]) == ["jobs2emails"]
     assert resolve_queues(SETTINGS, stub, ["jobsemails", "emails"]) == ["jobsemails"]
     broker = jobs_broker()
     assert ops.dead_letter_queues(SETTINGS, broker, "emails") == ["jobsemails.DLQ"]

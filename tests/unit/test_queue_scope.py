@@ -17,8 +17,8 @@ from dashboard import queues as dashboard_queues
 from dashboard.dead_letters import ActionError, Selection
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import DeadLetter
-from jobsystem.ops.health import resolve_queues
 from jobsystem.ops.migration import foreign_queues
+from jobsystem.ops.queue_names import resolve_queues
 from jobsystem.ops.scope import changeable
 from jobsystem.settings import load_settings
 from jobsystem.store.base import StoreUnavailable
