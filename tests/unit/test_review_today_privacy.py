@@ -25,10 +25,9 @@ ORDINARY = [
 
 @pytest.mark.xfail(
     strict=True,
-    reason="jobsystem/privacy/scrub_pairs.py:_is_value: a count of two digits after"
-    " '<number's name> number is' is taken for the number (the card number is [card] digits long)",
+    reason="jobsystem/privacy/scrub_pairs.py:_is_value: a count of two digits after a key in words"
+    " and ' is ' is taken for its value (the card number is [card] digits long)",
 )
 @pytest.mark.parametrize("line", ORDINARY)
 def test_a_length_after_a_numbers_name_and_is_stays(line: str) -> None:
     assert scrub.text(line) == line
-
