@@ -1,8 +1,9 @@
 """Review of today's merges, privacy: ordinary text over-redacted by the keys in words followed by
-`` is `` (``phone number is``) merged with fix/privacy. (After a colon, any number is a key's value,
-as ``card: 3`` was before today: ``card no: 3`` is that policy, not this fault.)
+`` is `` (``phone number is``) merged with fix/privacy, and such a key's value missed in a text that
+begins with `` is ``. (After a colon, any number is a key's value, as ``card: 3`` was before today:
+``card no: 3`` is that policy, not this fault.)
 
-Each test is a strict xfail: it passes once the fault is fixed, and then must lose its mark.
+Both were strict xfails; the rule that fixed them is :mod:`jobsystem.privacy.scrub_is_value`'s.
 """
 
 from __future__ import annotations
@@ -23,21 +24,11 @@ ORDINARY = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobsystem/privacy/scrub_pairs.py:_is_value: a count of two digits after a key in words"
-    " and ' is ' is taken for its value (the card number is [card] digits long)",
-)
 @pytest.mark.parametrize("line", ORDINARY)
 def test_a_length_after_a_numbers_name_and_is_stays(line: str) -> None:
     assert scrub.text(line) == line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobsystem/privacy/scrub_pairs.py:_separators: 'while at > 0' ends at an ' is ' at the"
-    " text's start, so no later '<key in words> is <value>' of that text is looked at",
-)
 def test_a_number_after_its_key_in_words_and_is_goes_in_a_text_that_begins_with_is() -> None:
     """A fragment (a field, a message built as ``f"{name} is due"`` with an empty name) may begin
     with `` is ``: the passport number after it is removed as it is without that beginning."""
