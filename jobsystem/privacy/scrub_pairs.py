@@ -34,8 +34,9 @@ _SEPARATOR = re.compile(r"[:=]")
 #: The separators and `` is ``, looked for in a line that has one: after a key written in words,
 #: a value that reads as an identifier (``passport number is X1234567``; ``phone number is
 #: missing``, ``the card number is 16 digits long`` and ``token is expired`` are remarks):
-#: :mod:`~jobsystem.privacy.scrub_is_value`.
-_SEPARATOR_OR_IS = re.compile(r"[:=]| is ")
+#: :mod:`~jobsystem.privacy.scrub_is_value`. ``is`` as a key in words is written: ``PASSPORT NUMBER IS``.
+_SEPARATOR_OR_IS = re.compile(r"[:=]| (?:is|IS|Is) ")
+_IS_WRITTEN = (" is ", " IS ", " Is ")
 #: A lower-case word, one space before a key written as a word (``email address:``).
 _QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
 #: A word of letters ending where the search ends: one of a key written in words (``date of``).
@@ -175,11 +176,12 @@ def _separators(text: str, keys: KeyMatcher) -> re.Pattern[str] | None:
     other lines with `` is `` (``worker 3 is stopping``) are not scanned for it (a pattern with
     `` is `` costs a line of 70 characters some 1.3 us). An `` is `` at the text's start follows no
     word: the search goes on past it (a fragment such as `` is due; passport number is X1234567``)."""
-    at = text.find(" is ")
-    while at >= 0:
-        if text[text.rfind(" ", 0, at) + 1 : at].lower() in keys.phrase_ends:
-            return _SEPARATOR_OR_IS
-        at = text.find(" is ", at + 3)
+    for written in _IS_WRITTEN:
+        at = text.find(written)
+        while at >= 0:
+            if text[text.rfind(" ", 0, at) + 1 : at].lower() in keys.phrase_ends:
+                return _SEPARATOR_OR_IS
+            at = text.find(written, at + 3)
     return _SEPARATOR if ":" in text or "=" in text else None
 
 
