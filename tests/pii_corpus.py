@@ -321,6 +321,8 @@ KEYED_IN_WORDS: list[tuple[str, str, str]] = [
     ("driver's licence number", "id_number", "MORGA753116SM9IJ"),  # a UK driving licence
     ("driver license number", "id_number", "D1234567"),  # a Californian one
     ("national insurance number", "id_number", "1234567FA"),  # an Irish PPS number
+    ("phone number", "phone", "06 12 34 56 78"),  # a French mobile: two digits, then groups
+    ("passport no", "id_number", "AB12CDEFG"),  # letters and two digits: the fewest taken after is
 ]
 
 #: Keys named in ways the scrubber did not recognise before, each with a value only the key gives away.

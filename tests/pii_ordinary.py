@@ -81,7 +81,8 @@ ORDINARY: list[str] = [
 
 
 #: Words before a separator that name an operation's numbers, not a person's, and remarks after a
-#: key in words: none may change (``order number`` is an order's, ``phone number is missing`` no number).
+#: key in words: none may change (``order number`` is an order's, ``phone number is missing`` no number,
+#: ``card number is 16 digits long`` a length: :mod:`jobsystem.privacy.scrub_is_value`).
 NOT_KEYED_IN_WORDS: list[str] = [
     "retry number: 3",
     "order number: 73905561427",
@@ -97,6 +98,12 @@ NOT_KEYED_IN_WORDS: list[str] = [
     "reference number: REF-88213",
     "phone number is missing",
     "phone number is 3 digits short",
+    "the card number is 16 digits long",
+    "phone number is 10 or 11 digits, got 9",
+    "the card number is 13-19 digits",
+    "api key is 128 characters",
+    "api key is 256-bit",
+    "passport number is 9 letters and digits",
     "passport number is required for this route",
     "token is expired",
     "password is incorrect for user 42",

@@ -180,7 +180,7 @@ class Scrubber:
             text = shapes.credentials(text)
         if len(text) >= 16:
             text = shapes.secrets(text)
-        if "=" in text or ":" in text or " is " in text:
+        if "=" in text or ":" in text or " is " in text or " IS " in text or " Is " in text:
             text = key_values(text, self.keys, replace, self._value_end, self._hash_key is not None)
         if "@" in text:
             text = shapes.emails(text, replace)

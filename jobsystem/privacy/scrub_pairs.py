@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from jobsystem.privacy.scrub_extents import GROUP_END
 from jobsystem.privacy.scrub_freeform import bracketed_end
+from jobsystem.privacy.scrub_is_value import reads_as_identifier
 from jobsystem.privacy.scrub_keys import NUMBER_LABELS, SECRET_LABELS, KeyMatcher
 from jobsystem.privacy.scrub_text import QUOTE_SLASHES, Replace, already_removed, unescaped
 
@@ -31,10 +32,11 @@ _HEX12 = re.compile(r"[0-9a-f]{12}")
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _SEPARATOR = re.compile(r"[:=]")
 #: The separators and `` is ``, looked for in a line that has one: after a key written in words,
-#: a value with two digits or more in its first word (``passport number is X1234567``; ``phone
-#: number is missing``, ``phone number is 3 digits short`` and ``token is expired`` are remarks).
-_SEPARATOR_OR_IS = re.compile(r"[:=]| is ")
-_DIGITS_WORD = re.compile(r"[ \t]*[^\s\d]*\d[^\s\d]*\d")
+#: a value that reads as an identifier (``passport number is X1234567``; ``phone number is
+#: missing``, ``the card number is 16 digits long`` and ``token is expired`` are remarks):
+#: :mod:`~jobsystem.privacy.scrub_is_value`. ``is`` as a key in words is written: ``PASSPORT NUMBER IS``.
+_SEPARATOR_OR_IS = re.compile(r"[:=]| (?:is|IS|Is) ")
+_IS_WRITTEN = (" is ", " IS ", " Is ")
 #: A lower-case word, one space before a key written as a word (``email address:``).
 _QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
 #: A word of letters ending where the search ends: one of a key written in words (``date of``).
@@ -172,19 +174,22 @@ def _separators(text: str, keys: KeyMatcher) -> re.Pattern[str] | None:
     """:data:`_SEPARATOR_OR_IS` when a `` is `` in ``text`` follows a word that may end a key in
     words (``number is``), else :data:`_SEPARATOR` if there is a ``:`` or ``=``, else None: the
     other lines with `` is `` (``worker 3 is stopping``) are not scanned for it (a pattern with
-    `` is `` costs a line of 70 characters some 1.3 us)."""
-    at = text.find(" is ")
-    while at > 0:
-        if text[text.rfind(" ", 0, at) + 1 : at].lower() in keys.phrase_ends:
-            return _SEPARATOR_OR_IS
-        at = text.find(" is ", at + 3)
+    `` is `` costs a line of 70 characters some 1.3 us). An `` is `` at the text's start follows no
+    word: the search goes on past it (a fragment such as `` is due; passport number is X1234567``)."""
+    for written in _IS_WRITTEN:
+        at = text.find(written)
+        while at >= 0:
+            if text[text.rfind(" ", 0, at) + 1 : at].lower() in keys.phrase_ends:
+                return _SEPARATOR_OR_IS
+            at = text.find(written, at + 3)
     return _SEPARATOR if ":" in text or "=" in text else None
 
 
 def _is_value(text: str, pos: int, key: _Key) -> bool:
     """Whether the text at ``pos``, after ``key`` and `` is ``, is its value: ``key`` is written in
-    words, unquoted, and two digits are in the first word (see :data:`_SEPARATOR_OR_IS`)."""
-    return not key.quote and " " in key.name and _DIGITS_WORD.match(text, pos) is not None
+    words, unquoted, and the text reads as an identifier, not a length or a remark
+    (:func:`~jobsystem.privacy.scrub_is_value.reads_as_identifier`)."""
+    return not key.quote and " " in key.name and reads_as_identifier(text, pos)
 
 
 def _word_or_quoted(

@@ -21,8 +21,9 @@ hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
 #: The key of a structure whose value hashes as a value of each label does.
 KEY_OF = {"account": "account_number"}
 
-#: How a key in words is written before its value: the separators the key reader takes.
-SEPARATORS = [": ", ":", "=", " = ", " is "]
+#: How a key in words is written before its value: the separators the key reader takes (``is`` as
+#: the key is written: ``PASSPORT NUMBER IS``, ``Passport Number Is``).
+SEPARATORS = [": ", ":", "=", " = ", " is ", " IS ", " Is "]
 
 
 @pytest.mark.parametrize("separator", SEPARATORS)
