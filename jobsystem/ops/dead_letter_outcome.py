@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from jobsystem.ops.dead_letter_reader import DeadLetter
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX
 
-__all__ = ["KEY_REFUSED", "MALFORMED", "Outcome"]
+__all__ = ["KEY_REFUSED", "MALFORMED", "Outcome", "stop_note"]
 
 #: How many message ids a note names (an operation may leave thousands: ``unremoved`` has all).
 SHOWN_IDS = 10
@@ -26,6 +26,13 @@ _SKIP_NOTES = {
     " or their actor's idempotency_key function raised): they stay dead letters (fix the function"
     " or the sender; export or purge them)",
 }
+
+
+def stop_note(error_class: str, why: str, left: str, cause: str | None = None) -> str:
+    """The note of an operation stopped for ``why`` (an error of class ``error_class``, wrapping one
+    of class ``cause``), saying what it ``left``."""
+    named = error_class if cause is None else f"{error_class}: {cause}"
+    return f"stopped: {why} ({named}): {left}"
 
 
 @dataclass
@@ -88,8 +95,7 @@ class Outcome:
         """Stop the operation for ``why`` (an error of class ``error_class``, wrapping one of class
         ``cause``), saying what it left."""
         self.stopped = error_class
-        named = error_class if cause is None else f"{error_class}: {cause}"
-        self.notes.append(f"stopped: {why} ({named}): {left}")
+        self.notes.append(stop_note(error_class, why, left, cause))
 
     def note_unconfirmed(self, letters: list[DeadLetter]) -> None:
         """Count ``letters`` acked (purged) but not confirmed removed: running again is safe."""

@@ -285,6 +285,9 @@ class Reader:
         return True
 
     def close(self) -> None:
-        # Closing the channel hands every unacked dead letter back to its queue, in place.
+        """Close the connection, which hands every unacked dead letter back to its queue, in place.
+        A connection lost meanwhile (or while closing) has done so already, or RabbitMQ does when
+        it notices: an error closing it must not hide the one that stopped the operation."""
         if self.connection.is_open:
-            self.connection.close()
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                self.connection.close()
