@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -265,6 +266,8 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
     )
     if outcome.unremoved:  # every one (the note names a few): purge, never retry, these
         click.echo(f"replayed, maybe still dead letters: {' '.join(outcome.unremoved)}", err=True)
+        for command in outcome.purges():  # these letters only, not a newer one of the same job
+            click.echo(f"purge them with: {command}", err=True)
     _exit(
         outcome,
         message_ids,
@@ -285,15 +288,25 @@ def _so_far(outcome: Any) -> str:
 @click.argument("message_ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every dead letter that matches the filters.")
 @filter_options
+@click.option(
+    "--replays",
+    type=click.IntRange(min=0),
+    help="Only the dead letters whose job had been replayed this many times before it failed (0: never),"
+    " as the purge a stopped retry names: a newer dead letter of the same job (its replay failed again)"
+    " is left.",
+)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: bool) -> None:
+def purge(
+    message_ids: tuple[str, ...], all_: bool, selected: Selected, replays: int | None, yes: bool
+) -> None:
     """Delete dead letters for good."""
     _selection(message_ids, all_)
     if not yes and not click.confirm("Delete the matching dead letters for good?", err=True):
         raise click.UsageError("not confirmed: pass --yes to purge without a prompt")
     ctx = Context(message_ids, selected)
+    filters = dataclasses.replace(ctx.filters, replays=replays)
     with ctx.progress("purging") as progress:
-        outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
+        outcome = ctx.ops.purge(ctx.broker, ctx.queues, filters, progress=progress)
     click.echo(f"purged {outcome.done} dead letter(s){_so_far(outcome)}{_notes(outcome)}")
     _exit(outcome, message_ids, outcome.unconfirmed or outcome.left or (all_ and not ctx.complete))
 

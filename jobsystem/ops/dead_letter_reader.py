@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -158,6 +159,15 @@ class DeadLetter:
             failed_at=_parse_time(death.get("time")),
             body=body,
         )
+
+    @functools.cached_property
+    def replays(self) -> int | None:
+        """How many times its job had been replayed from the dead letters when it failed (its
+        body's option ``replays``; 0 when not set), None for a body that is not a message. A replay
+        counts one more, so a replay that fails again is a newer dead letter of the same message
+        id with one replay more."""
+        message = decode(self.body, None)
+        return int_option(message.options, record.REPLAYS) if isinstance(message, Message) else None
 
     def summary(self) -> dict[str, Any]:
         """The record without traceback and body (``list``)."""

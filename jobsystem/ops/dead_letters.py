@@ -99,10 +99,14 @@ class Filters:
     actor: str | None = None
     exception: str | None = None
     since: datetime | None = None
+    #: Only letters that record this many replays (:attr:`DeadLetter.replays`): those a stopped
+    #: retry replayed, not a newer dead letter of the same id (one replay more).
+    replays: int | None = None
 
     def match(self, dead: DeadLetter) -> bool:
         return (
             (not self.message_ids or dead.message_id in self.message_ids)
+            and (self.replays is None or dead.replays == self.replays)
             and (self.queue is None or dead.queue == self.queue)
             and (self.actor is None or dead.actor == self.actor)
             and (self.exception is None or dead.exception == self.exception)

@@ -356,3 +356,11 @@ def test_a_reindex_whose_connection_is_lost_midway_answers_503_with_why_and_keep
     (entry,) = call(app, "GET", "/api/audit").json()["entries"]
     assert (entry["state"], entry["error"]) == ("failed", "StreamLostError")
     assert project.dead_letter_index.counts() == {"t_emails": 1} and "10.0.0.5" not in answer.text
+
+
+def test_a_purge_takes_the_replays_a_stopped_retry_answered():
+    selection = Selection.from_json({"queue": "emails", "ids": ["m1"], "replays": 0})
+    assert selection.filters().replays == 0 and selection.describe()["replays"] == 0
+    for wrong in ("0", -1, True):
+        with pytest.raises(dashboard_dead_letters.ActionError, match="replays must be a count"):
+            Selection.from_json({"queue": "emails", "ids": ["m1"], "replays": wrong})

@@ -5,12 +5,14 @@ of the same job. Without RabbitMQ, as ``test_dead_letter_stops``."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from dramatiq import Message
 
 from jobctl import dlq
 from jobsystem.ops import dead_letters as ops
@@ -19,12 +21,13 @@ from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.dead_letter_index import dead_letter_index
 from tests.unit.dead_letter_standins import (
     LOST,
+    RECORD,
     TWO_QUEUES,
     StandInQueues,
     letters_of,
     reader_lost_at_read,
 )
-from tests.unit.test_dlq_replay import _Queues
+from tests.unit.test_dlq_replay import _dead, _Queues
 
 #: The note of a read whose connection was lost (pika's StreamLostError, its text an address).
 READ_LOST = (
@@ -132,4 +135,38 @@ def test_a_reindex_whose_store_fails_names_its_error_by_class(
     assert stopped.value.note == (
         "stopped: the state store did not answer (StoreUnavailable: ConnectionError): the index of"
         " p-work may now lack letters; re-index again once the store answers"
+    )
+
+
+def test_a_purge_of_a_replay_count_leaves_a_newer_dead_letter_of_the_same_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stopped retry named the letter it replayed, to purge; the replay failed again before the
+    purge, a newer dead letter of the same id: ``purge --yes ID`` removed both. ``--replays 0``, as
+    the retry's summary says it, removes the one replayed only."""
+    old: Message[Any] = Message("p-work", "job", (), {}, {})
+    again = old.copy(options={"replays": 1})
+    letters = [_dead("p-work.DLQ", m.encode(), RECORD, m.message_id) for m in (old, again)]
+    queues = _Queues({TWO_QUEUES[0]: letters, TWO_QUEUES[1]: []})
+    monkeypatch.setattr(ops, "Reader", queues.reader)
+    monkeypatch.setattr(dlq, "Context", StandInQueues)
+    result = CliRunner().invoke(dlq.dlq, ["purge", "--yes", "--replays", "0", old.message_id])
+    assert result.exit_code == 0, result.output
+    assert "purged 1 dead letter(s)" in result.stdout and queues.acked == [1]
+
+
+def test_a_stopped_retry_names_the_purge_of_each_letter_by_its_replays() -> None:
+    letters = letters_of("p-work.DLQ", 3)
+    again = letters[2].body.replace(b'"options":{}', b'"options":{"replays":2}')
+    letters[2] = dataclasses.replace(letters[2], body=again)
+    outcome = ops.Outcome()
+    outcome.note_unremoved(letters)
+    first, second, third = (dead.message_id for dead in letters)
+    assert outcome.purges() == [
+        f"jobctl dlq purge --yes --replays 0 {first} {second}",
+        f"jobctl dlq purge --yes --replays 2 {third}",
+    ]
+    assert outcome.notes[0].endswith(
+        f"with jobctl dlq purge --yes --replays 0 ID...: {first} {second}"
+        f" and jobctl dlq purge --yes --replays 2 ID...: {third}"
     )
