@@ -34,7 +34,7 @@ from dashboard.auth import Credentials, User
 from dashboard.dead_letters import ActionError, Selection
 from dashboard.format import register_filters
 from dashboard.guard import Guard
-from dashboard.project import Project, StoreUnavailable, cancel, release_thread_connection
+from dashboard.project import Project, ReadStopped, StoreUnavailable, cancel, release_thread_connection
 from dashboard.queues import HealthSampler, overview
 
 __all__ = ["create_app"]
@@ -219,6 +219,11 @@ class Dashboard:
         except ActionError as exc:
             await self._audit_finish(entry_id, {"state": "refused", "error": str(exc)})
             return JSONResponse({"error": str(exc)}, status_code=400)
+        except ReadStopped as exc:  # a re-index whose read stopped: its note says why, by class
+            logger.warning("dashboard_action_stopped", extra={"action": action, "error": exc.error_class})
+            failed = {"state": "failed", "error": exc.error_class, "note": exc.note}
+            await self._audit_finish(entry_id, failed)
+            return JSONResponse({"error": exc.note}, status_code=503)
         except OUTAGES as exc:
             logger.warning("dashboard_action_outage", extra={"action": action, "error": type(exc).__name__})
             await self._audit_finish(entry_id, {"state": "failed", "error": type(exc).__name__})

@@ -164,6 +164,9 @@ class Selection:
     actor: str | None = None
     exception: str | None = None
     since: str | None = None
+    #: Only letters that record this many replays: those a stopped retry answered as
+    #: ``unremoved_replays``, not a newer dead letter of the same id.
+    replays: int | None = None
 
     @classmethod
     def from_json(cls, body: Any) -> Selection:
@@ -183,7 +186,11 @@ class Selection:
         if len(ids) > MAX_IDS:
             raise ActionError(f"at most {MAX_IDS} ids per request")
         parse_since(texts["since"])
-        return cls(ids=tuple(ids), all=everything, **{k: v or None for k, v in texts.items()})
+        replays = body.get("replays")
+        if replays is not None and (not isinstance(replays, int) or isinstance(replays, bool) or replays < 0):
+            raise ActionError("replays must be a count (0 or more)")
+        texts = {k: v or None for k, v in texts.items()}
+        return cls(ids=tuple(ids), all=everything, replays=replays, **texts)
 
     def filters(self) -> dead_letter_ops.Filters:
         """What the operations match: the ids, or the filters (``(none)``: no exception)."""
@@ -192,6 +199,7 @@ class Selection:
             actor=self.actor,
             exception=exception_filter(self.exception),
             since=parse_since(self.since),
+            replays=self.replays,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -201,6 +209,8 @@ class Selection:
             data.update(all=True, actor=self.actor, exception=self.exception, since=self.since)
         else:
             data.update(ids=list(self.ids[:100]), id_count=len(self.ids))
+        if self.replays is not None:
+            data["replays"] = self.replays
         return data
 
 
@@ -235,6 +245,9 @@ def retry(project: Project, selection: Selection) -> dict[str, Any]:
         "unconfirmed": outcome.unconfirmed,
         # Replayed, their letters maybe not removed: to purge, not to retry (at most one batch).
         "unremoved": outcome.unremoved,
+        # Those ids by the replays their letters record: purged with "replays", a newer dead letter
+        # of the same job (its replay failed again) is left.
+        "unremoved_replays": {str(n): ids for n, ids in outcome.unremoved_replays.items()},
         "left": sum(outcome.left.values()),
         # The class of the error that stopped it before the end (None: it went through them all).
         "stopped": outcome.stopped,

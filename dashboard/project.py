@@ -16,6 +16,7 @@ from pathlib import Path
 
 from jobsystem.dramatiq_internals import release_thread_connection
 from jobsystem.ops import dead_letters as dead_letter_ops
+from jobsystem.ops.dead_letter_stops import ReadStopped
 from jobsystem.ops.health import HealthReport, QueueHealth, check
 from jobsystem.ops.queue_counts import dead_letter_counts, missing_queues
 from jobsystem.ops.scope import ForeignQueue, project_queues
@@ -51,6 +52,7 @@ __all__ = [
     "Level",
     "Project",
     "QueueHealth",
+    "ReadStopped",
     "Schedule",
     "ScheduleError",
     "StoreUnavailable",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -14,6 +15,7 @@ from typing import Any, NoReturn
 import click
 
 from jobctl.project import EXIT_DEGRADED, fail, import_application, load_system, require_queues
+from jobctl.whole_file import written_whole
 
 
 def _since(value: str | None) -> datetime | None:
@@ -128,6 +130,18 @@ class Context:
             yield bar.update
 
 
+@contextmanager
+def stopping(ctx: Context, said: Callable[[], str]) -> Iterator[None]:
+    """A read (list, show, export) that stops midway (its connection lost) ends with ``said()``,
+    what it did, and the note why (the error named by its class) on stderr, and exit 1: never
+    with a traceback. It removed nothing: the letters it read stay dead letters."""
+    try:
+        yield
+    except ctx.ops.ReadStopped as exc:
+        click.echo(f"{said()} ({exc.note})", err=True)
+        sys.exit(EXIT_DEGRADED)
+
+
 @click.group()
 def dlq() -> None:
     """Dead letters: every message that failed for good, with its final error."""
@@ -140,17 +154,22 @@ def list_(selected: Selected, as_json: bool) -> None:
     """List dead letters (streamed: fine for 100k)."""
     ctx = Context((), selected, reading=True)
     count = 0
-    for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
-        count += 1
-        if as_json:
-            click.echo(ctx.ops.to_json_line(dead.summary()))
-        else:
-            failed = dead.failed_at.strftime("%Y-%m-%d %H:%M:%S") if dead.failed_at else "?"
-            click.echo(
-                f"{dead.message_id}  {failed}  {dead.queue}  {dead.actor or '-'}  {dead.reason}  "
-                f"{dead.exception or NO_EXCEPTION}  attempts={dead.attempts}  {dead.error[:80]}"
-            )
-    click.echo(f"{count} dead letter(s) in {len(ctx.queues)} queue(s)", err=True)
+
+    def listed() -> str:
+        return f"{count} dead letter(s) in {len(ctx.queues)} queue(s)"
+
+    with stopping(ctx, lambda: f"{listed()} so far"):
+        for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
+            count += 1
+            if as_json:
+                click.echo(ctx.ops.to_json_line(dead.summary()))
+            else:
+                failed = dead.failed_at.strftime("%Y-%m-%d %H:%M:%S") if dead.failed_at else "?"
+                click.echo(
+                    f"{dead.message_id}  {failed}  {dead.queue}  {dead.actor or '-'}  {dead.reason}  "
+                    f"{dead.exception or NO_EXCEPTION}  attempts={dead.attempts}  {dead.error[:80]}"
+                )
+    click.echo(listed(), err=True)
     sys.exit(0 if ctx.complete else EXIT_DEGRADED)
 
 
@@ -205,13 +224,14 @@ def show(message_id: str, queue: str | None, modules: tuple[str, ...]) -> None:
     Positional arguments are counted, not shown; `jobctl dlq export -o FILE` writes bodies whole.
     """
     ctx = Context((message_id,), Selected(queue=queue, modules=modules), reading=True)
-    for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
-        data = dead.summary()
-        width = max(len(k) for k in data)
-        for key, value in data.items():
-            click.echo(f"{key:<{width}}  {value}")
-        click.echo(f"\nbody\n{_shown(dead.body)}\n\ntraceback\n{dead.traceback or '(none)'}")
-        return
+    with stopping(ctx, lambda: f"dead letter {message_id} not found so far"):
+        for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
+            data = dead.summary()
+            width = max(len(k) for k in data)
+            for key, value in data.items():
+                click.echo(f"{key:<{width}}  {value}")
+            click.echo(f"\nbody\n{_shown(dead.body)}\n\ntraceback\n{dead.traceback or '(none)'}")
+            return
     click.echo(f"no dead letter {message_id}", err=True)
     sys.exit(1)
 
@@ -246,6 +266,8 @@ def retry(message_ids: tuple[str, ...], all_: bool, selected: Selected, batch_si
     )
     if outcome.unremoved:  # every one (the note names a few): purge, never retry, these
         click.echo(f"replayed, maybe still dead letters: {' '.join(outcome.unremoved)}", err=True)
+        for command in outcome.purges():  # these letters only, not a newer one of the same job
+            click.echo(f"purge them with: {command}", err=True)
     _exit(
         outcome,
         message_ids,
@@ -266,15 +288,25 @@ def _so_far(outcome: Any) -> str:
 @click.argument("message_ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every dead letter that matches the filters.")
 @filter_options
+@click.option(
+    "--replays",
+    type=click.IntRange(min=0),
+    help="Only the dead letters whose job had been replayed this many times before it failed (0: never),"
+    " as the purge a stopped retry names: a newer dead letter of the same job (its replay failed again)"
+    " is left.",
+)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def purge(message_ids: tuple[str, ...], all_: bool, selected: Selected, yes: bool) -> None:
+def purge(
+    message_ids: tuple[str, ...], all_: bool, selected: Selected, replays: int | None, yes: bool
+) -> None:
     """Delete dead letters for good."""
     _selection(message_ids, all_)
     if not yes and not click.confirm("Delete the matching dead letters for good?", err=True):
         raise click.UsageError("not confirmed: pass --yes to purge without a prompt")
     ctx = Context(message_ids, selected)
+    filters = dataclasses.replace(ctx.filters, replays=replays)
     with ctx.progress("purging") as progress:
-        outcome = ctx.ops.purge(ctx.broker, ctx.queues, ctx.filters, progress=progress)
+        outcome = ctx.ops.purge(ctx.broker, ctx.queues, filters, progress=progress)
     click.echo(f"purged {outcome.done} dead letter(s){_so_far(outcome)}{_notes(outcome)}")
     _exit(outcome, message_ids, outcome.unconfirmed or outcome.left or (all_ and not ctx.complete))
 
@@ -296,22 +328,35 @@ def _not_found(message_ids: tuple[str, ...], found: set[str]) -> bool:
 
 @dlq.command()
 @filter_options
-@click.option("--output", "-o", type=click.File("w"), default="-", help="File to write (default stdout).")
-def export(selected: Selected, output: Any) -> None:
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+    default="-",
+    help="File to write (default stdout); written whole or not at all (owner-only, as it holds bodies).",
+)
+def export(selected: Selected, output: str) -> None:
     """Write dead letters as JSON lines (record, traceback, body), for audit; removes nothing.
 
     Bodies are the jobs' own data, personal data included: written whole to a file (-o), scrubbed
-    when written to the terminal.
+    when written to the terminal. An export that stops midway leaves no file (an earlier one stays).
     """
     ctx = Context((), selected, reading=True)
-    terminal = getattr(output, "name", None) == "<stdout>"
+    terminal = output == "-"
     count = 0
-    for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
-        data = dead.full()
-        if terminal:  # through the scrubbing stream, the body as `show` has it, not whole in base64
-            data["body"] = body_view(dead.body)
-            data.pop("body_base64", None)
-        (sys.stdout if terminal else output).write(ctx.ops.to_json_line(data) + "\n")
-        count += 1
+    with ExitStack() as stack:
+        try:
+            out = sys.stdout if terminal else stack.enter_context(written_whole(output))
+        except OSError as exc:
+            fail(f"jobctl: --output {output!r}: cannot write there ({exc.strerror or type(exc).__name__})")
+        said = "so far" if terminal else f"so far, {output} not written"
+        with stopping(ctx, lambda: f"exported {count} dead letter(s) {said}"):
+            for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
+                data = dead.full()
+                if terminal:  # through the scrubbing stream, the body as `show` has it, not whole in base64
+                    data["body"] = body_view(dead.body)
+                    data.pop("body_base64", None)
+                out.write(ctx.ops.to_json_line(data) + "\n")
+                count += 1
     click.echo(f"exported {count} dead letter(s)", err=True)
     sys.exit(0 if ctx.complete else EXIT_DEGRADED)

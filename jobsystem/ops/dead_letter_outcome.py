@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from jobsystem.ops.dead_letter_reader import DeadLetter
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX
 
-__all__ = ["KEY_REFUSED", "MALFORMED", "Outcome"]
+__all__ = ["KEY_REFUSED", "MALFORMED", "Outcome", "stop_note"]
 
 #: How many message ids a note names (an operation may leave thousands: ``unremoved`` has all).
 SHOWN_IDS = 10
@@ -28,6 +28,19 @@ _SKIP_NOTES = {
 }
 
 
+def stop_note(error_class: str, why: str, left: str, cause: str | None = None) -> str:
+    """The note of an operation stopped for ``why`` (an error of class ``error_class``, wrapping one
+    of class ``cause``), saying what it ``left``."""
+    named = error_class if cause is None else f"{error_class}: {cause}"
+    return f"stopped: {why} ({named}): {left}"
+
+
+def _shown(ids: list[str]) -> str:
+    """The first :data:`SHOWN_IDS` of ``ids``, and how many more."""
+    more = len(ids) - SHOWN_IDS
+    return " ".join(ids[:SHOWN_IDS]) + (f" and {more} more" if more > 0 else "")
+
+
 @dataclass
 class Outcome:
     """What an operation did, for its summary line."""
@@ -41,6 +54,9 @@ class Outcome:
     #: Of a replay, the message ids among ``unconfirmed``: replayed, their dead letters maybe not
     #: removed (to purge, not to retry again).
     unremoved: list[str] = field(default_factory=list)
+    #: ``unremoved`` by the replays their letters record (:attr:`DeadLetter.replays`): what tells
+    #: them from a newer dead letter of the same job, whose replay failed again.
+    unremoved_replays: dict[int, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     #: The class of the error that stopped the operation before every matching letter was read
     #: (None: it went through them all); a note says what it left.
@@ -88,8 +104,7 @@ class Outcome:
         """Stop the operation for ``why`` (an error of class ``error_class``, wrapping one of class
         ``cause``), saying what it left."""
         self.stopped = error_class
-        named = error_class if cause is None else f"{error_class}: {cause}"
-        self.notes.append(f"stopped: {why} ({named}): {left}")
+        self.notes.append(stop_note(error_class, why, left, cause))
 
     def note_unconfirmed(self, letters: list[DeadLetter]) -> None:
         """Count ``letters`` acked (purged) but not confirmed removed: running again is safe."""
@@ -102,19 +117,32 @@ class Outcome:
     def note_unremoved(self, letters: list[DeadLetter]) -> None:
         """Count ``letters`` replayed but not confirmed removed. Retrying them again is not safe:
         the replay keeps the message id, so the project cannot tell a second replay from the
-        first, and only a job with an idempotency key is skipped (its key completed)."""
+        first, and only a job with an idempotency key is skipped (its key completed). Nor is a
+        purge by id alone: a replay that failed again is a newer dead letter of the same id, so
+        the purge named also matches the replays each letter records."""
         ids = [dead.message_id for dead in letters]
         self.unconfirmed += len(ids)
         self.unremoved += ids
-        more = len(ids) - SHOWN_IDS
-        shown = " ".join(ids[:SHOWN_IDS]) + (f" and {more} more" if more > 0 else "")
+        for dead in letters:
+            self.unremoved_replays.setdefault(dead.replays or 0, []).append(dead.message_id)
         self.notes.append(
             f"{len(ids)} replayed, but the connection to RabbitMQ was lost before their removal from"
             " the dead letters was confirmed: they may still be dead letters, and stay listed. Do"
             " not retry them again (a retry publishes the same message id again, and runs a job"
-            " without an idempotency key a second time): purge them with"
-            f" jobctl dlq purge --yes ID...: {shown}"
+            " without an idempotency key a second time): purge them, and not a newer dead letter of"
+            " the same job (its replay failed again), with "
+            + " and ".join(
+                f"jobctl dlq purge --yes --replays {replays} ID...: {_shown(group)}"
+                for replays, group in sorted(self.unremoved_replays.items())
+            )
         )
+
+    def purges(self) -> list[str]:
+        """The commands that purge the letters of ``unremoved``, and no newer one of their ids."""
+        return [
+            f"jobctl dlq purge --yes --replays {replays} {' '.join(group)}"
+            for replays, group in sorted(self.unremoved_replays.items())
+        ]
 
     def note_not_replayed(self, count: int, error_class: str) -> None:
         """Count ``count`` letters whose replay RabbitMQ did not confirm, by the failure's class."""

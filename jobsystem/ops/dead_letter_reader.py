@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -159,6 +160,15 @@ class DeadLetter:
             body=body,
         )
 
+    @functools.cached_property
+    def replays(self) -> int | None:
+        """How many times its job had been replayed from the dead letters when it failed (its
+        body's option ``replays``; 0 when not set), None for a body that is not a message. A replay
+        counts one more, so a replay that fails again is a newer dead letter of the same message
+        id with one replay more."""
+        message = decode(self.body, None)
+        return int_option(message.options, record.REPLAYS) if isinstance(message, Message) else None
+
     def summary(self) -> dict[str, Any]:
         """The record without traceback and body (``list``)."""
         return {
@@ -285,6 +295,9 @@ class Reader:
         return True
 
     def close(self) -> None:
-        # Closing the channel hands every unacked dead letter back to its queue, in place.
+        """Close the connection, which hands every unacked dead letter back to its queue, in place.
+        A connection lost meanwhile (or while closing) has done so already, or RabbitMQ does when
+        it notices: an error closing it must not hide the one that stopped the operation."""
         if self.connection.is_open:
-            self.connection.close()
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                self.connection.close()

@@ -8,6 +8,11 @@ says what happened and what was left; the operation catches it and returns that 
 is named by its class: an error's text may name RabbitMQ's or the store's host and port, and
 notes reach ``jobctl``'s output, the dashboard's answer and its audit log (the text is logged at
 DEBUG, see :mod:`jobsystem.privacy.outage_lines`).
+
+A read that removes nothing (list, show, export, re-index) has no outcome to end with: one that
+cannot go on raises :class:`ReadStopped`, whose note says the same by class, for ``jobctl`` to
+end with and the dashboard to answer (503). The letters it read were never acked: they go back
+to their queue when its connection closes, or when RabbitMQ finds it lost.
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ from typing import NoReturn
 
 import pika.exceptions
 
-from jobsystem.ops.dead_letter_outcome import Outcome
+from jobsystem.ops.dead_letter_outcome import Outcome, stop_note
 from jobsystem.ops.dead_letter_reader import DeadLetter
 from jobsystem.privacy.outage_lines import failure_fields, log_outage
 from jobsystem.store.base import StoreUnavailable
 
-__all__ = ["Stopped", "not_sent", "reading", "unconfirmed"]
+__all__ = ["ReadStopped", "Stopped", "not_sent", "read_only", "reading", "unconfirmed"]
 
 logger = logging.getLogger(__name__)
+
+#: Why an operation stopped when its reader failed.
+READ_FAILED = "reading the dead letters failed, RabbitMQ closed or lost the connection"
 
 
 class Stopped(Exception):
@@ -44,12 +52,34 @@ def reading(outcome: Outcome, done: str, unsure: list[DeadLetter] | None = None)
         log_outage(logger, logging.WARNING, "dead_letter_read_failed", exc, done=outcome.done)
         if unsure:
             outcome.note_unconfirmed(list(unsure))
-        outcome.note_stopped(
-            type(exc).__name__,
-            "reading the dead letters failed, RabbitMQ closed or lost the connection",
-            f"the letters not yet {done} stay dead letters; run the command again",
-        )
+        left = f"the letters not yet {done} stay dead letters; run the command again"
+        outcome.note_stopped(type(exc).__name__, READ_FAILED, left)
         raise Stopped from exc
+
+
+class ReadStopped(Exception):
+    """A read that removes nothing stopped before its end: ``note`` says why (the error named by
+    its class, ``error_class``) and what it left."""
+
+    def __init__(self, error_class: str, note: str) -> None:
+        super().__init__(note)
+        self.error_class = error_class
+        self.note = note
+
+
+@contextlib.contextmanager
+def read_only(left: str) -> Iterator[None]:
+    """Raise :class:`ReadStopped`, saying it ``left`` what it says, when the reader fails (its
+    connection or channel closed or lost) or the state store does not answer."""
+    try:
+        yield
+    except pika.exceptions.AMQPError as exc:
+        log_outage(logger, logging.WARNING, "dead_letter_read_failed", exc)
+        raise ReadStopped(type(exc).__name__, stop_note(type(exc).__name__, READ_FAILED, left)) from exc
+    except StoreUnavailable as exc:
+        log_outage(logger, logging.WARNING, "dead_letter_read_failed", exc)
+        why = "the state store did not answer"
+        raise ReadStopped(type(exc).__name__, stop_note(type(exc).__name__, why, left, _cause(exc))) from exc
 
 
 def unconfirmed(outcome: Outcome, letters: list[DeadLetter], *, replayed: bool, error_class: str) -> NoReturn:
@@ -77,15 +107,19 @@ def not_sent(outcome: Outcome, exc: Exception, count: int) -> NoReturn:
     log_outage(
         logger, logging.WARNING, "dead_letter_replay_stopped", store, letters=count, send=type(exc).__name__
     )
-    fields = failure_fields(store)  # its class, the class of what it wraps, a Redis reply's code
-    cause = " ".join(filter(None, [fields.get("cause"), fields.get("code")])) or fields["error"]
     outcome.note_stopped(
         type(exc).__name__,
         "the state store did not answer the replays' idempotency check",
         f"{left}; run the command again once the store answers",
-        cause,
+        _cause(store),
     )
     raise Stopped from exc
+
+
+def _cause(store: StoreUnavailable) -> str:
+    """What a store error wraps, by class (and a Redis reply's code): never its text."""
+    fields = failure_fields(store)
+    return " ".join(filter(None, [fields.get("cause"), fields.get("code")])) or fields["error"]
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -52,7 +52,7 @@ from dramatiq.common import q_name
 
 from jobsystem.ops.dead_letter_outcome import KEY_REFUSED, MALFORMED, Outcome
 from jobsystem.ops.dead_letter_reader import DeadLetter, Reader
-from jobsystem.ops.dead_letter_stops import Stopped, not_sent, reading, unconfirmed
+from jobsystem.ops.dead_letter_stops import ReadStopped, Stopped, not_sent, read_only, reading, unconfirmed
 from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.ops.scope import INDEX_UNREAD, ForeignQueue, changeable, project_queue, project_scope
 from jobsystem.privacy.outage_lines import log_failure, log_outage
@@ -69,6 +69,7 @@ __all__ = [
     "Filters",
     "ForeignQueue",
     "Outcome",
+    "ReadStopped",
     "Reindexed",
     "dead_letter_queues",
     "dead_letter_scope",
@@ -98,10 +99,14 @@ class Filters:
     actor: str | None = None
     exception: str | None = None
     since: datetime | None = None
+    #: Only letters that record this many replays (:attr:`DeadLetter.replays`): those a stopped
+    #: retry replayed, not a newer dead letter of the same id (one replay more).
+    replays: int | None = None
 
     def match(self, dead: DeadLetter) -> bool:
         return (
             (not self.message_ids or dead.message_id in self.message_ids)
+            and (self.replays is None or dead.replays == self.replays)
             and (self.queue is None or dead.queue == self.queue)
             and (self.actor is None or dead.actor == self.actor)
             and (self.exception is None or dead.exception == self.exception)
@@ -358,24 +363,26 @@ def reindex(broker: ProjectBroker, dead_letter_queue: str) -> Reindexed:
     removed), with the letters the project may change (:func:`~jobsystem.ops.scope.changeable`):
     a queue no actor declares brings only the project's own dead letters into the index, never
     another application's. Dead letters that arrive during the read may be left out: run it
-    again if the counts still disagree."""
+    again if the counts still disagree. One that cannot go on raises :class:`ReadStopped`."""
     index = broker.dead_letter_index
     if index is None:
         return Reindexed(0, 0)
+    queue = dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX)
     ours, entries, left_out = changeable(broker), list[DeadLetterEntry](), 0
-    with Reader(broker) as reader:
+    with Reader(broker) as reader, read_only("nothing re-indexed; re-index again"):
         for dead, _ in reader.stream(dead_letter_queue):
             if ours(dead):
                 entries.append(dead.index_entry())
             else:
                 left_out += 1
-    index.backend.replace(dead_letter_queue.removesuffix(DEAD_LETTER_SUFFIX), entries)
+    with read_only(f"the index of {queue} may now lack letters; re-index again once the store answers"):
+        index.backend.replace(queue, entries)
     return Reindexed(len(entries), left_out)
 
 
 def read(broker: ProjectBroker, queues: list[str], filters: Filters) -> Iterator[DeadLetter]:
-    """The matching dead letters, streamed; none is removed."""
-    with Reader(broker) as reader:
+    """The matching dead letters, streamed; none is removed (:class:`ReadStopped` if it cannot go on)."""
+    with Reader(broker) as reader, read_only("nothing removed; run the command again"):
         for dead_letter_queue in queues:
             for dead, _ in reader.stream(dead_letter_queue):
                 if filters.match(dead):

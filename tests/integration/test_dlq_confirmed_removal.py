@@ -5,6 +5,7 @@ the letters in their queue, where the index must still list them."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -15,6 +16,7 @@ from dramatiq import Message
 from jobsystem.ops import dead_letters as ops
 from jobsystem.ops.dead_letter_reader import Reader
 from jobsystem.runtime.message_shape import OPTION_SHAPES, decode
+from tests.jobctl_run import jobctl
 from tests.senders import publish_dead_letters
 from tests.support import wait_for
 
@@ -89,6 +91,34 @@ def test_a_retry_whose_acks_are_lost_with_the_connection_keeps_the_letters_index
     assert _indexed(broker, queue) == COUNT
     assert (outcome.done, outcome.unconfirmed) == (COUNT, COUNT) and queues.depth(queue) == COUNT
     assert "Do not retry them again" in outcome.notes[0] and len(set(outcome.unremoved)) == COUNT
+
+
+def test_the_purge_a_stopped_retry_names_leaves_a_newer_dead_letter_of_the_same_job(
+    queues, prefix, acks_lost
+):
+    """The letters replayed, their removal not confirmed, are named to purge. Before the operator
+    does, each replay fails again: the worker dead-letters it, a newer dead letter of the same
+    message id. The purge the retry's note names, run as written, removed those too (by id): the
+    jobs' last failures were gone unseen. It removes the letters replayed only."""
+    broker = queues.broker
+    queue = f"{prefix}failed-again"
+    dead = _dead_letters(broker, queue)
+    outcome = ops.replay(broker, [dead], ops.Filters())
+    wait_for(lambda: queues.depth(dead) == COUNT, what="the letters back in their queue")
+    headers = {"x-dl-reason": "retries_exhausted", "x-dl-actor": "record", "x-dl-queue": queue}
+    for replay in queues.peek(queue):  # as the worker's consumer dead-letters a failed message
+        message_id = json.loads(replay["payload"])["message_id"]
+        broker.publish_dead_letter(replay["payload"].encode(), headers, message_id, queue)
+    assert broker.dead_letter_index.flush(10)
+    (note,) = [n for n in outcome.notes if "purge" in n]
+    command = re.search(r"jobctl (dlq purge .*) ID\.\.\.: (.*)$", note)
+    assert command is not None, note
+    jobctl(prefix, *command[1].split(), *command[2].split())  # as the operator runs it
+    left = [json.loads(m["payload"]) for m in queues.peek(dead, count=2 * COUNT)]
+    assert sorted((m["message_id"], m["options"]["replays"]) for m in left) == sorted(
+        (message_id, 1) for message_id in outcome.unremoved
+    )
+    assert _indexed(broker, queue) == COUNT
 
 
 def test_a_retry_whose_reader_connection_is_lost_before_the_acks_reports_them_unremoved(

@@ -10,9 +10,17 @@ import pytest
 from dramatiq import Message
 
 from jobsystem.ops import dead_letters as ops
-from tests.unit.test_dlq_replay import _dead, _Queues
+from tests.unit.test_dlq_replay import NO_INDEX, StandInContext, _dead, _Queues
 
-__all__ = ["LOST", "RECORD", "letters_of", "reader_lost_at_read", "stand_in_queues"]
+__all__ = [
+    "LOST",
+    "RECORD",
+    "TWO_QUEUES",
+    "StandInQueues",
+    "letters_of",
+    "reader_lost_at_read",
+    "stand_in_queues",
+]
 
 RECORD = {"x-dl-reason": "retries_exhausted", "x-dl-queue": "p-work"}
 
@@ -62,3 +70,16 @@ def letters_of(queue: str, count: int, environment: str = "p-") -> list[Any]:
     record["x-dl-environment"] = environment
     messages: list[Message[Any]] = [Message("p-work", "job", (), {}, {}) for _ in range(count)]
     return [_dead(queue, m.encode(), record, m.message_id) for m in messages]
+
+
+TWO_QUEUES = ["p-work.DLQ", "p-more.DLQ"]
+
+
+class StandInQueues(StandInContext):
+    """``jobctl dlq``'s context over the stand-in queues of :data:`TWO_QUEUES`, matching the ids
+    a command is given."""
+
+    def __init__(self, ids: tuple[str, ...], selected: Any, *, reading: bool = False) -> None:
+        super().__init__(ids, selected)
+        self.broker, self.queues = NO_INDEX, TWO_QUEUES
+        self.filters = ops.Filters(message_ids=frozenset(ids))

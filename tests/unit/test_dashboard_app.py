@@ -332,3 +332,35 @@ def test_an_action_whose_connection_is_lost_midway_answers_what_it_did_and_is_au
     assert data["notes"][-1].startswith("stopped: reading the dead letters failed")
     (entry,) = call(app, "GET", "/api/audit").json()["entries"]
     assert (entry["state"], entry["count"]) == ("stopped", 2)
+
+
+def test_a_reindex_whose_connection_is_lost_midway_answers_503_with_why_and_keeps_the_index(
+    store, monkeypatch
+):
+    """The answer was "RabbitMQ unreachable ... nothing done, or only part of it": the re-index
+    says it stopped reading, by the error's class, and that it re-indexed nothing; the index
+    is as it was, and the audit log keeps the action as failed with that note."""
+    letters = letters_of("t_emails.DLQ", 2, "t_")
+    queues = _Queues({"t_emails.DLQ": letters})
+    monkeypatch.setattr(dashboard_dead_letters, "_dead_letter_queues", lambda *a, **k: ["t_emails.DLQ"])
+    monkeypatch.setattr(dashboard_dead_letters, "missing_queues", lambda settings, names: [])
+    monkeypatch.setattr(dead_letter_ops, "Reader", reader_lost_at_read(queues, 1))
+    app, project, post = dashboard(store)
+    project.dead_letter_index.add([letters[0].index_entry()], ttl_ms=None, max_length=None)
+    answer = call(app, "POST", "/api/dead-letters/reindex", {"queue": "emails"}, post)
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"] == (
+        "stopped: reading the dead letters failed, RabbitMQ closed or lost the connection"
+        " (StreamLostError): nothing re-indexed; re-index again"
+    )
+    (entry,) = call(app, "GET", "/api/audit").json()["entries"]
+    assert (entry["state"], entry["error"]) == ("failed", "StreamLostError")
+    assert project.dead_letter_index.counts() == {"t_emails": 1} and "10.0.0.5" not in answer.text
+
+
+def test_a_purge_takes_the_replays_a_stopped_retry_answered():
+    selection = Selection.from_json({"queue": "emails", "ids": ["m1"], "replays": 0})
+    assert selection.filters().replays == 0 and selection.describe()["replays"] == 0
+    for wrong in ("0", -1, True):
+        with pytest.raises(dashboard_dead_letters.ActionError, match="replays must be a count"):
+            Selection.from_json({"queue": "emails", "ids": ["m1"], "replays": wrong})

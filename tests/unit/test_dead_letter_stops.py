@@ -19,17 +19,21 @@ from jobsystem.ops import dead_letters as ops
 from jobsystem.store import open_store
 from jobsystem.store.base import StoreUnavailable
 from middleware.idempotency import Idempotency
-from tests.unit.dead_letter_standins import LOST, letters_of, reader_lost_at_read, stand_in_queues
+from tests.unit.dead_letter_standins import (
+    LOST,
+    TWO_QUEUES,
+    StandInQueues,
+    letters_of,
+    reader_lost_at_read,
+    stand_in_queues,
+)
 from tests.unit.stub import RecordingBroker
-from tests.unit.test_dlq_replay import NO_INDEX, StandInContext, _Queues
+from tests.unit.test_dlq_replay import NO_INDEX, _Queues
 
 
 @pytest.fixture
 def made(monkeypatch: pytest.MonkeyPatch) -> Any:
     return stand_in_queues(monkeypatch)
-
-
-TWO_QUEUES = ["p-work.DLQ", "p-more.DLQ"]
 
 
 def test_a_purge_whose_connection_is_lost_between_queues_ends_with_what_it_purged(
@@ -101,14 +105,6 @@ def test_a_replay_whose_connection_is_lost_at_the_next_read_ends_with_what_it_re
     assert "10.0.0.5" not in " ".join(outcome.notes)
 
 
-class _StandInQueues(StandInContext):
-    """``jobctl dlq``'s context over the stand-in queues of :data:`TWO_QUEUES`."""
-
-    def __init__(self, ids: tuple[str, ...], selected: Any) -> None:
-        super().__init__(ids, selected)
-        self.broker, self.queues = NO_INDEX, TWO_QUEUES
-
-
 @pytest.mark.parametrize(
     ("command", "summary"),
     [
@@ -124,7 +120,7 @@ def test_jobctl_ends_a_stopped_operation_with_its_summary_and_fails(
     queues = _Queues({name: letters_of(name, 2) for name in TWO_QUEUES})
     monkeypatch.setattr(ops, "Reader", reader_lost_at_read(queues, 2))
     monkeypatch.setattr(ops, "send_bulk", queues.send_bulk)
-    monkeypatch.setattr(dlq, "Context", _StandInQueues)
+    monkeypatch.setattr(dlq, "Context", StandInQueues)
     result = CliRunner().invoke(dlq.dlq, command)
     assert isinstance(result.exception, SystemExit) and result.exit_code == 1, result.output
     assert summary in result.stdout and "(StreamLostError)" in result.stdout
