@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["NOT_KEYED_IN_WORDS", "ORDINARY"]
+__all__ = ["NEAR_NEW_KEYS", "NOT_KEYED_IN_WORDS", "ORDINARY"]
 
 #: Ordinary values of a job system: none may change.
 ORDINARY: list[str] = [
@@ -109,4 +109,43 @@ NOT_KEYED_IN_WORDS: list[str] = [
     "password is incorrect for user 42",
     "retry 3 is scheduled in 200 ms",
     "phone numbers: 3 of 5 invalid",
+]
+
+
+#: Ordinary text near the keys a space, `` is `` in any case, an abbreviated number word, another
+#: language or a key in words joins to a value since review 3 (``ssn 078-05-1120``, ``passport is
+#: X1234567``, ``Passport No.: X1234567``, ``born 1985-03-12``, ``Reisepass: C01X00T47``): none may
+#: change. A year alone after ``born`` stays: it names no one (a whole date of birth is taken).
+NEAR_NEW_KEYS: list[str] = [
+    "born in 1985 in Paris",
+    "born in 1985 in Paris, order 73905561427",
+    "born 1985 in Paris, order 73905561427",
+    "first born 12 of 20261",
+    "the passport office is closed",
+    "passport is required for this route",
+    "passport is 9 letters and digits",
+    "Passport Is Expired since 2026-11-02",
+    "tax number format is 11 digits",
+    "tax number is 11 digits, got 10123",
+    "version 12 34 of the API",
+    "SSN field is required",
+    "ssn is missing in 3 of 20000 rows",
+    "ssn 3 of 12345 rows checked",
+    "card 2 of 3 declined in 15000 ms",
+    "phone 10 or 11 digits, got 12345",
+    "the card is 16 digits long",
+    "passport no. 3 in the queue, 20000 ms",
+    "Order #: 73905561427",
+    "Order No.: 73905561427",
+    "Invoice Nr.: INV-2026-000123",
+    "retry # 3 of 50000",
+    "worker 12345 is stopping",
+    "piano.: 12345 keys",
+    "code INSEE: 75056",
+    "Reisepass abgelaufen am 2026-11-02",
+    "le numéro de commande: 73905561427",
+    "date of birth is required, 20000 rows",
+    "id card is expired since 2026-11-02",
+    "geboren in Köln, 12345 Einwohner",
+    "born on a Monday, 20261102",
 ]

@@ -180,13 +180,24 @@ class Scrubber:
             text = shapes.credentials(text)
         if len(text) >= 16:
             text = shapes.secrets(text)
-        if "=" in text or ":" in text or " is " in text or " IS " in text or " Is " in text:
-            text = key_values(text, self.keys, replace, self._value_end, self._hash_key is not None)
+        digits = _DIGITS.search(text) is not None  # a key may be followed by its number after a space
+        if (
+            digits
+            or "=" in text
+            or ":" in text
+            or " is " in text
+            or " IS " in text
+            or " Is " in text
+            or " iS " in text  # ``is`` as its key is written: ``PASSPORT NUMBER iS X1234567``
+        ):
+            keyed = key_values(text, self.keys, replace, self._value_end, self._hash_key is not None, digits)
+            digits = digits and (keyed is text or _DIGITS.search(keyed) is not None)
+            text = keyed
         if "@" in text:
             text = shapes.emails(text, replace)
         if "%40" in text:
             text = shapes.encoded_emails(text, replace)
-        if _DIGITS.search(text):
+        if digits:
             text = self.numbers.sub(text, replace)
         if text.count(":") >= 2:
             text = shapes.ipv6(text, replace)

@@ -21,7 +21,9 @@ After a complete number, a group is taken only if the number with it passes the 
 it has four digits or more, or two or three after a phone number in groups of up to four
 (:func:`_continues`). A group of one digit, or of nine and more, is never taken after one: a
 count, a status code or an epoch after a number stays (``card_id=42 3 retries``,
-``phone=+49 30 1234567 404``).
+``phone=+49 30 1234567 404``). But a number whole by its digits only (no check confirms it, so its
+length is a guess) also takes a group as long as the group before it, or one that keeps its
+groups in a shape of its kind (:func:`_grouped_on`): ``tax number: 12 34 567 890 123`` kept ``123``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from functools import lru_cache
 
 import phonenumbers
 from stdnum import iban as stdnum_iban
-from stdnum.exceptions import InvalidChecksum
 
 from jobsystem.privacy.scrub_numbers import NumberFinder
 
@@ -103,16 +104,36 @@ def _walk(numbers: NumberFinder, label: str, runs: list[str], last: int, complet
     enough = _COMPLETE.get(label, _COMPLETE["account"])
     if label == "phone" and runs[0].startswith(("+", "(", "0")):
         enough = _COMPLETE_PREFIXED_PHONE
-    complete = complete or _complete(numbers, label, runs[last], count, enough)
+    confirmed = complete  # whole by its checks: a group after it must pass them too
+    if not complete and _complete(numbers, label, runs[last], count, enough):
+        complete, confirmed = True, count < enough
     while last + 1 < len(runs):
         size = _count(label, runs[last + 1]) - count
         if not _fits(label, runs, last, size) or count + size > _LONGEST.get(label, _LONGEST["account"]):
             break
-        if complete and not _continues(numbers, label, runs[last], runs[last + 1], size):
+        if complete and not (
+            (not confirmed and _grouped_on(label, runs[last + 1]))
+            or _continues(numbers, label, runs[last], runs[last + 1], size)
+        ):
             break
         last, count = last + 1, count + size
-        complete = complete or _complete(numbers, label, runs[last], count, enough)
+        if not complete and _complete(numbers, label, runs[last], count, enough):
+            complete, confirmed = True, count < enough  # whole by its checks, or by its digits only
     return last
+
+
+def _grouped_on(label: str, longer: str) -> bool:
+    """Whether the last group of ``longer`` goes on grouping a number of ``label`` that is whole by
+    its digits only (no check confirms it, so its length is a guess): a national, account or card
+    number whose groups are still those of a shape of its kind (``1 85 05 78 006 084 36``, a
+    French NIR with a typo), or that is as long as the group before it (``12 34 567 890 123``:
+    its ``123`` was left). A count after it is grouped otherwise (``12 3456 7890 200 300``)."""
+    if label in ("phone", "iban"):
+        return False  # a phone's groups are its plan's (:func:`_continues`), an IBAN's fours
+    groups = tuple(len(g) for g in _GROUP.findall(longer))
+    if len(groups) > 1 and groups[-1] == groups[-2]:
+        return True
+    return any(shape[: len(groups)] == groups for shape in SHAPES.get(label, ()))
 
 
 def _continues(numbers: NumberFinder, label: str, run: str, longer: str, size: int) -> bool:
@@ -157,11 +178,12 @@ def _complete(numbers: NumberFinder, label: str, run: str, count: int, enough: i
 
 
 def _iban_length(run: str) -> bool:
-    """Whether ``run`` has its country's IBAN length (valid, or wrong only in its check digits)."""
+    """Whether ``run`` has its country's IBAN length (valid, or wrong only in its check digits).
+    Judged with the check digits it should have: ``stdnum`` tests them before the length, so
+    ``DE00`` alone, wrong in them, passed for a whole IBAN and its other groups were left."""
     try:
-        stdnum_iban.validate(run)
-    except InvalidChecksum:
-        return True
+        compact = stdnum_iban.compact(run)
+        stdnum_iban.validate(compact[:2] + stdnum_iban.calc_check_digits(compact) + compact[4:])
     except Exception:  # another length, format or country: not a whole IBAN
         return False
     return True

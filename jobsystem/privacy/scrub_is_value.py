@@ -1,19 +1,51 @@
-"""What after a key written in words and `` is `` is its value (``passport number is X1234567``).
+"""Which separators join a key to its value in free text, and what after a weak one is its value.
+
+``:`` and ``=`` join a key to whatever follows it (:mod:`scrub_pairs`). Two weaker ones join a key
+only to a value that reads as one:
+
+- `` is ``, in any case (``IS``, ``Is``, ``iS``), after a key written in words (``passport number
+  is X1234567``) or a one-word key of a number, a secret or a date of birth (``passport is
+  X1234567``; :data:`_IS_LABELS`);
+- a space, after a key of a number or a date of birth (``ssn 078-05-1120``, ``tax number 12 34 567
+  890 123``, ``born 1985-03-12``, ``geboren am 12.03.1985``), looked for only in a text with five
+  digits close together (the scrubber's test before it looks for numbers at all): its value has
+  digits, and no other text pays for it.
 
 `` is `` joins a key to its value less surely than ``:`` or ``=``: ``phone number is missing``,
 ``the card number is 16 digits long``, ``api key is 32 characters`` are remarks about a value,
-not the value. The rule: after `` is ``, a value is taken only when it reads as an identifier —
-three digits or more in its first word and the groups of digits after it (``555 0134``,
-``219 09 9999``), or two digits or more among letters in its first word (``X1234567``,
+not the value. The rule: after `` is `` or a space, a value is taken only when it reads as an
+identifier — three digits or more in its first word and the groups of digits after it (``555
+0134``, ``219 09 9999``), or two digits or more among letters in its first word (``X1234567``,
 ``1234567FA``) — and no unit follows its last digit (``100 characters``, ``10-15 digits``,
-``16-digit``, ``256 bits``, ``100%``).
+``16-digit``, ``256 bits``, ``100%``). After a space, a date of birth is taken only as a date
+(``1985-03-12``, ``12 March 1985``): a year alone names no one, so ``born 1985 in Paris`` and
+``born in 1985`` keep it.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["reads_as_identifier"]
+from jobsystem.privacy.scrub_keys import NUMBER_LABELS, SECRET_LABELS, KeyMatcher
+from jobsystem.privacy.scrub_value_shapes import birth_date_end
+
+__all__ = ["joins", "reads_as_identifier", "separators"]
+
+#: ``:`` and ``=``, looked for in every text that has one.
+_SEPARATOR = re.compile(r"[:=]")
+#: The separators and `` is ``, looked for in a text where a `` is `` follows a word that may end
+#: a key (:func:`separators`). ``is`` is written as the key is, in any case: ``PASSPORT NUMBER IS``.
+_SEPARATOR_OR_IS = re.compile(r"[:=]| [iI][sS] ")
+#: The separators, `` is ``, and a space after a letter (or the ``.`` of ``No.``, a ``#``) before
+#: two digits close together in the next characters (``078-05-1120``, ``X1234567``, ``1 85 05``):
+#: an identifier has them, a count does not (``attempt 3 of 5``, ``order 5)``: not looked at).
+_ANY_SEPARATOR = re.compile(
+    r"[:=]| (?:[iI][sS] |(?<=[^\W\d_] |[.#] )(?=[A-Za-z]{0,3}[(+]?\d[\w \-./]{0,3}\d))"
+)
+_IS_WRITTEN = (" is ", " IS ", " Is ", " iS ")
+#: Labels whose one-word keys `` is `` joins to a value that reads as an identifier (``passport is
+#: X1234567``, ``password is hunter22``); ``address is 10.0.0.5`` or ``name is Ana`` is a remark.
+_IS_LABELS = NUMBER_LABELS | SECRET_LABELS | {"birth_date"}
 
 #: The value's first word (after spaces), and the groups of digits one space after it (``0134``).
 _RUN = re.compile(r"[ \t]*(\S+)((?:[ \t]\d+(?:[\-./]\d+)*(?!\S))*)")
@@ -25,8 +57,37 @@ _UNIT = re.compile(
 )
 
 
+def separators(text: str, keys: KeyMatcher, spaced: bool) -> re.Pattern[str] | None:
+    """The separators to look for in ``text``: all of them if ``spaced`` (it has five digits close
+    together); else `` is `` too when one follows a word that may end a key in words (``number
+    is``) or a one-word key of :data:`_IS_LABELS`; else ``:`` and ``=`` if there is one; else None.
+    Other lines with `` is `` (``worker 3 is stopping``) are not scanned for it (a pattern with
+    `` is `` costs a line of 70 characters some 1.3 us). An `` is `` at the text's start follows no
+    word: the search goes on past it (a fragment such as `` is due; passport number is X1234567``)."""
+    if spaced:
+        return _ANY_SEPARATOR
+    for written in _IS_WRITTEN:
+        at = text.find(written)
+        while at >= 0:
+            word = text[text.rfind(" ", 0, at) + 1 : at]
+            if keys.ends_phrase(word) or keys.label(word) in _IS_LABELS:
+                return _SEPARATOR_OR_IS
+            at = text.find(written, at + 3)
+    return _SEPARATOR if ":" in text or "=" in text else None
+
+
+def joins(text: str, at: int, pos: int, name: str, label: str) -> bool:
+    """Whether the weak separator ``text[at:pos]`` (`` is `` or a space) joins the unquoted key
+    ``name``, labelled ``label``, to the text after it (see the module)."""
+    if pos - at == 1:  # a space
+        if label in NUMBER_LABELS:
+            return reads_as_identifier(text, pos)
+        return label == "birth_date" and _reads_as_date(text, pos)
+    return (" " in name or label in _IS_LABELS) and reads_as_identifier(text, pos)
+
+
 def reads_as_identifier(text: str, pos: int) -> bool:
-    """Whether the text at ``pos``, after a key in words and `` is ``, reads as an identifier by
+    """Whether the text at ``pos``, after a key and a weak separator, reads as an identifier by
     the module's rule: a length (``16 digits long``) or a remark (``missing``) is no value."""
     run = _RUN.match(text, pos)
     if run is None:
@@ -40,3 +101,9 @@ def reads_as_identifier(text: str, pos: int) -> bool:
         return False  # ``3 digits short``, ``10 or 11 digits``, ``16 long``, ``16, got 15``: a count
     last = run.end() if groups else run.start(1) + max(i for i, c in enumerate(word) if c.isdigit()) + 1
     return _UNIT.match(text, last) is None
+
+
+def _reads_as_date(text: str, pos: int) -> bool:
+    """Whether a date of birth in a known shape, not a year alone, starts at ``pos``."""
+    end = birth_date_end(text, pos)
+    return end is not None and not text[pos:end].isdigit()

@@ -14,14 +14,21 @@ all become ``customer email``). Three kinds of name match:
 A name of several words is a key written in words too, in free text (``date of birth:``, ``Birth
 Date:``, ``zip code:``): :meth:`KeyMatcher.label_of_words`. So is a name of a personal number
 followed by ``number`` or ``no`` (``phone number:``, ``passport number:``, ``social security
-number:``, ``driver's licence number:``), but no other word before it: ``order number:``, ``retry
-number:`` and ``port number:`` name an operation's numbers, not a person's.
+number:``, ``driver's licence number:``, ``Reisepass Nummer:``), but no other word before it:
+``order number:``, ``retry number:`` and ``port number:`` name an operation's numbers, not a person's.
+
+Names in the other languages of the product's regions (``Personalausweisnummer``, ``numéro de
+sécurité sociale``, ``pasaporte``, ``paspoortnummer``): :mod:`scrub_keys_languages`; accents are
+folded before names are compared (``numéro`` is ``numero``).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
+
+from jobsystem.privacy.scrub_keys_languages import LANGUAGE_KEYS, LANGUAGE_TAIL_KEYS, NUMBER_WORDS
 
 __all__ = [
     "DEFAULT_EXACT_KEYS",
@@ -47,8 +54,9 @@ EXTRA_LABEL = "redacted"
 #: IBAN, a social security, national, tax or account number.
 NUMBER_LABELS = frozenset({"phone", "card", "iban", "ssn", "id_number", "account"})
 
-#: Words after a number's name in a key written in words (``phone number``, ``passport no``).
-_NUMBER_WORDS = frozenset({"number", "no", "nr", "num"})
+#: Words after a number's name in a key written in words (``phone number``, ``passport no``,
+#: ``Reisepass Nummer``).
+_NUMBER_WORDS = frozenset({"number", "no", "nr", "num"}) | NUMBER_WORDS
 
 DEFAULT_KEYS: Mapping[str, str] = {
     # Secrets: replaced, never hashed.
@@ -133,6 +141,7 @@ DEFAULT_KEYS: Mapping[str, str] = {
     "date_of_birth": "birth_date",
     "birthday": "birth_date",
     "dob": "birth_date",
+    **LANGUAGE_KEYS,
 }
 
 DEFAULT_TAIL_KEYS: Mapping[str, str] = {
@@ -155,6 +164,7 @@ DEFAULT_TAIL_KEYS: Mapping[str, str] = {
     "nir": "id_number",
     "tfn": "id_number",
     "curp": "id_number",
+    **LANGUAGE_TAIL_KEYS,
 }
 
 DEFAULT_EXACT_KEYS: Mapping[str, str] = {"name": "name"}
@@ -181,7 +191,10 @@ _SPLIT = re.compile(r"[^a-z0-9]+")
 
 
 def tokens(key: str) -> tuple[str, ...]:
-    """The lower-case words of a key name: ``customerEmail`` -> ``("customer", "email")``."""
+    """The lower-case words of a key name: ``customerEmail`` -> ``("customer", "email")``; its
+    letters without their accents (``numéroDePasseport`` -> ``("numero", "de", "passeport")``)."""
+    if not key.isascii():
+        key = "".join(c for c in unicodedata.normalize("NFKD", key) if not unicodedata.combining(c))
     return tuple(t for t in _SPLIT.split(_CAMEL.sub("_", key).lower()) if t)
 
 
@@ -268,6 +281,13 @@ class KeyMatcher:
             self._cache[key] = label
         return label
 
+    def ends_phrase(self, word: str) -> bool:
+        """Whether ``word`` (any case, accents or not: ``Núm``) may end a key written in words."""
+        if word.isascii():
+            return word.lower() in self.phrase_ends
+        folded = tokens(word)
+        return len(folded) == 1 and folded[0] in self.phrase_ends
+
     def label_of_words(self, words: Sequence[str]) -> tuple[int, str] | None:
         """A key written in words (``date of birth:``, ``Birth Date:``, ``zip code:``): how many of
         ``words`` (each a word of letters, the last nearest to the separator), counted from the
@@ -277,7 +297,7 @@ class KeyMatcher:
         word, not as a word before it), and neither does a word alone (that is :meth:`label`'s).
         A name of a number's kind (:data:`NUMBER_LABELS`) and ``number`` after it is one too
         (``phone number``, ``social security no``); ``order number`` is not."""
-        if len(words) < 2 or words[-1].lower() not in self.phrase_ends:
+        if len(words) < 2 or not self.ends_phrase(words[-1]):
             return None
         written = tokens(" ".join(words))
         if len(written) != len(words):  # each word one token (``birthDate`` is two)

@@ -4,12 +4,14 @@
 Street'}``, and JSON text inside a JSON string (``\\"name\\": \\"Jos\\\\u00e9\\"``) or nested
 deeper (``\\\\\\"name\\\\\\":`` three ``json.dumps`` deep), up to seven ``json.dumps`` deep or
 the repr of six (:data:`~jobsystem.privacy.scrub_text.QUOTE_SLASHES`). A key is a word, or a
-name of several words written in words (``date of birth:``, ``passport number:``), which ``is``
-may follow too (``passport number is X1234567``: :data:`_SEPARATOR_OR_IS`). A quoted value ends at its quote,
-a value in brackets at the bracket that closes it (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`;
-after a number's key, where the number in it, or begun by it, ends: ``phone=(555) 123-4567``);
-an unquoted one is a word, or runs on as far as the caller's ``value_end`` says
-(:mod:`scrub_extents`: an address or a date of birth, a person's name, a phone number in groups).
+name of several words written in words (``date of birth:``, ``passport number:``, ``Passport
+No.:``: :mod:`scrub_key_before`), which ``is`` may follow too (``passport number is X1234567``),
+or a space before a number or a date (``ssn 078-05-1120``: :mod:`scrub_is_value`). A quoted value
+ends at its quote, a value in brackets at the bracket that closes it
+(:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`; after a number's key, where the number
+in it, or begun by it, ends: ``phone=(555) 123-4567``); an unquoted one is a word, or runs on as
+far as the caller's ``value_end`` says (:mod:`scrub_extents`: an address or a date of birth, a
+person's name, a phone number in groups).
 """
 
 from __future__ import annotations
@@ -18,30 +20,17 @@ import json
 import re
 from collections.abc import Callable
 from functools import lru_cache
-from typing import NamedTuple
 
 from jobsystem.privacy.scrub_extents import GROUP_END
 from jobsystem.privacy.scrub_freeform import bracketed_end
-from jobsystem.privacy.scrub_is_value import reads_as_identifier
+from jobsystem.privacy.scrub_is_value import joins, separators
+from jobsystem.privacy.scrub_key_before import Key, key_before
 from jobsystem.privacy.scrub_keys import NUMBER_LABELS, SECRET_LABELS, KeyMatcher
 from jobsystem.privacy.scrub_text import QUOTE_SLASHES, Replace, already_removed, unescaped
 
 __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
 
 _HEX12 = re.compile(r"[0-9a-f]{12}")
-_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-_SEPARATOR = re.compile(r"[:=]")
-#: The separators and `` is ``, looked for in a line that has one: after a key written in words,
-#: a value that reads as an identifier (``passport number is X1234567``; ``phone number is
-#: missing``, ``the card number is 16 digits long`` and ``token is expired`` are remarks):
-#: :mod:`~jobsystem.privacy.scrub_is_value`. ``is`` as a key in words is written: ``PASSPORT NUMBER IS``.
-_SEPARATOR_OR_IS = re.compile(r"[:=]| (?:is|IS|Is) ")
-_IS_WRITTEN = (" is ", " IS ", " Is ")
-#: A lower-case word, one space before a key written as a word (``email address:``).
-_QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
-#: A word of letters ending where the search ends: one of a key written in words (``date of``).
-_WORD_BEFORE = re.compile(r"(?<![\w\-])[A-Za-z]{1,32}\Z")
-_APOSTROPHES = ("'", "\u2019")
 #: A value that opens with a bracket (after spaces), and a port after an IPv6 address in brackets.
 _OPEN_BRACKET = re.compile(r"[ \t]*[(\[{<]")
 _PORT = re.compile(r":\d{1,5}(?!\d)")
@@ -55,8 +44,6 @@ _AFTER_ITEM = re.compile(r"[ \t]*([,)\]}>])")
 #: A bracket whose first item is quoted: a repr's or JSON's list, its items' shapes tested as a whole.
 _QUOTED_ITEM = re.compile(r"[ \t]*[\"'\\]")
 _CLOSING = {"(": ")", "[": "]", "{": "}", "<": ">"}
-#: Address keys written as a word, that a word before them may qualify.
-_ADDRESS_KEYS = frozenset({"address", "addr"})
 
 
 def _nested_quotes(slashes: int) -> str:
@@ -135,24 +122,29 @@ def key_values(
     replace: Replace,
     value_end: ValueEnd,
     own_hashes: bool = False,
+    spaced: bool = False,
 ) -> str:
     """Values after a sensitive key named in the text: ``password=x``, ``'email': 'a@b.c'``.
     ``own_hashes``: the scrubber writes ``label:<12 hex digits>`` (it has a hash key), so such a
     value after its label is its own output and stays; without one, ``phone:447700900123`` is a
-    phone number. A secret is never hashed: ``password:a1b2c3d4e5f6`` is always a password."""
+    phone number. A secret is never hashed: ``password:a1b2c3d4e5f6`` is always a password.
+    ``spaced``: the text has five digits close together, so a key may be joined to its value by
+    a space too (``ssn 078-05-1120``: :mod:`~jobsystem.privacy.scrub_is_value`)."""
     parts: list[str] = []
     done = 0
     refused: dict[str, int] = {}  # by label, where the last value in brackets it refused ends
-    separators = _separators(text, keys)
-    if separators is None:
+    pattern = separators(text, keys, spaced)
+    if pattern is None:
         return text
-    for separator in separators.finditer(text):
+    for separator in pattern.finditer(text):
         at, pos = separator.span()
         if at < done:
             continue
-        key = _key_before(text, at, done, keys)
-        if key is None or (pos - at > 1 and not _is_value(text, pos, key)):
+        key = key_before(text, at, done, keys)
+        if key is None:
             continue
+        if (pos - at > 1 or text[at] == " ") and (key.quote or not joins(text, at, pos, key.name, key.label)):
+            continue  # `` is `` or a space, and no value it joins the key to
         label = key.label
         value = _value_at(text, pos)
         if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
@@ -170,33 +162,11 @@ def key_values(
     return "".join(parts)
 
 
-def _separators(text: str, keys: KeyMatcher) -> re.Pattern[str] | None:
-    """:data:`_SEPARATOR_OR_IS` when a `` is `` in ``text`` follows a word that may end a key in
-    words (``number is``), else :data:`_SEPARATOR` if there is a ``:`` or ``=``, else None: the
-    other lines with `` is `` (``worker 3 is stopping``) are not scanned for it (a pattern with
-    `` is `` costs a line of 70 characters some 1.3 us). An `` is `` at the text's start follows no
-    word: the search goes on past it (a fragment such as `` is due; passport number is X1234567``)."""
-    for written in _IS_WRITTEN:
-        at = text.find(written)
-        while at >= 0:
-            if text[text.rfind(" ", 0, at) + 1 : at].lower() in keys.phrase_ends:
-                return _SEPARATOR_OR_IS
-            at = text.find(written, at + 3)
-    return _SEPARATOR if ":" in text or "=" in text else None
-
-
-def _is_value(text: str, pos: int, key: _Key) -> bool:
-    """Whether the text at ``pos``, after ``key`` and `` is ``, is its value: ``key`` is written in
-    words, unquoted, and the text reads as an identifier, not a length or a remark
-    (:func:`~jobsystem.privacy.scrub_is_value.reads_as_identifier`)."""
-    return not key.quote and " " in key.name and reads_as_identifier(text, pos)
-
-
 def _word_or_quoted(
     text: str,
     value: tuple[int, int],
     label: str,
-    key: _Key,
+    key: Key,
     own_hash: bool,
     replace: Replace,
     value_end: ValueEnd,
@@ -214,7 +184,7 @@ def _word_or_quoted(
 
 
 def _bracketed(
-    text: str, pos: int, key: _Key, replace: Replace, value_end: ValueEnd, refused: dict[str, int]
+    text: str, pos: int, key: Key, replace: Replace, value_end: ValueEnd, refused: dict[str, int]
 ) -> tuple[int, int, str] | None:
     """A value in brackets at ``pos`` (after spaces): where it begins and ends (with a port after
     it: ``[2001:db8::1]:443``), and what replaces it, quoted as its key is (``"address":
@@ -249,7 +219,7 @@ def _bracketed(
     return begin, stop, f"{key.quote}{replace(label, value)}{key.quote}"
 
 
-def _bracketed_number(text: str, begin: int, key: _Key, value_end: ValueEnd) -> int | None:
+def _bracketed_number(text: str, begin: int, key: Key, value_end: ValueEnd) -> int | None:
     """Where a number after a number's key (a phone, a card...) that opens with the bracket at
     ``begin`` ends, or None if the bracket holds no such number (``phone: (retry 3 of 5)``, as
     ``card: (attempt 2 of 3)``, is a remark: no number reads so). Either its first group is in
@@ -272,87 +242,6 @@ def _bracketed_number(text: str, begin: int, key: _Key, value_end: ValueEnd) -> 
     if after is None or after[1] not in (closing, ","):
         return None
     return after.end() if after[1] == closing else bracketed_end(text, begin)
-
-
-class _Key(NamedTuple):
-    """A key before a separator that names personal data or a secret: its name as written, its
-    label, its quote (``"``, ``'``, ``\\"`` in nested JSON text; empty if unquoted), and whether it
-    is unquoted and ends right at the separator (``phone:``, as the scrubber writes its own
-    ``label:<hash>``)."""
-
-    name: str
-    label: str
-    quote: str
-    adjacent: bool
-
-
-def _key_before(text: str, at: int, done: int, keys: KeyMatcher) -> _Key | None:
-    """The key before the separator at ``at`` (nothing before ``done`` is looked at), None if it
-    names nothing (the common case, kept cheap): a word of key characters, quoted or not (in
-    nested JSON text too: ``\\"name\\":``), or written in words (``date of birth:``)."""
-    end = at
-    while end > done and text[end - 1] in " \t":
-        end -= 1
-    quoted = end > done and text[end - 1] in "\"'"
-    start = end = end - quoted
-    slashes = 0
-    while quoted and slashes <= QUOTE_SLASHES and end - slashes > done and text[end - slashes - 1] == "\\":
-        slashes += 1
-    if 0 < slashes <= QUOTE_SLASHES:
-        start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
-    while start > done and text[start - 1] in _KEY_CHARS and end - start < 64:
-        start -= 1
-    if start == end:
-        return None
-    key, label = text[start:end], keys.label(text[start:end])
-    if label is None and text[start - 1 : start] == " ":
-        key, label = _in_words(text, start, end, done, keys)
-    elif label == "address" and not quoted and text[at] == ":":
-        key, label = _qualified(text, start, done, key, label, keys.label)
-    if label is None:
-        return None
-    return _Key(key, label, text[end : end + slashes + 1] if quoted else "", not quoted and end == at)
-
-
-def _in_words(text: str, start: int, end: int, done: int, keys: KeyMatcher) -> tuple[str, str | None]:
-    """The key ending with the word ``text[start:end]``, written in words one space apart, and its
-    label (:meth:`KeyMatcher.label_of_words`): ``date of birth:``, ``Birth Date:``, ``zip code:``
-    were a word that named nothing (``birth``, ``date``, ``code``), and the value after them passed."""
-    word = text[start:end]
-    if word.lower() not in keys.phrase_ends:
-        return word, None
-    words, starts, at = [word], [start], start
-    while len(words) <= keys.phrase_words and at - 1 > done and text[at - 1] == " ":
-        before = _WORD_BEFORE.search(text, max(done, at - 34), at - 1)
-        if before is None:
-            break
-        written, at = before[0], before.start()
-        if written in ("s", "S") and text[at - 1 : at] in _APOSTROPHES and at - 1 > done:
-            owner = _WORD_BEFORE.search(text, max(done, at - 35), at - 1)  # ``driver's``: ``drivers``
-            if owner is not None:
-                written, at = f"{owner[0]}s", owner.start()
-        words.insert(0, written)
-        starts.insert(0, at)
-    found = keys.label_of_words(words)
-    if found is None:
-        return word, None
-    width, label = found
-    return text[starts[-width] : end], label
-
-
-def _qualified(
-    text: str, start: int, done: int, key: str, label: str, label_for_key: Callable[[str], str | None]
-) -> tuple[str, str]:
-    """An address key before ``:`` read with the lower-case word written before it, one space
-    apart, as its qualifier: ``email address:`` is an email key (pydantic's ``value is not a valid email
-    address: An email address must have an @-sign.`` keeps its reason, no ``@`` in it), ``server
-    address:`` a machine's; ``billing address:`` and ``new address:`` are still addresses. A
-    capitalised word (``Email address:``, a field's label at a line's start) qualifies nothing."""
-    word = _QUALIFIER.search(text, max(done, start - 33), start) if key.lower() in _ADDRESS_KEYS else None
-    if word is None:
-        return key, label
-    qualified = f"{word[1]}_{key}"
-    return qualified, label_for_key(qualified) or label
 
 
 def _replacement(word: str, own_hash: bool) -> bool:

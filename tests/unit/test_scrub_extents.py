@@ -68,6 +68,26 @@ def test_a_keyed_number_grouped_otherwise_is_still_taken_whole(text, expected):
     assert scrub.text(text) == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tax number: 12 34 567 890 123", "tax number: [id_number]"),  # ``123`` was left
+        ("tax_id=12 34 567 890 123 retried 3 times", "tax_id=[id_number] retried 3 times"),
+        ("national_id: 1 85 05 78 006 084 37 ok", "national_id: [id_number] ok"),  # a NIR, a digit off
+        ("account_number: 1234 5678 9012 3456 ok", "account_number: [account] ok"),
+        ("tax_id: 12 34 567 890 3 retries", "tax_id: [id_number] 3 retries"),
+        ("tax_id: 12 34 567 890 2026-11-02", "tax_id: [id_number] 2026-11-02"),
+        ("account_number: 12 3456 7890 200 300", "account_number: [account] 200 300"),
+    ],
+)
+def test_a_keyed_number_no_check_confirms_runs_on_over_the_groups_it_is_written_in(text, expected):
+    """A number whole by its digits only (no check confirms it, so its length is a guess) took no
+    group of fewer than four digits after it: ``tax number: 12 34 567 890 123`` kept ``123``. A
+    group as long as the one before it, or that keeps the groups in a shape of its kind, is the
+    number's; a count or a status code grouped otherwise is not."""
+    assert scrub.text(text) == expected
+
+
 def test_twelve_digits_after_a_label_are_a_value_unless_the_scrubber_hashes():
     """``phone:<12 hex digits>`` is the scrubber's own output only when it has a hash key; a secret
     is never hashed, so ``password:<12 hex digits>`` is never its output."""

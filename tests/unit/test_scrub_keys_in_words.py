@@ -59,3 +59,40 @@ def test_only_a_numbers_name_before_number_makes_a_key():
     assert keys.label_of_words(["credit", "card", "number"]) == (2, "card")  # ``card_number``
     for words in (["order", "number"], ["retry", "number"], ["email", "number"], ["password", "no"]):
         assert keys.label_of_words(words) is None, words
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["Passport No.", "passport no.", "Passport Nr.", "Passport #", "passport #", "Passport#", "Ausweis-Nr."],
+)
+def test_an_abbreviated_number_word_or_a_number_sign_ends_a_key_in_words(key):
+    """``Passport No.:`` and ``Passport #:`` were a ``.`` or a ``#`` before the separator: no key."""
+    for separator in (": ", ":", " = "):
+        line = f"{key}{separator}X1234567 retried"
+        assert scrub.text(line) == f"{key}{separator}[id_number] retried", line
+
+
+@pytest.mark.parametrize("written", ["is", "IS", "Is", "iS"])
+def test_is_in_any_case_separates_a_key_in_words_or_a_one_word_key_of_a_number(written):
+    """``PASSPORT NUMBER iS X1234567`` passed (``iS`` was not looked for), and so did ``passport is
+    X1234567``: only a key in words was read before `` is ``."""
+    for key, label, value in (
+        ("PASSPORT NUMBER", "id_number", "X1234567"),
+        ("passport", "id_number", "X1234567"),
+        ("ssn", "ssn", "219-09-9999"),
+        ("password", "password", "hunter22"),
+        ("dob", "birth_date", "1985-03-12"),
+    ):
+        line = f"{key} {written} {value} on file"
+        assert scrub.text(line) == f"{key} {written} [{label}] on file", line
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["address is 10.0.0.5", "name is A1 in the list", "email is 42 chars", "ip is 81.2.69.142 now"],
+)
+def test_is_after_a_one_word_key_of_another_kind_joins_nothing(line):
+    """`` is `` after a one-word key of an address, a name, an email or an IP is a remark: a
+    machine's address stays, a public IP goes by its shape only."""
+    expected = line.replace("81.2.69.142", "[ip]")
+    assert scrub.text(line) == expected
