@@ -165,7 +165,7 @@ EXPECTATIONS: tuple[tuple[str, Callable[[], bool]], ...] = (
     (
         "RabbitmqBroker.connection and .channel open one per thread into self.state, each noted in "
         "self.connections / self.channels, and close() closes what those hold (ThreadConnections "
-        "does the same under a lock)",
+        "closes the same itself, under a lock, each in a bounded time)",
         _broker_keeps_a_connection_per_thread,
     ),
     ("RabbitmqBroker.queues_pending", lambda: _sets(RabbitmqBroker.__init__, "queues_pending")),

@@ -17,7 +17,6 @@ requeued).
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
@@ -29,7 +28,7 @@ from dramatiq.compat import StreamablePipe
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
-from jobsystem.privacy.outage_lines import log_outage
+from jobsystem.runtime.closing import BoundedCloses, close_quietly, connection_closes
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 
 __all__ = [
@@ -60,8 +59,6 @@ __all__ = [
     "take_claim_ahead",
     "wants_redelivery",
 ]
-
-logger = logging.getLogger(__name__)
 
 # -- names -----------------------------------------------------------------------------------------
 
@@ -132,16 +129,6 @@ def close_ended_threads_connections(broker: object) -> int:
     return 0
 
 
-def _close_quietly(opened: Any) -> None:
-    """Close a pika connection or channel that may be closed already (by RabbitMQ, by ``close()``)."""
-    if not opened.is_open:
-        return
-    try:
-        opened.close()
-    except Exception as exc:  # a connection RabbitMQ dropped; nothing more to release
-        log_outage(logger, logging.WARNING, "broker_connection_close_failed", exc, kind=type(opened).__name__)
-
-
 class ThreadConnections(RabbitmqBroker):
     """Dramatiq's per-thread connections and channels, each noted with the thread that opened it,
     under a lock that ``close()`` holds.
@@ -159,6 +146,9 @@ class ThreadConnections(RabbitmqBroker):
     after ``close()`` (Dramatiq's opens new connections then). Threads not started through
     ``threading`` (a C library's) always look alive: their connections are closed by ``close()``
     only.
+
+    Every close is waited for a bounded time (:mod:`jobsystem.runtime.closing`, ``closes``): a
+    RabbitMQ that stopped answering held a shutdown, or the watchdog, for as long as the socket.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -166,6 +156,8 @@ class ThreadConnections(RabbitmqBroker):
         self.connections_lock = threading.Lock()
         #: Each open connection and channel, with the thread that opened it.
         self.owners: dict[Any, threading.Thread] = {}
+        #: How this broker's connections are closed (its consumers' too), each in a bounded time.
+        self.closes = BoundedCloses()
 
     @property
     def connection(self) -> Any:
@@ -181,9 +173,10 @@ class ThreadConnections(RabbitmqBroker):
         state = vars(self.state)
         channel, connection = state.pop("channel", None), state.pop("connection", None)
         self._forget(channel, connection)  # both at once: close() then touches neither
-        for opened in (channel, connection):
-            if opened is not None:
-                _close_quietly(opened)
+        if connection is not None:
+            self.closes.run(connection_closes([connection], [channel] if channel is not None else []))
+        elif channel is not None:
+            close_quietly(channel)
 
     @property
     def channel(self) -> Any:
@@ -201,7 +194,7 @@ class ThreadConnections(RabbitmqBroker):
         channel = vars(self.state).pop("channel", None)
         if channel is not None:
             self._forget(channel)
-            _close_quietly(channel)
+            close_quietly(channel)
 
     def _register(self, opened: Any, kept: set[Any]) -> None:
         with self.connections_lock:
@@ -222,14 +215,14 @@ class ThreadConnections(RabbitmqBroker):
             ended = [item for item, owner in self.owners.items() if not owner.is_alive()]
             connections = [item for item in ended if item in self.connections]
         self._forget(*ended)
-        for connection in connections:
-            _close_quietly(connection)
+        self.closes.run(connection_closes(connections))
         return len(connections)
 
     def close(self) -> None:
-        """Dramatiq's ``close()``, while no thread adds or removes a connection or a channel."""
+        """Close every channel and connection, as Dramatiq's ``close()`` does, while no thread adds
+        or removes one; each connection (its channels first) on a helper thread, all at once."""
         with self.connections_lock:
-            super().close()
+            self.closes.run(connection_closes(list(self.connections), list(self.channels)))
 
 
 class RabbitmqTopology(RabbitmqBroker):

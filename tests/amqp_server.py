@@ -1,7 +1,8 @@
 """A RabbitMQ that goes silent, for tests: a stand-in speaking just enough AMQP 0-9-1 for a
-publisher with confirms (the handshake, one channel in confirm mode, publishes, the closes) and
-for passive declares, whose answers a test can withhold; and a TCP proxy in front of the real
-one, which a test can make swallow every byte (a network path gone silent)."""
+publisher with confirms (the handshake, one channel in confirm mode, publishes, the closes), for
+a consumer's prefetch (``Basic.Qos``) and for passive declares, whose answers a test can
+withhold; and a TCP proxy in front of the real one, which a test can make swallow every byte (a
+network path gone silent)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ class FakeRabbit:
             pika.spec.Connection.Open: pika.spec.Connection.OpenOk(),
             pika.spec.Channel.Open: pika.spec.Channel.OpenOk() if self.open_channel else None,
             pika.spec.Confirm.Select: pika.spec.Confirm.SelectOk(),
+            pika.spec.Basic.Qos: pika.spec.Basic.QosOk(),
             pika.spec.Channel.Close: pika.spec.Channel.CloseOk() if closes else None,
             pika.spec.Connection.Close: pika.spec.Connection.CloseOk() if closes else None,
         }

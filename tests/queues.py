@@ -190,22 +190,33 @@ class Queues:
         names = sorted(self.prefix + queue.removeprefix(self.settings.queue_prefix) for queue in canonical)
         return [name for queue in names for name in (queue, dq_name(queue))]
 
-    def wait_consumed(self, consumers: Callable[[], int], timeout: float = 30.0) -> None:
+    def wait_consumed(
+        self, consumers: Callable[[], int], timeout: float = 30.0, *, at_most: bool = False
+    ) -> None:
         """Wait until each of :meth:`consumed` has ``consumers()`` consumers (asked at each look:
         one per worker process still running). A worker logs that it is ready once its consumer
         threads started, before they declared and subscribed to their queues: a raw publish right
-        after could find no queue, and a message no consumer. Fails naming the queue it waited for."""
+        after could find no queue, and a message no consumer. Fails naming the queue it waited for.
+
+        With ``at_most``, wait until none has more (a queue not declared has none): RabbitMQ drops
+        a killed worker's consumers only once it has seen its connections close, and until then
+        they count as well as a new worker's would."""
         pending = self.consumed()
         deadline = time.monotonic() + timeout
         while pending:
             counts = self.declared(pending[0])
-            if counts is not None and counts[1] >= consumers():
+            if at_most and (counts is None or counts[1] <= consumers()):
+                pending.pop(0)
+                continue
+            if not at_most and counts is not None and counts[1] >= consumers():
                 pending.pop(0)
                 continue
             if time.monotonic() > deadline:
+                bound = "at most " if at_most else ""
                 raise AssertionError(
-                    f"timed out after {timeout:g} s waiting for {consumers()} consumers on {pending[0]}, "
-                    f"a queue the worker consumes (it has {counts[1] if counts else 'not been declared'})"
+                    f"timed out after {timeout:g} s waiting for {bound}{consumers()} consumers on "
+                    f"{pending[0]}, a queue the worker consumes "
+                    f"(it has {counts[1] if counts else 'not been declared'})"
                 )
             time.sleep(0.01)
 

@@ -131,12 +131,13 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         """Queue the acks held back for a cumulative ack before Dramatiq closes the channel (it
         runs the connection's pending callbacks first, in order), so a stop redelivers none. The
         rest of a burst not handed out is dropped (RabbitMQ redelivers it, as every unacked
-        delivery), through the drop hooks: the claims made for it are given back."""
+        delivery), through the drop hooks: the claims made for it are given back. RabbitMQ's
+        answers to the closes are waited for a bounded time (``jobsystem.runtime.closing``)."""
         while self.ready:
             self._dropped(self.ready.popleft())
         with contextlib.suppress(pika.exceptions.AMQPError):
             self.connection.add_callback_threadsafe(self.acks.release_held)
-        super().close()  # type: ignore[no-untyped-call]
+        self.broker.closes.run([(self, partial(RabbitmqConsumer.close, self))])
 
     # -- receiving -------------------------------------------------------------------------------
 

@@ -10,8 +10,15 @@ A failure that would come back on every retry (a ``WRONGTYPE`` reply for a key h
 type, a script's own error, a bug in a kind's code) is no outage: retried, it held every later
 write of the process (every job's status and completion) behind it for good, and dropping the whole
 batch lost the other kinds' writes with it. The failed kind's writes are dropped alone (one ERROR
-line, ``deferred_write_dropped``, naming the kind and the count) and the others written one kind at
-a time, each in a batch of its own.
+line, ``deferred_write_dropped``, naming the kind, the count and the error by its class, see
+:func:`~jobsystem.privacy.outage_lines.failure_fields`) and the others written one kind at a time,
+each in a batch of its own.
+
+So are the writes a misconfigured store refuses (``NOAUTH``, ``WRONGPASS``, ``NOPERM``, a database
+index it lacks: :class:`~jobsystem.store.base.StoreMisconfigured`), which an operator mends, not
+time. Such a store refuses every write alike, or every write of a kind (an ACL): a kind's first
+drop is the ERROR line, each later one a DEBUG line only, until a write of the kind goes through
+again (``deferred_writes_resumed`` at INFO, with the count of its writes dropped meanwhile).
 
 A retry writes again exactly what the failure undid. On SQLite that is every group of the batch:
 one group's error (a busy lock, a full disk) rolls back the groups before it too. On Redis each
@@ -31,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobsystem.privacy.outage_lines import log_outage
-from jobsystem.store.base import StateStore
+from jobsystem.store.base import StateStore, StoreMisconfigured
 from jobsystem.store.failures import transient
 
 #: Applies many queued items of one kind to a batch view of the store, in one operation if it can.
@@ -70,6 +77,8 @@ class DeferredWrites:
         self._idle.set()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        #: Per kind of write, how many a misconfigured store refused since the first was logged.
+        self._refused: dict[str, int] = {}
 
     def submit(self, apply_many: ApplyMany | Buffered, item: Any) -> None:
         """Queue ``item``, to be applied by ``apply_many(view, [item, ...])`` (for a
@@ -138,6 +147,7 @@ class DeferredWrites:
                 for apply_many, items in groups:
                     apply_many(view, items)
                     applied += 1
+            self._served(groups)
             return []
         except Exception as exc:
             if transient(exc):
@@ -147,7 +157,7 @@ class DeferredWrites:
             if self.store.atomic_batch:
                 return self._one_by_one(groups)
             if applied < len(groups):
-                _dropped(groups[applied], exc)
+                self._dropped(groups[applied], exc)
             return self._one_by_one(groups[applied + 1 :])
 
     def _one_by_one(self, groups: list[_Group]) -> list[_Group]:
@@ -162,20 +172,42 @@ class DeferredWrites:
                 if transient(exc):
                     log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=len(items))
                     return groups[index:]
-                _dropped(group, exc)
+                self._dropped(group, exc)
+            else:
+                self._served([group])
         return []
+
+    def _dropped(self, group: _Group, exc: Exception) -> None:
+        """Log a group of writes that failed in a way no retry mends: its kind of write (its apply
+        function, by qualified name), how many, and the error by class (its text at DEBUG), never
+        the items, whose contents are the jobs'. A misconfigured store's refusals after the first
+        are logged at DEBUG, and counted."""
+        apply_many, items = group
+        kind = _kind(apply_many)
+        level = logging.ERROR
+        if isinstance(exc, StoreMisconfigured):
+            level = logging.DEBUG if kind in self._refused else logging.ERROR
+            self._refused[kind] = self._refused.get(kind, 0) + len(items)
+        log_outage(logger, level, "deferred_write_dropped", exc, kind=kind, writes=len(items))
+
+    def _served(self, groups: list[_Group]) -> None:
+        """``groups`` were written: the store refuses their kinds of write no more."""
+        if not self._refused:
+            return
+        for apply_many, _ in groups:
+            kind = _kind(apply_many)
+            dropped = self._refused.pop(kind, None)
+            if dropped is not None:
+                logger.info("deferred_writes_resumed", extra={"kind": kind, "dropped": dropped})
 
 
 #: One kind of write and its items (a :class:`Buffered` kind's already taken from its buffer).
 _Group = tuple[ApplyMany, list[Any]]
 
 
-def _dropped(group: _Group, exc: Exception) -> None:
-    """Log a group of writes that failed in a way no retry mends: its kind of write (its apply
-    function, by qualified name) and how many, never the items, whose contents are the jobs'."""
-    apply_many, items = group
-    kind = getattr(apply_many, "__qualname__", type(apply_many).__qualname__)
-    log_outage(logger, logging.ERROR, "deferred_write_dropped", exc, kind=kind, writes=len(items))
+def _kind(apply_many: ApplyMany) -> str:
+    """A kind of write as the log names it: its apply function's qualified name."""
+    return getattr(apply_many, "__qualname__", type(apply_many).__qualname__)
 
 
 def _grouped(batch: list[tuple[ApplyMany | Buffered, Any]]) -> list[_Group]:

@@ -6,6 +6,9 @@ connection, a timeout, a full or read-only Redis (``OOM``, ``READONLY``), a busy
 file pass: retrying the same write later succeeds. A ``WRONGTYPE`` reply (the key holds another
 type), a script's own ``error_reply``, an ``ERR`` for bad arguments, or any bug in the writer's own
 code fail the same way every time: retried, they block every write queued behind them for good.
+So does a misconfigured store (:class:`~jobsystem.store.base.StoreMisconfigured`: refused
+credentials, ``NOAUTH``, ``WRONGPASS``, ``NOPERM``, a database index the server lacks): it is
+mended by an operator, not by waiting.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import redis
 
 from jobsystem.store.base import StoreMisconfigured, StoreUnavailable
 
-__all__ = ["TRANSIENT_REPLY_CODES", "WRAPPERS", "reply_code", "transient", "wrapped"]
+__all__ = ["REFUSED", "TRANSIENT_REPLY_CODES", "WRAPPERS", "reply_code", "transient", "wrapped"]
 
 #: Errors that only carry another's failure: what they wrap says what failed.
 WRAPPERS: tuple[type[BaseException], ...] = (StoreUnavailable,)
@@ -60,6 +63,15 @@ _CLASS_CODES: dict[type[redis.RedisError], str] = {
 }
 
 
+#: Redis errors that refuse this client (its credentials, its rights), whatever class redis-py
+#: derives them from: no retry is let in.
+REFUSED = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+    redis.exceptions.NoPermissionError,
+)
+
+
 def wrapped(exc: BaseException) -> BaseException | None:
     """The first error in ``exc``'s chain (``__cause__``, else ``__context__``) that is not a
     wrapper, or None when ``exc`` is no wrapper or wraps nothing else."""
@@ -87,13 +99,15 @@ def reply_code(error: BaseException) -> str | None:
 def transient(exc: BaseException) -> bool:
     """Whether the same write, tried again later, may succeed: ``exc`` is a store error that wraps
     a lost or timed-out connection, a Redis reply in :data:`TRANSIENT_REPLY_CODES`, or a busy,
-    locked, full or failing SQLite file. A misconfigured store (``NOAUTH``, a database index it
-    lacks) counts too: it fails every write alike, so dropping the failed ones would drop them all,
-    and :class:`StoreMisconfigured` is handled like an outage at run time. Anything else (another
-    reply, a store error that wraps nothing, any other exception) fails again the same way."""
+    locked, full or failing SQLite file. A misconfigured store (``NOAUTH``, ``WRONGPASS``,
+    ``NOPERM``, a database index it lacks) does not pass: until an operator mends the setting
+    every retry gets the same answer. Anything else (another reply, a store error that wraps
+    nothing, any other exception) fails again the same way."""
     if isinstance(exc, StoreMisconfigured):
-        return True
+        return False
     cause = wrapped(exc) if isinstance(exc, StoreUnavailable) else None
+    if isinstance(cause, REFUSED):  # redis-py's ConnectionError, yet the server's answer
+        return False
     if isinstance(cause, redis.ResponseError):
         return reply_code(cause) in TRANSIENT_REPLY_CODES
     if isinstance(cause, redis.RedisError):

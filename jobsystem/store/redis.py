@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import redis
 
 from jobsystem.store.base import Backends, Operations, StateStore, StoreMisconfigured, StoreUnavailable
+from jobsystem.store.failures import REFUSED
 
 if TYPE_CHECKING:
     from jobsystem.store.redis_replies import ReplyLine
@@ -30,7 +31,8 @@ except ImportError:  # installed with redis[hiredis]; without it, redis-py packs
 
 __all__ = ["RedisScript", "RedisStore", "delete_matching", "redis_error", "reply_text", "send_packed"]
 
-#: Redis error replies (first word) that no amount of waiting fixes.
+#: Redis error replies (first word) that no amount of waiting fixes (a recent redis-py strips the
+#: word from some, ``NOPERM``'s: their class says it, see ``REFUSED``).
 _REDIS_MISCONFIGURED = ("NOAUTH", "WRONGPASS", "NOPERM")
 _REDIS_MISCONFIGURED_TEXT = ("DB index is out of range", "unknown command", "invalid DB index")
 
@@ -63,8 +65,7 @@ def redis_error(exc: redis.RedisError) -> StoreUnavailable:
     else, error replies included: they mean "not now", so callers defer). It wraps ``exc``, which
     says whether a retry can help (:func:`jobsystem.store.failures.transient`)."""
     text = str(exc)
-    refused = redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError
-    misconfigured = isinstance(exc, refused) or (
+    misconfigured = isinstance(exc, REFUSED) or (
         isinstance(exc, redis.ResponseError)
         and (text.startswith(_REDIS_MISCONFIGURED) or any(t in text for t in _REDIS_MISCONFIGURED_TEXT))
     )

@@ -67,6 +67,10 @@ def start_worker(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callab
     started: list[Worker] = []
 
     def start(processes: int = 1, threads: int = 4, **env: str) -> Worker:
+        # A worker killed a moment ago may still count among its queues' consumers (RabbitMQ drops
+        # them once it has seen the connections close): counted for the new worker's below, the
+        # wait would end before it subscribed. Wait until only the running workers' count.
+        queues.wait_consumed(running_processes, at_most=True)
         log = tmp_path / f"worker-{len(started)}.log"
         worker = Worker(log, worker_env(prefix, tmp_path, **env), processes=processes, threads=threads)
         started.append(worker)
@@ -76,8 +80,9 @@ def start_worker(prefix: str, tmp_path: Path, queues: Queues) -> Iterator[Callab
         queues.wait_consumed(lambda: running_processes(worker))
         return worker
 
-    def running_processes(worker: Worker) -> int:
-        worker.check_running()
+    def running_processes(worker: Worker | None = None) -> int:
+        if worker is not None:
+            worker.check_running()
         return sum(w.processes for w in started if w.proc.poll() is None)
 
     yield start

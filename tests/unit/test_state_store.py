@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis
+from redis._parsers.base import BaseParser
 
 from jobsystem.store import open_store
 from jobsystem.store.base import Backends, StateStore, StoreMisconfigured, StoreUnavailable
@@ -46,13 +47,22 @@ def test_a_sqlite_error_becomes_a_store_error(tmp_path, raised, expected):
 
 
 @pytest.mark.parametrize(
-    "raised",
-    [redis.ConnectionError("Connection reset"), redis.ResponseError("OOM command not allowed")],
+    ("reply", "expected"),
+    [
+        (redis.ConnectionError("Connection reset"), StoreUnavailable),
+        ("OOM command not allowed when used memory > 'maxmemory'.", StoreUnavailable),
+        ("NOAUTH Authentication required.", StoreMisconfigured),
+        ("ERR DB index is out of range", StoreMisconfigured),
+        # redis-py strips the NOPERM from the text: the class says it, and a worker stops at start.
+        ("NOPERM this user has no permissions to run the 'evalsha' command", StoreMisconfigured),
+    ],
 )
-def test_a_redis_error_becomes_a_store_error(raised):
+def test_a_redis_error_becomes_a_store_error(reply, expected):
+    if not isinstance(reply, redis.RedisError):
+        reply = BaseParser.parse_error(reply)  # type: ignore[no-untyped-call]
     with pytest.raises(StoreUnavailable) as caught, RedisStore("redis://127.0.0.1:6379/15").errors():
-        raise raised
-    assert type(caught.value) is StoreUnavailable
+        raise reply
+    assert type(caught.value) is expected
 
 
 def test_a_failed_sqlite_read_is_a_store_error(tmp_path):

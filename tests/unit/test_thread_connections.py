@@ -21,7 +21,8 @@ RACE_WAIT_S = 1.0
 
 
 class FakeChannel:
-    def __init__(self) -> None:
+    def __init__(self, connection: FakeConnection) -> None:
+        self.connection = connection
         self.is_open = True
 
     def confirm_delivery(self) -> None:
@@ -40,7 +41,7 @@ class FakeConnection:
         self.is_open = True
 
     def channel(self) -> FakeChannel:
-        return FakeChannel()
+        return FakeChannel(self)
 
     def close(self) -> None:
         self.is_open = False
