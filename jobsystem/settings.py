@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -72,17 +72,6 @@ class SettingsError(ImportError):
 
 
 _KEY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, for logs and error messages."""
-    if ";" in url:
-        return ";".join(redact_url(node) for node in url.split(";"))
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class Settings(BaseModel):
