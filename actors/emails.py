@@ -33,6 +33,7 @@ from dramatiq.middleware import CurrentMessage
 
 from actors.files import OutsideDirectory, inside
 from actors.workflows import group
+from jobsystem.mail_address import is_address
 from jobsystem.observability.logs import get_logger
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.system import get_system
@@ -40,7 +41,6 @@ from jobsystem.system import get_system
 logger = get_logger(__name__)
 settings = get_system().settings
 
-_ADDRESS = re.compile(r"^[^@\s<>\"',;]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)+$")
 #: An enhanced status code (RFC 3463) at the start of a reply's text: class and subject.
 _ENHANCED = re.compile(rb"\s*([245])\.(\d{1,3})\.\d{1,3}\b")
 
@@ -199,7 +199,7 @@ def send_email(
     ``attachment``, a report's path, must lie inside ``REPORTS_DIR``. The time limit leaves room
     for every SMTP round trip's timeout (``Settings.smtp_time_limit_ms``).
     """
-    if not _ADDRESS.match(to):
+    if not is_address(to):
         raise InvalidRecipient("recipient address is not valid")
     mail = _build(to, template, context or {}, campaign, attachment)
     _deliver(mail)

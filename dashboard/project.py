@@ -22,7 +22,7 @@ from jobsystem.ops.queue_counts import dead_letter_counts, missing_queues
 from jobsystem.ops.scope import ForeignQueue, project_queues
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker, dead_letter_queue
 from jobsystem.runtime.actor_names import actor_label
-from jobsystem.settings import Settings, redact_url
+from jobsystem.settings import Settings
 from jobsystem.store.audit import AuditBackend, audit_backend
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.buckets import BucketBackend, Level, bucket_backend
@@ -33,6 +33,7 @@ from jobsystem.store.sorted_index import Cursor
 from jobsystem.store.status import StatusBackend, status_backend
 from jobsystem.store.status_records import STATE_RANKS, JobStatus
 from jobsystem.system import System, get_system
+from jobsystem.urls import redact_url
 from jobsystem.workflows import cancel
 from middleware.idempotency import Idempotency
 from scheduler.schedules import DEFAULT_FILE, Schedule, ScheduleError, load_schedules

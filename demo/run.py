@@ -23,8 +23,9 @@ from demo.folders import folder_for, hold_folder, vhost_of
 from demo.sweep import sweep_dead_demos
 from demo.view import Snapshot, render
 from demo.watch import Watching
-from jobsystem.settings import Settings, load_settings, redact_url
+from jobsystem.settings import Settings, load_settings
 from jobsystem.system import System
+from jobsystem.urls import redact_url
 
 
 @dataclass(frozen=True)

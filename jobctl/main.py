@@ -32,7 +32,8 @@ from jobctl.project import (
     require_queues,
     store_unreachable,
 )
-from jobsystem.settings import Settings, redact_url
+from jobsystem.settings import Settings
+from jobsystem.urls import redact_url
 
 if TYPE_CHECKING:
     from jobsystem.store.status_records import JobStatus

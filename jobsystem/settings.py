@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from jobsystem.limits import Limit, parse_limits
+from jobsystem.mail_address import is_address
 from jobsystem.urls import (
     SOCKS_REFUSED,
     check_amqp_url,
@@ -48,6 +49,9 @@ DEFAULT_RATE_LIMITS: dict[str, object] = {"smtp": {"rate": "100/minute", "burst"
 #: The SMTP round trips of one mail, each allowed ``SMTP_TIMEOUT``: connect, greeting, EHLO,
 #: STARTTLS, the TLS handshake (2), EHLO, AUTH (up to 3), MAIL, RCPT, DATA, the mail's end, QUIT.
 SMTP_ROUND_TRIPS = 15
+#: The shortest time limit a mail's job may get: 10 s beyond the round trips (the connection's
+#: set-up and the mail's build), and a timeout of at least 1 s for each round trip.
+SMTP_LEAST_TIME_LIMIT_MS = 10_000 + SMTP_ROUND_TRIPS * 1_000
 
 
 #: The longest duration a setting may hold: ten years, RabbitMQ's own limit for a message TTL.
@@ -72,17 +76,6 @@ class SettingsError(ImportError):
 
 
 _KEY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password replaced by ``***``, for logs and error messages."""
-    if ";" in url:
-        return ";".join(redact_url(node) for node in url.split(";"))
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class Settings(BaseModel):
@@ -207,6 +200,13 @@ class Settings(BaseModel):
         check_smtp_url(value)
         return value
 
+    @field_validator("mail_from")
+    @classmethod
+    def _check_mail_from(cls, value: str) -> str:
+        if not is_address(value):
+            raise ValueError("must be one bare email address, local@domain (no name, space or line break)")
+        return value
+
     @field_validator("state_url")
     @classmethod
     def _check_state_url(cls, value: str) -> str:
@@ -288,6 +288,13 @@ class Settings(BaseModel):
             problems.append(
                 "DELAY_HORIZON_MS: must be at most half of RABBITMQ_CONSUMER_TIMEOUT_MS "
                 "(a worker holds delays up to the horizon unacked until they are due)"
+            )
+        # The mail actor's time limit (90 % of what the wait leaves) must hold every SMTP round trip.
+        if self.longest_time_limit_ms < SMTP_LEAST_TIME_LIMIT_MS:
+            problems.append(
+                f"RABBITMQ_CONSUMER_TIMEOUT_MS: minus RATE_LIMIT_WAIT_MS, must be at least "
+                f"{-(-SMTP_LEAST_TIME_LIMIT_MS * 10 // 9)} ms (the send_email time limit, 90 % of "
+                f"it, must hold 10 s and {SMTP_ROUND_TRIPS} SMTP round trips of at least 1 s)"
             )
         if self.rate_limit_wait_ms >= self.rate_limit_max_delay_ms:
             problems.append("RATE_LIMIT_WAIT_MS: must be below RATE_LIMIT_MAX_DELAY_MS")

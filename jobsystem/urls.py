@@ -25,6 +25,7 @@ __all__ = [
     "check_smtp_url",
     "check_sqlite_url",
     "check_url",
+    "redact_url",
     "socks_proxy_variable",
     "split_credentials",
 ]
@@ -47,6 +48,17 @@ SOCKS_REFUSED = (
     "a SOCKS proxy for RABBITMQ_MANAGEMENT_URL is not supported (no deadline can end its "
     "connections): use an HTTP proxy, or name the host in NO_PROXY"
 )
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password replaced by ``***``, for logs and error messages."""
+    if ";" in url:
+        return ";".join(redact_url(node) for node in url.split(";"))
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def socks_proxy_variable(url: str) -> str | None:

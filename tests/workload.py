@@ -72,6 +72,14 @@ def flaky(token: str, failures: int) -> int:
     return attempts
 
 
+@dramatiq.actor(queue_name=QUEUE)
+def retry_in(token: str, delay_ms: int) -> None:
+    """Ask to be retried ``delay_ms`` from now (noting the run): past the cascade's reach, a due
+    time given as a delay by mistake."""
+    _note("ran", token)
+    raise dramatiq.Retry(delay=delay_ms)
+
+
 @dramatiq.actor(queue_name=QUEUE, throws=(Permanent,))
 def permanent(token: str) -> None:
     """Fail once, for good."""

@@ -21,7 +21,8 @@ import pika.exceptions
 from jobsystem.ops.deadline import Deadline
 from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
 from jobsystem.rabbitmq.delays import DelayCascade
-from jobsystem.settings import Settings, redact_url
+from jobsystem.settings import Settings
+from jobsystem.urls import redact_url
 
 __all__ = ["AmqpCounts", "QueueCounts", "count_queues", "dead_letter_counts", "missing_queues"]
 

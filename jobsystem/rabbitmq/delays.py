@@ -28,11 +28,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from jobsystem.runtime.delay_range import DelayOutOfRange
+
 __all__ = [
     "EXIT_LEAD_MS",
     "LEVELS",
     "MAX_DELAY_MS",
     "DelayCascade",
+    "DelayOutOfRange",
     "bits_of",
     "cascade_seconds",
     "destination_binding",
@@ -67,9 +70,10 @@ def is_cascade_queue(name: str) -> bool:
 
 def cascade_seconds(delay_ms: float) -> int:
     """Whole seconds a message delayed ``delay_ms`` waits in the cascade (0: it need not); a
-    float delay (``timedelta.total_seconds() * 1000``) is taken as Dramatiq takes it."""
+    float delay (``timedelta.total_seconds() * 1000``) is taken as Dramatiq takes it. A delay
+    past ``MAX_DELAY_MS`` raises :class:`DelayOutOfRange`."""
     if delay_ms > MAX_DELAY_MS:
-        raise ValueError(f"a delay may be at most {MAX_DELAY_MS} ms")
+        raise DelayOutOfRange(delay_ms, MAX_DELAY_MS)
     return max(0, int((delay_ms - EXIT_LEAD_MS) // 1000))
 
 

@@ -19,6 +19,7 @@ from dramatiq.errors import ConnectionClosed
 
 from jobsystem.ops.health import check
 from jobsystem.rabbitmq.bulk import send_bulk
+from jobsystem.rabbitmq.delays import MAX_DELAY_MS
 from jobsystem.settings import load_settings
 from jobsystem.store import open_store
 from jobsystem.system import get_system
@@ -234,7 +235,7 @@ def test_a_publish_the_cascade_refuses_raises_at_send_and_holds_a_retry_until_ta
 ):
     queue = queues.name(workload.flaky)
     queues.broker.declare_queue(queue, ensure=True)  # the cascade with it
-    worker = start_worker(JOB_MIN_BACKOFF_MS="100000", JOB_MAX_BACKOFF_MS="100000")  # 50-100 s
+    worker = start_worker(JOB_MIN_BACKOFF_MS="100000", JOB_MAX_BACKOFF_MS="100000")  # 100 s
     with refusing_cascade(queues):
         with pytest.raises(ConnectionClosed):
             send_delayed(queues, workload.record, 60_000, "refused")
@@ -248,3 +249,19 @@ def test_a_publish_the_cascade_refuses_raises_at_send_and_holds_a_retry_until_ta
     )
     assert 50 - 5 <= record.due_at / 1000 - time.time() <= 100
     assert store.llen(f"test:{prefix}attempt:n1") == 1  # not run again while held
+
+
+def test_a_retry_delay_past_the_cascade_dead_letters_its_job_once(start_worker, queues, store, prefix):
+    # It used to be held for redelivery and refused at each one, for ever, an ERROR every 30 s.
+    worker = start_worker()
+    queue = queues.name(workload.retry_in)
+    sent = queues.send(workload.retry_in, "far", MAX_DELAY_MS + 1)
+    wait_for(lambda: queues.depth(queue + ".DLQ") == 1, timeout=60, what="its dead letter")
+    (letter,) = queues.peek(queue + ".DLQ")
+    headers = letter["properties"]["headers"]
+    assert letter["properties"]["message_id"] == sent.message_id
+    assert (headers["x-dl-reason"], headers["x-dl-exception"]) == ("rejected", "DelayOutOfRange")
+    assert "at most" in headers["x-dl-error"]
+    wait_for(lambda: unacked(queues, queue) == 0, timeout=20, what="the delivery acked")
+    assert store.llen(f"test:{prefix}ran:far") == 1 and in_cascade(prefix) == {}
+    assert queues.depth(queue) == 0 and "follow_up_publish_refused" not in worker.output()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobsystem.settings import SettingsError, load_settings, redact_url
+from jobsystem.settings import SettingsError, load_settings
+from jobsystem.urls import redact_url
 
 
 def test_defaults_are_valid():
