@@ -11,26 +11,16 @@ from __future__ import annotations
 
 import json
 import time
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
 
-import pika
 import pytest
 
 from jobsystem.privacy.scrub import Scrubber
-from jobsystem.settings import Settings
 from jobsystem.store import StateStore
-from jobsystem.store.audit import audit_backend
-from jobsystem.store.buckets import bucket_backend
-from jobsystem.store.dead_letter_index import dead_letter_index
-from jobsystem.store.heartbeats import heartbeat_backend
-from jobsystem.store.status import status_backend
 from jobsystem.store.status_records import StatusUpdate, order_of
-from tests.asgi import VIEWER, app_of, call
-
-#: RabbitMQ on a port nobody listens on (the job's page does not ask it).
-SETTINGS = Settings(rabbitmq_url="amqp://guest:guest@127.0.0.1:1/%2F", queue_prefix="t_")
+from tests.asgi import VIEWER, call
+from tests.unit.test_dashboard_app import dashboard
 
 #: What an application's actor may return: its own data, personal data included.
 RESULT = {
@@ -39,30 +29,14 @@ RESULT = {
 }
 
 
-def project_over(store: StateStore) -> SimpleNamespace:
-    """A stand-in of :class:`dashboard.project.Project` over ``store``, with the project's scrubber
-    where the real one has it (``system.scrubber`` and ``scrub``)."""
+def project_over(store: StateStore) -> tuple[Any, Any]:
+    """The app over a stand-in of :class:`dashboard.project.Project` on ``store``
+    (``tests.unit.test_dashboard_app``), with the project's scrubber where the real one has it
+    (``system.scrubber`` and ``scrub``)."""
+    app, project, _ = dashboard(store)
     scrubber = Scrubber()
-    broker = SimpleNamespace(
-        actors={"bill": SimpleNamespace(queue_name=SETTINGS.queue("billing"))},
-        dead_letter_index=SimpleNamespace(backend=dead_letter_index(store)),
-        middleware=[],
-        parameters=pika.URLParameters(SETTINGS.rabbitmq_url),
-        environment=SETTINGS.queue_prefix,
-    )
-    return SimpleNamespace(
-        store=store,
-        settings=SETTINGS,
-        broker=broker,
-        system=SimpleNamespace(broker=broker, scrubber=scrubber, settings=SETTINGS),
-        scrub=scrubber.text,
-        status=status_backend(store),
-        audit=audit_backend(store),
-        heartbeats=heartbeat_backend(store),
-        buckets=bucket_backend(store),
-        dead_letter_index=dead_letter_index(store),
-        idempotency=None,
-    )
+    project.system.scrubber, project.scrub = scrubber, scrubber.text
+    return app, project
 
 
 def succeeded(project: Any, message_id: str, result: Any) -> None:
@@ -81,8 +55,7 @@ def succeeded(project: Any, message_id: str, result: Any) -> None:
     "(jobctl status scrubs it as a structure): personal data in a result shown to the viewer",
 )
 def test_a_jobs_result_is_shown_scrubbed_as_jobctl_status_shows_it(store: StateStore) -> None:
-    project = project_over(store)
-    app, _ = app_of(project)
+    app, project = project_over(store)
     succeeded(project, "m-1", RESULT)
     # What jobctl status prints of the same record (jobctl.main.status): scrubbed as a structure.
     shown_by_jobctl = json.dumps(project.system.scrubber(RESULT))
