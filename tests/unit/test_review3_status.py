@@ -1,12 +1,11 @@
-"""Review 3, status and progress: faults found by reading, each held by a strict xfail that passes
-once the fault is fixed (see the reason of each).
+"""Review 3, status and progress: faults found by reading, fixed since (each test failed before).
 
-- The Redis job index trims its entries by the job's send time, not by the record's life: a job
+- The Redis job index trimmed its entries by the job's send time, not by the record's life: a job
   sent longer than ``JOB_STATUS_TTL_MS`` ago (every job delayed longer than the TTL, a job
-  retried for longer) is left out of the dashboard's job list and state filters while its record
-  lives, scheduled or finished. The SQLite index keeps it for as long as the record (the control).
-- A progress note is cut to 200 characters before it is scrubbed: a personal value that the cut
-  splits no longer matches its pattern, and its first half is stored and shown.
+  retried for longer) was left out of the dashboard's job list and state filters while its record
+  lived, scheduled or finished. The SQLite index keeps it for as long as the record (the control).
+- A progress note was cut to 200 characters before it was scrubbed: a personal value that the cut
+  split no longer matched its pattern, and its first half was stored and shown.
 """
 
 from __future__ import annotations
@@ -39,14 +38,7 @@ def listed(backend: StatusBackend, job_filter: JobFilter) -> list[str]:
 @pytest.mark.parametrize(
     "kind",
     [
-        pytest.param(
-            "redis",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="Redis job index trims entries by send time (score < now - JOB_STATUS_TTL_MS): "
-                "a job sent longer ago than the TTL is unlisted while its record lives",
-            ),
-        ),
+        "redis",
         "sqlite",  # the control: its index entry lives as long as the record
     ],
 )
