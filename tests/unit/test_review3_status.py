@@ -49,9 +49,9 @@ def test_a_job_sent_longer_ago_than_the_status_ttl_stays_listed_while_its_record
     TTL after (README, *Job status*: "scheduled ... its record is kept until due_at +
     JOB_STATUS_TTL_MS"), and it is "filed in the job index the dashboard lists jobs from". When
     it runs, its send time is older than the TTL. On Redis every write of a set of the index
-    trims the members scored (by send time) before now - TTL: the job is gone from the Jobs page,
-    its state filters and its queue's list the moment it is filed, while ``get_status`` and the
-    job's own page still find it."""
+    trimmed the members scored (by send time) before now - TTL: the job was gone from the Jobs
+    page, its state filters and its queue's list the moment it was filed, while ``get_status`` and
+    the job's own page still found it."""
     with fresh_store(kind, tmp_path) as store:
         status = Status(store, ttl_ms=TTL_MS, scheduled_after_ms=30_000)
         broker = RecordingBroker(middleware=[status])
@@ -87,11 +87,6 @@ def note_straddling(address: str, at: int = 200) -> str:
     return head + address + " when the 1280px rendition is done"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Status.report_progress cuts the note to 200 characters before scrubbing it: "
-    "an address split by the cut escapes the scrubber and its first half is stored",
-)
 def test_a_progress_note_is_scrubbed_whole_before_it_is_cut(store: Any) -> None:
     """The same rule as the traceback's (``Status._trace``: "scrubbed before the cut: a value cut in
     two would no longer match its pattern") and the scrubber's own cut (at a space: "half an email
