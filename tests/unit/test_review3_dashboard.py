@@ -1,10 +1,9 @@
-"""Review 3, the dashboard: a fault found by reading, held by a strict xfail that passes once it is
-fixed.
+"""Review 3, the dashboard: a fault found by reading, fixed since (the test failed before).
 
-- A job's result is shown on its page and in ``/api/jobs/{id}`` as the actor returned it, to the
+- A job's result was shown on its page and in ``/api/jobs/{id}`` as the actor returned it, to the
   read-only viewer too, while ``jobctl status`` scrubs the same result as a structure first ("a
-  dict under ``address`` goes whole"): a result holding an address, an email or a name is shown in
-  clear. Arguments, by contrast, are hidden unless the actor opts in, for that very reason.
+  dict under ``address`` goes whole"): a result holding an address, an email or a name was shown
+  in clear. Arguments, by contrast, are hidden unless the actor opts in, for that very reason.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ import json
 import time
 from typing import Any
 from urllib.parse import quote
-
-import pytest
 
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.store import StateStore
@@ -49,11 +46,6 @@ def succeeded(project: Any, message_id: str, result: Any) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dashboard job page and /api/jobs/{id} show the job's result unscrubbed "
-    "(jobctl status scrubs it as a structure): personal data in a result shown to the viewer",
-)
 def test_a_jobs_result_is_shown_scrubbed_as_jobctl_status_shows_it(store: StateStore) -> None:
     app, project = project_over(store)
     succeeded(project, "m-1", RESULT)
