@@ -102,21 +102,30 @@ local function in_chunks(command, set, members)
   end
 end
 
--- The entries whose records expired, out of their sets (queued in REMOVES) and of jobs:until.
+-- The entries whose records expired, out of their sets (queued in REMOVES) and of jobs:until (the
+-- lowest ranks). The six sets' names are made once per queue, actor and state.
 local function expire_entries()
-  local gone = redis.call('ZRANGEBYSCORE', UNTIL, '-inf', NOW, 'LIMIT', 0, TRIM_MAX)
+  local gone, sets_of = redis.call('ZRANGEBYSCORE', UNTIL, '-inf', NOW, 'LIMIT', 0, TRIM_MAX), {}
   for _, entry in ipairs(gone) do
-    local state, q, a, id = string.match(entry, '^([^|]*)|([^|]*)|([^|]*)|(.*)$')
-    if id then
-      take_from(NS .. 'jobs:all', id)
-      take_from(NS .. 'jobs:q:' .. q, id)
-      take_from(NS .. 'jobs:a:' .. a, id)
-      take_from(NS .. 'jobs:s:' .. state, id)
-      take_from(NS .. 'jobs:qs:' .. q .. '|' .. state, id)
-      take_from(NS .. 'jobs:as:' .. a .. '|' .. state, id)
+    local p1 = string.find(entry, '|', 1, true)
+    local p2 = p1 and string.find(entry, '|', p1 + 1, true)
+    local p3 = p2 and string.find(entry, '|', p2 + 1, true)
+    if p3 then
+      local prefix, id = string.sub(entry, 1, p3), string.sub(entry, p3 + 1)
+      local sets = sets_of[prefix]
+      if not sets then
+        local state, q = string.sub(entry, 1, p1 - 1), string.sub(entry, p1 + 1, p2 - 1)
+        local a = string.sub(entry, p2 + 1, p3 - 1)
+        sets = {
+          NS .. 'jobs:all', NS .. 'jobs:q:' .. q, NS .. 'jobs:a:' .. a, NS .. 'jobs:s:' .. state,
+          NS .. 'jobs:qs:' .. q .. '|' .. state, NS .. 'jobs:as:' .. a .. '|' .. state
+        }
+        sets_of[prefix] = sets
+      end
+      for i = 1, 6 do take_from(sets[i], id) end
     end
   end
-  in_chunks('ZREM', UNTIL, gone)
+  if #gone > 0 then redis.call('ZREMRANGEBYRANK', UNTIL, 0, #gone - 1) end
 end
 
 local function write_index(ttl)

@@ -106,3 +106,35 @@ def test_an_entry_of_the_previous_release_is_trimmed_by_its_send_time(
     write(backend, "m-new", "succeeded", clock.now, clock.now)
     assert filed_in(redis, "m-old") == []
     assert filed_in(redis, "m-new") == every_set("succeeded")
+
+
+def test_a_call_takes_out_a_bounded_number_of_expired_entries_the_next_the_rest(
+    redis: RedisStore, clock: SimpleNamespace
+) -> None:
+    """At most 2,000 a call (a burst of expiries never stalls Redis in one call), the oldest first,
+    and exactly those: ``jobs:until`` keeps the others, the next call takes them out."""
+    backend = status_backend(redis)
+    start, jobs = clock.now, 2_100
+    updates = [
+        StatusUpdate(
+            f"m-{n:05}",
+            "q",
+            order_of(1, "queued"),
+            {"state": "queued", "updated_at": str(start)},
+            {"actor": "bill", "queue": "q", "enqueued_at": str(start)},
+        )
+        for n in range(jobs)
+    ]
+    backend.apply(updates, TTL_MS)
+    clock.now += TTL_MS + 1_000
+    # the next calls write no set of queued jobs: their send-time trim cannot take them out
+    queued_key, until_key = f"{redis.namespace}jobs:s:queued", f"{redis.namespace}jobs:until"
+    write(backend, "m-next-1", "succeeded", clock.now, clock.now)
+    assert redis.client.zcard(queued_key) == jobs - 2_000
+    assert redis.client.zcard(until_key) == jobs - 2_000 + 1
+    write(backend, "m-next-2", "succeeded", clock.now, clock.now)
+    assert redis.client.zcard(queued_key) == 0
+    assert sorted(reply_text(m) for m in redis.client.zrange(until_key, 0, -1)) == [
+        "succeeded|q|bill|m-next-1",
+        "succeeded|q|bill|m-next-2",
+    ]
