@@ -6,7 +6,9 @@ message id, else an idempotency key, looked up for each actor (keys are scoped b
 stored hashed, so they can only be found by asking for them whole).
 
 A job's arguments are shown only when its actor opted in (``dashboard_args=True``): they are the
-job's own data and may carry personal data no scrubber recognises.
+job's own data and may carry personal data no scrubber recognises. Its result, kept as the actor
+returned it, is shown scrubbed as ``jobctl status`` shows it (its other texts were scrubbed when
+written).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from dashboard.dead_letters import shown_entry
 from dashboard.project import STATE_RANKS, Cursor, JobFilter, JobStatus, Project, dead_letter_queue
+from jobsystem.ops.status import shown_status
 
 __all__ = ["STATES", "job_detail", "job_list", "job_row"]
 
@@ -105,7 +108,9 @@ def job_detail(project: Project, message_id: str, queue: str | None = None) -> d
     dead = index.get(where, message_id) if index is not None and where else None
     if record is None and dead is None:
         return None
-    data: dict[str, Any] = record.to_dict() if record else {"message_id": message_id, "state": "dead"}
+    # The result as jobctl status shows it: scrubbed (the viewer sees this page too).
+    shown = shown_status(record, project.system.scrubber) if record else None
+    data: dict[str, Any] = shown.to_dict() if shown else {"message_id": message_id, "state": "dead"}
     # The job's own error, renamed: a page's top-level "error" says the page itself failed.
     data["job_error"] = data.pop("error", None)
     data["args_shown"] = record is not None and record.args is not None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -212,7 +211,7 @@ def status(message_id: str, as_json: bool) -> None:
     (JOB_STATUS_TTL_MS, RESULT_TTL_MS), 2 when the state store cannot be reached.
     """
     system = load_system()
-    from jobsystem.ops.status import get_status
+    from jobsystem.ops.status import get_status, shown_status
     from jobsystem.store.base import StoreUnavailable
     from jobsystem.workflows import workflow_status
 
@@ -227,9 +226,9 @@ def status(message_id: str, as_json: bool) -> None:
     if record is None:
         click.echo(json.dumps({"message_id": message_id, "state": "unknown"}) if as_json else "unknown")
         sys.exit(EXIT_DEGRADED)
-    # The result is kept as the actor returned it: scrubbed here as a structure (a dict under
-    # ``address`` goes whole), which the scrubbing stdout, reading text line by line, cannot do.
-    record = dataclasses.replace(record, result=system.scrubber(record.result))
+    # The result is kept as the actor returned it: scrubbed here as a structure, which the
+    # scrubbing stdout, reading text line by line, cannot do.
+    record = shown_status(record, system.scrubber)
     if as_json:
         click.echo(json.dumps(record.to_dict()))
         sys.exit(EXIT_OK)

@@ -221,7 +221,7 @@ class Status(Middleware):
             return
         fields = {"progress": f"{min(max(value, 0.0), 1.0):.4g}"}
         if note is not None:
-            fields["note"] = self.scrub(note[:200])
+            fields["note"] = self.scrub(note)[:200]  # scrubbed whole: a cut value escapes its pattern
         # No state, so no once-fields: the actor is not written (nor needed).
         self._update((), message, None, message.options.get("retries", 0) + 1, fields)
 

@@ -8,8 +8,9 @@ read by the dashboard's job list, which must stay fast with a million records, s
   per combination the dashboard asks for: ``jobs:all``, ``jobs:q:<queue>``, ``jobs:a:<actor>``,
   ``jobs:s:<state>``, ``jobs:qs:<queue>|<state>``, ``jobs:as:<actor>|<state>``. A change of state
   moves the id between the state sets; the record's field ``ix`` says under which state it is
-  filed. Entries sent longer ago than the records' TTL are trimmed whenever a set is written,
-  and a set nobody writes expires whole.
+  filed. An entry is taken out when its record expires (``jobs:until``, see :data:`INDEX_LUA`),
+  however long ago its job was sent: a job delayed past the TTL stays listed while its record
+  lives.
 - SQLite: the table ``job_index`` with one index per filter combination.
 
 A filter with both queue and actor walks the actor's set and keeps the ids also in the queue's.
@@ -39,12 +40,25 @@ __all__ = [
 #: Index maintenance inside the status script: ``index(id, state, queue, actor, score, ix)`` files a
 #: record under ``state`` (taking it out of the sets of ``ix``, the state it was filed under, if
 #: any; the caller then stores ``ix = state``), once per record and script call, with the record's
-#: final state. ``write_index(ttl)`` at the end sends the moves, one ZREM and one ZADD per set and
-#: up to ``INDEX_CHUNK`` arguments (even: ZADD takes score-member pairs; a call from Lua costs more
-#: than a member added), removals first, then trims the sets written. ``NS`` (the store's
-#: namespace) and ``NOW`` (ms) are locals the script declares before it.
+#: final state. ``keep(id, state, queue, actor, sent, expires_at, expires_text)`` says until when a
+#: filed record lives (for each record the call writes, after ``index``; the time also as text:
+#: Redis formats a number handed to a command at a cost above a member's ZADD). ``write_index(ttl)``
+#: at the end sends the moves, one ZREM and one ZADD per set and up to ``INDEX_CHUNK`` arguments
+#: (even: ZADD takes score-member pairs; a call from Lua costs more than a member added), removals
+#: first, and takes out the entries whose records expired. ``NS`` (the store's namespace) and
+#: ``NOW`` (ms) are locals the script declares before it.
+#:
+#: An entry leaves the sets when its record expires, whenever it was sent: ``jobs:until`` scores
+#: ``<state>|<queue>|<actor>|<id>`` (the sets an entry is in; a queue's name holds no ``|``, nor does
+#: an actor's of the project's shape: an entry of one that does is left to the trim by send time)
+#: by its record's expiry, and each call takes out up to ``TRIM_MAX`` entries past it.
+#: ``jobs:reach`` is the longest life (expiry - send time) of an entry filed so far, at least the
+#: TTL: a set written is also trimmed of the entries sent longer ago than that (the previous
+#: release's entries, which ``jobs:until`` does not know), and expires whole when nobody writes it
+#: for that long.
 INDEX_LUA = """
-local ADDS, REMOVES = {}, {}
+local ADDS, REMOVES, KEPT, UNKEPT, REACH = {}, {}, {}, {}, 0
+local UNTIL, REACH_KEY = NS .. 'jobs:until', NS .. 'jobs:reach'
 
 local function file_in(set, score, id)
   local members = ADDS[set] or {}
@@ -68,10 +82,18 @@ local function index(id, state, q, a, score, ix)
     take_from(NS .. 'jobs:s:' .. ix, id)
     take_from(NS .. 'jobs:qs:' .. q .. '|' .. ix, id)
     take_from(NS .. 'jobs:as:' .. a .. '|' .. ix, id)
+    UNKEPT[#UNKEPT + 1] = ix .. '|' .. q .. '|' .. a .. '|' .. id
   end
   file_in(NS .. 'jobs:s:' .. state, score, id)
   file_in(NS .. 'jobs:qs:' .. q .. '|' .. state, score, id)
   file_in(NS .. 'jobs:as:' .. a .. '|' .. state, score, id)
+end
+
+local function keep(id, state, q, a, sent, expires_at, expires_text)
+  KEPT[#KEPT + 1] = expires_text
+  KEPT[#KEPT + 1] = state .. '|' .. q .. '|' .. a .. '|' .. id
+  local life = expires_at - math.min(sent or NOW, NOW)
+  if life > REACH then REACH = life end
 end
 
 local function in_chunks(command, set, members)
@@ -80,15 +102,52 @@ local function in_chunks(command, set, members)
   end
 end
 
+-- The entries whose records expired, out of their sets (queued in REMOVES) and of jobs:until (the
+-- lowest ranks). The six sets' names are made once per queue, actor and state.
+local function expire_entries()
+  local gone, sets_of = redis.call('ZRANGEBYSCORE', UNTIL, '-inf', NOW, 'LIMIT', 0, TRIM_MAX), {}
+  for _, entry in ipairs(gone) do
+    local p1 = string.find(entry, '|', 1, true)
+    local p2 = p1 and string.find(entry, '|', p1 + 1, true)
+    local p3 = p2 and string.find(entry, '|', p2 + 1, true)
+    if p3 then
+      local prefix, id = string.sub(entry, 1, p3), string.sub(entry, p3 + 1)
+      local sets = sets_of[prefix]
+      if not sets then
+        local state, q = string.sub(entry, 1, p1 - 1), string.sub(entry, p1 + 1, p2 - 1)
+        local a = string.sub(entry, p2 + 1, p3 - 1)
+        sets = {
+          NS .. 'jobs:all', NS .. 'jobs:q:' .. q, NS .. 'jobs:a:' .. a, NS .. 'jobs:s:' .. state,
+          NS .. 'jobs:qs:' .. q .. '|' .. state, NS .. 'jobs:as:' .. a .. '|' .. state
+        }
+        sets_of[prefix] = sets
+      end
+      for i = 1, 6 do take_from(sets[i], id) end
+    end
+  end
+  if #gone > 0 then redis.call('ZREMRANGEBYRANK', UNTIL, 0, #gone - 1) end
+end
+
 local function write_index(ttl)
+  local reach = math.max(ttl, tonumber(redis.call('GET', REACH_KEY)) or 0)
+  if REACH > reach then
+    reach = REACH
+    redis.call('SET', REACH_KEY, string.format('%d', reach))
+  end
+  in_chunks('ZREM', UNTIL, UNKEPT)
+  if #KEPT > 0 then
+    in_chunks('ZADD', UNTIL, KEPT)
+    redis.call('PEXPIRE', UNTIL, reach)
+  end
+  expire_entries()
   for set, members in pairs(REMOVES) do in_chunks('ZREM', set, members) end
   for set, members in pairs(ADDS) do
     in_chunks('ZADD', set, members)
-    redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. (NOW - ttl))
-    redis.call('PEXPIRE', set, ttl)
+    redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. (NOW - reach))
+    redis.call('PEXPIRE', set, reach)
   end
 end
-""".replace("INDEX_CHUNK", "1000")
+""".replace("INDEX_CHUNK", "1000").replace("TRIM_MAX", "2000")
 
 
 @dataclass(frozen=True)

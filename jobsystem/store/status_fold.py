@@ -209,6 +209,11 @@ local function write(r)
     index(r.id, state, has[QUEUE] or '', has[ACTOR] or '', score, ix)
     put(r, 'ix', state)
   end
+  -- its index entry lives as long as the record (taken out of the index when it expires)
+  if r.ttl and has[IX] then
+    local expires_at, sent = NOW + tonumber(r.ttl), tonumber(has[ENQUEUED_AT])
+    keep(r.id, has[IX], has[QUEUE] or '', has[ACTOR] or '', sent, expires_at, text(expires_at))
+  end
   if r.line_changed then put(r, 'timeline', r.line and cjson.encode(r.line) or r.line_text) end
   -- in chunks of an even length (names and values stay paired) that unpack can take
   for i = 1, r.n, 1000 do redis.call('HSET', r.key, unpack(r.args, i, math.min(r.n, i + 999))) end

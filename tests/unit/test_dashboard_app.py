@@ -18,6 +18,7 @@ from dashboard.dead_letters import RABBITMQ_TIMEOUT_S, Selection, rabbitmq_count
 from dashboard.guard import SECURITY_HEADERS
 from jobsystem.ops import dead_letters as dead_letter_ops
 from jobsystem.ops.health import HealthReport, Problem
+from jobsystem.privacy.scrub import Scrubber
 from jobsystem.settings import Settings
 from jobsystem.store import StateStore, open_store
 from jobsystem.store.audit import audit_backend
@@ -58,7 +59,7 @@ def dashboard(
         store=store,
         settings=settings,
         broker=broker,
-        system=SimpleNamespace(broker=broker),
+        system=SimpleNamespace(broker=broker, scrubber=Scrubber()),
         status=status_backend(store),
         audit=audit_backend(store),
         heartbeats=heartbeat_backend(store),

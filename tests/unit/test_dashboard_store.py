@@ -186,11 +186,13 @@ def test_a_job_not_yet_finished_may_be_cancelled_a_scheduled_one_too(store):
     from types import SimpleNamespace
 
     from dashboard.jobs import job_detail
+    from jobsystem.privacy.scrub import Scrubber
 
     backend = status_backend(store)
     now = int(time.time() * 1000)
     states = ["queued", "scheduled", "running", "failed", "retrying", "succeeded", "dead", "cancelled"]
     backend.apply([update(f"m-{state}", state, 1, now) for state in states], 60_000)
-    project = SimpleNamespace(status=backend, dead_letter_index=None)
+    system = SimpleNamespace(scrubber=Scrubber())
+    project = SimpleNamespace(status=backend, dead_letter_index=None, system=system)
     cancellable = [s for s in states if job_detail(project, f"m-{s}")["can_cancel"]]  # type: ignore[arg-type, index]
     assert cancellable == ["queued", "scheduled", "running", "failed", "retrying"]

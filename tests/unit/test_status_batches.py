@@ -126,7 +126,8 @@ def _redis_snapshot(store: RedisStore) -> dict[str, Any]:
             found[name] = {reply_text(k): reply_text(v) for k, v in client.hgetall(raw).items()}
         elif kind == "zset":
             scored: list[Any] = client.zrange(raw, 0, -1, withscores=True)  # (member, score) pairs
-            found[name] = [(reply_text(m), s) for m, s in scored]
+            # jobs:until scores each entry by its record's expiry: the time of its write, as a TTL
+            found[name] = sorted((reply_text(m), None if name == "jobs:until" else s) for m, s in scored)
     return found
 
 
