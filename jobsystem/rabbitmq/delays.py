@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from jobsystem.runtime.delay_range import DelayOutOfRange
+from jobsystem.runtime.delay_range import LEVELS, MAX_DELAY_MS, DelayOutOfRange
 
 __all__ = [
     "EXIT_LEAD_MS",
@@ -45,13 +45,6 @@ __all__ = [
     "seconds_of",
     "skip_binding",
 ]
-
-#: Levels of the cascade: 2**29 - 1 s (17 years) covers every duration a setting may hold
-#: (ten years); the longest level's TTL, 2**28 s, stays under RabbitMQ's ten-year TTL limit.
-LEVELS = 29
-
-#: The longest delay the cascade holds.
-MAX_DELAY_MS = (2**LEVELS - 1) * 1000
 
 #: How long before its eta a message leaves the cascade (at least; at most one second more):
 #: the worker then holds it for this last stretch and releases it at its eta to the millisecond

@@ -1,9 +1,17 @@
-"""The error of a delay longer than the broker can hold: a primitive, so that the middleware that
-publishes retries can tell it from a refusal by RabbitMQ (``jobsystem.rabbitmq.delays`` raises it)."""
+"""How long a delay the broker can hold, and the error of a longer one: a primitive, so that the
+middleware that publishes retries can tell it from a refusal by RabbitMQ
+(``jobsystem.rabbitmq.delays`` raises it) and the message-shape check knows the same reach."""
 
 from __future__ import annotations
 
-__all__ = ["DelayOutOfRange"]
+__all__ = ["LEVELS", "MAX_DELAY_MS", "DelayOutOfRange"]
+
+#: Levels of the delay cascade: 2**29 - 1 s (17 years) covers every duration a setting may hold
+#: (ten years); the longest level's TTL, 2**28 s, stays under RabbitMQ's ten-year TTL limit.
+LEVELS = 29
+
+#: The longest delay the cascade holds.
+MAX_DELAY_MS = (2**LEVELS - 1) * 1000
 
 
 class DelayOutOfRange(ValueError):

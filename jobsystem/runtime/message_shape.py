@@ -30,6 +30,8 @@ from dramatiq import Message
 from dramatiq.encoder import JSONEncoder
 from dramatiq.message import get_encoder
 
+from jobsystem.runtime.delay_range import MAX_DELAY_MS
+
 __all__ = [
     "FIELDS",
     "OPTION_SHAPES",
@@ -114,10 +116,9 @@ def _absent(value: Any) -> bool:
     return False
 
 
-#: How far ahead an ``eta`` may lie: the delay cascade's reach (``jobsystem.rabbitmq.delays``),
-#: 17 years. One further off (an eta in microseconds) could never be scheduled, only refused
-#: forever, so it is malformed.
-ETA_REACH_MS = (2**29 - 1) * 1000
+#: How far ahead an ``eta`` may lie: the delay cascade's reach, 17 years. One further off (an eta
+#: in microseconds) could never be scheduled, only refused forever, so it is malformed.
+ETA_REACH_MS = MAX_DELAY_MS
 
 
 def _eta(value: Any) -> bool:
