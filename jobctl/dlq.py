@@ -333,7 +333,7 @@ def _not_found(message_ids: tuple[str, ...], found: set[str]) -> bool:
     "-o",
     type=click.Path(dir_okay=False, writable=True, allow_dash=True),
     default="-",
-    help="File to write (default stdout); written whole or not at all (owner-only, as it holds bodies).",
+    help="File to write (default stdout), whole or not at all (a new one owner-only: it holds bodies).",
 )
 def export(selected: Selected, output: str) -> None:
     """Write dead letters as JSON lines (record, traceback, body), for audit; removes nothing.
