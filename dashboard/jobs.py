@@ -13,6 +13,7 @@ written).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dashboard.dead_letters import shown_entry
@@ -110,7 +111,11 @@ def job_detail(project: Project, message_id: str, queue: str | None = None) -> d
         return None
     # The result as jobctl status shows it: scrubbed (the viewer sees this page too).
     shown = shown_status(record, project.system.scrubber) if record else None
-    data: dict[str, Any] = shown.to_dict() if shown else {"message_id": message_id, "state": "dead"}
+    # A dead letter whose record expired: the record's fields unknown (the page reads each one).
+    unknown: dict[str, Any] = {**dict.fromkeys(f.name for f in dataclasses.fields(JobStatus)), "timeline": []}
+    data: dict[str, Any] = (
+        shown.to_dict() if shown else {**unknown, "message_id": message_id, "state": "dead"}
+    )
     # The job's own error, renamed: a page's top-level "error" says the page itself failed.
     data["job_error"] = data.pop("error", None)
     data["args_shown"] = record is not None and record.args is not None

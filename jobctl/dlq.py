@@ -87,6 +87,16 @@ def filter_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return with_filters
 
 
+def replays_option(more: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--replays N``: only the dead letters whose job had been replayed N times (list, purge)."""
+    return click.option(
+        "--replays",
+        type=click.IntRange(min=0),
+        help="Only the dead letters whose job had been replayed this many times before it failed"
+        f" (0: never; list and show say it){more}.",
+    )
+
+
 class Context:
     """The project and the filters of one command; ``reading`` (list, show, export) also takes a
     queue named by ``--queue`` that is none of the project's, if its ``.DLQ`` exists."""
@@ -149,17 +159,19 @@ def dlq() -> None:
 
 @dlq.command("list")
 @filter_options
+@replays_option()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
-def list_(selected: Selected, as_json: bool) -> None:
+def list_(selected: Selected, replays: int | None, as_json: bool) -> None:
     """List dead letters (streamed: fine for 100k)."""
     ctx = Context((), selected, reading=True)
+    filters = dataclasses.replace(ctx.filters, replays=replays)
     count = 0
 
     def listed() -> str:
         return f"{count} dead letter(s) in {len(ctx.queues)} queue(s)"
 
     with stopping(ctx, lambda: f"{listed()} so far"):
-        for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
+        for dead in ctx.ops.read(ctx.broker, ctx.queues, filters):
             count += 1
             if as_json:
                 click.echo(ctx.ops.to_json_line(dead.summary()))
@@ -167,10 +179,16 @@ def list_(selected: Selected, as_json: bool) -> None:
                 failed = dead.failed_at.strftime("%Y-%m-%d %H:%M:%S") if dead.failed_at else "?"
                 click.echo(
                     f"{dead.message_id}  {failed}  {dead.queue}  {dead.actor or '-'}  {dead.reason}  "
-                    f"{dead.exception or NO_EXCEPTION}  attempts={dead.attempts}  {dead.error[:80]}"
+                    f"{dead.exception or NO_EXCEPTION}  attempts={dead.attempts}  "
+                    f"replays={_count(dead.replays)}  {dead.error[:80]}"
                 )
     click.echo(listed(), err=True)
     sys.exit(0 if ctx.complete else EXIT_DEGRADED)
+
+
+def _count(value: int | None) -> str:
+    """A count as the terminal shows it; one not known (a body that is not a message) as ``-``."""
+    return "-" if value is None else str(value)
 
 
 def body_view(body: bytes) -> dict[str, Any] | str:
@@ -228,6 +246,7 @@ def show(message_id: str, queue: str | None, modules: tuple[str, ...]) -> None:
         for dead in ctx.ops.read(ctx.broker, ctx.queues, ctx.filters):
             data = dead.summary()
             width = max(len(k) for k in data)
+            data["replays"] = _count(dead.replays)
             for key, value in data.items():
                 click.echo(f"{key:<{width}}  {value}")
             click.echo(f"\nbody\n{_shown(dead.body)}\n\ntraceback\n{dead.traceback or '(none)'}")
@@ -288,12 +307,9 @@ def _so_far(outcome: Any) -> str:
 @click.argument("message_ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every dead letter that matches the filters.")
 @filter_options
-@click.option(
-    "--replays",
-    type=click.IntRange(min=0),
-    help="Only the dead letters whose job had been replayed this many times before it failed (0: never),"
-    " as the purge a stopped retry names: a newer dead letter of the same job (its replay failed again)"
-    " is left.",
+@replays_option(
+    ", as the purge a stopped retry names: a newer dead letter of the same job (its replay failed"
+    " again) is left"
 )
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def purge(

@@ -25,6 +25,7 @@ import pika.spec
 from dramatiq import Message
 
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
+from jobsystem.rabbitmq.dead_letter_indexer import replays_of
 from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
 from jobsystem.runtime.message_shape import decode, int_option
 from jobsystem.store.dead_letter_index import DeadLetterEntry
@@ -166,8 +167,7 @@ class DeadLetter:
         body's option ``replays``; 0 when not set), None for a body that is not a message. A replay
         counts one more, so a replay that fails again is a newer dead letter of the same message
         id with one replay more."""
-        message = decode(self.body, None)
-        return int_option(message.options, record.REPLAYS) if isinstance(message, Message) else None
+        return replays_of(self.body)
 
     def summary(self) -> dict[str, Any]:
         """The record without traceback and body (``list``)."""
@@ -179,6 +179,8 @@ class DeadLetter:
             "exception": self.exception,
             "error": self.error,
             "attempts": self.attempts,
+            # How many times it was replayed (None: not a message): what ``purge --replays`` takes.
+            "replays": self.replays,
             "enqueued_at": self.enqueued_at.isoformat() if self.enqueued_at else None,
             "failed_at": self.failed_at.isoformat() if self.failed_at else None,
         }
@@ -210,6 +212,7 @@ class DeadLetter:
             attempts=self.attempts,
             enqueued_at=millis(self.enqueued_at),
             failed_at=millis(self.failed_at) or 0,
+            replays=self.replays,
         )
 
     def replay_message(self) -> Message[Any] | None:

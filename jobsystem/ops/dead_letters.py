@@ -363,7 +363,8 @@ def reindex(broker: ProjectBroker, dead_letter_queue: str) -> Reindexed:
     removed), with the letters the project may change (:func:`~jobsystem.ops.scope.changeable`):
     a queue no actor declares brings only the project's own dead letters into the index, never
     another application's. Dead letters that arrive during the read may be left out: run it
-    again if the counts still disagree. One that cannot go on raises :class:`ReadStopped`."""
+    again if the counts still disagree. One that cannot go on raises :class:`ReadStopped`, the
+    index as it was (replaced whole or not at all)."""
     index = broker.dead_letter_index
     if index is None:
         return Reindexed(0, 0)
@@ -375,7 +376,7 @@ def reindex(broker: ProjectBroker, dead_letter_queue: str) -> Reindexed:
                 entries.append(dead.index_entry())
             else:
                 left_out += 1
-    with read_only(f"the index of {queue} may now lack letters; re-index again once the store answers"):
+    with read_only(f"the index of {queue} is as it was; re-index again once the store answers"):
         index.backend.replace(queue, entries)
     return Reindexed(len(entries), left_out)
 

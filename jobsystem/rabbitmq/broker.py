@@ -311,7 +311,7 @@ class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
                     mandatory=True,
                 )
                 if self.dead_letter_index is not None:  # confirmed: filed for the dashboard
-                    self.dead_letter_index.record(q_name(queue_name), message_id, headers)
+                    self.dead_letter_index.record(q_name(queue_name), message_id, headers, body)
                 return
             except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as exc:
                 del self.connection

@@ -14,13 +14,16 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from dramatiq import Message
+
 from jobsystem.runtime.actor_names import actor_label
 from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.message_shape import decode, int_option
 from jobsystem.store.base import StateStore
 from jobsystem.store.dead_letter_index import DeadLetterEntry, IndexBackend, dead_letter_index
 from middleware import dead_letters as record
 
-__all__ = ["DeadLetterIndexer", "entry_from_headers"]
+__all__ = ["DeadLetterIndexer", "entry_from_headers", "replays_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +41,18 @@ def _millis(value: Any) -> int | None:
         return None
 
 
-def entry_from_headers(queue: str, message_id: str, headers: Mapping[str, Any]) -> DeadLetterEntry:
-    """The index entry of a dead letter published with ``headers`` (its ``x-dl-*`` record)."""
+def replays_of(body: bytes) -> int | None:
+    """How many times the job in a dead letter's ``body`` had been replayed from the dead letters
+    (its option ``replays``; 0 when not set), None for a body that is not a message."""
+    message = decode(body, None)
+    return int_option(message.options, record.REPLAYS) if isinstance(message, Message) else None
+
+
+def entry_from_headers(
+    queue: str, message_id: str, headers: Mapping[str, Any], replays: int | None = None
+) -> DeadLetterEntry:
+    """The index entry of a dead letter published with ``headers`` (its ``x-dl-*`` record) whose
+    job had been replayed ``replays`` times (:func:`replays_of` its body)."""
     attempts = headers.get(record.HEADER_ATTEMPTS)
     return DeadLetterEntry(
         queue=queue,
@@ -52,6 +65,7 @@ def entry_from_headers(queue: str, message_id: str, headers: Mapping[str, Any]) 
         attempts=attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else 0,
         enqueued_at=_millis(headers.get(record.HEADER_ENQUEUED_AT)),
         failed_at=_millis(headers.get(record.HEADER_FAILED_AT)) or 0,
+        replays=replays,
     )
 
 
@@ -72,11 +86,13 @@ class DeadLetterIndexer:
         self.max_length = max_length
         self.writes = DeferredWrites(store)
 
-    def record(self, queue: str, message_id: str, headers: Mapping[str, Any]) -> None:
-        """Index a dead letter RabbitMQ confirmed. Never raises: the dead letter is safe already,
-        and a raise in the publish path would publish it again."""
+    def record(self, queue: str, message_id: str, headers: Mapping[str, Any], body: bytes = b"") -> None:
+        """Index a dead letter RabbitMQ confirmed (``body``: what it holds, for its replays). Never
+        raises: the dead letter is safe already, and a raise in the publish path would publish it
+        again."""
         try:
-            self.writes.submit(self._add_many, entry_from_headers(queue, message_id, headers))
+            entry = entry_from_headers(queue, message_id, headers, replays_of(body))
+            self.writes.submit(self._add_many, entry)
         except Exception:
             logger.exception("dead_letter_index_failed", extra={"message_id": message_id})
 

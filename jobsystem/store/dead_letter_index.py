@@ -19,18 +19,21 @@ queue, actor, exception and time, and touches RabbitMQ only to act on them.
 One entry per (queue, message id); a message dead-lettered twice counts two ``copies``.
 Redis: records in the hash ``dl:rec`` (field ``<queue>|<message id>``), sorted sets per filter
 value (:mod:`jobsystem.store.sorted_index`), counts per queue in ``dl:count``, distinct actors and
-exceptions in ``dl:facet:a`` / ``dl:facet:e``. SQLite: the table ``dead_letter_index``
+exceptions in ``dl:facet:a`` / ``dl:facet:e``; a re-index's entries kept aside in the list
+``dl:reindex:<random>`` (expiring) until one script swaps them in. SQLite: the table ``dead_letter_index``
 (:mod:`jobsystem.store.dead_letter_index_sqlite`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from jobsystem.store.base import Backends, StateStore
+from jobsystem.store.base import Backends, StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore, reply_text
 from jobsystem.store.sorted_index import Cursor, redis_walk
 
@@ -59,6 +62,9 @@ class DeadLetterEntry:
     enqueued_at: int | None
     failed_at: int
     copies: int = 1
+    #: How many times its job had been replayed from the dead letters (None: not known, its body
+    #: not a message or indexed before the index kept it): what ``purge --replays`` matches.
+    replays: int | None = None
 
     @property
     def member(self) -> str:
@@ -164,14 +170,16 @@ if ARGV[5] == 'remove' then
   end
   return 0
 end
+local function clear(queue)
+  for _, member in ipairs(redis.call('ZRANGE', ns .. 'dl:ix:q:' .. queue, 0, -1)) do drop(member) end
+  redis.call('HDEL', ns .. 'dl:count', queue)
+end
 if ARGV[5] == 'clear' then
-  for _, member in ipairs(redis.call('ZRANGE', ns .. 'dl:ix:q:' .. ARGV[6], 0, -1)) do drop(member) end
-  redis.call('HDEL', ns .. 'dl:count', ARGV[6])
+  clear(ARGV[6])
   return 0
 end
 local queues = {}
-for i = 6, #ARGV do
-  local e = cjson.decode(ARGV[i])
+local function file(e)
   local member = e.queue .. '|' .. e.message_id
   local raw = redis.call('HGET', rec, member)
   if raw then  -- another copy: filed again under this copy's record
@@ -187,6 +195,22 @@ for i = 6, #ARGV do
   redis.call('HINCRBY', ns .. 'dl:count', e.queue, 1)
   queues[e.queue] = true
 end
+if ARGV[5] == 'stage' then  -- a re-index's entries, kept aside under a key of their own
+  redis.call('RPUSH', ARGV[6], unpack(ARGV, 7))
+  redis.call('PEXPIRE', ARGV[6], 600000)
+  return 0
+end
+if ARGV[5] == 'swap' then  -- the staged entries made the queue's whole index, at once
+  local staged, queue = ARGV[6], ARGV[7]
+  if redis.call('LLEN', staged) ~= tonumber(ARGV[8]) then return -1 end  -- expired: change nothing
+  clear(queue)
+  for start = 0, tonumber(ARGV[8]) - 1, 500 do
+    for _, raw in ipairs(redis.call('LRANGE', staged, start, start + 499)) do file(cjson.decode(raw)) end
+  end
+  redis.call('DEL', staged)
+  return 0
+end
+for i = 6, #ARGV do file(cjson.decode(ARGV[i])) end
 if ttl then
   local old = redis.call('ZRANGEBYSCORE', ns .. 'dl:ix:all', '-inf', now - ttl, 'LIMIT', 0, 1000)
   for _, member in ipairs(old) do drop(member) end
@@ -210,12 +234,12 @@ class RedisIndex(IndexBackend):
         self._script = store.script(_ADD)
 
     def _run(
-        self, mode: str, items: list[str], ttl_ms: int | None = None, max_length: int | None = None
-    ) -> None:
+        self, mode: str, items: list[Any], ttl_ms: int | None = None, max_length: int | None = None
+    ) -> Any:
         now = self.store.now_ms() if ttl_ms else 0
         args = [self.store.namespace, ttl_ms or "", max_length or "", now, mode, *items]
         with self.store.errors():
-            self._script(keys=[], args=args)
+            return self._script(keys=[], args=args)
 
     def add(self, entries: list[DeadLetterEntry], *, ttl_ms: int | None, max_length: int | None) -> None:
         if entries:
@@ -227,6 +251,25 @@ class RedisIndex(IndexBackend):
 
     def clear(self, queue: str) -> None:
         self._run("clear", [queue])
+
+    def replace(self, queue: str, entries: list[DeadLetterEntry], chunk: int = 500) -> None:
+        """Make ``entries`` the whole index of ``queue`` at once: they are kept aside under a key
+        of the namespace's own (``dl:reindex:<random>``, expiring), ``chunk`` per round trip, then
+        one script clears the queue's entries and files them (the index is several structures
+        shared by every queue: no single key to rename). A store that fails before that script
+        leaves the index as it was, and the key is deleted (or expires, if the store is down)."""
+        staged = self.store.key(f"dl:reindex:{uuid.uuid4().hex}")
+        try:
+            for start in range(0, len(entries), chunk):
+                self._run(
+                    "stage", [staged, *(json.dumps(e.to_dict()) for e in entries[start : start + chunk])]
+                )
+            if self._run("swap", [staged, queue, len(entries)]) == -1:
+                raise StoreUnavailable("redis: the re-index's entries expired before they were filed")
+        except BaseException:
+            with contextlib.suppress(StoreUnavailable), self.store.errors():
+                self.store.client.delete(staged)
+            raise
 
     def _records(self, members: list[str]) -> list[DeadLetterEntry]:
         if not members:

@@ -26,8 +26,10 @@ CREATE TABLE IF NOT EXISTS dead_letter_index (
     enqueued_at INTEGER,
     failed_at INTEGER NOT NULL,
     copies INTEGER NOT NULL,
+    replays INTEGER,
     UNIQUE (ns, queue, message_id)
 );
+ALTER TABLE dead_letter_index ADD COLUMN replays INTEGER;
 CREATE INDEX IF NOT EXISTS dead_letter_index_all ON dead_letter_index (ns, failed_at);
 CREATE INDEX IF NOT EXISTS dead_letter_index_q ON dead_letter_index (ns, queue, failed_at);
 CREATE INDEX IF NOT EXISTS dead_letter_index_a ON dead_letter_index (ns, actor, failed_at);
@@ -35,12 +37,13 @@ CREATE INDEX IF NOT EXISTS dead_letter_index_e ON dead_letter_index (ns, excepti
 """
 
 _COLUMNS = (
-    "queue, message_id, actor, reason, exception, error, traceback, attempts, enqueued_at, failed_at, copies"
+    "queue, message_id, actor, reason, exception, error, traceback, attempts, enqueued_at, failed_at, copies,"
+    " replays"
 )
 
 
-def _times(e: DeadLetterEntry) -> tuple[int, int | None, int]:
-    return e.attempts, e.enqueued_at, e.failed_at
+def _counts(e: DeadLetterEntry) -> tuple[int, int | None, int, int | None]:
+    return e.attempts, e.enqueued_at, e.failed_at, e.replays
 
 
 def _entry(row: tuple[Any, ...]) -> DeadLetterEntry:
@@ -60,11 +63,12 @@ class SqliteIndex(IndexBackend):
             for e in entries:
                 conn.execute(
                     f"INSERT INTO dead_letter_index (ns, {_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?) "
                     "ON CONFLICT (ns, queue, message_id) DO UPDATE SET actor = excluded.actor, "
                     "reason = excluded.reason, exception = excluded.exception, error = excluded.error, "
                     "traceback = excluded.traceback, attempts = excluded.attempts, "
-                    "enqueued_at = excluded.enqueued_at, failed_at = excluded.failed_at, copies = copies + 1",
+                    "enqueued_at = excluded.enqueued_at, failed_at = excluded.failed_at, "
+                    "copies = copies + 1, replays = excluded.replays",
                     (
                         ns,
                         e.queue,
@@ -74,7 +78,7 @@ class SqliteIndex(IndexBackend):
                         e.exception,
                         e.error,
                         e.traceback,
-                        *_times(e),
+                        *_counts(e),
                     ),
                 )
             if ttl_ms:
@@ -106,6 +110,12 @@ class SqliteIndex(IndexBackend):
             conn.execute(
                 "DELETE FROM dead_letter_index WHERE ns = ? AND queue = ?", (self.store.namespace, queue)
             )
+
+    def replace(self, queue: str, entries: list[DeadLetterEntry], chunk: int = 500) -> None:
+        """Make ``entries`` the whole index of ``queue`` in one transaction: a store that fails
+        part-way leaves the index as it was."""
+        with self.store.transaction():  # the clear and each chunk's add join it
+            super().replace(queue, entries, chunk)
 
     def get(self, queue: str, message_id: str) -> DeadLetterEntry | None:
         rows = self.store.rows(

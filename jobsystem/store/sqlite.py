@@ -7,6 +7,7 @@ busy timeout. Features keep their own tables (:meth:`SqliteStore.ensure_schema`)
 from __future__ import annotations
 
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -159,7 +160,7 @@ class SqliteStore(StateStore):
                 conn.execute("BEGIN IMMEDIATE")
                 for ddl in pending:
                     for statement in _statements(ddl):
-                        conn.execute(statement)
+                        _run_ddl(conn, statement)
                 conn.execute("COMMIT")
             except BaseException as exc:  # an interrupt too: see transaction()
                 if conn.in_transaction:
@@ -336,6 +337,19 @@ def _statements(ddl: str) -> Iterator[str]:
             pending = ""
     if pending.strip(" \n\t;"):
         yield pending
+
+
+_ADD_COLUMN = re.compile(r"\s*ALTER TABLE (\w+) ADD COLUMN (\w+)", re.IGNORECASE)
+
+
+def _run_ddl(conn: sqlite3.Connection, statement: str) -> None:
+    """One schema statement; ``ALTER TABLE t ADD COLUMN c`` only where ``t`` lacks ``c`` (SQLite
+    has no ``IF NOT EXISTS`` for a column: a table an earlier release made gains it once, under
+    the write lock, so two processes never both add it)."""
+    added = _ADD_COLUMN.match(statement)
+    if added and added[2] in {row[1] for row in conn.execute(f"PRAGMA table_info({added[1]})")}:
+        return
+    conn.execute(statement)
 
 
 def _as_store_error(exc: sqlite3.Error | OSError) -> StoreUnavailable:

@@ -134,7 +134,7 @@ def test_a_reindex_whose_store_fails_names_its_error_by_class(
         ops.reindex(indexed.broker, "p-work.DLQ")
     assert stopped.value.note == (
         "stopped: the state store did not answer (StoreUnavailable: ConnectionError): the index of"
-        " p-work may now lack letters; re-index again once the store answers"
+        " p-work is as it was; re-index again once the store answers"
     )
 
 
