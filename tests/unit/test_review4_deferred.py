@@ -6,12 +6,13 @@ message (its ack lost with a connection) is skipped as ``completed``. Refused by
 moment, the completion is now dropped for good (a refusal is classed "misconfigured"): the key
 stays pending, its lease lapses, and the next copy of the message runs the job a second time,
 though the store answered again a moment later. Before the merge it was retried until the store
-took it. Refusals that pass: ``NOAUTH`` from a proxy (a TLS or
-cluster proxy, a cloud endpoint) whose Redis behind it restarted with ``requirepass``: redis-py
-only authenticates a new connection, and it drops the one that got ``NOAUTH`` (an
-``AuthenticationError`` is a ``ConnectionError``), so the next write, on a new connection, is
-taken; ``WRONGPASS``/``NOPERM`` while a password or an ACL is rolled out to the servers before
-the workers' secret, or after a failover to a replica whose ACL lags.
+took it. Refusals that pass: ``NOAUTH`` from a proxy (TLS, cluster, a cloud endpoint) whose
+Redis behind it restarted with ``requirepass``: the completion script runs on the thread's own
+connection, outside redis-py's retry, so it gets the ``NOAUTH``; ``RedisScript`` drops that
+connection (an ``AuthenticationError`` is a ``ConnectionError``) and the next call, on a new
+connection that authenticates, is taken. ``WRONGPASS``/``NOPERM`` while a password or an ACL is
+rolled out to the servers before the workers' secret, or after a failover to a replica whose ACL
+lags.
 
 And ``MISCONF`` (Redis cannot persist its snapshot: the disk of its host is full) refuses every
 write until the disk has room, as SQLite's ``SQLITE_FULL`` does, which passes; it is not counted
