@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from jobsystem.runtime.actor_names import actor_label
-from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.deferred import DeferredWrites, best_effort
 from jobsystem.store.base import StateStore
 from jobsystem.store.dead_letter_index import DeadLetterEntry, IndexBackend, dead_letter_index
 from middleware import dead_letters as record
@@ -80,6 +80,7 @@ class DeadLetterIndexer:
         except Exception:
             logger.exception("dead_letter_index_failed", extra={"message_id": message_id})
 
+    @best_effort  # an index entry: a misconfigured store may drop it
     def _add_many(self, view: StateStore, entries: list[DeadLetterEntry]) -> None:
         self.backend.add(entries, ttl_ms=self.ttl_ms, max_length=self.max_length)
 
