@@ -1,23 +1,18 @@
-"""Review 4 of ``fix/leftovers``: a broker's ``close()`` that gave up on a close leaves the
-connection in its owner's hands while a helper thread is still closing it.
+"""After a broker's ``close()`` gave up on a close, no thread is handed the connection a helper
+thread is still closing.
 
-``ThreadConnections.close()`` now closes each connection (its channels first) on a helper thread
-and returns after the bound; the module says a close left to its thread is "no one else's by
-then: its owner gave it up". ``del broker.connection`` and the watchdog's round do take the
-connection from its owner first; ``close()`` does not: every thread's thread-local still holds
-its connection, open (the helper is still waiting for RabbitMQ's ``Channel.CloseOk``). The next
-publish or declare of that thread (Dramatiq opens anew after ``close()`` only once a use fails)
-runs on the very connection the helper thread is pumping: two threads in one pika
-``BlockingConnection``, which is not thread-safe. Before the merge ``close()`` returned only once
-the close had ended, so the connection handed out next was a closed one (its use fails, and
-Dramatiq opens a new one). The strict xfail fails today because of the fault its reason names.
+``ThreadConnections.close()`` closes each connection (its channels first) on a helper thread and
+returns after the bound, the close perhaps still waiting for RabbitMQ's ``Channel.CloseOk``. Review
+4 of ``fix/leftovers`` found every thread's thread-local still holding its connection, open: the
+thread's next publish or declare ran on the very connection the helper thread was pumping, two
+threads in one pika ``BlockingConnection``, which is not thread-safe. ``close()`` now takes every
+connection and channel from its thread first (as ``del broker.connection`` and the watchdog's
+round do): a thread's next use opens a new one, and its release closes nothing twice.
 """
 
 from __future__ import annotations
 
 import threading
-
-import pytest
 
 from jobsystem.rabbitmq.broker import ProjectBroker
 from tests.support import within
@@ -32,11 +27,6 @@ def closing_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("close-") and t.is_alive()]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after close() gives up, each thread's thread-local still hands out its open connection while"
-    " a helper thread is still closing it: the next publish shares a pika connection across threads",
-)
 def test_after_a_close_given_up_no_thread_is_handed_the_connection_being_closed(
     broker: ProjectBroker,
 ) -> None:
@@ -50,6 +40,34 @@ def test_after_a_close_given_up_no_thread_is_handed_the_connection_being_closed(
     first, after, still_open = within(RETURNS_WITHIN_S, close_then_use)
     assert closing_threads(), "the close was answered: nothing to race"
     assert not (after is first and still_open), "handed the open connection a helper thread is closing"
+
+
+def test_after_a_close_given_up_a_thread_publishes_on_a_new_channel_of_a_new_connection(
+    broker: ProjectBroker,
+) -> None:
+    def close_then_publish() -> tuple[object, object, object]:
+        first, channel = broker.connection, broker.channel
+        broker.close()
+        return first, channel, broker.channel  # what Dramatiq's enqueue publishes on
+
+    first, channel, after = within(RETURNS_WITHIN_S, close_then_publish)
+    assert closing_threads(), "the close was answered: nothing to race"
+    assert after is not channel and after.connection is not first  # type: ignore[attr-defined]
+
+
+def test_a_thread_releasing_after_a_close_given_up_closes_nothing_twice(broker: ProjectBroker) -> None:
+    """Its release (a dashboard request's end) leaves the connection to the helper closing it: a
+    second close would run on a second helper thread, in the same pika connection."""
+
+    def close_then_release() -> tuple[int, int]:
+        assert broker.channel.is_open
+        broker.close()
+        closing = len(closing_threads())
+        del broker.connection
+        return closing, len(closing_threads())
+
+    closing, after_release = within(RETURNS_WITHIN_S, close_then_release)
+    assert closing and after_release == closing
 
 
 def test_a_thread_releasing_its_connection_first_is_handed_a_new_one(broker: ProjectBroker) -> None:
