@@ -51,7 +51,7 @@ from jobsystem.store.failures import misconfigured, transient
 #: Applies many queued items of one kind to a batch view of the store, in one operation if it can.
 ApplyMany = Callable[[StateStore, list[Any]], None]
 
-__all__ = ["ApplyMany", "Buffered", "DeferredWrites", "best_effort"]
+__all__ = ["ApplyMany", "Buffered", "DeferredWrites", "best_effort", "is_best_effort"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,11 @@ def best_effort(apply_many: _Apply) -> _Apply:
     Unmarked kinds are kept until the store takes them."""
     setattr(apply_many, _BEST_EFFORT, True)
     return apply_many
+
+
+def is_best_effort(apply_many: Callable[..., Any]) -> bool:
+    """Whether ``apply_many`` (a function, a bound method, a callable object) is :func:`best_effort`."""
+    return getattr(apply_many, _BEST_EFFORT, False) is True
 
 
 class Buffered:
@@ -228,7 +233,7 @@ class DeferredWrites:
         kind a guarantee rests on (not :func:`best_effort`). Its first refusal is an ERROR line,
         later ones DEBUG; its retries back off."""
         apply_many, items = group
-        if not misconfigured(exc) or getattr(apply_many, _BEST_EFFORT, False) is True:
+        if not misconfigured(exc) or is_best_effort(apply_many):
             return False
         kind = _kind(apply_many)
         level = logging.DEBUG if kind in self._refused else logging.ERROR

@@ -23,9 +23,12 @@ import pytest
 from redis._parsers.base import BaseParser
 
 import jobsystem.runtime.deferred as deferred_module
-from jobsystem.runtime.deferred import DeferredWrites, best_effort
+from jobsystem.rabbitmq.dead_letter_indexer import DeadLetterIndexer
+from jobsystem.runtime.deferred import DeferredWrites, best_effort, is_best_effort
 from jobsystem.store.base import StateStore
 from jobsystem.store.redis import RedisStore, redis_error
+from middleware.idempotency import _complete_many, _release_many
+from middleware.status import Status
 from tests.support import TEST_REDIS_URL
 from tests.unit.test_deferred_writes import Flaky, in_one_batch
 
@@ -228,3 +231,10 @@ def test_each_refusal_keeps_a_guaranteed_write_and_drops_a_best_effort_one(
         writes.stop(timeout=0)
     assert store.get("after") == b"written"
     assert store.get("failing") == (b"completed" if kept else None)
+
+
+def test_only_status_records_and_index_entries_are_best_effort() -> None:
+    """What the project submits: a key's completion and release are kept (a guarantee rests on
+    them), a status record and a dead-letter index entry may be dropped."""
+    assert is_best_effort(Status._apply_updates) and is_best_effort(DeadLetterIndexer._add_many)
+    assert not is_best_effort(_complete_many) and not is_best_effort(_release_many)
