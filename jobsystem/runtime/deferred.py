@@ -175,7 +175,7 @@ class DeferredWrites:
         """``retry_delay``; after refusals in a row, doubled at each up to ``max_retry_delay``."""
         if not self._refusals:
             return self.retry_delay
-        doubled = self.retry_delay * 2 ** min(self._refusals - 1, 32)
+        doubled: float = self.retry_delay * 2.0 ** min(self._refusals - 1, 32)
         return min(doubled, max(self.max_retry_delay, self.retry_delay))
 
     def _apply(self, groups: list[_Group], writes: int) -> list[_Group]:

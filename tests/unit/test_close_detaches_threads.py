@@ -52,7 +52,7 @@ def test_after_a_close_given_up_a_thread_publishes_on_a_new_channel_of_a_new_con
 
     first, channel, after = within(RETURNS_WITHIN_S, close_then_publish)
     assert closing_threads(), "the close was answered: nothing to race"
-    assert after is not channel and after.connection is not first  # type: ignore[attr-defined]
+    assert after is not channel and after.connection is not first
 
 
 def test_a_thread_releasing_after_a_close_given_up_closes_nothing_twice(broker: ProjectBroker) -> None:
