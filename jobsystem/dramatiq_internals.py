@@ -131,7 +131,7 @@ def close_ended_threads_connections(broker: object) -> int:
 
 class ThreadConnections(RabbitmqBroker):
     """Dramatiq's per-thread connections and channels, each noted with the thread that opened it,
-    under a lock that ``close()`` holds.
+    under a lock that ``close()`` holds while it takes them all.
 
     Dramatiq keeps a thread's connection and channel in a thread-local (``state``) and all of them
     in the sets ``connections`` and ``channels``. Its ``close()`` walks those sets unguarded: a
@@ -149,6 +149,9 @@ class ThreadConnections(RabbitmqBroker):
 
     Every close is waited for a bounded time (:mod:`jobsystem.runtime.closing`, ``closes``): a
     RabbitMQ that stopped answering held a shutdown, or the watchdog, for as long as the socket.
+    So a close given up may still run on its helper thread: what it closes was taken from its
+    thread first (``close()`` takes every thread's; a thread whose connection or channel is no
+    longer the broker's lets it go and opens a new one on its next use), never shared with it.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -162,6 +165,9 @@ class ThreadConnections(RabbitmqBroker):
     @property
     def connection(self) -> Any:
         connection = getattr(self.state, "connection", None)
+        if connection is not None and connection not in self.connections:
+            self._detached()
+            connection = None
         if connection is None:
             connection = pika.BlockingConnection(parameters=self.parameters)
             self.state.connection = connection
@@ -172,7 +178,8 @@ class ThreadConnections(RabbitmqBroker):
     def connection(self) -> None:
         state = vars(self.state)
         channel, connection = state.pop("channel", None), state.pop("connection", None)
-        self._forget(channel, connection)  # both at once: close() then touches neither
+        if not self._forget(channel, connection):  # both at once: close() then touches neither
+            return  # close() took them first: a helper thread closes them
         if connection is not None:
             self.closes.run(connection_closes([connection], [channel] if channel is not None else []))
         elif channel is not None:
@@ -181,6 +188,9 @@ class ThreadConnections(RabbitmqBroker):
     @property
     def channel(self) -> Any:
         channel = getattr(self.state, "channel", None)
+        if channel is not None and channel not in self.channels:
+            self._detached()
+            channel = None
         if channel is None:
             channel = self.connection.channel()
             if self.confirm_delivery:
@@ -192,8 +202,7 @@ class ThreadConnections(RabbitmqBroker):
     @channel.deleter
     def channel(self) -> None:
         channel = vars(self.state).pop("channel", None)
-        if channel is not None:
-            self._forget(channel)
+        if channel is not None and self._forget(channel):
             close_quietly(channel)
 
     def _register(self, opened: Any, kept: set[Any]) -> None:
@@ -201,12 +210,23 @@ class ThreadConnections(RabbitmqBroker):
             kept.add(opened)
             self.owners[opened] = threading.current_thread()
 
-    def _forget(self, *opened: Any) -> None:
+    def _forget(self, *opened: Any) -> bool:
+        """Take ``opened`` out of the broker's sets; False if none of them was in (``close()``
+        took them, and closes them)."""
         with self.connections_lock:
+            found = False
             for item in opened:
+                found = self.owners.pop(item, None) is not None or found
                 self.channels.discard(item)
                 self.connections.discard(item)
-                self.owners.pop(item, None)
+            return found
+
+    def _detached(self) -> None:
+        """This thread's connection and channel were taken by ``close()``, whose helper thread may
+        still be closing them (pika is not for two threads at once): the thread lets them go, and
+        opens new ones on its next use."""
+        vars(self.state).pop("channel", None)
+        vars(self.state).pop("connection", None)
 
     def close_ended_threads(self) -> int:
         """Close the connections (and so their channels) of threads that ended; returns how many.
@@ -219,10 +239,16 @@ class ThreadConnections(RabbitmqBroker):
         return len(connections)
 
     def close(self) -> None:
-        """Close every channel and connection, as Dramatiq's ``close()`` does, while no thread adds
-        or removes one; each connection (its channels first) on a helper thread, all at once."""
+        """Close every channel and connection, as Dramatiq's ``close()`` does; each connection (its
+        channels first) on a helper thread, all at once. They are taken from their threads first,
+        under the lock (no thread adds or removes one meanwhile): a thread's next use opens a new
+        connection, never the one a helper thread may still be closing after the bound."""
         with self.connections_lock:
-            self.closes.run(connection_closes(list(self.connections), list(self.channels)))
+            connections, channels = list(self.connections), list(self.channels)
+            self.connections.clear()
+            self.channels.clear()
+            self.owners.clear()
+        self.closes.run(connection_closes(connections, channels))
 
 
 class RabbitmqTopology(RabbitmqBroker):

@@ -44,7 +44,7 @@ from jobsystem.dramatiq_internals import wants_redelivery
 from jobsystem.runtime.actor_names import actor_label
 from jobsystem.runtime.attempts import AttemptTracker
 from jobsystem.runtime.cancellation import CANCELLED, JobCancelled
-from jobsystem.runtime.deferred import Buffered, DeferredWrites
+from jobsystem.runtime.deferred import Buffered, DeferredWrites, best_effort
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.result_json import result_json
 from jobsystem.store.base import StateStore
@@ -178,6 +178,7 @@ class Status(Middleware):
         with self._lock:
             return [u for mid in dict.fromkeys(message_ids) for u in self._pending.pop(mid, [])]
 
+    @best_effort  # a status record: a misconfigured store may drop it
     def _apply_updates(self, view: StateStore, updates: list[StatusUpdate]) -> None:
         """Write ``updates`` in one store operation, inside the batch's (DeferredWrites calls it)."""
         self.backend.apply(updates, self.ttl_ms)

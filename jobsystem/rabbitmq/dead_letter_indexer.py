@@ -17,7 +17,7 @@ from typing import Any
 from dramatiq import Message
 
 from jobsystem.runtime.actor_names import actor_label
-from jobsystem.runtime.deferred import DeferredWrites
+from jobsystem.runtime.deferred import DeferredWrites, best_effort
 from jobsystem.runtime.message_shape import decode, int_option
 from jobsystem.store.base import StateStore
 from jobsystem.store.dead_letter_index import DeadLetterEntry, IndexBackend, dead_letter_index
@@ -96,6 +96,7 @@ class DeadLetterIndexer:
         except Exception:
             logger.exception("dead_letter_index_failed", extra={"message_id": message_id})
 
+    @best_effort  # an index entry: a misconfigured store may drop it
     def _add_many(self, view: StateStore, entries: list[DeadLetterEntry]) -> None:
         self.backend.add(entries, ttl_ms=self.ttl_ms, max_length=self.max_length)
 

@@ -9,9 +9,11 @@ shutdown, the watchdog's round or a thread's release of its connection waited wi
 
 Each close here runs on a helper thread of its own (a daemon: it never holds the process up), all
 of one call at once; the caller waits for them :data:`CLOSE_TIMEOUT_S` in all, then goes on. A
-close still waiting is left to its thread (the connection is no one else's by then: its owner gave
-it up) and logged, ``connection_close_timed_out`` at WARNING, naming what was closed by its class
-only (never the connection's address). After such a close, the next ones wait
+close still waiting is left to its thread and logged, ``connection_close_timed_out`` at WARNING,
+naming what was closed by its class only (never the connection's address). The connection is no
+one else's by then: each caller takes it from its owner before handing it here (a thread's
+release from its state, the watchdog's round those of threads that ended, a broker's ``close()``
+every thread's at once), so the owner's next use opens a new one. After such a close, the next ones wait
 :data:`AFTER_SILENCE_S` at most, until one is answered in time again: a worker's shutdown closes
 each consumer in turn, and a silent node would otherwise cost each of them the whole bound.
 """

@@ -14,11 +14,18 @@ line, ``deferred_write_dropped``, naming the kind, the count and the error by it
 :func:`~jobsystem.privacy.outage_lines.failure_fields`) and the others written one kind at a time,
 each in a batch of its own.
 
-So are the writes a misconfigured store refuses (``NOAUTH``, ``WRONGPASS``, ``NOPERM``, a database
-index it lacks: :class:`~jobsystem.store.base.StoreMisconfigured`), which an operator mends, not
-time. Such a store refuses every write alike, or every write of a kind (an ACL): a kind's first
-drop is the ERROR line, each later one a DEBUG line only, until a write of the kind goes through
-again (``deferred_writes_resumed`` at INFO, with the count of its writes dropped meanwhile).
+A store that refuses the configuration (``NOAUTH``, ``WRONGPASS``, ``NOPERM``, a database index it
+lacks: :func:`~jobsystem.store.failures.misconfigured`) is mended by an operator, or by a new
+connection (a proxy whose Redis restarted answers ``NOAUTH`` on a connection opened before: the
+store drops the connection that got such a reply, and the next try logs in again). A write that a
+guarantee rests on (an idempotency completion or release: dropped, the key stays pending and a
+redelivered copy runs the job again) is never dropped for it: it is retried, waiting
+``retry_delay`` doubled at each refusal in a row up to ``max_retry_delay``, with the writes queued
+behind it. A kind of write marked :func:`best_effort` (a status record, an index entry) is dropped
+at its first refusal instead. Either way a kind's first refusal is one ERROR line
+(``deferred_writes_refused`` for a kind kept, ``deferred_write_dropped`` for one dropped), each
+later one a DEBUG line only, until a write of the kind goes through again
+(``deferred_writes_resumed`` at INFO, with the count of its writes dropped meanwhile).
 
 A retry writes again exactly what the failure undid. On SQLite that is every group of the batch:
 one group's error (a busy lock, a full disk) rolls back the groups before it too. On Redis each
@@ -35,18 +42,36 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from jobsystem.privacy.outage_lines import log_outage
-from jobsystem.store.base import StateStore, StoreMisconfigured
-from jobsystem.store.failures import transient
+from jobsystem.store.base import StateStore
+from jobsystem.store.failures import misconfigured, transient
 
 #: Applies many queued items of one kind to a batch view of the store, in one operation if it can.
 ApplyMany = Callable[[StateStore, list[Any]], None]
 
-__all__ = ["ApplyMany", "Buffered", "DeferredWrites"]
+__all__ = ["ApplyMany", "Buffered", "DeferredWrites", "best_effort", "is_best_effort"]
 
 logger = logging.getLogger(__name__)
+
+_Apply = TypeVar("_Apply", bound=Callable[..., Any])
+
+#: Where :func:`best_effort` marks a kind of write (on the function: its bound methods show it too).
+_BEST_EFFORT = "deferred_best_effort"
+
+
+def best_effort(apply_many: _Apply) -> _Apply:
+    """Mark a kind of write that no guarantee rests on (a status record, an index entry): a
+    misconfigured store's refusal drops it rather than holding the writes queued behind it.
+    Unmarked kinds are kept until the store takes them."""
+    setattr(apply_many, _BEST_EFFORT, True)
+    return apply_many
+
+
+def is_best_effort(apply_many: Callable[..., Any]) -> bool:
+    """Whether ``apply_many`` (a function, a bound method, a callable object) is :func:`best_effort`."""
+    return getattr(apply_many, _BEST_EFFORT, False) is True
 
 
 class Buffered:
@@ -65,19 +90,29 @@ class DeferredWrites:
     """A background thread that applies submitted writes to ``store`` in batches."""
 
     def __init__(
-        self, store: StateStore, *, max_batch: int = 1000, linger: float = 0.005, retry_delay: float = 0.5
+        self,
+        store: StateStore,
+        *,
+        max_batch: int = 1000,
+        linger: float = 0.005,
+        retry_delay: float = 0.5,
+        max_retry_delay: float = 30.0,
     ) -> None:
         self.store = store
         self.max_batch = max_batch
         self.linger = linger
         self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        #: How many times in a row a kept kind of write was refused (its retries back off).
+        self._refusals = 0
         self._pending: deque[tuple[ApplyMany | Buffered, Any]] = deque()
         self._wakeup = threading.Condition()
         self._idle = threading.Event()
         self._idle.set()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        #: Per kind of write, how many a misconfigured store refused since the first was logged.
+        #: Per kind of write a misconfigured store refused since the first was logged, how many of
+        #: its writes were dropped meanwhile (none for a kind kept).
         self._refused: dict[str, int] = {}
 
     def submit(self, apply_many: ApplyMany | Buffered, item: Any) -> None:
@@ -134,13 +169,21 @@ class DeferredWrites:
         while groups:
             groups = self._apply(groups, len(batch))
             if groups:
-                time.sleep(self.retry_delay)
+                time.sleep(self._retry_pause())
+
+    def _retry_pause(self) -> float:
+        """``retry_delay``; after refusals in a row, doubled at each up to ``max_retry_delay``."""
+        if not self._refusals:
+            return self.retry_delay
+        doubled: float = self.retry_delay * 2.0 ** min(self._refusals - 1, 32)
+        return min(doubled, max(self.max_retry_delay, self.retry_delay))
 
     def _apply(self, groups: list[_Group], writes: int) -> list[_Group]:
         """Apply ``groups`` in one store batch; returns those to write again after a failure that
-        passes (none when written). After any other failure, the failed group is the one that
-        raised: on Redis it is dropped as it is (the writes of its own before the failure stood,
-        and would count twice); the groups the failure undid are written one by one."""
+        passes or a refusal of a kind kept (none when written). After any other failure, the failed
+        group is the one that raised: on Redis it is dropped as it is (the writes of its own before
+        the failure stood, and would count twice); the groups the failure undid are written one by
+        one."""
         applied = 0
         try:
             with self.store.batch() as view:
@@ -150,32 +193,54 @@ class DeferredWrites:
             self._served(groups)
             return []
         except Exception as exc:
-            if transient(exc):
-                log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=writes)
+            failed = groups[applied] if applied < len(groups) else None
+            if self._passes(exc, writes) or (failed is not None and self._kept(failed, exc)):
                 # On Redis the groups before the failed one stood: written again, a counter counts twice.
                 return groups if self.store.atomic_batch else groups[applied:]
             if self.store.atomic_batch:
                 return self._one_by_one(groups)
-            if applied < len(groups):
-                self._dropped(groups[applied], exc)
+            if failed is not None:
+                self._dropped(failed, exc)
             return self._one_by_one(groups[applied + 1 :])
 
     def _one_by_one(self, groups: list[_Group]) -> list[_Group]:
         """Apply each group in a store batch of its own, dropping those that fail for good; returns
-        the groups left to retry from the first that failed in a way that passes."""
+        the groups left to retry from the first that failed in a way that passes, or was refused
+        and is kept."""
         for index, group in enumerate(groups):
             apply_many, items = group
             try:
                 with self.store.batch() as view:
                     apply_many(view, items)
             except Exception as exc:
-                if transient(exc):
-                    log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=len(items))
+                if self._passes(exc, len(items)) or self._kept(group, exc):
                     return groups[index:]
                 self._dropped(group, exc)
             else:
                 self._served([group])
         return []
+
+    def _passes(self, exc: Exception, writes: int) -> bool:
+        """Whether ``exc`` passes (an outage: logged at WARNING, retried every ``retry_delay``)."""
+        if not transient(exc):
+            return False
+        self._refusals = 0
+        log_outage(logger, logging.WARNING, "deferred_writes_failed", exc, writes=writes)
+        return True
+
+    def _kept(self, group: _Group, exc: Exception) -> bool:
+        """Whether ``group`` is kept to retry after ``exc``: a misconfigured store's refusal of a
+        kind a guarantee rests on (not :func:`best_effort`). Its first refusal is an ERROR line,
+        later ones DEBUG; its retries back off."""
+        apply_many, items = group
+        if not misconfigured(exc) or is_best_effort(apply_many):
+            return False
+        kind = _kind(apply_many)
+        level = logging.DEBUG if kind in self._refused else logging.ERROR
+        self._refused.setdefault(kind, 0)
+        self._refusals += 1
+        log_outage(logger, level, "deferred_writes_refused", exc, kind=kind, writes=len(items))
+        return True
 
     def _dropped(self, group: _Group, exc: Exception) -> None:
         """Log a group of writes that failed in a way no retry mends: its kind of write (its apply
@@ -185,13 +250,14 @@ class DeferredWrites:
         apply_many, items = group
         kind = _kind(apply_many)
         level = logging.ERROR
-        if isinstance(exc, StoreMisconfigured):
+        if misconfigured(exc):
             level = logging.DEBUG if kind in self._refused else logging.ERROR
             self._refused[kind] = self._refused.get(kind, 0) + len(items)
         log_outage(logger, level, "deferred_write_dropped", exc, kind=kind, writes=len(items))
 
     def _served(self, groups: list[_Group]) -> None:
         """``groups`` were written: the store refuses their kinds of write no more."""
+        self._refusals = 0
         if not self._refused:
             return
         for apply_many, _ in groups:

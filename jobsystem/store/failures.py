@@ -2,13 +2,15 @@
 
 Every backend error surfaces as :class:`~jobsystem.store.base.StoreUnavailable`, which is right for
 a caller that fails closed, but a writer that retries must tell two kinds apart. A refused
-connection, a timeout, a full or read-only Redis (``OOM``, ``READONLY``), a busy or locked SQLite
-file pass: retrying the same write later succeeds. A ``WRONGTYPE`` reply (the key holds another
+connection, a timeout, a full or read-only Redis (``OOM``, ``READONLY``, ``MISCONF``: it cannot save
+its snapshot, its disk is full), a busy or locked SQLite file pass: retrying the same write later
+succeeds. A ``WRONGTYPE`` reply (the key holds another
 type), a script's own ``error_reply``, an ``ERR`` for bad arguments, or any bug in the writer's own
 code fail the same way every time: retried, they block every write queued behind them for good.
-So does a misconfigured store (:class:`~jobsystem.store.base.StoreMisconfigured`: refused
-credentials, ``NOAUTH``, ``WRONGPASS``, ``NOPERM``, a database index the server lacks): it is
-mended by an operator, not by waiting.
+A misconfigured store (:func:`misconfigured`: refused credentials, ``NOAUTH``, ``WRONGPASS``,
+``NOPERM``, a database index the server lacks) is neither: an operator mends it, yet it may pass
+too (a proxy whose Redis restarted answers ``NOAUTH`` on a connection opened before; a new one
+logs in again). A writer decides per write whether to wait for it.
 """
 
 from __future__ import annotations
@@ -20,15 +22,24 @@ import redis
 
 from jobsystem.store.base import StoreMisconfigured, StoreUnavailable
 
-__all__ = ["REFUSED", "TRANSIENT_REPLY_CODES", "WRAPPERS", "reply_code", "transient", "wrapped"]
+__all__ = [
+    "REFUSED",
+    "TRANSIENT_REPLY_CODES",
+    "WRAPPERS",
+    "misconfigured",
+    "reply_code",
+    "transient",
+    "wrapped",
+]
 
 #: Errors that only carry another's failure: what they wrap says what failed.
 WRAPPERS: tuple[type[BaseException], ...] = (StoreUnavailable,)
 
 #: Redis error replies that mean "not now": out of memory, a replica or a failover in progress, a
-#: script running, the dataset loading, a cluster resharding or without enough replicas.
+#: script running, the dataset loading, a cluster resharding or without enough replicas, a
+#: snapshot it cannot save (``MISCONF``: its disk is full, until an operator frees room).
 TRANSIENT_REPLY_CODES = frozenset(
-    {"OOM", "READONLY", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"}
+    {"OOM", "READONLY", "BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS", "MISCONF"}
 )
 
 #: SQLite's primary result codes that mean "not now": another connection holds the lock, the
@@ -96,13 +107,21 @@ def reply_code(error: BaseException) -> str | None:
     return parsed if parsed is not None and _CODE.fullmatch(parsed) else None
 
 
+def misconfigured(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store's refusal of this client's configuration: a
+    :class:`~jobsystem.store.base.StoreMisconfigured`, or a store error wrapping a :data:`REFUSED`."""
+    return isinstance(exc, StoreMisconfigured) or (
+        isinstance(exc, StoreUnavailable) and isinstance(wrapped(exc), REFUSED)
+    )
+
+
 def transient(exc: BaseException) -> bool:
     """Whether the same write, tried again later, may succeed: ``exc`` is a store error that wraps
     a lost or timed-out connection, a Redis reply in :data:`TRANSIENT_REPLY_CODES`, or a busy,
-    locked, full or failing SQLite file. A misconfigured store (``NOAUTH``, ``WRONGPASS``,
-    ``NOPERM``, a database index it lacks) does not pass: until an operator mends the setting
-    every retry gets the same answer. Anything else (another reply, a store error that wraps
-    nothing, any other exception) fails again the same way."""
+    locked, full or failing SQLite file. A :func:`misconfigured` store (``NOAUTH``, ``WRONGPASS``,
+    ``NOPERM``, a database index it lacks) is not counted: the writer decides whether to wait.
+    Anything else (another reply, a store error that wraps nothing, any other exception) fails
+    again the same way."""
     if isinstance(exc, StoreMisconfigured):
         return False
     cause = wrapped(exc) if isinstance(exc, StoreUnavailable) else None

@@ -131,8 +131,11 @@ class RedisScript:
                 conn.send_command("SCRIPT", "LOAD", self.source)
                 conn.read_response()
                 return self._evalsha(conn, keys, args)
-        except redis.ResponseError as exc:  # an error reply: the connection itself is fine
-            raise redis_error(exc) from exc
+        except redis.ResponseError as exc:  # an error reply: the connection itself is fine ...
+            error = redis_error(exc)
+            if isinstance(error, StoreMisconfigured):  # ... unless it refuses this login: log in anew
+                conn.disconnect()
+            raise error from exc
         except redis.RedisError as exc:
             conn.disconnect()
             raise redis_error(exc) from exc
@@ -207,11 +210,16 @@ class RedisStore(StateStore):
 
     @contextmanager
     def errors(self) -> Iterator[None]:
-        """Turn anything redis-py raises into a store error (see :func:`redis_error`)."""
+        """Turn anything redis-py raises into a store error (see :func:`redis_error`); after a
+        refusal of the configuration the pool's idle connections are dropped, so that the next
+        command logs in again (its connection is back in the pool by then)."""
         try:
             yield
         except redis.RedisError as exc:
-            raise redis_error(exc) from exc
+            error = redis_error(exc)
+            if isinstance(error, StoreMisconfigured):  # the connection that got it logs in anew
+                self.client.connection_pool.disconnect(inuse_connections=False)
+            raise error from exc
 
     def now_ms(self) -> int:
         with self.errors():

@@ -9,9 +9,11 @@ round trip is about a tenth of a millisecond of work, a third of a millisecond o
 
 Redis answers a connection's commands in the order they were sent, so replies are read in that
 order: to read one, every reply before it is read first and kept for its own reader. A connection
-that fails (refused, reset, timed out) loses every reply still to come: each reader gets the
-store's error, and the line connects afresh on the next command. So does a reader interrupted
-during its read (a time limit, a cancellation): the replies after it could no longer be told apart.
+that fails (refused, reset, timed out), or answers a refusal of this client's configuration
+(``NOPERM``, a database index it lacks: a new connection may log in), loses every reply still to
+come: each reader gets the store's error, and the line connects afresh on the next command. So
+does a reader interrupted during its read (a time limit, a cancellation): the replies after it
+could no longer be told apart.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import redis
 
-from jobsystem.store.base import StoreUnavailable
+from jobsystem.store.base import StoreMisconfigured, StoreUnavailable
 from jobsystem.store.redis import RedisStore, redis_error, send_packed
 
 __all__ = ["LaterReply", "ReplyLine"]
@@ -93,8 +95,11 @@ class ReplyLine:
                     return
                 try:
                     value = self._conn.read_response()
-                except redis.ResponseError as exc:  # an error reply: the connection itself is fine
-                    self._waiting.popleft()._settle(error=_kept_error(exc))
+                except redis.ResponseError as exc:  # an error reply: the connection itself is fine ...
+                    error = _kept_error(exc)
+                    self._waiting.popleft()._settle(error=error)
+                    if isinstance(error, StoreMisconfigured):  # ... unless it refuses this login
+                        self._fail(exc)
                 except BaseException as exc:
                     self._fail(exc)
                     if not isinstance(exc, redis.RedisError):
