@@ -1,0 +1,46 @@
+"""Review 5 (a new user's ``jobctl migrate-queues`` with the management API down or misnamed):
+it prints requests' own error text and exits 1, e.g. ``jobctl: _Pool(host='127.0.0.1',
+port=15679): Max retries exceeded with url: /api/queues/%2F?columns=... (Caused by
+NewConnectionError("_Watched(host=...): Failed to establish a new connection: [Errno 111]
+Connection refused"))``. The README's rule for every command: an unreachable service is one line,
+named by its error's class (its text names hosts and ports: DEBUG log only), as
+``jobctl health`` and ``jobctl dlq`` say it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+
+import pytest
+
+from tests.support import BIN, ROOT
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review5: migrate-queues with the management API unreachable prints requests' error "
+    "text (host, port, API path, internal class names), not one line naming it by class",
+)
+def test_migrate_queues_names_an_unreachable_management_api_by_class(prefix: str) -> None:
+    port = _closed_port()
+    env = {
+        **os.environ,
+        "QUEUE_PREFIX": prefix,
+        "LOG_LEVEL": "WARNING",
+        "RABBITMQ_MANAGEMENT_URL": f"http://127.0.0.1:{port}",
+    }
+    run = subprocess.run(
+        [str(BIN / "jobctl"), "migrate-queues"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode in (1, 2), output  # ping's 1 (management down) or the README's 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("jobctl: "), output
+    assert str(port) not in output and "/api/" not in output, output
