@@ -37,7 +37,12 @@ def test_migrate_queues_names_an_unreachable_management_api_by_class(prefix: str
         "RABBITMQ_MANAGEMENT_URL": f"http://127.0.0.1:{port}",
     }
     run = subprocess.run(
-        [str(BIN / "jobctl"), "migrate-queues"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [str(BIN / "jobctl"), "migrate-queues"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     output = run.stdout + run.stderr
     assert run.returncode in (1, 2), output  # ping's 1 (management down) or the README's 2

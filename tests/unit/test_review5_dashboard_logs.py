@@ -41,7 +41,9 @@ def _uvicorn_start_line(log_format: str) -> str:
     "dashboard start line; it should be dropped before rendering",
 )
 @pytest.mark.parametrize("log_format", ["console", "json"])
-def test_the_dashboards_uvicorn_lines_carry_no_colour_template(log_format: str, logging_restored: None) -> None:
+def test_the_dashboards_uvicorn_lines_carry_no_colour_template(
+    log_format: str, logging_restored: None
+) -> None:
     line = _uvicorn_start_line(log_format)
     assert "Started server process [4397]" in line  # the line itself is kept
     assert "color_message" not in line
