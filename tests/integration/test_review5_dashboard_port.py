@@ -7,14 +7,12 @@ for every command: a bad option is one line and exit code 2, never a traceback o
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 
 import pytest
 
 from tests.dashboard_server import DASHBOARD_ADMIN
-from tests.support import BIN, ROOT
+from tests.jobctl_run import jobctl
 
 
 @pytest.mark.xfail(
@@ -27,14 +25,8 @@ def test_a_dashboard_on_a_port_in_use_says_so_in_one_line_with_exit_code_2(prefi
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        env = {**os.environ, "QUEUE_PREFIX": prefix, "DASHBOARD_ADMIN_PASSWORD": DASHBOARD_ADMIN}
-        run = subprocess.run(
-            [str(BIN / "jobctl"), "dashboard", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+        run = jobctl(
+            prefix, "dashboard", "--port", str(port), check=False, DASHBOARD_ADMIN_PASSWORD=DASHBOARD_ADMIN
         )
     output = run.stdout + run.stderr
     assert f"dashboard on http://127.0.0.1:{port}/" not in output, output  # it never served there

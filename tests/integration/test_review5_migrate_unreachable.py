@@ -8,13 +8,11 @@ named by its error's class (its text names hosts and ports: DEBUG log only), as
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 
 import pytest
 
-from tests.support import BIN, ROOT
+from tests.jobctl_run import jobctl
 
 
 def _closed_port() -> int:
@@ -30,20 +28,7 @@ def _closed_port() -> int:
 )
 def test_migrate_queues_names_an_unreachable_management_api_by_class(prefix: str) -> None:
     port = _closed_port()
-    env = {
-        **os.environ,
-        "QUEUE_PREFIX": prefix,
-        "LOG_LEVEL": "WARNING",
-        "RABBITMQ_MANAGEMENT_URL": f"http://127.0.0.1:{port}",
-    }
-    run = subprocess.run(
-        [str(BIN / "jobctl"), "migrate-queues"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = jobctl(prefix, "migrate-queues", check=False, RABBITMQ_MANAGEMENT_URL=f"http://127.0.0.1:{port}")
     output = run.stdout + run.stderr
     assert run.returncode in (1, 2), output  # ping's 1 (management down) or the README's 2
     lines = run.stderr.strip().splitlines()
