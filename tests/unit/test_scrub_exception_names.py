@@ -59,11 +59,18 @@ def test_an_exception_and_its_chain_keep_messages_without_personal_data() -> Non
             "actors.emails.InvalidRecipient: recipient ada@example.com is not valid",
             "actors.emails.InvalidRecipient: [recipient] [email] is not valid",
         ),
-        ("AddressError: street is missing in address=221B Baker Street", "AddressError: [address] address=[address]"),
+        (
+            "AddressError: street is missing, address: Baker Street, London",
+            "AddressError: street is missing, address: [address]",
+        ),
         ("InvalidRecipient: recipient name: Ada Lovelace", "InvalidRecipient: recipient name: [name]"),
         # A message that opens as a value, or holds a digit, is read as the class name's value, as before.
         ("AddressError: 221B Baker Street, London NW1 6XE", "AddressError: [address]"),
         ("AddressError: cannot deliver to street 221B Baker Street", "AddressError: [address]"),
+        (
+            "AddressError: street is missing in address=221B Baker Street",
+            "AddressError: [address] address=[address]",
+        ),
         ("InvalidRecipientName: Ada Lovelace", "InvalidRecipientName: [name]"),
         ("InvalidRecipient: ada@example.com is not valid", "InvalidRecipient: [recipient] is not valid"),
         # A secret's key stays one, and so does a key that names no fault (a field's label).
