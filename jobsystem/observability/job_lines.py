@@ -59,14 +59,16 @@ from structlog.stdlib import add_log_level, add_logger_name, filter_by_level
 from structlog.typing import Processor
 
 from jobsystem.observability.direct_lines import DirectLines
+from jobsystem.observability.formatter_extras import FORMATTER_EXTRAS
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.scrub_memo import ScrubMemo
 
 __all__ = ["BoundContext", "IsoStamps", "JobLines", "install_job_lines", "write_job_line"]
 
 #: Entries that processors of the chain not called here act on: ExtraAdder (``_record``),
-#: StackInfoRenderer (``stack_info``), DirectLines' format_exc_info (``exc_info``).
-_CHAIN_KEYS = frozenset({"exc_info", "stack_info", "_record"})
+#: drop_formatter_extras (``color_message``), StackInfoRenderer (``stack_info``), DirectLines'
+#: format_exc_info (``exc_info``).
+_CHAIN_KEYS = frozenset({"exc_info", "stack_info", "_record"}) | FORMATTER_EXTRAS
 #: Entries :class:`JobLines` makes from no input.
 _MADE_HERE = frozenset({"timestamp"})
 #: Types of the values an event may hold to be scrubbed and rendered later: none can change meanwhile.

@@ -36,6 +36,7 @@ from structlog.typing import Processor
 from jobsystem.dramatiq_internals import RESULTS_MISSING_WARNING
 from jobsystem.observability.batched_stream import BatchedStream
 from jobsystem.observability.direct_lines import DirectLines, json_renderer
+from jobsystem.observability.formatter_extras import drop_formatter_extras
 from jobsystem.observability.job_lines import JobLines, install_job_lines
 from jobsystem.observability.pika_lines import install_pika_lines
 from jobsystem.privacy.message_logs import HideMessageArguments
@@ -88,6 +89,7 @@ def configure_logging(
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.stdlib.ExtraAdder(),
+        drop_formatter_extras,  # uvicorn's ``color_message``
         *(extra_processors or []),
     ]
     # What turns an event into a line: after the traceback is text, scrubbed, before rendering.

@@ -11,7 +11,8 @@ ends at its quote, a value in brackets at the bracket that closes it
 (:func:`~jobsystem.privacy.scrub_freeform.bracketed_end`; after a number's key, where the number
 in it, or begun by it, ends: ``phone=(555) 123-4567``); an unquoted one is a word, or runs on as
 far as the caller's ``value_end`` says (:mod:`scrub_extents`: an address or a date of birth, a
-person's name, a phone number in groups).
+person's name, a phone number in groups). An exception's class name before its message
+(``InvalidRecipient: recipient address is not valid``) is no key: :mod:`scrub_exception_names`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 from collections.abc import Callable
 from functools import lru_cache
 
+from jobsystem.privacy.scrub_exception_names import is_exception_name
 from jobsystem.privacy.scrub_extents import GROUP_END
 from jobsystem.privacy.scrub_freeform import bracketed_end
 from jobsystem.privacy.scrub_is_value import joins, separators
@@ -141,8 +143,8 @@ def key_values(
         if at < done:
             continue
         key = key_before(text, at, done, keys)
-        if key is None:
-            continue
+        if key is None or is_exception_name(text, at, key.name, key.label, key.adjacent):
+            continue  # no key, or an exception's ``Type: message`` (its message is read on)
         if (pos - at > 1 or text[at] == " ") and (key.quote or not joins(text, at, pos, key.name, key.label)):
             continue  # `` is `` or a space, and no value it joins the key to
         label = key.label

@@ -7,9 +7,11 @@ on the terminal and in JSON logs alike (escape codes and a ``%d`` template in ev
 
 from __future__ import annotations
 
+import io
 import logging
 
 import pytest
+import structlog
 
 from jobsystem.observability.logs import configure_logging
 from jobsystem.settings import load_settings
@@ -35,11 +37,6 @@ def _uvicorn_start_line(log_format: str) -> str:
     return handler.formatter.format(record)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review5: uvicorn's color_message extra (ANSI escape codes) is rendered into every "
-    "dashboard start line; it should be dropped before rendering",
-)
 @pytest.mark.parametrize("log_format", ["console", "json"])
 def test_the_dashboards_uvicorn_lines_carry_no_colour_template(
     log_format: str, logging_restored: None
@@ -48,3 +45,22 @@ def test_the_dashboards_uvicorn_lines_carry_no_colour_template(
     assert "Started server process [4397]" in line  # the line itself is kept
     assert "color_message" not in line
     assert "\x1b" not in line and "\\x1b" not in line and "\\u001b" not in line
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_no_logger_renders_a_colour_template_and_its_other_extras_stay(
+    log_format: str, logging_restored: None
+) -> None:
+    """Any library's record with such an extra, and a structlog event given one, lose it alone."""
+    sink = io.StringIO()
+    logging.getLogger().handlers = [logging.StreamHandler(sink)]
+    configure_logging(load_settings({"LOG_FORMAT": log_format, "LOG_LEVEL": "INFO"}))
+    extra = {"color_message": _COLOURED, "port": 8000}
+    logging.getLogger("some.library").info("listening", extra=extra)
+    structlog.get_logger("jobsystem.dashboard").info("dashboard_started", **extra)
+    lines = sink.getvalue().splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        assert "color_message" not in line
+        assert "\x1b" not in line and "\\x1b" not in line and "\\u001b" not in line
+        assert "8000" in line  # other extras are still fields
