@@ -143,8 +143,8 @@ def key_values(
         key = key_before(text, at, done, keys)
         if key is None:
             continue
-        if (pos - at > 1 or text[at] == " ") and (key.quote or not joins(text, at, pos, key.name, key.label)):
-            continue  # `` is `` or a space, and no value it joins the key to
+        if text[at] not in ":=" and (key.quote or not joins(text, at, pos, key.name, key.label)):
+            continue  # `` is `` or spaces, and no value they join the key to
         label = key.label
         value = _value_at(text, pos)
         if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
