@@ -39,6 +39,9 @@ WHITESPACE_VARIANTS: list[tuple[str, str]] = [
     (f"ssn  {SSN} retried", SSN),
     (f"ssn\u202f{SSN} retried", SSN),
     ("password\tis hunter22", "hunter22"),
+    # The older key path: a value in brackets after ``key:`` and a no-break space.
+    ("address:\u00a0{'line1': '221B Baker Street'}", "Baker"),
+    ("phone:\u00a0[\u00a0+44 7700 900123, +44 7700 900456]", "7700"),
 ]
 
 
