@@ -40,7 +40,7 @@ __all__ = ["IS", "joins", "reads_as_identifier", "separators"]
 _SEPARATOR = re.compile(r"[:=]")
 #: The separators and `` is ``, looked for in a text where a `` is `` follows a word that may end
 #: a key (:func:`separators`). ``is`` is written as the key is, in any case: ``PASSPORT NUMBER IS``.
-_SEPARATOR_OR_IS = re.compile(rf"[:=]|{SPACE}(?<!{SPACE}{SPACE}){SPACE}*+[iI][sS]{SPACE}+")
+_SEPARATOR_OR_IS = re.compile(rf"[:={SPACE_CHARS}](?:(?<=[:=])|(?<!{SPACE}{SPACE}){SPACE}*+[iI][sS]{SPACE}+)")
 #: `` is `` between spaces of any kind, in any case: a text with one may join a key to its value.
 IS = re.compile(rf"{SPACE}[iI][sS]{SPACE}")
 #: The separators, `` is ``, and spaces after a letter (or the ``.`` of ``No.``, a ``#``) before
@@ -48,9 +48,10 @@ IS = re.compile(rf"{SPACE}[iI][sS]{SPACE}")
 #: an identifier has them, a count does not (``attempt 3 of 5``, ``order 5)``: not looked at); or
 #: before a word and a number, a month's name first in a date (``March 12, 1985``). A run of spaces
 #: is read from its first, once (``*+``): read again from each of its spaces, 64 KiB took minutes.
-#: Each alternative starts with a character (not an assertion), so the engine skips to candidates.
+#: Both patterns start with one class of characters (not alternatives), so the engine skips to them.
 _ANY_SEPARATOR = re.compile(
-    rf"[:=]|{SPACE}(?:(?<!{SPACE}{SPACE}){SPACE}*+[iI][sS]{SPACE}+|(?<=[^\W\d_]{SPACE}|[.#]{SPACE}){SPACE}*+"
+    rf"[:={SPACE_CHARS}](?:(?<=[:=])|(?<!{SPACE}{SPACE}){SPACE}*+[iI][sS]{SPACE}+"
+    rf"|(?<=[^\W\d_]{SPACE}|[.#]{SPACE}){SPACE}*+"
     rf"(?=[A-Za-z]{{0,3}}[(+]?\d[\w\-./{SPACE_CHARS}]{{0,3}}\d|[^\W\d_]{{3,9}}\.?{SPACE}+\d))"
 )
 #: Labels whose one-word keys `` is `` joins to a value that reads as an identifier (``passport is
