@@ -40,7 +40,7 @@ from typing import Any
 from jobsystem.privacy import scrub_text as shapes
 from jobsystem.privacy.scrub_exceptions import exception_text
 from jobsystem.privacy.scrub_extents import value_end
-from jobsystem.privacy.scrub_is_value import IS
+from jobsystem.privacy.scrub_is_value import has_is
 from jobsystem.privacy.scrub_keys import (
     DEFAULT_EXACT_KEYS,
     DEFAULT_KEYS,
@@ -186,7 +186,7 @@ class Scrubber:
             text = shapes.secrets(text)
         digits = _DIGITS.search(text) is not None  # a key may be followed by its number after a space
         spaced = digits or (_YEAR.search(text) is not None and self.keys.birth_words.search(text) is not None)
-        if spaced or "=" in text or ":" in text or IS.search(text):  # ``is`` in any case, as its key
+        if spaced or "=" in text or ":" in text or has_is(text):  # ``is`` in any case, as its key
             keyed = key_values(text, self.keys, replace, self._value_end, self._hash_key is not None, spaced)
             digits = digits and (keyed is text or _DIGITS.search(keyed) is not None)
             text = keyed
