@@ -72,11 +72,11 @@ _UNIT = re.compile(
 
 def has_is(text: str) -> bool:
     """Whether `` is `` (in any case, between spaces of any kind: :data:`_IS`) is in ``text``: between
-    ASCII spaces, looked for as substrings (a regular expression costs a line 0.3 us more); between
-    others only in a text that may have them (not ASCII, a tab, two spaces)."""
+    ASCII spaces (a run of them has one next to ``is``), looked for as substrings (a regular expression
+    costs a line 0.3 us more); between others only in a text that may have them (not ASCII, a tab)."""
     if " is " in text or " IS " in text or " Is " in text or " iS " in text:
         return True
-    return (not text.isascii() or "\t" in text or "  " in text) and _IS.search(text) is not None
+    return (not text.isascii() or "\t" in text) and _IS.search(text) is not None
 
 
 def separators(text: str, keys: KeyMatcher, spaced: bool) -> re.Pattern[str] | None:
