@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["NEAR_NEW_KEYS", "NOT_KEYED_IN_WORDS", "ORDINARY"]
+__all__ = ["NEAR_NEW_KEYS", "NEAR_SPACES_AND_DATES", "NOT_KEYED_IN_WORDS", "ORDINARY"]
 
 #: Ordinary values of a job system: none may change.
 ORDINARY: list[str] = [
@@ -148,4 +148,31 @@ NEAR_NEW_KEYS: list[str] = [
     "id card is expired since 2026-11-02",
     "geboren in Köln, 12345 Einwohner",
     "born on a Monday, 20261102",
+]
+
+#: Ordinary text near the forms review 4 added: any space (a no-break space, a tab, a run of
+#: them) read as one, and a birth date in words after ``is`` or ``born``. A date that is no one's
+#: birth stays, and so does a year alone after ``born``: none may change.
+NEAR_SPACES_AND_DATES: list[str] = [
+    "born\u00a0in 1985",
+    "born\u00a0in 1985 in Paris",
+    "born\tin 1985, order 73905561427",
+    "born  1985 in Paris",
+    "released on 12 March 2025",
+    "released\u00a0on\u00a012\u00a0March\u00a02025",
+    "is March 12 a holiday?",
+    "the release is March 12, 2026",
+    "the birthday party is on March 12, 2026",
+    "dob is unknown since 12 March 2025",
+    "date of birth is\u00a0required since 12 March 2025",
+    "ssn\tis missing in 3 of 20000 rows",
+    "ssn\u00a03 of 12345 rows checked",
+    "passport\u00a0number is required for this route",
+    "the card\u00a0number is 16\u00a0digits long",
+    "order\u00a0number: 73905561427",
+    "Order N°: 73905561427",
+    "N° de commande: 73905561427",
+    "worker\t12345 is stopping",
+    "port  5672 in 2026",
+    "deadline\tis 12 March 2025",
 ]

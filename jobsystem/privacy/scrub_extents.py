@@ -38,6 +38,7 @@ from jobsystem.privacy.scrub_keys import (
 )
 from jobsystem.privacy.scrub_names import NAME_LABELS, name_end
 from jobsystem.privacy.scrub_numbers import LETTER_ID_SHAPES, NumberFinder
+from jobsystem.privacy.scrub_spaces import as_spaces
 from jobsystem.privacy.scrub_value_shapes import birth_date_end, network_end, postcode_end
 
 __all__ = ["GROUP_END", "value_end"]
@@ -51,7 +52,6 @@ _DIGIT_GROUP = re.compile(r"[ \t]+([(+]?\d+(?:[()\-/]{1,2}\d+)*\)?)" + GROUP_END
 _IBAN_GROUP = re.compile(r"[ \t]+([A-Za-z0-9]{1,4})" + GROUP_END)
 #: Groups looked at, at most (an IBAN has up to nine).
 _MAX_GROUPS = 10
-_SPACES = str.maketrans("\u00a0\u202f", "  ")
 #: What follows a part of a free-form value written in parts (``ana@example.com, 221B Baker St``).
 _LIST_SEPARATORS = frozenset(",;")
 
@@ -67,7 +67,7 @@ def value_end(numbers: NumberFinder, label: str, key: str, text: str, begin: int
         label = "phone"
     elif label not in NUMBER_LABELS:
         return stop
-    text, end = _spaced(text), stop
+    text, end = as_spaces(text), stop  # numbers are grouped by no-break spaces too (French: U+202F)
     if label in ("id_number", "ssn") and (shaped := LETTER_ID_SHAPES.match(text, begin)):
         end = max(end, shaped.end())
     if any(c.isdigit() for c in text[begin:stop]):
@@ -104,12 +104,6 @@ def _first_of_parts(key: str, text: str, begin: int, stop: int) -> bool:
         return False
     word = text[begin:stop]
     return ("@" in word and "://" not in word) or is_place_address_key(key)
-
-
-def _spaced(text: str) -> str:
-    """``text`` with its no-break spaces (U+00A0, U+202F) as spaces: numbers are grouped by them
-    too (French ones by U+202F). Each stays one character, so positions in ``text`` hold."""
-    return text.translate(_SPACES) if "\u00a0" in text or "\u202f" in text else text
 
 
 def _groups_end(numbers: NumberFinder, label: str, text: str, begin: int, stop: int) -> int:

@@ -1,10 +1,11 @@
 """The key before a separator in free text, and its label (for :mod:`scrub_pairs`).
 
 A key is a word of key characters, quoted or not (in nested JSON text too: ``\\"name\\":``), or a
-name of several words written in words, one space apart (``date of birth:``, ``passport
+name of several words written in words, a space apart (``date of birth:``, ``passport
 number:``, ``numéro de sécurité sociale:``), whose number word may be abbreviated (``Passport
-No.:``, ``Ausweis-Nr.:``) or a ``#`` (``Passport #:``, read as ``Passport no``). Words are read with
-their accents (``Núm``), which the key matcher folds.
+No.:``, ``Ausweis-Nr.:``, ``N°``) or a ``#`` (``Passport #:``, read as ``Passport no``). Words are read with
+their accents (``Núm``), which the key matcher folds. A space is any of :mod:`scrub_spaces`, or a
+run of them (``date\u00a0of birth:``, ``Passport\t#:``).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from jobsystem.privacy.scrub_keys import KeyMatcher
+from jobsystem.privacy.scrub_spaces import SPACE, SPACE_CHARS, space_run_start
 from jobsystem.privacy.scrub_text import QUOTE_SLASHES
 
 __all__ = ["Key", "key_before"]
 
 _KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-#: A lower-case word, one space before a key written as a word (``email address:``).
-_QUALIFIER = re.compile(r"(?<![\w\-.:=/@'\"])([a-z]{2,32}) \Z")
+#: A lower-case word, a space before a key written as a word (``email address:``).
+_QUALIFIER = re.compile(rf"(?<![\w\-.:=/@'\"])([a-z]{{2,32}}){SPACE}{{1,4}}\Z")
 #: A word of letters ending where the search ends: one of a key written in words (``date of``,
 #: ``sécurité``).
 _WORD_BEFORE = re.compile(r"(?<![\w\-])[^\W\d_]{1,32}\Z")
@@ -46,14 +48,10 @@ class Key(NamedTuple):
 def key_before(text: str, at: int, done: int, keys: KeyMatcher) -> Key | None:
     """The key before the separator at ``at`` (nothing before ``done`` is looked at), None if it
     names nothing (the common case, kept cheap); see the module."""
-    end = at
-    while end > done and text[end - 1] in " \t":
-        end -= 1
+    end = space_run_start(text, at, done)
     name_end, sign = end, False
     if end - 1 > done and text[end - 1] == "#":  # ``Passport #:``: a number's sign for its word
-        sign, end = True, end - 1
-        while end > done and text[end - 1] in " \t":
-            end -= 1
+        sign, end = True, space_run_start(text, end - 1, done)
     elif text[end - 1 : end] == "." and _ABBREVIATED.search(text, max(done, end - 5), end):
         name_end = end = end - 1  # ``Passport No.:``: the word without its ``.``
     quoted = not sign and end > done and text[end - 1] in "\"'"
@@ -63,17 +61,18 @@ def key_before(text: str, at: int, done: int, keys: KeyMatcher) -> Key | None:
         slashes += 1
     if 0 < slashes <= QUOTE_SLASHES:
         start = end = end - slashes  # ``\"name\":``, ``\\\"name\\\":``: nested JSON text
-    # A key's word: ASCII letters, digits, ``_`` and ``-``, and other letters (``Núm``).
+    # A key's word: ASCII letters, digits, ``_`` and ``-``, and other letters (``Núm``), and a
+    # degree sign written for ``º`` (``N°``, the key matcher's ``no``).
     while (
         start > done
         and end - start < 64
-        and ((c := text[start - 1]) in _KEY_CHARS or (c > "\x7f" and c.isalpha()))
+        and ((c := text[start - 1]) in _KEY_CHARS or (c > "\x7f" and (c.isalpha() or c == "°")))
     ):
         start -= 1
     if start == end:
         return None
     key, label = text[start:end], None if sign else keys.label(text[start:end])
-    if (sign or text[start - 1 : start] == " ") and (label is None or keys.ends_phrase(key)):
+    if (sign or (start > 0 and text[start - 1] in SPACE_CHARS)) and (label is None or keys.ends_phrase(key)):
         first, in_words = _in_words(text, start, end, done, keys, sign)  # ``ID card:`` is no card's
         if in_words is not None:
             key, label = text[first:name_end], in_words
@@ -88,15 +87,16 @@ def _in_words(
     text: str, start: int, end: int, done: int, keys: KeyMatcher, sign: bool
 ) -> tuple[int, str | None]:
     """Where the key ending with the word ``text[start:end]`` (and a ``#`` after it, with
-    ``sign``), written in words one space apart, starts, and its label
+    ``sign``), written in words a space apart, starts, and its label
     (:meth:`KeyMatcher.label_of_words`): ``date of birth:``, ``Birth Date:``, ``zip code:`` were a
     word that named nothing (``birth``, ``date``, ``code``), and the value after them passed."""
     word = text[start:end]
     if not sign and not keys.ends_phrase(word):
         return start, None
     words, starts, at = [word], [start], start
-    while len(words) <= keys.phrase_words and at - 1 > done and text[at - 1] == " ":
-        before = _WORD_BEFORE.search(text, max(done, at - 34), at - 1)
+    while len(words) <= keys.phrase_words and at - 1 > done and text[at - 1] in SPACE_CHARS:
+        gap = space_run_start(text, at, done)
+        before = _WORD_BEFORE.search(text, max(done, gap - 33), gap) if at - gap <= 4 else None
         if before is None:
             break
         written, at = before[0], before.start()
@@ -121,7 +121,7 @@ def _qualified(
     address: An email address must have an @-sign.`` keeps its reason, no ``@`` in it), ``server
     address:`` a machine's; ``billing address:`` and ``new address:`` are still addresses. A
     capitalised word (``Email address:``, a field's label at a line's start) qualifies nothing."""
-    word = _QUALIFIER.search(text, max(done, start - 33), start) if key.lower() in _ADDRESS_KEYS else None
+    word = _QUALIFIER.search(text, max(done, start - 37), start) if key.lower() in _ADDRESS_KEYS else None
     if word is None:
         return key, label
     qualified = f"{word[1]}_{key}"

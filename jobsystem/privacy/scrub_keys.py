@@ -192,9 +192,12 @@ _SPLIT = re.compile(r"[^a-z0-9]+")
 
 def tokens(key: str) -> tuple[str, ...]:
     """The lower-case words of a key name: ``customerEmail`` -> ``("customer", "email")``; its
-    letters without their accents (``numéroDePasseport`` -> ``("numero", "de", "passeport")``)."""
+    letters without their accents (``numéroDePasseport`` -> ``("numero", "de", "passeport")``), a
+    degree sign as the ``º`` it is typed for (``N°`` -> ``("no",)``, as ``Nº``)."""
     if not key.isascii():
-        key = "".join(c for c in unicodedata.normalize("NFKD", key) if not unicodedata.combining(c))
+        key = "".join(
+            c for c in unicodedata.normalize("NFKD", key.replace("°", "º")) if not unicodedata.combining(c)
+        )
     return tuple(t for t in _SPLIT.split(_CAMEL.sub("_", key).lower()) if t)
 
 
@@ -269,6 +272,14 @@ class KeyMatcher:
         widest_number = max((len(t) for t, label in specs.items() if label in NUMBER_LABELS), default=0)
         self.phrase_words = max([len(t) - 1 for t in phrases] + [widest_number])
         self._phrase_widths = sorted({len(t) for t in phrases}, reverse=True)
+        births = {
+            max(t, key=len) for t, label in (*specs.items(), *self._tails.items()) if label == "birth_date"
+        }
+        #: The longest word of each key naming a date of birth (``birth`` of ``date_of_birth``,
+        #: ``born``, ``dob``), in any case: a text without one has no date of birth after its key.
+        self.birth_words = re.compile(
+            "|".join(sorted(births, key=len, reverse=True)) or "(?!)", re.IGNORECASE
+        )
 
     def label(self, key: str) -> str | None:
         """The label of ``key`` if it names personal data or a secret, else None (memoised)."""

@@ -28,23 +28,25 @@ from jobsystem.privacy.scrub_freeform import bracketed_end
 from jobsystem.privacy.scrub_is_value import joins, separators
 from jobsystem.privacy.scrub_key_before import Key, key_before
 from jobsystem.privacy.scrub_keys import NUMBER_LABELS, SECRET_LABELS, KeyMatcher
+from jobsystem.privacy.scrub_spaces import SPACE, SPACE_CHARS
 from jobsystem.privacy.scrub_text import QUOTE_SLASHES, Replace, already_removed, unescaped
 
 __all__ = ["SHAPED_LABELS", "ValueEnd", "key_values"]
 
 _HEX12 = re.compile(r"[0-9a-f]{12}")
-#: A value that opens with a bracket (after spaces), and a port after an IPv6 address in brackets.
-_OPEN_BRACKET = re.compile(r"[ \t]*[(\[{<]")
+#: A value that opens with a bracket (after spaces of any kind: :mod:`scrub_spaces`), and a port
+#: after an IPv6 address in brackets.
+_OPEN_BRACKET = re.compile(rf"{SPACE}*[(\[{{<]")
 _PORT = re.compile(r":\d{1,5}(?!\d)")
 #: A number's first group in brackets, and the digits joined to it: ``(555)`` of ``(555) 123-4567``,
 #: ``(555)123-4567``, ``(+44)``, ``(0)20``; it ends where a group of digits ends.
 _BRACKETED_GROUP = re.compile(r"\(\+?\d{1,5}\)(?:\d+(?:[\-/]\d+)*)?" + GROUP_END)
 #: The first word inside a bracket (after spaces), and what follows a number there: its bracket's
 #: end, or a ``,`` and the next item.
-_INNER_WORD = re.compile(r"[ \t]*[^\s\"',;&(){}\[\]<>]+")
-_AFTER_ITEM = re.compile(r"[ \t]*([,)\]}>])")
+_INNER_WORD = re.compile(rf"{SPACE}*[^\s\"',;&(){{}}\[\]<>]+")
+_AFTER_ITEM = re.compile(rf"{SPACE}*([,)\]}}>])")
 #: A bracket whose first item is quoted: a repr's or JSON's list, its items' shapes tested as a whole.
-_QUOTED_ITEM = re.compile(r"[ \t]*[\"'\\]")
+_QUOTED_ITEM = re.compile(rf"{SPACE}*[\"'\\]")
 _CLOSING = {"(": ")", "[": "]", "{": "}", "<": ">"}
 
 
@@ -145,8 +147,8 @@ def key_values(
         key = key_before(text, at, done, keys)
         if key is None or is_exception_name(text, at, key.name, key.label, key.adjacent):
             continue  # no key, or an exception's ``Type: message`` (its message is read on)
-        if (pos - at > 1 or text[at] == " ") and (key.quote or not joins(text, at, pos, key.name, key.label)):
-            continue  # `` is `` or a space, and no value it joins the key to
+        if text[at] not in ":=" and (key.quote or not joins(text, at, pos, key.name, key.label)):
+            continue  # `` is `` or spaces, and no value they join the key to
         label = key.label
         value = _value_at(text, pos)
         if value is None:  # ``address={'line1': ...}``, ``ip_address=[2001:db8::1]:443``
@@ -235,7 +237,7 @@ def _bracketed_number(text: str, begin: int, key: Key, value_end: ValueEnd) -> i
     word = _INNER_WORD.match(text, begin + 1)
     if word is None:
         return None
-    first = word.end() - len(word[0].lstrip(" \t"))
+    first = word.end() - len(word[0].lstrip(SPACE_CHARS))
     end = value_end(key.label, key.name, text, first, word.end())
     closing = _CLOSING[text[begin]]
     if text[end - 1] == ")" == closing:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import re
 
+from jobsystem.privacy.scrub_spaces import SPACE
+
 __all__ = ["birth_date_end", "network_end", "postcode_end"]
 
 #: Months, in full and abbreviated, in the languages the project's regions write (English,
@@ -42,14 +44,15 @@ _MONTHS = (
     "maggio|giugno|luglio|settembre|ottobre|dicembre|janeiro|fevereiro|março|marco|maio|junho|"
     "julho|setembro|outubro|novembro|dezembro|januari|februari|maart|mei|augustus"
 )
-_MONTH = rf"(?:{_MONTHS})(?:\.(?=[ \t]*\d))?"
+_MONTH = rf"(?:{_MONTHS})(?:\.(?={SPACE}*\d))?"
 _DAY = r"[0-3]?\d(?:st|nd|rd|th|er|º|°|\.)?(?!\d)"
 #: A day that ends a date: a ``.`` after it ends a sentence (``1980 March 12. Next``).
 _LAST_DAY = r"[0-3]?\d(?:st|nd|rd|th|er|º|°)?(?!\d)"
 _YEAR4 = r"(?:1[89]|20)\d\d"
 _YEAR = rf"{_YEAR4}|'?\d\d"
-#: Between a date's parts: spaces (or a URL's ``+``), after a comma or not, or ``-/.``.
-_SEP = r"(?:,?(?:[ \t]+|\+)|[\-/.])"
+#: Between a date's parts: spaces of any kind (:mod:`scrub_spaces`) or a URL's ``+``, after a comma
+#: or not, or ``-/.``.
+_SEP = rf"(?:,?(?:{SPACE}+|\+)|[\-/.])"
 #: Where a shape may end: not inside a word, a number, a decimal or a time (``1980.5``, ``10:20``).
 _END = r"(?![\w\-/:]|[.,]\d)"
 
@@ -60,7 +63,7 @@ _SPACED_DIGITS = rf"{_YEAR4}{_SEP}[0-3]?\d{_SEP}[0-3]?\d(?!\d)|[0-3]?\d{_SEP}[0-
 #: A date of birth at the start of a value (see the module).
 _BIRTH_DATE = re.compile(
     rf"(?:\d{{1,4}}[\-/.]\d{{1,2}}[\-/.]\d{{1,4}}(?:T[\d:.]+(?:Z|[+\-]\d\d:?\d\d)?)?|\d{{8}}|{_SPACED_DIGITS}"
-    rf"|{_DAY}{_SEP}(?:(?:of|de|del)[ \t]+)?{_MONTH}(?:{_SEP}(?:(?:de|del)[ \t]+)?(?:{_YEAR}))?"
+    rf"|{_DAY}{_SEP}(?:(?:of|de|del){SPACE}+)?{_MONTH}(?:{_SEP}(?:(?:de|del){SPACE}+)?(?:{_YEAR}))?"
     rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})"
     rf"|{_YEAR4}{_SEP}(?:{_MONTH}(?:{_SEP}{_LAST_DAY})?|{_DAY}{_SEP}{_MONTH})|{_YEAR4})" + _END,
     re.IGNORECASE,

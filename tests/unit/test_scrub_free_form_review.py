@@ -250,6 +250,12 @@ _ADVERSARIAL_LINES = [
     "'email=(' * 8_000 + ')' * 8_000",
     "'phone=(' * 9_300",
     "('phone=(' + A) * 8_000",
+    # Runs of spaces of any kind, before ``is``, a value or a date in words (review 4).
+    "'ssn' + chr(0xA0) * 65_000 + 'is 078-05-1120'",
+    "'born 1985' + chr(9) * 65_000 + 'March 12'",
+    "'date of birth ' + ' is' * 21_700",
+    "('ssn' + ' ' * 64 + 'x ') * 900 + '12345'",
+    "'born ' + ' 12 March' * 8_000 + ' 1985'",
 ]
 
 _TIMED = """

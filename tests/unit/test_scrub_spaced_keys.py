@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from jobsystem.privacy.scrub import Scrubber
-from tests.pii_ordinary import NEAR_NEW_KEYS, NOT_KEYED_IN_WORDS
+from tests.pii_ordinary import NEAR_NEW_KEYS, NEAR_SPACES_AND_DATES, NOT_KEYED_IN_WORDS
 
 scrub = Scrubber()
 hashing = Scrubber(hash_key="a-test-key-of-32-characters-long")
@@ -73,7 +73,7 @@ def test_a_value_after_its_key_and_a_space_hashes_as_under_its_key():
     assert hashing.text("date of birth 12.03.1985") == f"date of birth {born}"
 
 
-@pytest.mark.parametrize("line", NEAR_NEW_KEYS + NOT_KEYED_IN_WORDS)
+@pytest.mark.parametrize("line", NEAR_NEW_KEYS + NEAR_SPACES_AND_DATES + NOT_KEYED_IN_WORDS)
 def test_ordinary_text_after_a_word_and_a_space_stays(line):
     assert scrub.text(line) == line
     assert scrub.text(line.upper()) == line.upper()
