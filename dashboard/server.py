@@ -10,6 +10,7 @@ setting and kind: every INFO line is a Sentry breadcrumb; the URLs (no password)
 from __future__ import annotations
 
 import logging
+import socket
 
 import uvicorn
 
@@ -19,9 +20,18 @@ from dashboard.project import Project, redact_url
 from dashboard.queues import HealthSampler
 from jobsystem.privacy.outage_lines import log_addresses
 
-__all__ = ["serve"]
+__all__ = ["check_bind", "serve"]
 
 logger = logging.getLogger("dashboard")
+
+
+def check_bind(host: str, port: int) -> None:
+    """Bind ``host``:``port`` as uvicorn does (SO_REUSEADDR) and let go at once: OSError when the
+    port is in use or the address is not this host's, before anything is announced or started."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
 
 
 def serve(project: Project, host: str, port: int) -> None:

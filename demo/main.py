@@ -83,11 +83,10 @@ def _print_summary(console: Console, summary: dict[str, Any], cleaned: dict[str,
         + (f"; {cleaned['queues_error']}" if "queues_error" in cleaned else "")
         + (f"; {cleaned['state_error']}" if "state_error" in cleaned else "")
     )
-    media_id = (summary["message_ids"].get("media") or ["MESSAGE_ID"])[0]
     console.print(
         "\nLook closer (on a running system; add QUEUE_PREFIX=... to see another environment's queues):\n"
         "  jobctl health                 queues: waiting, running, delayed, dead letters, rates\n"
-        f"  jobctl status {media_id}   one job's state and progress\n"
+        "  jobctl status MESSAGE_ID      one job's state and progress (the id send() returned)\n"
         "  jobctl dlq list               dead letters, with their final error\n"
         "  jobctl dlq retry --all        replay them once the cause is fixed\n"
         "  make run / make scheduler     the worker and the scheduler the demo started"

@@ -24,7 +24,9 @@ def _since(value: str | None) -> datetime | None:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise click.BadParameter("use an ISO date or time, e.g. 2026-11-29 or 2026-11-29T08:00") from None
+        raise click.BadParameter(
+            "use an ISO date or time, e.g. 2026-11-29 or 2026-11-29T08:00", param_hint="'--since'"
+        ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 

@@ -31,7 +31,7 @@ from jobctl.project import (
     require_queues,
     store_unreachable,
 )
-from jobsystem.settings import Settings
+from jobctl.worker_argv import dramatiq_argv, leading_modules, with_worker_queues
 from jobsystem.urls import redact_url
 
 if TYPE_CHECKING:
@@ -112,44 +112,25 @@ def ping(timeout: float) -> None:
     sys.exit(EXIT_OK)
 
 
-def dramatiq_argv(executable: str, settings: Settings, arguments: tuple[str, ...]) -> list[str]:
-    """``dramatiq actors`` with the settings' processes, threads and shutdown timeout.
-
-    Dramatiq takes modules right after its broker module: the leading ``arguments`` up to the
-    first option. Everything from that option on (``-Q a b`` included) comes after the options
-    set here, so the caller's win.
-    """
-    first = next((i for i, a in enumerate(arguments) if a.startswith("-")), len(arguments))
-    return [
-        executable,
-        "actors",
-        *arguments[:first],
-        "--processes",
-        str(settings.worker_processes),
-        "--threads",
-        str(settings.worker_threads),
-        "--worker-shutdown-timeout",
-        str(settings.worker_shutdown_timeout_ms),
-        *arguments[first:],
-    ]
-
-
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("dramatiq_args", nargs=-1, type=click.UNPROCESSED)
 def worker(dramatiq_args: tuple[str, ...]) -> None:
-    """Run ``dramatiq actors`` with processes, threads and shutdown timeout from settings.
+    """Run `dramatiq actors` with processes, threads and shutdown timeout from settings.
 
-    Extra arguments go to dramatiq as they are: modules first, then options (``--queues a b``).
+    Extra arguments go to dramatiq: modules first, then options (--queues a b: QUEUE_PREFIX is
+    added to a name as for every --queue of jobctl; a name that is neither an actor's queue nor
+    one RabbitMQ has is refused).
     """
-    settings = load_system().settings
+    system = load_system()
+    settings = system.settings
     # The dramatiq of this environment (next to the interpreter): `.venv/bin/jobctl` works without
     # the venv on PATH, as `make run` calls it.
     beside = Path(sys.executable).parent / "dramatiq"
     executable = str(beside) if beside.is_file() else shutil.which("dramatiq") or "dramatiq"
-    argv = dramatiq_argv(executable, settings, dramatiq_args)
     # A module that does not import or declares a bad rate_limit: one line here rather than a
-    # traceback from every worker process.
-    import_modules("jobctl", argv[2 : argv.index("--processes")])
+    # traceback from every worker process. Its actors' queues are then known to --queues.
+    import_modules("jobctl", leading_modules(dramatiq_args))
+    argv = dramatiq_argv(executable, settings, with_worker_queues(system, dramatiq_args))
     # dramatiq keeps this PID, so its group's metrics directory is named after it. In a container
     # that is always 1: samples left by processes killed before a restart would count as live.
     from middleware.metrics import group_directory
@@ -181,9 +162,13 @@ def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> N
         )
         sys.exit(EXIT_CONFIG)
     from dashboard.project import Project
-    from dashboard.server import serve
+    from dashboard.server import check_bind, serve
 
     host, port = host or settings.dashboard_host, port or settings.dashboard_port
+    try:
+        check_bind(host, port)
+    except OSError as exc:  # a port in use: named here, not by uvicorn's log after the address
+        fail(f"jobctl: cannot serve the dashboard on {host}:{port}: {exc.strerror or type(exc).__name__}")
     click.echo(f"dashboard on http://{host}:{port}/ (Ctrl-C stops it)", err=True)
     serve(Project.from_system(system), host, port)
 
@@ -204,8 +189,8 @@ def _when(ms: int | None, now_ms: int) -> str:
 @click.argument("message_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object.")
 def status(message_id: str, as_json: bool) -> None:
-    """Show the status of one job (the message id ``send()`` returned) or one workflow (the
-    ``workflow_id`` of a pipeline or group): its steps and their members' states.
+    """Show the status of one job (the message id send() returned) or one workflow (the
+    workflow_id of a pipeline or group): its steps and their members' states.
 
     Exit code 0 when the job is known, 1 when it is unknown or its record expired
     (JOB_STATUS_TTL_MS, RESULT_TTL_MS), 2 when the state store cannot be reached.

@@ -7,7 +7,14 @@ import sys
 import click
 import requests
 
-from jobctl.project import EXIT_DEGRADED, fail, import_application, load_system, require_queues
+from jobctl.project import (
+    EXIT_DEGRADED,
+    fail,
+    import_application,
+    load_system,
+    require_queues,
+    service_unreachable,
+)
 
 
 @click.command("migrate-queues")
@@ -39,8 +46,10 @@ def migrate_queues(modules: tuple[str, ...], queues: tuple[str, ...]) -> None:
         fail("\n".join(f"jobctl: {named[q]}: {q!r} is not a queue of the project's actors" for q in foreign))
     try:
         report = migrate(system.broker, system.settings, list(named) or None)
-    except (MigrationError, requests.RequestException) as exc:
+    except MigrationError as exc:
         click.echo(f"jobctl: {exc}", err=True)
         sys.exit(EXIT_DEGRADED)
+    except requests.RequestException as exc:  # its text names the API's host, port and path
+        service_unreachable("management API", exc)
     for line in report or ["every queue already has the project's arguments"]:
         click.echo(line)

@@ -32,15 +32,21 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_CONFIG)
 
 
-def store_unreachable(exc: BaseException) -> NoReturn:
-    """Say on stderr that the state store did not answer, by its error's class only (its text
-    names hosts and ports: the log gets it, at DEBUG), and exit 2."""
+def service_unreachable(service: str, exc: BaseException) -> NoReturn:
+    """Say on stderr that ``service`` did not answer, by its error's class only (its text names
+    hosts and ports: the log gets it, at DEBUG), and exit 2."""
     from jobsystem.observability.logs import get_logger
     from jobsystem.ops.outages import unreachable
 
-    get_logger("jobctl").debug("state_store_unreachable", cause=str(exc))
-    click.echo(f"jobctl: {unreachable('state store', exc)}", err=True)
+    event = service.replace(" ", "_").lower()
+    get_logger("jobctl").debug(f"{event}_unreachable", cause=str(exc))
+    click.echo(f"jobctl: {unreachable(service, exc)}", err=True)
     sys.exit(EXIT_UNREACHABLE)
+
+
+def store_unreachable(exc: BaseException) -> NoReturn:
+    """:func:`service_unreachable` for the state store."""
+    service_unreachable("state store", exc)
 
 
 def load_project(program: str) -> System:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     if arguments.check:
         queues = {s.id: queue_of(s, broker, settings) for s in schedules}
-        print(f"{path}: {len(schedules)} schedules, valid")
+        print(f"{path}: {len(schedules)} schedule{'' if len(schedules) == 1 else 's'}, valid")
         print(describe(schedules, queues))
         return EXIT_OK
 

@@ -10,8 +10,9 @@ which is scrubbed (a URL's password masked), as the callers' ``causes`` and log 
 from __future__ import annotations
 
 from jobsystem.ops.deadline import Late
+from jobsystem.store.base import StoreMisconfigured
 
-__all__ = ["reason", "unreachable"]
+__all__ = ["outage_kind", "reason", "unreachable"]
 
 
 def reason(exc: BaseException) -> str:
@@ -23,6 +24,13 @@ def reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def outage_kind(exc: BaseException) -> str:
+    """``misconfigured`` for a service that answers but will never serve this configuration (a
+    Redis database index it does not have, a refused login), else ``unreachable``."""
+    return "misconfigured" if isinstance(exc, StoreMisconfigured) else "unreachable"
+
+
 def unreachable(service: str, exc: BaseException) -> str:
-    """``SERVICE unreachable (reason)``, e.g. ``state store unreachable (StoreUnavailable)``."""
-    return f"{service} unreachable ({reason(exc)})"
+    """``SERVICE unreachable (reason)``, e.g. ``state store unreachable (StoreUnavailable)``, or
+    ``SERVICE misconfigured (reason)`` (:func:`outage_kind`)."""
+    return f"{service} {outage_kind(exc)} ({reason(exc)})"

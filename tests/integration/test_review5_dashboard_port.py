@@ -9,17 +9,10 @@ from __future__ import annotations
 
 import socket
 
-import pytest
-
 from tests.dashboard_server import DASHBOARD_ADMIN
 from tests.jobctl_run import jobctl
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review5: jobctl dashboard on a port in use announces the address as served, logs "
-    "uvicorn's bind error and exits 3; should be one 'jobctl:' line and exit code 2",
-)
 def test_a_dashboard_on_a_port_in_use_says_so_in_one_line_with_exit_code_2(prefix: str) -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -11,11 +11,6 @@ import pytest
 from tests.jobctl_run import jobctl
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review5: a bad --since is refused without naming the option (BadParameter raised "
-    "outside click's parsing, with no param_hint)",
-)
 @pytest.mark.parametrize("command", [["list"], ["export"], ["purge", "--all", "--yes"]])
 def test_a_bad_since_is_refused_naming_the_option(prefix: str, command: list[str]) -> None:
     run = jobctl(prefix, "dlq", *command, "--since", "yesterday", check=False)

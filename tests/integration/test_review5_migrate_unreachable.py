@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import socket
 
-import pytest
-
 from tests.jobctl_run import jobctl
 
 
@@ -21,11 +19,6 @@ def _closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review5: migrate-queues with the management API unreachable prints requests' error "
-    "text (host, port, API path, internal class names), not one line naming it by class",
-)
 def test_migrate_queues_names_an_unreachable_management_api_by_class(prefix: str) -> None:
     port = _closed_port()
     run = jobctl(prefix, "migrate-queues", check=False, RABBITMQ_MANAGEMENT_URL=f"http://127.0.0.1:{port}")

@@ -13,8 +13,7 @@ import signal
 import subprocess
 import time
 
-import pytest
-
+from tests.jobctl_run import jobctl
 from tests.queues import Queues
 from tests.support import BIN, ROOT
 
@@ -34,11 +33,6 @@ def _consumed_or_refused(worker: subprocess.Popen[str], queues: Queues, queue: s
     return False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review5: `jobctl worker --queues NAME` under a QUEUE_PREFIX (NAME without it, as every "
-    "other jobctl --queue takes it) consumes nothing and says nothing",
-)
 def test_a_worker_given_a_plain_queue_name_consumes_it_or_refuses(prefix: str, queues: Queues) -> None:
     env = {
         **os.environ,
@@ -65,3 +59,11 @@ def test_a_worker_given_a_plain_queue_name_consumes_it_or_refuses(prefix: str, q
     if worker.returncode not in (0, -signal.SIGTERM):  # it refused: one line naming the queue
         last = output.strip().splitlines()[-1]
         assert worker.returncode == 2 and _HEALTH in last, output
+
+
+def test_a_worker_given_a_queue_no_actor_declares_refuses_naming_it(prefix: str) -> None:
+    """Neither an actor's queue nor one RabbitMQ has: one line naming it, exit code 2."""
+    run = jobctl(prefix, "worker", "--queues", "emails", "no-such-queue", check=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("jobctl: --queues 'no-such-queue'") and f"{prefix}no-such-queue" in line, line

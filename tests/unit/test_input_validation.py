@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import actors  # noqa: F401 - the project's actors, which schedules name
-from jobctl.main import dramatiq_argv
 from jobctl.main import main as jobctl
+from jobctl.worker_argv import dramatiq_argv
 from jobsystem.limits import RateLimitConfigError
 from jobsystem.rabbitmq.broker import connection_urls
 from jobsystem.settings import SettingsError, load_settings

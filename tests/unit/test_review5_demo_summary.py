@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 
-import pytest
 from rich.console import Console
 
 from demo.main import _print_summary
@@ -33,11 +32,6 @@ def _summary() -> dict[str, object]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review5: the demo's summary suggests `jobctl status <id>` for a job whose status record "
-    "the demo has just deleted (and under its own prefix): the pasted command answers `unknown`",
-)
 def test_the_summary_suggests_no_status_lookup_of_a_job_it_deleted() -> None:
     out = io.StringIO()
     console = Console(file=out, width=200, color_system=None)
