@@ -6,7 +6,9 @@ started at, version) every few seconds; the dashboard lists them. A record is ke
 before it disappears; one that stopped cleanly says so (``stopped_at``).
 
 Redis: the records in one hash ``workers`` and their last beats in the sorted set
-``workers:beats`` (listing costs two commands, no key scan). SQLite: the table ``workers``.
+``workers:beats`` (listing costs two commands, no key scan), both expiring ``KEEP_MS`` after the
+last beat of any worker: once every worker of a prefix is gone (killed, or the prefix a test's),
+nothing of it stays. SQLite: the table ``workers``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class RedisHeartbeats(HeartbeatBackend):
             if gone:
                 pipe.hdel(records, *gone)
                 pipe.zrem(beats, *gone)
+            pipe.pexpire(records, KEEP_MS)
+            pipe.pexpire(beats, KEEP_MS)
             pipe.execute()
 
     def workers(self, now_ms: int) -> list[dict[str, Any]]:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from jobsystem.rabbitmq.dead_letter_indexer import DeadLetterIndexer
 from jobsystem.store.audit import audit_backend
 from jobsystem.store.buckets import TakeRequest, bucket_backend
 from jobsystem.store.dead_letter_index import DeadLetterEntry, DeadLetterFilter, dead_letter_index
-from jobsystem.store.heartbeats import heartbeat_backend
+from jobsystem.store.heartbeats import KEEP_MS, heartbeat_backend
 from jobsystem.store.job_index import JobFilter
+from jobsystem.store.redis import RedisStore
 from jobsystem.store.status import status_backend
 from jobsystem.store.status_records import StatusUpdate, order_of
 from middleware import dead_letters as record
@@ -162,6 +165,15 @@ def test_heartbeats_audit_and_bucket_levels(store):
     assert level.deferred == 0  # those callers were not deferred (no owner): nothing on record
     buckets.take(TakeRequest("svc", 10.0, 20.0, 1, 60_000, owner="m1"))  # a deferral, recorded
     assert buckets.peek("svc", 10.0, 20.0).deferred == 1
+
+
+def test_a_prefixs_heartbeats_expire_once_no_worker_beats(store):
+    """A worker killed (no ``stopped_at``) with no other beating after it left its records for good."""
+    if not isinstance(store, RedisStore):
+        pytest.skip("SQLite keeps its rows in the project's own file")
+    heartbeat_backend(store).beat("h:1", {"host": "h", "pid": 1}, int(time.time() * 1000))
+    for key in ("workers", "workers:beats"):
+        assert 0 < store.client.pttl(store.key(key)) <= KEEP_MS
 
 
 def test_a_cursor_from_a_request_that_is_not_one_reads_the_first_page(store):
