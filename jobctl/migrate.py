@@ -49,7 +49,19 @@ def migrate_queues(modules: tuple[str, ...], queues: tuple[str, ...]) -> None:
     except MigrationError as exc:
         click.echo(f"jobctl: {exc}", err=True)
         sys.exit(EXIT_DEGRADED)
-    except requests.RequestException as exc:  # its text names the API's host, port and path
+    except requests.HTTPError as exc:  # an answer: its status says why (its text names the URL)
+        click.echo(f"jobctl: management API refused the request ({_status(exc)})", err=True)
+        sys.exit(EXIT_DEGRADED)
+    except requests.RequestException as exc:  # no answer: its text names the API's host and port
         service_unreachable("management API", exc)
     for line in report or ["every queue already has the project's arguments"]:
         click.echo(line)
+
+
+def _status(exc: requests.HTTPError) -> str:
+    """``401 Client Error``, as requests words it, without the URL it appends."""
+    response = exc.response
+    if response is None:
+        return type(exc).__name__
+    kind = "Client" if response.status_code < 500 else "Server"
+    return f"{response.status_code} {kind} Error: {response.reason}"
