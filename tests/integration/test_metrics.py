@@ -46,7 +46,9 @@ def test_endpoint_serves_the_counters_after_jobs_ran(start_worker, queues, prefi
         if not metrics:
             return None
         # Each worker process applies its counts every second: wait for both processes' share.
+        # The retry is counted as it is enqueued, after its attempt: it may come a flush later.
         done = metrics.get(("dramatiq_messages_total", labels("flaky"))) == 2
+        done = done and metrics.get(("dramatiq_message_retries_total", labels("flaky"))) is not None
         done = done and metrics.get(("dramatiq_messages_total", labels("record"))) == 6
         return (
             metrics if done and metrics.get(("dramatiq_message_rejects_total", labels("permanent"))) else None
