@@ -10,6 +10,7 @@ import ssl
 import subprocess
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +158,6 @@ def sentry_server() -> Iterator[tuple[str, list[bytes]]]:
     Bodies are envelopes (one JSON header line, then item headers and payloads), decompressed.
     """
     import gzip
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     received: list[bytes] = []
 
@@ -180,11 +179,18 @@ def sentry_server() -> Iterator[tuple[str, list[bytes]]]:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: the test reads what was received, not an access log."""
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with http_serving(Handler) as port:
+        yield f"http://public@127.0.0.1:{port}/1", received
+
+
+@contextlib.contextmanager
+def http_serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """``handler`` served on 127.0.0.1 by a thread while the block runs; yields the port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://public@127.0.0.1:{server.server_port}/1", received
+        yield server.server_port
     finally:
         server.shutdown()
         server.server_close()

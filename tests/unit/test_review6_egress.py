@@ -12,10 +12,9 @@ import contextlib
 import io
 import json
 import logging
-import threading
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -33,7 +32,7 @@ from jobsystem.observability.logs import configure_logging
 from jobsystem.observability.sentry import configure_sentry
 from jobsystem.settings import load_settings
 from tests.asgi import call
-from tests.servers import free_port
+from tests.servers import free_port, http_serving
 from tests.support import fresh_store
 from tests.unit.test_dashboard_app import dashboard as dashboard_app
 
@@ -200,14 +199,8 @@ def _recording_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet."""
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/hook", received
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}/hook", received
 
 
 @pytest.mark.xfail(
