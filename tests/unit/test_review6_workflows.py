@@ -42,15 +42,28 @@ def _sent(broker: RecordingBroker) -> list[tuple[str, tuple[Any, ...]]]:
 )
 def test_a_replayed_dead_pipeline_step_hands_on_to_the_rest_of_its_pipeline(store: StateStore) -> None:
     broker, workflows, square, total = workflow_broker(store)
-    record, first = annotate("pipeline", [Step([square.message(2)]), Step([square.message()]), Step([total.message()])])
+    record, first = annotate(
+        "pipeline", [Step([square.message(2)]), Step([square.message()]), Step([total.message()])]
+    )
     workflows.backend.create(record, TTL)
     workflows.after_process_message(broker, delivery(first[0]), result=4)
     (step, _), *_ = broker.enqueued
     dead = delivery(step)  # the partner API was down: retries exhausted, dead-lettered
     dead.fail()
     workflows.after_nack(broker, dead)
-    letter = DeadLetter(
-        "q.DLQ", step.message_id, "q", "square", "retries_exhausted", "", "", "", 21, None, None, step.encode()
+    letter = DeadLetter(  # as `jobctl dlq retry` reads it from q.DLQ
+        exception="",
+        error="",
+        traceback="",
+        dead_letter_queue="q.DLQ",
+        message_id=step.message_id,
+        queue="q",
+        actor="square",
+        reason="retries_exhausted",
+        attempts=21,
+        enqueued_at=None,
+        failed_at=None,
+        body=step.encode(),
     )
     replayed = letter.replay_message()  # what `jobctl dlq retry` publishes
     assert replayed is not None
@@ -111,7 +124,7 @@ def test_a_launch_refused_midway_is_not_left_running_without_an_id(store: StateS
     mail = dramatiq.actor(broker=broker, actor_name="mail", queue_name="q")(lambda to: None)
     summary = dramatiq.actor(broker=broker, actor_name="summary", queue_name="q")(lambda counts: None)
     fan_out = group([mail.message(f"user{i}") for i in range(3)], broker=broker)
-    fan_out.on_finish(summary.message())
+    fan_out.on_finish(summary.message_with_options())
     with pytest.raises(ConnectionError):
         fan_out.run()
     assert fan_out.workflow_id is not None
@@ -123,9 +136,12 @@ def _results_broker(store: StateStore) -> tuple[RecordingBroker, Workflows, Any,
     workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
     results = StoreResults(StoreResultBackend(store, scrub=lambda text: text), result_ttl=TTL)
     broker = RecordingBroker(middleware=[results, workflows])
-    options = {"broker": broker, "queue_name": "q", "store_results": True}
-    square = dramatiq.actor(actor_name="square", **options)(lambda i: i * i)
-    total = dramatiq.actor(actor_name="total", **options)(lambda result: result)
+    square = dramatiq.actor(broker=broker, actor_name="square", queue_name="q", store_results=True)(
+        lambda i: i * i
+    )
+    total = dramatiq.actor(broker=broker, actor_name="total", queue_name="q", store_results=True)(
+        lambda result: result
+    )
     return broker, workflows, square, total
 
 
@@ -136,7 +152,9 @@ def _results_broker(store: StateStore) -> tuple[RecordingBroker, Workflows, Any,
     "failed (a dead member) or was cancelled never sends it, so the caller waits out the whole "
     "timeout and gets ResultTimeout, not a failure (Celery's chain.get() raises at once)",
 )
-def test_a_failed_or_cancelled_pipeline_answers_get_result_with_a_failure(store: StateStore, ending: str) -> None:
+def test_a_failed_or_cancelled_pipeline_answers_get_result_with_a_failure(
+    store: StateStore, ending: str
+) -> None:
     broker, workflows, square, total = _results_broker(store)
     flow = pipeline([square.message(2), total.message()], broker=broker).run()
     (first, _), *_ = broker.enqueued
@@ -163,7 +181,7 @@ def test_a_group_member_retried_past_the_workflows_ttl_still_finishes_the_group(
     mail = dramatiq.actor(broker=broker, actor_name="mail", queue_name="q")(lambda to: None)
     summary = dramatiq.actor(broker=broker, actor_name="summary", queue_name="q")(lambda counts: None)
     fan_out = group([mail.message("ana"), mail.message("bob")], broker=broker)
-    fan_out.on_finish(summary.message())
+    fan_out.on_finish(summary.message_with_options())
     fan_out.run()
     ana, bob = (m for m, _ in broker.enqueued)
     workflows.after_process_message(broker, delivery(ana), result=None)
@@ -195,7 +213,7 @@ def test_a_relaunched_groups_summary_waits_for_the_members_it_found_already_sent
 
     def launch() -> None:
         fan_out = group([mail.message("ana"), mail.message("bob")], broker=broker)
-        fan_out.on_finish(summary.message())
+        fan_out.on_finish(summary.message_with_options())
         fan_out.run()
 
     launch()
@@ -217,10 +235,12 @@ def test_a_relaunched_groups_summary_waits_for_the_members_it_found_already_sent
     "~49 KB per member at 100 x 100 and ~0.5 GB in all at 1000 x 1000, for one run()",
 )
 def test_a_member_carries_its_next_steps_in_a_size_that_does_not_grow_with_them(store: StateStore) -> None:
-    broker, _, square, total = workflow_broker(store)
+    _, _, square, total = workflow_broker(store)
     fetch = [square.message(i) for i in range(100)]
     parse = [square.message(i) for i in range(100)]
-    _, first = annotate("chord", [Step(fetch, pipe="list"), Step(parse, pipe="list"), Step([total.message()])])
+    _, first = annotate(
+        "chord", [Step(fetch, pipe="list"), Step(parse, pipe="list"), Step([total.message()])]
+    )
     plain = len(square.message(0).encode())
     assert len(first[0].encode()) < 20 * plain, len(first[0].encode())
 
@@ -245,7 +265,7 @@ def test_a_next_step_refused_for_good_fails_the_workflow_instead_of_rerunning_th
     report = dramatiq.actor(
         broker=broker, actor_name="report", queue_name="q", idempotency_key=lambda data: data["id"]
     )(lambda data: None)
-    flow = pipeline([fetch.message(), report.message()], broker=broker).run()
+    flow = pipeline([fetch.message(), report.message_with_options()], broker=broker).run()
     ran = delivery(broker.enqueued[0][0])
     workflows.after_process_message(broker, ran, result=[1, 2])  # a list: data["id"] raises
     idempotency.writes.stop()
