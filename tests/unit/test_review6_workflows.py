@@ -30,13 +30,17 @@ from tests.unit.stub import RecordingBroker, delivery
 from tests.unit.workflow_brokers import TTL, keyed_workflow_broker, wait_until, workflow_broker
 
 
+def fault(reason: str) -> pytest.MarkDecorator:
+    """A fault found by the review: the test fails until it is fixed (then it must pass)."""
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
 def _sent(broker: RecordingBroker) -> list[tuple[str, tuple[Any, ...]]]:
     return [(m.actor_name, tuple(m.args)) for m, _ in broker.enqueued]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a dead-lettered pipeline step replayed with `jobctl dlq retry` runs and succeeds, but "
+@fault(
+    "a dead-lettered pipeline step replayed with `jobctl dlq retry` runs and succeeds, but "
     "finish() finds it counted (dead) already: the workflow stays failed and the next step is never "
     "sent (Dramatiq's own pipeline carries the rest in the message and goes on)",
 )
@@ -74,9 +78,8 @@ def test_a_replayed_dead_pipeline_step_hands_on_to_the_rest_of_its_pipeline(stor
     assert status["steps"][1]["members"][0]["state"] == "succeeded"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_launch counts a member dropped as a duplicate at send as succeeded with result None: "
+@fault(
+    "_launch counts a member dropped as a duplicate at send as succeeded with result None: "
     "the chord's next step gets None in place of that member's result (the original run's result "
     "is in its idempotency key), which the README says a workflow never does",
 )
@@ -112,9 +115,8 @@ class RefusingBroker(RecordingBroker):
         return super().enqueue(message, delay=delay)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="group.run() records the workflow, then a refused publish raises before workflow_id is "
+@fault(
+    "group.run() records the workflow, then a refused publish raises before workflow_id is "
     "set: the members already sent run, the rest never will, the workflow stays 'running' until its "
     "TTL and its on_finish never runs, and the caller has no id to cancel or inspect it",
 )
@@ -146,9 +148,8 @@ def _results_broker(store: StateStore) -> tuple[RecordingBroker, Workflows, Any,
 
 
 @pytest.mark.parametrize("ending", ["dead", "cancelled"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="pipeline.get_result(block=True) waits for the last step's result only: a workflow that "
+@fault(
+    "pipeline.get_result(block=True) waits for the last step's result only: a workflow that "
     "failed (a dead member) or was cancelled never sends it, so the caller waits out the whole "
     "timeout and gets ResultTimeout, not a failure (Celery's chain.get() raises at once)",
 )
@@ -168,9 +169,8 @@ def test_a_failed_or_cancelled_pipeline_answers_get_result_with_a_failure(
         flow.get_result(block=True, timeout=3_000)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a member's delayed re-enqueue (a retry, Retry(delay=...), a deferral) does not lengthen "
+@fault(
+    "a member's delayed re-enqueue (a retry, Retry(delay=...), a deferral) does not lengthen "
     "its workflow's record, which lives RESULT_TTL_MS after its last change: a member retried past "
     "it finds the workflow gone (finish answers 'unknown', logged at INFO) and on_finish never runs",
 )
@@ -193,9 +193,8 @@ def test_a_group_member_retried_past_the_workflows_ttl_still_finishes_the_group(
     assert ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},)) in _sent(broker)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a group relaunched with the same keys (send_campaign redelivered after its worker was "
+@fault(
+    "a group relaunched with the same keys (send_campaign redelivered after its worker was "
     "killed once its bulk send was done) finds every member a duplicate and counts each as "
     "succeeded at once: its on_finish runs before any member ran, and the owner is mailed "
     "'N sent, 0 failed' though one of them ends in the dead letters",
@@ -228,16 +227,14 @@ def test_a_relaunched_groups_summary_waits_for_the_members_it_found_already_sent
     assert counts and all(c == {"succeeded": 1, "dead": 1, "cancelled": 0} for c in counts), counts
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every member of a step carries the whole next step in its `workflow` option (and each "
+@fault(
+    "every member of a step carries the whole next step in its `workflow` option (and each "
     "of those the step after): a pipeline of group(N) then group(M) publishes N x M message copies, "
     "~49 KB per member at 100 x 100 and ~0.5 GB in all at 1000 x 1000, for one run()",
 )
 def test_a_member_carries_its_next_steps_in_a_size_that_does_not_grow_with_them(store: StateStore) -> None:
-    _, _, square, total = workflow_broker(store)
-    fetch = [square.message(i) for i in range(100)]
-    parse = [square.message(i) for i in range(100)]
+    square, total = workflow_broker(store)[2:]
+    fetch, parse = ([square.message(i) for i in range(100)] for _ in "ab")
     _, first = annotate(
         "chord", [Step(fetch, pipe="list"), Step(parse, pipe="list"), Step([total.message()])]
     )
@@ -245,9 +242,8 @@ def test_a_member_carries_its_next_steps_in_a_size_that_does_not_grow_with_them(
     assert len(first[0].encode()) < 20 * plain, len(first[0].encode())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a next step the send refuses for good (its actor's idempotency_key raises on the piped "
+@fault(
+    "a next step the send refuses for good (its actor's idempotency_key raises on the piped "
     "result: IdempotencyKeyError) fails Workflows' after hook like an outage: the member's delivery "
     "is put back, its actor runs again, the send is refused again, every <= 30 s for ever (logged as "
     "a refused follow-up), and the workflow stays 'running'",
