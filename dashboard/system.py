@@ -108,4 +108,3 @@ def audit_list(project: Project, before: str | None = None, limit: int = 50) -> 
     """The audit log, newest first (``/api/audit``)."""
     entries, following = project.audit.page(Cursor.decode(before), max(1, min(limit, 200)))
     return {"entries": entries, "next": following.encode() if following else None}
-

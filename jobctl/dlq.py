@@ -113,7 +113,9 @@ class Context:
         self.broker = system.broker
         queue, named = selected.queue, f"--queue {selected.queue!r}"
         try:  # only the project's queues, never another application's on the vhost
-            self.queues, unread = ops.dead_letter_scope(system.settings, system.broker, queue, reading=reading)
+            self.queues, unread = ops.dead_letter_scope(
+                system.settings, system.broker, queue, reading=reading
+            )
         except ops.ForeignQueue as exc:
             require_queues(system.settings, {dead_letter_queue(exc.name): named})  # a typo first
             fail(

@@ -43,7 +43,7 @@ def run(args: list[str]) -> None:
         print(f"intruder: {intrude(port)}", flush=True)
         start(sampler, wait)
 
-    queues.HealthSampler.start = intrude_then_start  # type: ignore[method-assign]
+    queues.HealthSampler.start = intrude_then_start  # type: ignore[method-assign,assignment]
     main(args, prog_name="jobctl")
 
 

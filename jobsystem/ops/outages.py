@@ -55,10 +55,10 @@ def cause(exc: BaseException) -> str:
 
 def outage_kind(exc: BaseException) -> str:
     """:data:`MISCONFIGURED` for a service that answers but will never serve this configuration
-    (a refused login or ACL, a Redis database index it does not have, a SQLite folder missing, a
-    Redis that cannot save its snapshot: ``MISCONF``); ``refused the request`` for another answer
-    (an error reply such as ``OOM`` or ``READONLY``, a locked SQLite file); ``unreachable`` only
-    when nothing answered (refused or lost connections, time-outs)."""
+    (a refused login or ACL, a Redis database index it does not have, a SQLite folder that cannot
+    be made, a Redis that cannot save its snapshot: ``MISCONF``); ``refused the request`` for
+    another answer (an error reply such as ``OOM`` or ``READONLY``, a locked SQLite file);
+    ``unreachable`` only when nothing answered (refused or lost connections, time-outs)."""
     if misconfigured(exc) or failure_fields(exc).get("code") == _SNAPSHOT_REFUSED:
         return MISCONFIGURED
     return "refused the request" if answered(exc) else "unreachable"
@@ -94,4 +94,6 @@ def store_failed(exc: BaseException, request: str = "") -> str:
     if kind == "unreachable":
         return f"the {STORE} did not answer{f' {request}' if request else ''}"
     said = f"the {STORE} refused {request or 'the request'}"
-    return f"{said}, {MISCONFIGURED}: check {_to_check(exc, STORE_SETTING)}" if kind == MISCONFIGURED else said
+    return (
+        f"{said}, {MISCONFIGURED}: check {_to_check(exc, STORE_SETTING)}" if kind == MISCONFIGURED else said
+    )

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import uvicorn
 
 import dashboard.server
 from dashboard.server import bind_listener, serve
@@ -48,7 +49,7 @@ def test_uvicorn_serves_on_the_socket_bound_and_it_is_closed_after(monkeypatch: 
         served.extend(sockets)
         raise KeyboardInterrupt  # as a second Ctrl-C ends uvicorn
 
-    monkeypatch.setattr(dashboard.server.uvicorn.Server, "run", lambda self, sockets: run(self.config, sockets))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: run(self.config, sockets))
     listener = bind_listener("127.0.0.1", 0)
     with pytest.raises(KeyboardInterrupt):
         serve(_project(), listener, "127.0.0.1", listener.getsockname()[1])
@@ -69,7 +70,7 @@ def test_a_dashboard_that_fails_to_start_lets_its_port_go(monkeypatch: pytest.Mo
 
 
 def test_a_server_that_did_not_start_exits_3_as_uvicorn_run_did(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dashboard.server.uvicorn.Server, "run", lambda self, sockets: None)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: None)
     with bind_listener("127.0.0.1", 0) as listener, pytest.raises(SystemExit) as exited:
         dashboard.server.run_uvicorn(None, listener)  # type: ignore[arg-type]
     assert exited.value.code == 3

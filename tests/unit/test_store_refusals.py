@@ -1,6 +1,6 @@
 """A state store that answers but refuses this configuration (a wrong password or ACL: redis-py's
-AuthenticationError from ``NOAUTH``, ``WRONGPASS`` or an AUTH to a Redis without a password; a
-SQLite folder that does not exist; a Redis that cannot save its snapshot: ``MISCONF``) was said
+AuthenticationError from ``NOAUTH`` or ``WRONGPASS``, ``NOPERM``; a
+SQLite folder that cannot be made; a Redis that cannot save its snapshot: ``MISCONF``) was said
 "unreachable" by every page and action of the dashboard: the operator went looking for a network
 fault. It is "misconfigured", naming what to check (``STATE_URL`` by name, never its value);
 another answer (``OOM``, ``READONLY``) is "refused the request"; "unreachable" is left for a store
@@ -26,8 +26,10 @@ from tests.servers import free_port
 from tests.support import TEST_REDIS_URL
 from tests.unit.test_dashboard_app import dashboard
 
-#: A password the test Redis does not have (it has none: AUTH with one is an error too).
-WRONG = "not-the-Pa55word"
+#: A password of a user the test Redis does not have. (Its default user has no password, and
+#: takes any: redis-py logs in with ``HELLO 3 AUTH default PASSWORD``, not the legacy ``AUTH
+#: PASSWORD`` that such a Redis answers with an error.)
+USER, WRONG = "nobody", "not-the-Pa55word"
 DISK = "the Redis server's disk and its snapshot settings (dir, stop-writes-on-bgsave-error)"
 
 
@@ -46,11 +48,11 @@ def _from(exc: redis.RedisError) -> StoreUnavailable:
     [
         (
             _from(_reply("WRONGPASS invalid username-password pair or user is disabled.")),
-            "state store misconfigured (AuthenticationError); check STATE_URL",
+            "state store misconfigured (AuthenticationError WRONGPASS); check STATE_URL",
         ),
         (
             _from(_reply("NOAUTH Authentication required.")),
-            "state store misconfigured (AuthenticationError); check STATE_URL",
+            "state store misconfigured (AuthenticationError NOAUTH); check STATE_URL",
         ),
         (
             _from(_reply("NOPERM User app has no permissions to run the 'hset' command")),
@@ -61,12 +63,18 @@ def _from(exc: redis.RedisError) -> StoreUnavailable:
             f"state store misconfigured (ResponseError MISCONF); check {DISK}",
         ),
         (_from(_reply("OOM command not allowed")), "state store refused the request (OutOfMemoryError OOM)"),
-        (_from(_reply("READONLY You can't write")), "state store refused the request (ReadOnlyError READONLY)"),
+        (
+            _from(_reply("READONLY You can't write")),
+            "state store refused the request (ReadOnlyError READONLY)",
+        ),
         (
             _from(redis.ConnectionError("Error 111 connecting to 10.0.0.5:6379. Connection refused.")),
             "state store unreachable (ConnectionError)",
         ),
-        (_from(redis.TimeoutError("Timeout reading from 10.0.0.5:6379")), "state store unreachable (TimeoutError)"),
+        (
+            _from(redis.TimeoutError("Timeout reading from 10.0.0.5:6379")),
+            "state store unreachable (TimeoutError)",
+        ),
         (Late("no answer within 5 s"), "state store unreachable (no answer within 5 s)"),
         (StoreUnavailable("redis: down"), "state store unreachable (StoreUnavailable)"),
     ],
@@ -87,8 +95,11 @@ def test_a_stopped_dead_letter_operation_says_the_store_refused_not_that_it_did_
     assert store_failed(silent) == "the state store did not answer"
 
 
-def test_a_sqlite_store_whose_folder_is_missing_is_misconfigured(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path}/no-such-folder/state.db")
+def test_a_sqlite_store_whose_folder_cannot_be_made_is_misconfigured(tmp_path: Path) -> None:
+    """The store makes a missing folder; one that cannot be made (here a file is in the way; a
+    read-only parent) leaves no database to open."""
+    (tmp_path / "not-a-folder").write_text("")
+    store = open_store(f"sqlite:///{tmp_path}/not-a-folder/state.db")
     try:
         with pytest.raises(StoreUnavailable) as failure:
             store.check()
@@ -104,7 +115,10 @@ def refusing(request: pytest.FixtureRequest) -> Iterator[tuple[StateStore, str]]
     where nothing listens (unreachable), and what the pages must call it."""
     parts = urlsplit(TEST_REDIS_URL)
     if request.param == "wrong password":
-        url, said = f"redis://:{WRONG}@{parts.hostname}:{parts.port or 6379}{parts.path}", "misconfigured"
+        url, said = (
+            f"redis://{USER}:{WRONG}@{parts.hostname}:{parts.port or 6379}{parts.path}",
+            "misconfigured",
+        )
     else:
         url, said = f"redis://127.0.0.1:{free_port()}/15", "unreachable"
     store = open_store(url, namespace="test-refusals:")
