@@ -126,9 +126,8 @@ def dead_letter_scope(
 ) -> tuple[list[str], str]:
     """The dead-letter queues of the project's queues (:func:`~jobsystem.ops.scope.project_queues`)
     that RabbitMQ has, never every ``.DLQ`` with ``QUEUE_PREFIX`` (the default, empty, prefix
-    would take every application's on the vhost), and why the dead-letter index was not read to
-    find them (:func:`~jobsystem.ops.scope.index_unread`: the actors' queues only; empty when it
-    was). A ``queue`` named is the project's
+    would take every application's on the vhost), and why the index was not read (``""``: it was;
+    :func:`~jobsystem.ops.scope.index_unread`). A ``queue`` named is the project's
     (:func:`~jobsystem.ops.scope.project_queue`: the prefix added unless it names one whole):
     another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`, unless ``reading`` (list,
     show, export, re-index) and its ``.DLQ`` exists: named explicitly, a removed actor's letters
