@@ -34,7 +34,15 @@ from dashboard.auth import Credentials, User
 from dashboard.dead_letters import ActionError, Selection
 from dashboard.format import register_filters
 from dashboard.guard import Guard
-from dashboard.project import Project, ReadStopped, StoreUnavailable, cancel, release_thread_connection
+from dashboard.project import (
+    Project,
+    ReadStopped,
+    StoreUnavailable,
+    cancel,
+    release_thread_connection,
+    store_outage,
+    unreachable,
+)
 from dashboard.queues import HealthSampler, overview
 
 __all__ = ["create_app"]
@@ -57,11 +65,11 @@ OUTAGES = (ConnectionError, pika.exceptions.AMQPError, StoreUnavailable)
 
 
 def _outage(exc: BaseException) -> str:
-    """What the client is told of an outage: which service, the error's type (no address, no URL),
-    and that part of the action may have been done (dead letters acked before the loss stay done)."""
-    service = "state store" if isinstance(exc, StoreUnavailable) else "RabbitMQ"
-    done = "nothing done, or only part of it (see the dead letters page)"
-    return f"{service} unreachable ({type(exc).__name__}): {done}"
+    """What the client is told of an outage: which service, whether it answered (a misconfigured
+    store: which setting to check), the error's type (no address, no URL), and that part of the
+    action may have been done (dead letters acked before the loss stay done)."""
+    said = store_outage(exc) if isinstance(exc, StoreUnavailable) else unreachable("RabbitMQ", exc)
+    return f"{said}: nothing done, or only part of it (see the dead letters page)"
 
 
 def _text(request: Request, name: str) -> str | None:
@@ -93,12 +101,12 @@ class Dashboard:
     def _respond(self, request: Request, template: str, build: Callable[[], dict[str, Any]]) -> Response:
         try:
             data = build()
-        except StoreUnavailable as exc:
-            data = {"error": f"state store unreachable ({type(exc).__name__})"}
+        except StoreUnavailable as exc:  # unreachable or misconfigured: the page cannot be had (503)
+            data, status = {"error": store_outage(exc)}, 503
         except ActionError as exc:
-            data = {"error": str(exc)}
-        error = data.get("error") if data.get("status") != "unreachable" else None
-        status = (503 if "unreachable" in str(error) else 400) if error else 200
+            data, status = {"error": str(exc)}, 400
+        else:  # a page's own error (RabbitMQ unreachable is the overview's status: the page stands)
+            status = 400 if data.get("error") and data.get("status") != "unreachable" else 200
         if data.pop("not_found", False):
             status = 404
         if request.url.path.startswith("/api/"):
@@ -197,8 +205,7 @@ class Dashboard:
         except (ValueError, ActionError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         except StoreUnavailable as exc:
-            error = f"state store unreachable, nothing done ({type(exc).__name__})"  # as the pages say it
-            return JSONResponse({"error": error}, status_code=503)
+            return JSONResponse({"error": store_outage(exc, "nothing done")}, status_code=503)
         user: User = request.state.user
         entry = {
             "user": user.name,

@@ -18,6 +18,7 @@ from jobsystem.dramatiq_internals import release_thread_connection
 from jobsystem.ops import dead_letters as dead_letter_ops
 from jobsystem.ops.dead_letter_stops import ReadStopped
 from jobsystem.ops.health import HealthReport, QueueHealth, check
+from jobsystem.ops.outages import store_outage, unreachable
 from jobsystem.ops.queue_counts import dead_letter_counts, missing_queues
 from jobsystem.ops.scope import ForeignQueue, project_queues
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker, dead_letter_queue
@@ -69,6 +70,8 @@ __all__ = [
     "queue_of",
     "redact_url",
     "release_thread_connection",
+    "store_outage",
+    "unreachable",
 ]
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from dashboard.project import HealthReport, Project, StoreUnavailable, check, project_queues
+from dashboard.project import HealthReport, Project, StoreUnavailable, check, project_queues, store_outage
 
 __all__ = ["HealthSampler", "chart_points", "overview", "work_queues"]
 
@@ -110,7 +110,7 @@ def overview(project: Project, sampler: HealthSampler) -> dict[str, Any]:
         minutes = project.status.minutes(names, now_ms - 3_600_000)
     except StoreUnavailable as exc:
         minutes = {}
-        data["notes"].append(f"state store unreachable, no charts ({type(exc).__name__})")
+        data["notes"].append(store_outage(exc, "no charts"))
     for queue in data["queues"]:
         queue["problems"] = [p["detail"] for p in queue["problems"]]
         queue["per_minute"] = chart_points(minutes.get(queue["queue"], {}), now_ms)

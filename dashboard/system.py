@@ -21,7 +21,6 @@ from dashboard.project import (
     Cursor,
     Project,
     ScheduleError,
-    StoreUnavailable,
     last_fire_key,
     queue_of,
 )
@@ -109,12 +108,3 @@ def audit_list(project: Project, before: str | None = None, limit: int = 50) -> 
     """The audit log, newest first (``/api/audit``)."""
     entries, following = project.audit.page(Cursor.decode(before), max(1, min(limit, 200)))
     return {"entries": entries, "next": following.encode() if following else None}
-
-
-def safely(compute: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """``compute(*args)``, or what a page shows when the state store does not answer."""
-    try:
-        result: dict[str, Any] = compute(*args, **kwargs)
-    except StoreUnavailable as exc:
-        return {"error": f"state store unreachable ({type(exc).__name__})"}
-    return result

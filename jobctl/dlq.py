@@ -113,7 +113,7 @@ class Context:
         self.broker = system.broker
         queue, named = selected.queue, f"--queue {selected.queue!r}"
         try:  # only the project's queues, never another application's on the vhost
-            self.queues, self.complete = ops.dead_letter_scope(
+            self.queues, unread = ops.dead_letter_scope(
                 system.settings, system.broker, queue, reading=reading
             )
         except ops.ForeignQueue as exc:
@@ -124,8 +124,9 @@ class Context:
             )
         if queue is not None:  # a typo: say so, rather than "0 dead letters" or a channel error
             require_queues(system.settings, {name: named for name in self.queues})
-        if not self.complete:  # a removed actor's letters may be left out: never "all of them"
-            click.echo(f"jobctl: {ops.INDEX_UNREAD}: only the dead letters of the actors' queues", err=True)
+        self.complete = not unread
+        if unread:  # a removed actor's letters may be left out: never "all of them"
+            click.echo(f"jobctl: {unread}: only the dead letters of the actors' queues", err=True)
         self.filters = ops.Filters(
             message_ids=frozenset(ids),
             queue=None,

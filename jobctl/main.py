@@ -162,15 +162,16 @@ def dashboard(modules: tuple[str, ...], host: str | None, port: int | None) -> N
         )
         sys.exit(EXIT_CONFIG)
     from dashboard.project import Project
-    from dashboard.server import check_bind, serve
+    from dashboard.server import bind_listener, serve
 
     host, port = host or settings.dashboard_host, port or settings.dashboard_port
-    try:
-        check_bind(host, port)
+    try:  # bound once, here, and served on: no other process can take the port in between
+        listener = bind_listener(host, port)
     except OSError as exc:  # a port in use: named here, not by uvicorn's log after the address
         fail(f"jobctl: cannot serve the dashboard on {host}:{port}: {exc.strerror or type(exc).__name__}")
-    click.echo(f"dashboard on http://{host}:{port}/ (Ctrl-C stops it)", err=True)
-    serve(Project.from_system(system), host, port)
+    with listener:  # closed on every way out, serve's own included
+        click.echo(f"dashboard on http://{host}:{port}/ (Ctrl-C stops it)", err=True)
+        serve(Project.from_system(system), listener, host, port)
 
 
 def _stamp(ms: int) -> str:

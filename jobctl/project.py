@@ -32,21 +32,24 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_CONFIG)
 
 
-def service_unreachable(service: str, exc: BaseException) -> NoReturn:
-    """Say on stderr that ``service`` did not answer, by its error's class only (its text names
-    hosts and ports: the log gets it, at DEBUG), and exit 2."""
+def service_unreachable(service: str, exc: BaseException, setting: str = "") -> NoReturn:
+    """Say on stderr that ``service`` did not answer, or refused (misconfigured: then which
+    ``setting`` to check, by name), by its error's class only (its text names hosts and ports:
+    the log gets it, at DEBUG), and exit 2."""
     from jobsystem.observability.logs import get_logger
     from jobsystem.ops.outages import unreachable
 
     event = service.replace(" ", "_").lower()
     get_logger("jobctl").debug(f"{event}_unreachable", cause=str(exc))
-    click.echo(f"jobctl: {unreachable(service, exc)}", err=True)
+    click.echo(f"jobctl: {unreachable(service, exc, setting=setting)}", err=True)
     sys.exit(EXIT_UNREACHABLE)
 
 
 def store_unreachable(exc: BaseException) -> NoReturn:
-    """:func:`service_unreachable` for the state store."""
-    service_unreachable("state store", exc)
+    """:func:`service_unreachable` for the state store (``STATE_URL`` to check when it refused)."""
+    from jobsystem.ops.outages import STORE, STORE_SETTING
+
+    service_unreachable(STORE, exc, STORE_SETTING)
 
 
 def load_project(program: str) -> System:

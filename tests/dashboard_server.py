@@ -19,12 +19,14 @@ DASHBOARD_VIEWER = "viewer-Pa55word-for-tests"
 
 
 class Dashboard(Process):
-    """``jobctl dashboard tests.workload`` in a subprocess on a free port, output captured."""
+    """``jobctl dashboard tests.workload`` in a subprocess on a free port, output captured;
+    ``command`` runs in place of ``jobctl`` (a module of the tests that wraps it)."""
 
-    def __init__(self, log_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, log_path: Path, env: dict[str, str], command: tuple[str, ...] = ("jobctl",)) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        super().__init__(["jobctl", "dashboard", "tests.workload", "--port", str(self.port)], log_path, env)
+        argv = [*command, "dashboard", "tests.workload", "--port", str(self.port)]
+        super().__init__(argv, log_path, env)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         def answering() -> bool:

@@ -26,7 +26,8 @@ import pika.exceptions
 
 from jobsystem.ops.dead_letter_outcome import Outcome, stop_note
 from jobsystem.ops.dead_letter_reader import DeadLetter
-from jobsystem.privacy.outage_lines import failure_fields, log_outage
+from jobsystem.ops.outages import cause, store_failed
+from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.store.base import StoreUnavailable
 
 __all__ = ["ReadStopped", "Stopped", "not_sent", "read_only", "reading", "unconfirmed"]
@@ -78,8 +79,8 @@ def read_only(left: str) -> Iterator[None]:
         raise ReadStopped(type(exc).__name__, stop_note(type(exc).__name__, READ_FAILED, left)) from exc
     except StoreUnavailable as exc:
         log_outage(logger, logging.WARNING, "dead_letter_read_failed", exc)
-        why = "the state store did not answer"
-        raise ReadStopped(type(exc).__name__, stop_note(type(exc).__name__, why, left, _cause(exc))) from exc
+        why = store_failed(exc)
+        raise ReadStopped(type(exc).__name__, stop_note(type(exc).__name__, why, left, cause(exc))) from exc
 
 
 def unconfirmed(outcome: Outcome, letters: list[DeadLetter], *, replayed: bool, error_class: str) -> NoReturn:
@@ -109,17 +110,11 @@ def not_sent(outcome: Outcome, exc: Exception, count: int) -> NoReturn:
     )
     outcome.note_stopped(
         type(exc).__name__,
-        "the state store did not answer the replays' idempotency check",
+        store_failed(store, "the replays' idempotency check"),
         f"{left}; run the command again once the store answers",
-        _cause(store),
+        cause(store),
     )
     raise Stopped from exc
-
-
-def _cause(store: StoreUnavailable) -> str:
-    """What a store error wraps, by class (and a Redis reply's code): never its text."""
-    fields = failure_fields(store)
-    return " ".join(filter(None, [fields.get("cause"), fields.get("code")])) or fields["error"]
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

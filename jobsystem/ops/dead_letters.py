@@ -123,25 +123,25 @@ def dead_letter_queues(
 
 def dead_letter_scope(
     settings: Settings, broker: ProjectBroker, queue: str | None = None, *, reading: bool = False
-) -> tuple[list[str], bool]:
+) -> tuple[list[str], str]:
     """The dead-letter queues of the project's queues (:func:`~jobsystem.ops.scope.project_queues`)
     that RabbitMQ has, never every ``.DLQ`` with ``QUEUE_PREFIX`` (the default, empty, prefix
-    would take every application's on the vhost), and whether the dead-letter index was read to
-    find them (False: the actors' queues only). A ``queue`` named is the project's
+    would take every application's on the vhost), and why the index was not read (``""``: it was;
+    :func:`~jobsystem.ops.scope.index_unread`). A ``queue`` named is the project's
     (:func:`~jobsystem.ops.scope.project_queue`: the prefix added unless it names one whole):
     another is refused with :class:`~jobsystem.ops.scope.ForeignQueue`, unless ``reading`` (list,
     show, export, re-index) and its ``.DLQ`` exists: named explicitly, a removed actor's letters
     the index does not know stay readable, and can be re-indexed (this environment's own dead
     letters only: :func:`reindex`)."""
     if queue is not None:
-        return [_named(settings, broker, q_name(queue), reading)], True
+        return [_named(settings, broker, q_name(queue), reading)], ""
     scope = project_scope(broker)
     names = sorted(q + DEAD_LETTER_SUFFIX for q in scope.queues)
     try:
         missing = set(missing_queues(settings, names, RABBITMQ_TIMEOUT_S))
     except ConnectionError:
-        return names, scope.complete  # the operation's own connection reports the unreachable broker
-    return [name for name in names if name not in missing], scope.complete
+        return names, scope.unread  # the operation's own connection reports the unreachable broker
+    return [name for name in names if name not in missing], scope.unread
 
 
 def _named(settings: Settings, broker: ProjectBroker, queue: str, reading: bool) -> str:

@@ -35,7 +35,7 @@ import requests
 from jobsystem.observability.logs import get_logger
 from jobsystem.ops.deadline import Call, Deadline, Lane, Late
 from jobsystem.ops.management import Undated, oldest_age_s, queue_stats, rate
-from jobsystem.ops.outages import outage_kind, reason, unreachable
+from jobsystem.ops.outages import store_outage, unreachable
 from jobsystem.ops.queue_counts import AmqpCounts, count_queues
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
@@ -351,8 +351,7 @@ def check(
     try:
         scheduled, counts = totals.result()
     except (StoreUnavailable, Late) as exc:
-        detail = f"state store {outage_kind(exc)}, no totals ({reason(exc)})"
-        report.problems.append(Problem("state_store", detail))
+        report.problems.append(Problem("state_store", store_outage(exc, "no totals")))
         report.causes["state_store"] = str(exc)
     else:
         _add_scheduled(report.queues, scheduled)

@@ -15,7 +15,8 @@ under any prefix. The project's queues are:
   an actor since removed, or of an application whose modules were not given, stay reachable.
 
 A state store that does not answer leaves the actors' queues only: nothing else is taken, and
-the scope says it is incomplete (:attr:`Scope.complete`), so a command over "every dead letter"
+the scope says it is incomplete (:attr:`Scope.complete`) and why (:attr:`Scope.unread`: the store
+did not answer, or refused this configuration), so a command over "every dead letter"
 can say so rather than report a partial answer as the whole.
 
 A queue the operator *names* is this environment's queue of that name: ``QUEUE_PREFIX`` is added
@@ -49,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from jobsystem.ops.dead_letter_reader import DeadLetter
+from jobsystem.ops.outages import store_failed
 from jobsystem.ops.queue_names import own_queue
 from jobsystem.rabbitmq.broker import ProjectBroker, actor_queues
 from jobsystem.settings import Settings
@@ -59,32 +61,49 @@ __all__ = [
     "ForeignQueue",
     "Scope",
     "changeable",
+    "index_unread",
     "project_queue",
     "project_queues",
     "project_scope",
 ]
 
-#: Said when the dead-letter index could not be read.
-INDEX_UNREAD = "the dead-letter index could not be read (state store unreachable)"
+#: Said when the dead-letter index could not be read, why in brackets (:func:`index_unread`).
+INDEX_UNREAD = "the dead-letter index could not be read"
+
+
+def index_unread(exc: BaseException) -> str:
+    """:data:`INDEX_UNREAD`, and why: the store did not answer, or refused (misconfigured: which
+    setting to check), as every output names it (:func:`~jobsystem.ops.outages.store_failed`)."""
+    return f"{INDEX_UNREAD} ({store_failed(exc)})"
 
 
 class ForeignQueue(ValueError):
     """A queue named by an operator that is not one of the project's (:func:`project_queues`);
-    ``index_read`` false: maybe it is, but the index that would say so did not answer."""
+    ``unread`` (:func:`index_unread`): maybe it is, but the index that would say so was not read."""
 
-    def __init__(self, name: str, index_read: bool = True) -> None:
-        why = "" if index_read else f" as far as is known: {INDEX_UNREAD}"
+    def __init__(self, name: str, unread: str = "") -> None:
+        why = f" as far as is known: {unread}" if unread else ""
         super().__init__(f"{name!r} is not a queue of the project's actors{why}")
         self.name = name
-        self.index_read = index_read
+        self.unread = unread
+
+    @property
+    def index_read(self) -> bool:
+        return not self.unread
 
 
 @dataclass(frozen=True)
 class Scope:
-    """The project's work queues, and whether the dead-letter index was read to find them."""
+    """The project's work queues, and why the dead-letter index was not read to find them
+    (:func:`index_unread`; empty when it was)."""
 
     queues: frozenset[str]
-    complete: bool
+    unread: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """Whether the dead-letter index was read: the scope holds every queue it knows."""
+        return not self.unread
 
 
 def project_scope(broker: ProjectBroker) -> Scope:
@@ -92,13 +111,13 @@ def project_scope(broker: ProjectBroker) -> Scope:
     dead-letter index holds letters of (see the module doc)."""
     own = actor_queues(broker)
     index = broker.dead_letter_index
-    complete = True
+    unread = ""
     if index is not None:
         try:
             own.update(index.backend.counts())
-        except StoreUnavailable:  # the actors' queues only
-            complete = False
-    return Scope(frozenset(own), complete)
+        except StoreUnavailable as exc:  # the actors' queues only
+            unread = index_unread(exc)
+    return Scope(frozenset(own), unread)
 
 
 def project_queues(broker: ProjectBroker) -> set[str]:
@@ -114,7 +133,7 @@ def project_queue(settings: Settings, broker: ProjectBroker, name: str) -> str:
     scope = project_scope(broker)
     queue = own_queue(settings, name, scope.queues)
     if queue not in scope.queues:
-        raise ForeignQueue(name if name.startswith(settings.queue_prefix) else queue, scope.complete)
+        raise ForeignQueue(name if name.startswith(settings.queue_prefix) else queue, scope.unread)
     return queue
 
 

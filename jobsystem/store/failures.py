@@ -26,6 +26,7 @@ __all__ = [
     "REFUSED",
     "TRANSIENT_REPLY_CODES",
     "WRAPPERS",
+    "answered",
     "misconfigured",
     "reply_code",
     "transient",
@@ -113,6 +114,16 @@ def misconfigured(exc: BaseException) -> bool:
     return isinstance(exc, StoreMisconfigured) or (
         isinstance(exc, StoreUnavailable) and isinstance(wrapped(exc), REFUSED)
     )
+
+
+def answered(exc: BaseException) -> bool:
+    """Whether the store answered ``exc``'s request, with a refusal: a :func:`misconfigured`
+    store, a Redis error reply, a SQLite error (the file is there); not a lost, refused or
+    timed-out connection, nor a store error that wraps nothing."""
+    if misconfigured(exc):
+        return True
+    cause = wrapped(exc) if isinstance(exc, StoreUnavailable) else None
+    return isinstance(cause, redis.ResponseError | sqlite3.Error)
 
 
 def transient(exc: BaseException) -> bool:

@@ -23,9 +23,10 @@ from tests.workers import wait_for_final_events
 
 
 class PrivateRedis:
-    """A ``redis-server`` of the test's own, to break: out of memory, read-only, then healed."""
+    """A ``redis-server`` of the test's own, to break: out of memory, read-only, then healed;
+    ``options`` go on its command line (``--dir PATH``), ``password`` is its ``requirepass``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str, password: str | None = None) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [
@@ -38,11 +39,13 @@ class PrivateRedis:
                 "",
                 "--appendonly",
                 "no",
+                *options,
+                *(["--requirepass", password] if password else []),
             ],
             stdout=subprocess.DEVNULL,
         )
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.client = redis_lib.Redis.from_url(self.url)
+        self.client = redis_lib.Redis.from_url(self.url, password=password)
         wait_for(self._answers, timeout=10, what="the private redis")
 
     def _answers(self) -> bool:

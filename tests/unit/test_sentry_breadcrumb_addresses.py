@@ -8,6 +8,7 @@ Redis URL, RabbitMQ's host and port or the dashboard's own. The addresses are at
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -114,23 +115,22 @@ def test_a_dashboard_starting_sends_sentry_no_address(
             "DASHBOARD_ADMIN_PASSWORD": "an-admin-password-long-enough",
         }
     )
-    served: list[tuple[str, int]] = []
+    served: list[socket.socket] = []
     monkeypatch.setattr(
         dashboard.server,
         "HealthSampler",
         lambda project: SimpleNamespace(start=lambda: None, stop=lambda: None),
     )
     monkeypatch.setattr(dashboard.server, "create_app", lambda *args: None)
-    monkeypatch.setattr(
-        "dashboard.server.uvicorn.run", lambda app, host, port, **_: served.append((host, port))
-    )
+    monkeypatch.setattr(dashboard.server, "run_uvicorn", lambda app, listener: served.append(listener))
+    listener = socket.socket()  # unbound: the address the operator gave is the log's to hide
     with fresh_store("redis", tmp_path) as store:
         project = SimpleNamespace(settings=settings, store=store)
         sent, log = sent_to_sentry(
-            lambda: dashboard.server.serve(project, "10.9.8.5", 8181),  # type: ignore[arg-type]
+            lambda: dashboard.server.serve(project, listener, "10.9.8.5", 8181),  # type: ignore[arg-type]
             log_level="DEBUG",
         )
-    assert served == [("10.9.8.5", 8181)]
+    assert served == [listener]
     assert "dashboard_started" in sent  # the breadcrumb went
     assert "10.9.8." not in sent and store.label not in sent, sent
     started = _line(log, "dashboard_started")
