@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import logging
+import socket
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -249,12 +250,11 @@ async def _empty_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "lifespan.shutdown.complete"})
 
 
-def _serve_until_started(app: Any, host: str, port: int, **options: Any) -> None:
-    """``uvicorn.run`` as ``dashboard.server.serve`` calls it, stopped once the server started."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
+def _run_until_started(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
+    """``uvicorn.Server.run`` as ``dashboard.server.run_uvicorn`` calls it, stopped once started."""
 
     async def main() -> None:
-        serving = asyncio.ensure_future(server.serve())
+        serving = asyncio.ensure_future(server.serve(sockets=sockets))
         while not server.started and not serving.done():
             await asyncio.sleep(0.01)
         server.should_exit = True
@@ -263,11 +263,6 @@ def _serve_until_started(app: Any, host: str, port: int, **options: Any) -> None
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="leak: uvicorn's own INFO line 'Uvicorn running on http://<host>:<port>' is a Sentry "
-    "breadcrumb (and an INFO log line): the dashboard's address, which the project keeps at DEBUG",
-)
 def test_a_dashboard_serving_sends_sentry_no_address(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logging_restored: None
 ) -> None:
@@ -279,10 +274,11 @@ def test_a_dashboard_serving_sends_sentry_no_address(
         lambda project: SimpleNamespace(start=lambda: None, stop=lambda: None),
     )
     monkeypatch.setattr(dashboard.server, "create_app", lambda *args: _empty_app)
-    monkeypatch.setattr(uvicorn, "run", _serve_until_started)
+    monkeypatch.setattr(uvicorn.Server, "run", _run_until_started)
     with fresh_store("sqlite", tmp_path) as store, sentry_capture(monkeypatch) as events:
         project = SimpleNamespace(settings=settings, store=store)
-        dashboard.server.serve(project, "127.0.0.1", port)  # type: ignore[arg-type]
+        listener = dashboard.server.bind_listener("127.0.0.1", port)
+        dashboard.server.serve(project, listener, "127.0.0.1", port)  # type: ignore[arg-type]
         logging.getLogger("tests").error("later_error")  # any later error carries the breadcrumbs
     sent = json.dumps(events)
     assert "dashboard_started" in sent  # the breadcrumbs went
