@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
-__all__ = ["NEAR_NEW_KEYS", "NEAR_SPACES_AND_DATES", "NOT_KEYED_IN_WORDS", "ORDINARY"]
+__all__ = [
+    "NEAR_BIRTHDAYS",
+    "NEAR_NEW_KEYS",
+    "NEAR_SPACES_AND_DATES",
+    "NOT_KEYED_IN_WORDS",
+    "ORDINARY",
+]
 
 #: Ordinary values of a job system: none may change.
 ORDINARY: list[str] = [
@@ -175,4 +181,23 @@ NEAR_SPACES_AND_DATES: list[str] = [
     "worker\t12345 is stopping",
     "port  5672 in 2026",
     "deadline\tis 12 March 2025",
+]
+
+#: Ordinary text near the dates review 5 takes without their year (``born 12 March``, ``DOB
+#: 12/03``): a day and a month after no key of a date of birth, or after a word of one that names
+#: no date, stay. None may change.
+NEAR_BIRTHDAYS: list[str] = [
+    "sent 12 March",
+    "due March 12th",
+    "report for 12/03",
+    "invoice due 12.03.",
+    "released on 12 March, 3 of 5 hosts",
+    "birthday emails sent 12/03",
+    "birthday job ran 12 March at 10:20",
+    "dob field missing in 3 rows",
+    "born in 1985, report for 12/03",
+    "first born 12 of 40",
+    "sent 1 March",
+    "born 1 more time",
+    "retry 3 times for the birthday job",
 ]
