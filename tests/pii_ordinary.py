@@ -9,6 +9,7 @@ __all__ = [
     "NEAR_SPACES_AND_DATES",
     "NOT_KEYED_IN_WORDS",
     "ORDINARY",
+    "WITH_PLUS",
 ]
 
 #: Ordinary values of a job system: none may change.
@@ -200,4 +201,24 @@ NEAR_BIRTHDAYS: list[str] = [
     "sent 1 March",
     "born 1 more time",
     "retry 3 times for the birthday job",
+]
+
+#: Ordinary text with a ``+`` before digits: a change, a duration, a build, a language. Numbers
+#: written with ``+`` and a country code are taken when their plan finds them possible (review 5);
+#: none of these may change.
+WITH_PLUS: list[str] = [
+    "+15%",
+    "latency +15% since 10:20",
+    "+1 day",
+    "retry at now +1 day",
+    "version +20250101",
+    "build 3.11.7+20250101",
+    "C++ 2023",
+    "C++ 20 modules, 1234567 lines",
+    "delta +1234 ms",
+    "UTC+05:30",
+    "2026-11-29T19:13:00+01:00",
+    "offset +3600 s",
+    "+100500 bytes",
+    "score +12.5",
 ]
