@@ -82,9 +82,9 @@ _BIRTH_DATE = re.compile(
 #: A postcode written in two parts at the start of a value: British, Canadian, Dutch (its letters
 #: in capitals), Irish (Eircode), and three digits and two or three (Sweden, Czechia, Greece, India).
 _POSTCODE = re.compile(
-    r"(?:(?i:[A-Z]{1,2}\d[A-Z\d]?[ \t]?\d[A-Z]{2})|(?i:[A-Z]\d[A-Z][ \t]?\d[A-Z]\d)"
-    r"|\d{4}[ \t]?[A-Z]{2}|(?i:[A-Z]\d[\dW])[ \t]?(?:[A-Z\d]{4}|(?=[a-z\d]*\d)[a-z\d]{4})"
-    r"|\d{3}[ \t]\d{2,3})" + _END
+    rf"(?:(?i:[A-Z]{{1,2}}\d[A-Z\d]?{SPACE}?\d[A-Z]{{2}})|(?i:[A-Z]\d[A-Z]{SPACE}?\d[A-Z]\d)"
+    rf"|\d{{4}}{SPACE}?[A-Z]{{2}}|(?i:[A-Z]\d[\dW]){SPACE}?(?:[A-Z\d]{{4}}|(?=[a-z\d]*\d)[a-z\d]{{4}})"
+    rf"|\d{{3}}{SPACE}\d{{2,3}})" + _END
 )
 #: A machine's or a mailbox's address as a whole first word: a URL, an IPv4 address or a host with
 #: a port, hexadecimal groups joined by colons (IPv6, MAC), an email address.
