@@ -6,6 +6,8 @@ value read ASCII's (and tabs) only: ``postcode: SW1A\\u00a01AA`` kept ``1AA`` (t
 match, so the first word alone was taken), a quote after a no-break space inside an address
 opened nothing and the quote closing it ended the value (the rest was kept), and a log's own
 field written the French way (``error\\u00a0: timeout``) did not end an address, which took it.
+A person's name after its key read its next words after ASCII spaces only too
+(:mod:`~jobsystem.privacy.scrub_names`).
 """
 
 from __future__ import annotations
@@ -43,3 +45,12 @@ def test_the_next_pair_after_any_space_ends_an_address_and_the_space_stays(space
     assert scrub.text(f"address: 5 Rue X{space}status=ok") == f"address: [address]{space}status=ok"
     line = f"address: 5 Rue X, Paris error{space}: timeout"
     assert scrub.text(line) == f"address: [address] error{space}: timeout"
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_a_name_whose_words_are_apart_by_any_space_is_taken_whole(space):
+    """``name=José\\u00a0Pérez`` kept ``Pérez``: a name's next word was looked for after ASCII spaces."""
+    name = f"José{space}María{space}Pérez"
+    assert scrub.text(f"name={name} status=ok") == "name=[name] status=ok"
+    assert scrub.text(f"name=山田{space}太郎 ok") == "name=[name] ok"
+    assert hashing.text(f"name={name} ok") == f"name={hashing({'name': name})['name']} ok"
