@@ -3,7 +3,14 @@
 
 from __future__ import annotations
 
-__all__ = ["NEAR_NEW_KEYS", "NEAR_SPACES_AND_DATES", "NOT_KEYED_IN_WORDS", "ORDINARY"]
+__all__ = [
+    "NEAR_BIRTHDAYS",
+    "NEAR_NEW_KEYS",
+    "NEAR_SPACES_AND_DATES",
+    "NOT_KEYED_IN_WORDS",
+    "ORDINARY",
+    "WITH_PLUS",
+]
 
 #: Ordinary values of a job system: none may change.
 ORDINARY: list[str] = [
@@ -175,4 +182,43 @@ NEAR_SPACES_AND_DATES: list[str] = [
     "worker\t12345 is stopping",
     "port  5672 in 2026",
     "deadline\tis 12 March 2025",
+]
+
+#: Ordinary text near the dates review 5 takes without their year (``born 12 March``, ``DOB
+#: 12/03``): a day and a month after no key of a date of birth, or after a word of one that names
+#: no date, stay. None may change.
+NEAR_BIRTHDAYS: list[str] = [
+    "sent 12 March",
+    "due March 12th",
+    "report for 12/03",
+    "invoice due 12.03.",
+    "released on 12 March, 3 of 5 hosts",
+    "birthday emails sent 12/03",
+    "birthday job ran 12 March at 10:20",
+    "dob field missing in 3 rows",
+    "born in 1985, report for 12/03",
+    "first born 12 of 40",
+    "sent 1 March",
+    "born 1 more time",
+    "retry 3 times for the birthday job",
+]
+
+#: Ordinary text with a ``+`` before digits: a change, a duration, a build, a language. Numbers
+#: written with ``+`` and a country code are taken when their plan finds them possible (review 5);
+#: none of these may change.
+WITH_PLUS: list[str] = [
+    "+15%",
+    "latency +15% since 10:20",
+    "+1 day",
+    "retry at now +1 day",
+    "version +20250101",
+    "build 3.11.7+20250101",
+    "C++ 2023",
+    "C++ 20 modules, 1234567 lines",
+    "delta +1234 ms",
+    "UTC+05:30",
+    "2026-11-29T19:13:00+01:00",
+    "offset +3600 s",
+    "+100500 bytes",
+    "score +12.5",
 ]

@@ -62,9 +62,11 @@ PLAIN_TYPES = frozenset({int, float, bool, type(None)})
 SHORT_INT = 10**12
 #: Five digits close together: the least any number worth a look has.
 _DIGITS = re.compile(r"\d(?:\D{0,3}\d){4}")
-#: A year, in a text without five digits close together: a date of birth in words may be in it,
-#: joined to its key by a space (``born 12 March 1985``), if a key of one is too.
-_YEAR = re.compile(r"(?:1[89]|20)\d\d")
+#: A digit, in a text without five digits close together but with a word of a key of a date of
+#: birth: a date of birth may be in it, joined to its key by a space, with its year or not (``born
+#: 12 March 1985``, ``born 12 March``, ``DOB 12/03``). The word is looked for first: it is rarer,
+#: and looking for it costs a line about what looking for a year did before.
+_A_DIGIT = re.compile(r"\d")
 # Whole strings that cannot hold personal data: ISO dates and timestamps, UUIDs, short numbers.
 _SAFE = re.compile(
     r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:\.\d{1,9})?)?(?:Z|[+\-]\d\d:?\d\d)?)?"
@@ -185,7 +187,7 @@ class Scrubber:
         if len(text) >= 16:
             text = shapes.secrets(text)
         digits = _DIGITS.search(text) is not None  # a key may be followed by its number after a space
-        spaced = digits or (_YEAR.search(text) is not None and self.keys.birth_words.search(text) is not None)
+        spaced = digits or (self.keys.has_birth_word(text) and _A_DIGIT.search(text) is not None)
         if spaced or "=" in text or ":" in text or has_is(text):  # ``is`` in any case, as its key
             keyed = key_values(text, self.keys, replace, self._value_end, self._hash_key is not None, spaced)
             digits = digits and (keyed is text or _DIGITS.search(keyed) is not None)

@@ -20,6 +20,8 @@ The separators before that end stay (``, status=failed``; a ``.`` that ends a se
 bracket that opens just before it, ``[type=value_error]``). When in doubt the value runs on
 (remove when in doubt): a quote opens only at the start of a word and closes only at the end of
 one (``d'Alsace`` is one word), and a bracket that closes nothing opened before the key ends nothing.
+A space is any of :mod:`scrub_spaces` (a no-break space, a narrow one, a tab), as in a key before
+it: ``error\\u00a0: timeout`` ends an address as ``error: timeout`` does, and a quote after one opens.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import re
 import threading
 
 from jobsystem.privacy.scrub_keys import EXTRA_LABEL
+from jobsystem.privacy.scrub_spaces import SPACE, SPACE_CHARS
 
 __all__ = ["FREEFORM_LABELS", "bracketed_end", "freeform_end"]
 
@@ -42,7 +45,7 @@ _QUOTE = r"(?:(?:(?<!\\)\\+)?[\"'])"
 #: bracket, a quote (with the backslashes that escape it in JSON text).
 _STOP = re.compile(
     rf"(?<![A-Za-z0-9_\-])(?P<key>(?P<quoted>{_QUOTE})?(?P<word>[A-Za-z_][A-Za-z0-9_\-]*)(?:\\*[\"'])?"
-    rf"[ \t]*(?:=|(?P<colon>:)(?![:/])))"
+    rf"{SPACE}*(?:=|(?P<colon>:)(?![:/])))"
     rf"|(?P<line>[\r\n])|(?P<open>[(\[{{<])|(?P<close>[)\]}}>])|(?P<quote>{_QUOTE})"
 )
 #: Labels an address holds, in any case: ``key: value`` pairs inside it, not after it.
@@ -64,11 +67,12 @@ _MARK = re.compile(rf"[(\[{{<)\]}}>]|{_QUOTE}")
 _OPENING = {")": "(", "]": "[", "}": "{", ">": "<"}
 _CLOSING = {opening: closing for closing, opening in _OPENING.items()}
 _LINE = re.compile(r"[\r\n]")
-#: What a quote follows when it opens a quoted text: the line's start, a space, a bracket, ``=:,``.
-_BEFORE_OPENING_QUOTE = frozenset(" \t([{<=:,")
+#: What a quote follows when it opens a quoted text: the line's start, a space (of any kind:
+#: :mod:`scrub_spaces`), a bracket, ``=:,``.
+_BEFORE_OPENING_QUOTE = frozenset(SPACE_CHARS + "([{<=:,")
 #: Separators left out at a value's end, before what ends it, and brackets opened just before it
 #: (``address: 5 Main St [type=value_error]`` keeps its ``[``).
-_TRAILING = frozenset(" \t,;&|.-\u2013\u2014([{<")
+_TRAILING = frozenset(SPACE_CHARS + ",;&|.-\u2013\u2014([{<")
 #: Per thread, the last look for open brackets and quotes: (text, where, its line's start, open).
 _RECENT = threading.local()
 

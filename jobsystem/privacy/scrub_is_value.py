@@ -9,8 +9,8 @@ only to a value that reads as one:
 - a space, after a key of a number or a date of birth (``ssn 078-05-1120``, ``tax number 12 34 567
   890 123``, ``born 1985-03-12``, ``geboren am 12.03.1985``), looked for only in a text with five
   digits close together (the scrubber's test before it looks for numbers at all): its value has
-  digits, and no other text pays for it; or with a year and a word of a key of a date of birth
-  (``born 12 March 1985``: a date in words).
+  digits, and no other text pays for it; or with a digit and a word of a key of a date of birth
+  (``born 12 March 1985``, ``born 12 March``, ``DOB 12/03``: a date in words, or without its year).
 
 A space is any of :mod:`scrub_spaces` (a no-break space, a tab), or a run of them, around ``is``
 too: ``ssn\u00a0078-05-1120``, ``ssn\tis 078-05-1120``.
@@ -32,7 +32,7 @@ import re
 
 from jobsystem.privacy.scrub_keys import NUMBER_LABELS, SECRET_LABELS, KeyMatcher
 from jobsystem.privacy.scrub_spaces import SPACE, SPACE_CHARS, space_run_start
-from jobsystem.privacy.scrub_value_shapes import birth_date_end
+from jobsystem.privacy.scrub_value_shapes import ONE_DIGIT_DAY, birth_date_end
 
 __all__ = ["has_is", "joins", "reads_as_identifier", "separators"]
 
@@ -46,13 +46,14 @@ _IS = re.compile(rf"{SPACE}[iI][sS]{SPACE}")
 #: The separators, `` is ``, and spaces after a letter (or the ``.`` of ``No.``, a ``#``) before
 #: two digits close together in the next characters (``078-05-1120``, ``X1234567``, ``1 85 05``):
 #: an identifier has them, a count does not (``attempt 3 of 5``, ``order 5)``: not looked at); or
-#: before a word and a number, a month's name first in a date (``March 12, 1985``). A run of spaces
+#: before a day of one digit and a month's name (``1 March``); or before a word and a number, a
+#: month's name first in a date (``March 12, 1985``). A run of spaces
 #: is read from its first, once (``*+``): read again from each of its spaces, 64 KiB took minutes.
 #: Both patterns start with one class of characters (not alternatives), so the engine skips to them.
 _ANY_SEPARATOR = re.compile(
     rf"[:={SPACE_CHARS}](?:(?<=[:=])|(?<!{SPACE}{SPACE}){SPACE}*+[iI][sS]{SPACE}+"
     rf"|(?<=[^\W\d_]{SPACE}|[.#]{SPACE}){SPACE}*+"
-    rf"(?=[A-Za-z]{{0,3}}[(+]?\d[\w\-./{SPACE_CHARS}]{{0,3}}\d|[^\W\d_]{{3,9}}\.?{SPACE}+\d))"
+    rf"(?=[A-Za-z]{{0,3}}[(+]?\d[\w\-./{SPACE_CHARS}]{{0,3}}\d|{ONE_DIGIT_DAY}|[^\W\d_]{{3,9}}\.?{SPACE}+\d))"
 )
 #: Labels whose one-word keys `` is `` joins to a value that reads as an identifier (``passport is
 #: X1234567``, ``password is hunter22``); ``address is 10.0.0.5`` or ``name is Ana`` is a remark.
@@ -81,9 +82,9 @@ def has_is(text: str) -> bool:
 
 def separators(text: str, keys: KeyMatcher, spaced: bool) -> re.Pattern[str] | None:
     """The separators to look for in ``text``: all of them if ``spaced`` (it has five digits close
-    together, or a year and a key of a date of birth: a date in words); else `` is `` too when one
-    follows a word that may end a key in words (``number is``) or a one-word key of
-    :data:`_IS_LABELS`; else ``:`` and ``=`` if there is one; else None.
+    together, or a digit and a key of a date of birth: a date in words or without its year); else
+    `` is `` too when one follows a word that may end a key in words (``number is``) or a one-word
+    key of :data:`_IS_LABELS`; else ``:`` and ``=`` if there is one; else None.
     Other lines with `` is `` (``worker 3 is stopping``) are not scanned for it (a pattern with
     `` is `` costs a line of 70 characters some 1.3 us). An `` is `` at the text's start follows no
     word: the search goes on past it (a fragment such as `` is due; passport number is X1234567``)."""

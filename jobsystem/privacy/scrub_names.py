@@ -9,13 +9,16 @@ lower case (``status``), a word that is a key (``Status=ok``), a separator (``,`
 after a word) or the line's end stops it. A first word in lower case is a thing's name
 (``name=default Processing``, ``name=report OK``): the value is that word alone. A name in a
 script without case (``name=محمد علي``, ``name=राहुल शर्मा``, ``name=山田 太郎``) runs on over the
-words of its script that follow its first word, up to eight in all.
+words of its script that follow its first word, up to eight in all. The words of a name are apart
+by spaces of any kind (:mod:`scrub_spaces`): ``name=José\\u00a0Pérez`` kept ``Pérez``.
 """
 
 from __future__ import annotations
 
 import re
 import unicodedata
+
+from jobsystem.privacy.scrub_spaces import SPACE
 
 __all__ = ["NAME_LABELS", "name_end"]
 
@@ -24,7 +27,7 @@ NAME_LABELS = frozenset({"name", "recipient", "contact"})
 #: The next word of a name (``-`` and ``'`` inside, an initial's ``.``), unless it is a key
 #: (``status=``). A word before ``:`` is taken: ``Pérez:`` and ``Failed:`` look alike, and a
 #: heading lost is better than a surname kept.
-_NAME_WORD = re.compile(r"[ \t]+([^\W\d_][\w'\u2019\-]*(?:(?<=\s\w)\.)?)(?![\w'\u2019\-]|\s*=)")
+_NAME_WORD = re.compile(rf"{SPACE}+([^\W\d_][\w'\u2019\-]*(?:(?<=\s\w)\.)?)(?![\w'\u2019\-]|\s*=)")
 #: Small words between the parts of a name (``María de los Ángeles``, ``Jan van den Berg``,
 #: ``Mohamed el Amrani``, ``Silva e Santos``, ``Miró i Ferrà``).
 _PARTICLES = frozenset(
@@ -33,7 +36,7 @@ _PARTICLES = frozenset(
     | {"te", "ten", "ter", "van", "von", "y", "zu", "zum", "zur"}
 )
 #: What separates the words of a name in a script without case, and a key after a word.
-_NEXT_WORD = re.compile(r"[ \t]+")
+_NEXT_WORD = re.compile(rf"{SPACE}+")
 _KEY_AFTER = re.compile(r"\s*=")
 #: Words a name has at most, the first included, particles not counted: four (two given names
 #: and two surnames) is common, five or six in Portuguese and Spanish names.

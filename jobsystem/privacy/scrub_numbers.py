@@ -10,9 +10,10 @@ number, an amount or a timestamp stays:
 - payment cards (issuer prefix and length, then ``stdnum.luhn``) and IBANs of every country
   (``stdnum.iban``: country length and mod 97);
 - phone numbers, parsed and validated against the numbering plans of ``phonenumbers`` (Google's
-  libphonenumber): any number with ``+`` or ``00``; a national number in a region of ``regions``
-  when it starts with its trunk ``0`` or is written in groups (without the ``0`` of a region that
-  has one only where the region writes the number so: Brazil, China's mobiles); a bare run of
+  libphonenumber): any number with ``+`` or ``00`` (with ``+``, a possible one too:
+  :mod:`scrub_phone_checks`); a national number in a region of ``regions`` when it starts with
+  its trunk ``0`` or is written in groups (without the ``0`` of a region that has one only where
+  the region writes the number so: Brazil, China's mobiles); a bare run of
   digits without ``+`` or ``0`` is never taken for a phone (order numbers look just like that);
 - public IPv4 addresses (the standard library's ``ipaddress``); loopback, private, link-local and
   documentation addresses name machines, not people, and stay.
@@ -40,6 +41,7 @@ from stdnum.us import ssn as us_ssn
 from stdnum.util import get_cc_module
 
 from jobsystem.privacy.scrub_mobiles_in import INDIAN_MOBILE, after_a_plural
+from jobsystem.privacy.scrub_phone_checks import as_written, possible_length
 
 __all__ = ["DEFAULT_PHONE_REGIONS", "LETTER_ID_SHAPES", "NATIONAL_IDS", "NumberFinder", "Replace"]
 
@@ -163,17 +165,6 @@ def _valid(module: ModuleType, number: str) -> bool:
         return False
 
 
-def _as_written(number: phonenumbers.PhoneNumber, formatted: str) -> bool:
-    """Whether a valid ``number``, read without a trunk 0 in a region that has one, is written
-    (``formatted``) as the region writes it: its national format has no 0 either (``0113 456 7890``
-    in the UK, but ``(11) 3456-7890`` in Brazil, ``138 0013 8000`` for a Chinese mobile) and has
-    the same groups of digits. Any other grouping is an amount or a reference as often as not:
-    ``4 579 102 298`` or ``183 778 3533`` are valid Brazilian numbers, written ``(45) 7910-2298``."""
-    national = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.NATIONAL)
-    groups = [len(group) for group in _GROUP.findall(formatted)]
-    return not national.lstrip("(").startswith("0") and groups == [len(g) for g in _GROUP.findall(national)]
-
-
 def _public_ip(text: str) -> bool:
     try:
         return ipaddress.ip_address(text).is_global
@@ -219,13 +210,14 @@ class NumberFinder:
 
     # --- validation (memoised: one person's number recurs) ---
 
-    def _classify(self, digits: str, formatted: str, whole: bool) -> str | None:
+    def _classify(self, digits: str, formatted: str, whole: bool, possible: bool = False) -> str | None:
         """The label of a window of digits written as ``formatted``, or None. Only a window
         that starts its run (``whole``) may be a phone number: digits before it belong to
-        something else (the rest of an IBAN, a reference), and phone plans accept a lot."""
+        something else (the rest of an IBAN, a reference), and phone plans accept a lot.
+        ``possible``: a number with ``+`` need only be possible (see :meth:`_readings`)."""
         by_length = self._load()
         if formatted.startswith(("+", "(")) or digits.startswith("00"):
-            return "phone" if whole and self.phone(formatted) else None  # written as a phone number
+            return "phone" if whole and self.phone(formatted, possible) else None  # written as a phone number
         if 13 <= len(digits) <= 19 and _is_card(digits):
             return "card"
         if _SSN_FORMAT.fullmatch(formatted):
@@ -236,9 +228,10 @@ class NumberFinder:
                 return "id_number"
         return "phone" if whole and self.phone(formatted) else None
 
-    def _phone(self, formatted: str) -> str | None:
-        """The number in E.164 if ``formatted`` is a valid phone number, else None."""
-        number = next(self._readings(formatted), None)
+    def _phone(self, formatted: str, possible: bool = False) -> str | None:
+        """The number in E.164 if ``formatted`` is a valid phone number (with ``possible``, written
+        with ``+``, a possible one: see :meth:`_readings`), else None."""
+        number = next(self._readings(formatted, possible), None)
         if number is None:
             return None
         return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
@@ -247,14 +240,18 @@ class NumberFinder:
         """Every valid number ``formatted`` reads as, one per region that reads it so."""
         return tuple(self._readings(formatted))
 
-    def _readings(self, formatted: str) -> Iterator[phonenumbers.PhoneNumber]:
-        """The valid numbers ``formatted`` reads as, in the order of the regions tried."""
+    def _readings(self, formatted: str, possible: bool = False) -> Iterator[phonenumbers.PhoneNumber]:
+        """The valid numbers ``formatted`` reads as, in the order of the regions tried; with
+        ``possible`` and a ``+``, a possible one too (:mod:`scrub_phone_checks`): in free text only,
+        where a valid window is preferred (:meth:`_window`); a keyed number's groups are judged
+        by valid readings (:mod:`scrub_groups`)."""
         self._load()
         digits = "".join(c for c in formatted if c.isdigit())
         if not 7 <= len(digits) <= 17:
             return
         without_trunk: tuple[str, ...] = ()
         mobile_only = False
+        plus = possible and formatted.startswith(("+", "(+"))
         if formatted.startswith(("+", "(+")) or digits.startswith("00"):
             candidates: tuple[tuple[str, str | None], ...] = (("+" + digits.removeprefix("00"), None),)
         elif digits[0] == "0":
@@ -265,7 +262,7 @@ class NumberFinder:
             candidates, mobile_only = ((formatted, "IN"),), True
         elif formatted != digits and 9 <= len(digits) <= 11 and 3 <= len(_GROUP.findall(formatted)) <= 4:
             # In groups, without a 0: a region with no trunk 0, or one with it that writes this
-            # number without it (Brazil's ``(11) 98765-4321``, China's mobiles): see _as_written.
+            # number without it (Brazil's ``(11) 98765-4321``, China's mobiles): see as_written.
             without_trunk = self._trunk_zero
             candidates = tuple((formatted, r) for r in self._no_trunk + without_trunk)
         else:
@@ -274,8 +271,8 @@ class NumberFinder:
             try:
                 number = phonenumbers.parse(text, region)
                 if (
-                    phonenumbers.is_valid_number(number)
-                    and (region not in without_trunk or _as_written(number, text))
+                    (phonenumbers.is_valid_number(number) or (plus and possible_length(number)))
+                    and (region not in without_trunk or as_written(number, text))
                     and (not mobile_only or phonenumbers.number_type(number) == _MOBILE)
                 ):
                     yield number
@@ -344,13 +341,16 @@ class NumberFinder:
         self, run: str, groups: list[tuple[int, int]], first: int, done: int, *, whole: bool, before: str
     ) -> tuple[int, int, str, str] | None:
         """The longest window of digit groups from ``first`` that is a confirmed value; ``whole``
-        when the window starts the run or follows a replaced value; ``before``: the text before the run."""
+        when the window starts the run or follows a replaced value; ``before``: the text before the run.
+        A number with ``+`` that is possible but not valid is taken only when no window is valid:
+        a plan of many lengths finds ``+39 06 1234 5678 12`` possible, and its ``12`` is a count."""
         begin = groups[first][0]
         while begin > done and run[begin - 1] in "+(":
             begin -= 1
         windows: list[tuple[int, str]] = []
         digits = ""
-        international = "+" in run[begin : groups[first][0]] or run.startswith("00", groups[first][0])
+        plus = "+" in run[begin : groups[first][0]]
+        international = plus or run.startswith("00", groups[first][0])
         for last in range(first, len(groups)):
             group = run[groups[last][0] : groups[last][1]]
             if last > first and len(group) < 2 and not international:
@@ -359,19 +359,20 @@ class NumberFinder:
             if len(digits) > 19:
                 break
             windows.append((last, digits))
-        for last, digits in reversed(windows):
-            if len(digits) < 7:
-                break
-            formatted = run[begin : groups[last][1]]
-            if formatted.count("(") > formatted.count(")"):
-                formatted = formatted.lstrip("(")  # a parenthesis around the number, not its area code
-            label = self.classify(digits, formatted, whole)
-            mobile_in = label == "phone" and INDIAN_MOBILE.fullmatch(formatted)
-            if mobile_in and (last + 1 < len(groups) or after_a_plural(before)):
-                label = None  # two groups of five among more, or after a plural: a list of numbers
-            if label is not None:
-                value = self.phone(formatted) if label == "phone" else digits
-                return groups[last][1] - len(formatted), last, label, value or digits
+        for possible in (False, True) if plus and whole else (False,):
+            for last, digits in reversed(windows):
+                if len(digits) < 7:
+                    break
+                formatted = run[begin : groups[last][1]]
+                if formatted.count("(") > formatted.count(")"):
+                    formatted = formatted.lstrip("(")  # a parenthesis around the number, not its area code
+                label = self.classify(digits, formatted, whole, possible)
+                mobile_in = label == "phone" and INDIAN_MOBILE.fullmatch(formatted)
+                if mobile_in and (last + 1 < len(groups) or after_a_plural(before)):
+                    label = None  # two groups of five among more, or after a plural: a list of numbers
+                if label is not None:
+                    value = self.phone(formatted, possible) if label == "phone" else digits
+                    return groups[last][1] - len(formatted), last, label, value or digits
         return None
 
     def _letters(self, match: re.Match[str], replace: Replace) -> str:

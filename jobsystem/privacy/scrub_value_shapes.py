@@ -6,9 +6,10 @@ An address or a date of birth after its key runs on to the end of its value
 ordinary words after it stay:
 
 - a date of birth: a date in digits (``1980-03-12``, ``12/03/1980``, with spaces too: ``1980 12
-  03``, ``03 12 1980``), a year, or a day, a month named in English, French, German, Spanish,
-  Italian, Portuguese or Dutch and a year, in either order (``12 March 1980``, ``March 12,
-  1980``, ``12. März 1980``, ``12 de marzo de 1980``, ``1er mars``, ``March 1980``), the year
+  03``, ``03 12 1980``; a day and a month without the year: ``12/03``, ``12.03.``), a year, or a
+  day, a month named in English, French, German, Spanish, Italian, Portuguese or Dutch and a
+  year or not, in either order (``12 March 1980``, ``March 12, 1980``, ``12. März 1980``, ``12 de
+  marzo de 1980``, ``1er mars``, ``March 12th``, ``March 1980``), the year
   first too (``1980 March 12``, ``1980, 12 March``, ``1980 March``): a year alone ends the value
   only when no month follows it;
 - a postcode (a key naming one, :func:`~jobsystem.privacy.scrub_keys.is_postcode_key`): the
@@ -30,7 +31,7 @@ import re
 
 from jobsystem.privacy.scrub_spaces import SPACE
 
-__all__ = ["birth_date_end", "network_end", "postcode_end"]
+__all__ = ["ONE_DIGIT_DAY", "birth_date_end", "network_end", "postcode_end"]
 
 #: Months, in full and abbreviated, in the languages the project's regions write (English,
 #: French, German, Spanish, Italian, Portuguese, Dutch); an abbreviation's ``.`` before the year
@@ -60,9 +61,19 @@ _END = r"(?![\w\-/:]|[.,]\d)"
 #: (``1980 12 03``, ``03 12 1980``): a day and a month of one or two digits, a year of four.
 _SPACED_DIGITS = rf"{_YEAR4}{_SEP}[0-3]?\d{_SEP}[0-3]?\d(?!\d)|[0-3]?\d{_SEP}[0-3]?\d{_SEP}{_YEAR4}"
 
+#: A day of one digit and a month's name (``1 March``, ``1st of March``, ``1. März``, ``1er mars``):
+#: where a date of birth may start after its key and a space, though it has no two digits close
+#: together (:mod:`scrub_is_value` looks for those).
+ONE_DIGIT_DAY = rf"\d(?:st|nd|rd|th|er|º|°|\.)?{SPACE}+(?:(?:of|de){SPACE}+)?(?i:{_MONTHS})(?![^\W\d_])"
+
+#: A day and a month in digits without a year, either first (``12/03``, ``12.03.``, ``3-25``): a
+#: birthday as a form asks for it; read only after a key of a date of birth, where it is one.
+_DAY_MONTH = r"[0-3]?\d[\-/.][0-3]?\d\.?"
+
 #: A date of birth at the start of a value (see the module).
 _BIRTH_DATE = re.compile(
     rf"(?:\d{{1,4}}[\-/.]\d{{1,2}}[\-/.]\d{{1,4}}(?:T[\d:.]+(?:Z|[+\-]\d\d:?\d\d)?)?|\d{{8}}|{_SPACED_DIGITS}"
+    rf"|{_DAY_MONTH}"
     rf"|{_DAY}{_SEP}(?:(?:of|de|del){SPACE}+)?{_MONTH}(?:{_SEP}(?:(?:de|del){SPACE}+)?(?:{_YEAR}))?"
     rf"|{_MONTH}{_SEP}{_DAY}(?:{_SEP}(?:{_YEAR}))?|{_MONTH}{_SEP}(?:\d{{4}})"
     rf"|{_YEAR4}{_SEP}(?:{_MONTH}(?:{_SEP}{_LAST_DAY})?|{_DAY}{_SEP}{_MONTH})|{_YEAR4})" + _END,
@@ -71,9 +82,9 @@ _BIRTH_DATE = re.compile(
 #: A postcode written in two parts at the start of a value: British, Canadian, Dutch (its letters
 #: in capitals), Irish (Eircode), and three digits and two or three (Sweden, Czechia, Greece, India).
 _POSTCODE = re.compile(
-    r"(?:(?i:[A-Z]{1,2}\d[A-Z\d]?[ \t]?\d[A-Z]{2})|(?i:[A-Z]\d[A-Z][ \t]?\d[A-Z]\d)"
-    r"|\d{4}[ \t]?[A-Z]{2}|(?i:[A-Z]\d[\dW])[ \t]?(?:[A-Z\d]{4}|(?=[a-z\d]*\d)[a-z\d]{4})"
-    r"|\d{3}[ \t]\d{2,3})" + _END
+    rf"(?:(?i:[A-Z]{{1,2}}\d[A-Z\d]?{SPACE}?\d[A-Z]{{2}})|(?i:[A-Z]\d[A-Z]{SPACE}?\d[A-Z]\d)"
+    rf"|\d{{4}}{SPACE}?[A-Z]{{2}}|(?i:[A-Z]\d[\dW]){SPACE}?(?:[A-Z\d]{{4}}|(?=[a-z\d]*\d)[a-z\d]{{4}})"
+    rf"|\d{{3}}{SPACE}\d{{2,3}})" + _END
 )
 #: A machine's or a mailbox's address as a whole first word: a URL, an IPv4 address or a host with
 #: a port, hexadecimal groups joined by colons (IPv6, MAC), an email address.
