@@ -313,6 +313,9 @@ class DeadLetteringConsumer(RabbitmqConsumer):
 
     def nack(self, proxy: MessageProxy) -> None:
         broker, message = self.broker, project_message(proxy)
+        if message.delivered_on is not self or message.tag not in self.known_tags:  # not open here
+            self._unknown_nack(message)
+            return
         headers = broker.dead_letters.record(broker, message, stored_exception(message))
         body: bytes | None = None
         try:
@@ -327,6 +330,14 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         mark_dead_lettered(message, headers[HEADER_REASON])
         self._ack(message)
         self._notify(message, headers)
+
+    def _unknown_nack(self, message: ProjectMessage) -> None:
+        """Publish nothing: Dramatiq retries a whole nack whose ack found the connection lost, and
+        its dead letter is out already. One of an earlier channel (the consumer reconnected) is
+        redelivered and decided again: the hooks are told it is requeued, not dead."""
+        logger.warning("nack_unknown_delivery", extra={"message_id": message.message_id})
+        if message.delivered_on is not self:
+            request_redelivery(message)
 
     def _notify(self, message: Message[Any] | MessageProxy, headers: dict[str, Any]) -> None:
         try:
