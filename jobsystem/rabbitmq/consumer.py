@@ -51,6 +51,7 @@ from jobsystem.rabbitmq.acks import AckBatch
 from jobsystem.rabbitmq.bursts import buffered_deliveries
 from jobsystem.rabbitmq.dead_letter_bodies import dead_letter_body, kept_properties
 from jobsystem.runtime.attempts import enqueue_retry
+from jobsystem.runtime.closing import close_quietly
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -113,7 +114,16 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             self._dropped(self.ready.popleft())
         with contextlib.suppress(pika.exceptions.AMQPError):
             self.connection.add_callback_threadsafe(self.acks.release_held)
-        self.broker.closes.run([(self, partial(RabbitmqConsumer.close, self))])
+        self.broker.closes.run([(self, self._close_both)])
+
+    def _close_both(self) -> None:
+        """Dramatiq's close, then the connection's whatever it raised: once RabbitMQ closed the
+        channel (a queue deleted, ``consumer_timeout``), Dramatiq's raised on it and left the
+        connection open, one more with each restart of the consumer."""
+        try:
+            RabbitmqConsumer.close(self)  # type: ignore[no-untyped-call]
+        finally:
+            close_quietly(self.connection)
 
     # -- receiving -------------------------------------------------------------------------------
 
