@@ -200,7 +200,7 @@ class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
                 properties = pika.BasicProperties(
                     delivery_mode=2, priority=priority, timestamp=int(time.time())
                 )
-                self.channel.basic_publish(
+                self.publish_confirmed(
                     exchange=exchange,
                     routing_key=key,
                     body=message.encode(),
@@ -218,6 +218,18 @@ class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
                 if attempt == PUBLISH_ATTEMPTS:
                     raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def publish_confirmed(self, **publish: Any) -> None:
+        """Publish on this thread's channel and wait for RabbitMQ's confirm; anything raised (an
+        interrupt too: a time limit, a cancellation, a shutdown) drops the thread's connection
+        first, then is raised. pika's channel matches confirms to publishes by arrival: a publish
+        left waiting would have its confirm answer the thread's next publish (a retry reported
+        confirmed before RabbitMQ said anything of it), so that channel is never used again."""
+        try:
+            self.channel.basic_publish(**publish)
+        except BaseException:
+            del self.connection
+            raise
 
     def ensure_delays(self) -> None:
         """Declare the delay cascade once per broker (its declarations are idempotent)."""
@@ -303,7 +315,7 @@ class ProjectBroker(HookDispatch, ThreadConnections, RabbitmqTopology):
         for attempt in range(1, DEAD_LETTER_PUBLISH_ATTEMPTS + 1):
             try:
                 self.declare_queue(q_name(queue_name), ensure=True)
-                self.channel.basic_publish(
+                self.publish_confirmed(
                     exchange=self.dead_letter_exchange,
                     routing_key=q_name(queue_name),
                     body=body,

@@ -49,7 +49,9 @@ from jobsystem.dramatiq_internals import (
 )
 from jobsystem.rabbitmq.acks import AckBatch
 from jobsystem.rabbitmq.bursts import buffered_deliveries
+from jobsystem.rabbitmq.dead_letter_bodies import dead_letter_body, kept_properties
 from jobsystem.runtime.attempts import enqueue_retry
+from jobsystem.runtime.closing import close_quietly
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -57,13 +59,9 @@ from middleware.dead_letters import HEADER_REASON
 if TYPE_CHECKING:
     from jobsystem.rabbitmq.broker import ProjectBroker
 
-__all__ = ["DeadLetteringConsumer", "dead_letter_body"]
+__all__ = ["DeadLetteringConsumer"]
 
 logger = logging.getLogger(__name__)
-
-#: AMQP properties of a malformed delivery that its dead letter keeps (others, such as
-#: ``expiration`` or ``user_id``, would change what happens to the dead letter itself).
-KEPT_PROPERTIES = ("content_type", "content_encoding", "correlation_id", "app_id", "type", "timestamp")
 
 _Delivery = tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes]
 
@@ -79,27 +77,6 @@ ACK_HOLD_BEHIND_S = 0.050
 #: messages it holds: Dramatiq releases a due one only then (every ``dramatiq_worker_timeout``,
 #: 1 s by default), so delays, retries and rate-limit slots could run up to a second late.
 DELAY_TICK_MS = 100
-
-
-def dead_letter_body(message: ProjectMessage) -> bytes:
-    """The message as it goes to the dead letters: without Dramatiq's stored traceback (the
-    previous attempt's, unscrubbed); the record's headers carry the final one."""
-    options = {k: v for k, v in message.options.items() if k not in ("traceback", "eta")}
-    final: Message[Any] = dataclasses.replace(
-        message.message, queue_name=q_name(message.queue_name), options=options
-    )
-    return final.encode()
-
-
-def _kept(properties: pika.spec.BasicProperties) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The AMQP properties and the plain headers of a malformed delivery that its dead letter keeps."""
-    kept = {name: getattr(properties, name) for name in KEPT_PROPERTIES if getattr(properties, name)}
-    headers = {
-        str(k): v
-        for k, v in (properties.headers or {}).items()
-        if not str(k).startswith("x-dl-") and isinstance(v, str | int | float | bytes)
-    }
-    return kept, headers
 
 
 class DeadLetteringConsumer(RabbitmqConsumer):
@@ -137,7 +114,16 @@ class DeadLetteringConsumer(RabbitmqConsumer):
             self._dropped(self.ready.popleft())
         with contextlib.suppress(pika.exceptions.AMQPError):
             self.connection.add_callback_threadsafe(self.acks.release_held)
-        self.broker.closes.run([(self, partial(RabbitmqConsumer.close, self))])
+        self.broker.closes.run([(self, self._close_both)])
+
+    def _close_both(self) -> None:
+        """Dramatiq's close, then the connection's whatever it raised: once RabbitMQ closed the
+        channel (a queue deleted, ``consumer_timeout``), Dramatiq's raised on it and left the
+        connection open, one more with each restart of the consumer."""
+        try:
+            RabbitmqConsumer.close(self)  # type: ignore[no-untyped-call]
+        finally:
+            close_quietly(self.connection)
 
     # -- receiving -------------------------------------------------------------------------------
 
@@ -254,7 +240,7 @@ class DeadLetteringConsumer(RabbitmqConsumer):
                     "size": len(body),
                 },
             )
-        kept, original_headers = _kept(properties)
+        kept, original_headers = kept_properties(properties)
         record = self.broker.dead_letters.malformed_record(self.broker, self.queue_name, malformed)
         publish = partial(
             self.broker.publish_dead_letter,
@@ -337,6 +323,9 @@ class DeadLetteringConsumer(RabbitmqConsumer):
 
     def nack(self, proxy: MessageProxy) -> None:
         broker, message = self.broker, project_message(proxy)
+        if message.delivered_on is not self or message.tag not in self.known_tags:  # not open here
+            self._unknown_nack(message)
+            return
         headers = broker.dead_letters.record(broker, message, stored_exception(message))
         body: bytes | None = None
         try:
@@ -351,6 +340,14 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         mark_dead_lettered(message, headers[HEADER_REASON])
         self._ack(message)
         self._notify(message, headers)
+
+    def _unknown_nack(self, message: ProjectMessage) -> None:
+        """Publish nothing: Dramatiq retries a whole nack whose ack found the connection lost, and
+        its dead letter is out already. One of an earlier channel (the consumer reconnected) is
+        redelivered and decided again: the hooks are told it is requeued, not dead."""
+        logger.warning("nack_unknown_delivery", extra={"message_id": message.message_id})
+        if message.delivered_on is not self:
+            request_redelivery(message)
 
     def _notify(self, message: Message[Any] | MessageProxy, headers: dict[str, Any]) -> None:
         try:

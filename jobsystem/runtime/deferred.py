@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from jobsystem.privacy.outage_lines import log_outage
@@ -114,6 +114,10 @@ class DeferredWrites:
         #: Per kind of write a misconfigured store refused since the first was logged, how many of
         #: its writes were dropped meanwhile (none for a kind kept).
         self._refused: dict[str, int] = {}
+        #: The groups of the batch being written (and retried), for :meth:`_given_up`.
+        self._writing: list[_Group] = []
+        #: ``deferred_writes_given_up`` was logged, and the writer has not drained since.
+        self._said_given_up = False
 
     def submit(self, apply_many: ApplyMany | Buffered, item: Any) -> None:
         """Queue ``item``, to be applied by ``apply_many(view, [item, ...])`` (for a
@@ -133,11 +137,29 @@ class DeferredWrites:
         return self._idle.wait(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Apply what is queued (waiting up to ``timeout``) and end the thread."""
-        self.flush(timeout)
+        """Apply what is queued (waiting up to ``timeout``) and end the thread. Writes still not
+        applied then are given up (the process exits without them), and said so (see
+        :meth:`_given_up`)."""
+        if not self.flush(timeout) and not self._said_given_up:  # one line for a writer stopped twice
+            self._given_up(timeout)
         with self._wakeup:
             self._stopping = True
             self._wakeup.notify()
+
+    def _given_up(self, waited: float) -> None:
+        """One ERROR line, ``deferred_writes_given_up``: the kinds of write left unapplied and how
+        many of each (never their items: keys, the jobs' contents). A completion or release given
+        up leaves its key leased until the lease lapses (a copy of the message then runs the job
+        again); a status record stays as it was."""
+        with self._wakeup:
+            left = [*self._writing, *_by_kind(self._pending).items()]
+        kinds: dict[str, int] = {}
+        for apply_many, items in left:
+            kinds[_kind(apply_many)] = kinds.get(_kind(apply_many), 0) + len(items)
+        if kinds:
+            fields = {"kinds": kinds, "writes": sum(kinds.values()), "waited_s": waited}
+            logger.error("deferred_writes_given_up", extra=fields)
+            self._said_given_up = True
 
     def _take(self) -> list[tuple[ApplyMany | Buffered, Any]]:
         with self._wakeup:
@@ -154,6 +176,7 @@ class DeferredWrites:
         while True:
             batch = self._take()
             if not batch:
+                self._said_given_up = False
                 self._idle.set()
                 return
             self._write(batch)
@@ -167,9 +190,11 @@ class DeferredWrites:
             log_outage(logger, logging.ERROR, "deferred_write_dropped", exc, kind="batch", writes=len(batch))
             return
         while groups:
+            self._writing = groups
             groups = self._apply(groups, len(batch))
             if groups:
                 time.sleep(self._retry_pause())
+        self._writing = []
 
     def _retry_pause(self) -> float:
         """``retry_delay``; after refusals in a row, doubled at each up to ``max_retry_delay``."""
@@ -271,18 +296,25 @@ class DeferredWrites:
 _Group = tuple[ApplyMany, list[Any]]
 
 
-def _kind(apply_many: ApplyMany) -> str:
+def _kind(apply_many: ApplyMany | Buffered) -> str:
     """A kind of write as the log names it: its apply function's qualified name."""
+    if isinstance(apply_many, Buffered):
+        apply_many = apply_many.apply
     return getattr(apply_many, "__qualname__", type(apply_many).__qualname__)
 
 
-def _grouped(batch: list[tuple[ApplyMany | Buffered, Any]]) -> list[_Group]:
-    """The batch's items per kind of write, in the order each kind first came; a :class:`Buffered`
-    kind's writes taken out of its buffer now, so that a retry of the batch applies them again."""
+def _by_kind(batch: Iterable[tuple[ApplyMany | Buffered, Any]]) -> dict[ApplyMany | Buffered, list[Any]]:
+    """The batch's items per kind of write, in the order each kind first came."""
     groups: dict[ApplyMany | Buffered, list[Any]] = {}
     for apply_many, item in batch:
         groups.setdefault(apply_many, []).append(item)
+    return groups
+
+
+def _grouped(batch: list[tuple[ApplyMany | Buffered, Any]]) -> list[_Group]:
+    """The batch's items per kind of write (:func:`_by_kind`); a :class:`Buffered` kind's writes
+    taken out of its buffer now, so that a retry of the batch applies them again."""
     return [
         (kind.apply, kind.take(items)) if isinstance(kind, Buffered) else (kind, items)
-        for kind, items in groups.items()
+        for kind, items in _by_kind(batch).items()
     ]

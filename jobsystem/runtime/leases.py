@@ -44,8 +44,11 @@ class HeldLeases:
     A process killed mid-job stops renewing, so its leases lapse within one lease period.
 
     Parameters:
-      renew: renews ``[(key, owner), ...]`` for ``lease_ms`` in one store operation; when it
-        raises :class:`~jobsystem.store.base.StoreUnavailable` the next turn tries again.
+      renew: renews ``[(key, owner), ...]`` for ``lease_ms`` in one store operation; whatever it
+        raises is logged (:class:`~jobsystem.store.base.StoreUnavailable` at WARNING, anything
+        else at ERROR, by class) and the next turn tries again. The renewer never ends on an
+        error: it started again only with the next new lease, and meanwhile a long job's lease
+        lapsed and another worker could claim and run the same key beside it.
       lease_ms: how long a lease lasts unless renewed.
     """
 
@@ -86,5 +89,6 @@ class HeldLeases:
                 continue
             try:
                 self.renew(claims, self.lease_ms)
-            except StoreUnavailable as exc:
-                log_outage(logger, logging.WARNING, "lease_renewal_failed", exc, claims=len(claims))
+            except Exception as exc:  # any: a renewer that ended let long jobs' leases lapse
+                level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
+                log_outage(logger, level, "lease_renewal_failed", exc, claims=len(claims))

@@ -1,17 +1,19 @@
-"""Review 6 of the throughput paths, on the real RabbitMQ: a strict xfail per fault reproduced.
+"""A publish interrupted while it waits for RabbitMQ's confirm costs its thread's connection.
 
 An interrupt (Dramatiq's ``TimeLimitExceeded``, ``Shutdown``, the project's ``JobCancelled``) raised
-in a worker thread while its ``send()`` waits for RabbitMQ's confirm leaves the thread's channel
-in place with that confirm still to come. pika's ``BlockingChannel`` matches confirms to publishes
-by arrival, not by delivery tag: the thread's next publish (a retry, a deferral, a dead letter, a
-send) returns on the stale confirm, before RabbitMQ said anything about it. A publish RabbitMQ then
-refuses (unroutable, nacked) is reported as confirmed, and the delivery behind it is acked: lost.
+in a worker thread while its publish waits for RabbitMQ's confirm left the thread's channel in place
+with that confirm still to come. pika's ``BlockingChannel`` matches confirms to publishes by
+arrival, not by delivery tag: the thread's next publish (a retry, a deferral, a dead letter, a send)
+returned on the stale confirm, before RabbitMQ said anything about it. A publish RabbitMQ then
+refused (unroutable, nacked) was reported as confirmed, and the delivery behind it acked: lost.
+Every confirmed publish of the broker (a send, a delay into the cascade, a dead letter) now drops
+the thread's connection when anything is raised out of it (found in review 6).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dramatiq
@@ -60,26 +62,34 @@ def interrupt_after_next_publish_leaves(channel: Any) -> None:
     channel._impl.basic_publish = publish_then_interrupt
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="review6: a publish interrupted while it waits for its confirm leaves the thread's channel "
-    "off by one confirm; the next publish returns on the stale one, a refused publish reported as sent",
-)
-def test_after_an_interrupted_send_a_refused_publish_is_not_reported_as_confirmed(
-    broker: ProjectBroker, prefix: str
+def send(broker: ProjectBroker, queue: str) -> None:
+    broker.enqueue(dramatiq.Message(queue, "job", (), {}, {}))
+
+
+def send_delayed(broker: ProjectBroker, queue: str) -> None:
+    """Into the delay cascade (a delay past the broker's horizon)."""
+    broker.enqueue(dramatiq.Message(queue, "job", (), {}, {}), delay=broker.delay_horizon_ms + 60_000)
+
+
+def dead_letter(broker: ProjectBroker, queue: str) -> None:
+    broker.publish_dead_letter(b"{}", {}, "m-1", queue)
+
+
+@pytest.mark.parametrize("publish", [send, send_delayed, dead_letter])
+def test_after_an_interrupted_publish_a_refused_publish_is_not_reported_as_confirmed(
+    broker: ProjectBroker, prefix: str, publish: Callable[[ProjectBroker, str], None]
 ) -> None:
     queue = f"{prefix}work"
     broker.declare_queue(queue, ensure=True)
-    message: dramatiq.Message[Any] = dramatiq.Message(queue, "job", (), {}, {})
     interrupt_after_next_publish_leaves(broker.channel)
     with pytest.raises(TimeLimitExceeded):
-        broker.enqueue(message)
+        publish(broker, queue)
     time.sleep(CONFIRM_ARRIVES_S)  # its confirm reaches the socket, unread: the stale confirm
     # The thread's next publish goes nowhere: RabbitMQ returns it (mandatory), and the channel in
-    # confirm mode must raise, as it does with no confirm outstanding. Today it returns on the stale
-    # confirm (or, when that confirm and its own are read at once, pika's confirm result is set
-    # twice and the connection dies: AssertionError('_CallbackResult was already set')).
+    # confirm mode must raise, as it does with no confirm outstanding. On the interrupted channel
+    # it returned on the stale confirm (or, when that confirm and its own are read at once, pika's
+    # confirm result is set twice and the connection dies: AssertionError('_CallbackResult was
+    # already set')).
     try:
         broker.channel.basic_publish(exchange="", routing_key=f"{prefix}nowhere", body=b"{}", mandatory=True)
     except pika.exceptions.UnroutableError:
