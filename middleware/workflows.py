@@ -32,6 +32,8 @@ from typing import Any
 
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
+from dramatiq.errors import BrokerError
+from dramatiq.middleware import MiddlewareError
 
 from jobsystem.dramatiq_internals import release_thread_connection, request_redelivery, wants_redelivery
 from jobsystem.privacy.outage_lines import log_outage
@@ -44,8 +46,9 @@ from jobsystem.store.cancel_marks import CancelMarks, cancel_marks
 from jobsystem.store.workflows import StepProgress, WorkflowBackend, workflow_backend
 from middleware.cancellation import is_cancelled
 from middleware.guard import FailClosed
+from middleware.idempotency import IdempotencyStoreError
 
-__all__ = ["Workflows", "find_workflows"]
+__all__ = ["Workflows", "find_workflows", "refused_for_good"]
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +153,33 @@ class Workflows(FailClosed):
         request_redelivery(message)
 
     def _finish(self, broker: Broker, message: MessageProxy, state: str, result: Any) -> None:
-        self.member_finished(broker, message, state, result)
+        """Count the member's end (see :meth:`member_finished`). A next step the send refused for
+        good fails the workflow here: its delivery put back would run it again, to be refused
+        again, for ever. Anything else raised puts it back (fail closed: no count is lost)."""
+        try:
+            self.member_finished(broker, message, state, result)
+        except MiddlewareError as exc:
+            if not refused_for_good(exc):
+                raise
+            self._record_refused(message, exc)
+
+    def _record_refused(self, message: MessageProxy, exc: MiddlewareError) -> None:
+        """Record the member ``failed`` (the reason names the refusal's class only: its text may
+        quote the piped data) and its workflow failed; the delivery is then acked."""
+        option = message.options[WORKFLOW]
+        reason = f"next step refused at send ({type(exc).__name__})"
+        self.backend.fail_member(
+            str(option["id"]), int(option["step"]), message.message_id, reason, self.ttl_ms
+        )
+        logger.error(
+            "workflow_step_refused",
+            extra={
+                "workflow_id": option["id"],
+                "step": option["step"],
+                "message_id": message.message_id,
+                "error": type(exc).__name__,
+            },
+        )
 
     def member_finished(self, broker: Broker, message: Any, state: str, result: Any) -> None:
         """Count ``message``'s end (``state``, ``result``) in its workflow, if it is a member, and
@@ -243,6 +272,26 @@ def _hands_on(broker: Broker, option: dict[str, Any]) -> bool:
         return False
     nexts: list[Message[Any]] = [Message(**data) for data in option.get("next") or []]
     return any(not option_of(broker, m, "pipe_ignore") for m in nexts)
+
+
+#: What a send's error says of a dependency that did not answer (not of the send itself).
+_OUTAGES = (StoreUnavailable, IdempotencyStoreError, OSError, BrokerError)
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """Whether a send's error is a middleware's refusal that a later try gets again (a bad
+    idempotency key, a guard's no): a ``MiddlewareError`` with no outage (store, connection) in
+    it or among its causes. An outage, or anything else, is worth another try."""
+    if not isinstance(exc, MiddlewareError):
+        return False
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of causes is short; a cycle must not loop
+        if seen is None:
+            return True
+        if isinstance(seen, _OUTAGES):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _decoded(result: str | None) -> Any:

@@ -164,6 +164,13 @@ class WorkflowBackend(ABC):
         as if it had not been cancelled."""
 
     @abstractmethod
+    def fail_member(self, workflow_id: str, step: int, member: str, reason: str, ttl_ms: int) -> None:
+        """Record ``member`` of ``step``, counted already, as ``failed`` for ``reason`` (the next
+        step it completed was refused at send for good), and a running workflow as failed by it.
+        Its step's counters follow (one fewer in its earlier state). Nothing when the workflow
+        is unknown or expired."""
+
+    @abstractmethod
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         """Note that the step after ``step`` was sent."""
 

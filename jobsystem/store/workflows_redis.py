@@ -67,6 +67,22 @@ end
 return 0
 """
 
+_FAIL_MEMBER = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local step, member = ARGV[1], ARGV[2]
+local was = redis.call('HGET', KEYS[1], 's:' .. member)
+if was ~= 'failed' then
+  if was then redis.call('HINCRBY', KEYS[1], 'c:' .. step .. ':' .. was, -1) end
+  redis.call('HINCRBY', KEYS[1], 'c:' .. step .. ':failed', 1)
+end
+redis.call('HSET', KEYS[1], 's:' .. member, 'failed', 'e:' .. member, ARGV[3])
+if redis.call('HGET', KEYS[1], 'state') == 'running' then
+  redis.call('HSET', KEYS[1], 'state', 'failed', 'failed', member)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[4], 'GT')
+return 1
+"""
+
 # Only a workflow still recorded: an expired one's hash would be made anew, with no expiry to end
 # it (``PEXPIRE ... GT`` leaves a key without a TTL as it is).
 _MARK_SENT = """
@@ -104,6 +120,7 @@ class RedisWorkflows(WorkflowBackend):
         self._finish = store.script(_FINISH)
         self._set_state = store.script(_SET_STATE)
         self._mark_sent = store.script(_MARK_SENT)
+        self._fail_member = store.script(_FAIL_MEMBER)
         self._cancelled_among = store.script(_CANCELLED_AMONG)
 
     def _key(self, workflow_id: str) -> str:
@@ -150,6 +167,9 @@ class RedisWorkflows(WorkflowBackend):
             )
         except (TypeError, ValueError) as exc:  # a reply of the wrong shape
             raise StoreUnavailable(f"unexpected reply to finish: {exc}") from exc
+
+    def fail_member(self, workflow_id: str, step: int, member: str, reason: str, ttl_ms: int) -> None:
+        self._fail_member(keys=[self._key(workflow_id)], args=[step, member, reason, ttl_ms])
 
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         # The TTL grows to cover the next step's delay; never shortened.

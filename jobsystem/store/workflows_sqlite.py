@@ -134,6 +134,24 @@ class SqliteWorkflows(WorkflowBackend):
             fields["state"], added, finished, size, counts, f"sent:{step}" in fields, completer
         )
 
+    def fail_member(self, workflow_id: str, step: int, member: str, reason: str, ttl_ms: int) -> None:
+        with self.store.transaction() as conn:
+            expiry = self._expiry(conn, workflow_id)
+            if expiry is None:
+                return
+            was_field = f"s:{member}"
+            fields = self._fields(conn, workflow_id, ["state", was_field, *_counters(step, "failed")])
+            updates = {was_field: "failed", f"e:{member}": reason}
+            was = fields.get(was_field)
+            if was != "failed":
+                failed = f"c:{step}:failed"
+                updates[failed] = str(int(fields.get(failed, "0")) + 1)
+                if was:
+                    updates[f"c:{step}:{was}"] = str(int(fields.get(f"c:{step}:{was}", "1")) - 1)
+            if fields.get("state") == "running":
+                updates.update({"state": "failed", "failed": member})
+            self._put(conn, workflow_id, updates, ttl_ms, expiry)
+
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         with self.store.transaction() as conn:
             expiry = self._expiry(conn, workflow_id)
@@ -182,7 +200,6 @@ WHERE r.wid = ? AND r.field = 'record' AND r.expires_at > ?
 
 def _step_fields(step: int, state: str) -> list[str]:
     """The fields :meth:`SqliteWorkflows.finish` reads: the workflow's state and the step's own."""
-    counters = [f"c:{step}:{s}" for s in ("succeeded", "dead", "cancelled", state)]
     return [
         "state",
         "steps",
@@ -191,8 +208,13 @@ def _step_fields(step: int, state: str) -> list[str]:
         f"by:{step}",
         f"sent:{step}",
         f"n:{step}",
-        *counters,
+        *_counters(step, state),
     ]
+
+
+def _counters(step: int, state: str) -> list[str]:
+    """The names of ``step``'s counters of the states an end is reported in, and of ``state``."""
+    return [f"c:{step}:{s}" for s in ("succeeded", "dead", "cancelled", state)]
 
 
 def _member_updates(

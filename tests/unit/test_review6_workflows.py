@@ -7,8 +7,7 @@ its reason, and passes once it is fixed). In process, on both store backends.
 - ``pipeline.get_result(block=True)`` of a failed or cancelled workflow waits out its timeout;
 - a group member retried with a delay longer than the workflow's TTL finds its workflow gone;
 - a group relaunched with the same keys runs its ``on_finish`` before any member ran;
-- each member carries the whole next step: a group followed by a group grows as their product;
-- a next step the send refuses for good re-runs the member that completed its step, for ever."""
+- each member carries the whole next step: a group followed by a group grows as their product."""
 
 from __future__ import annotations
 
@@ -240,31 +239,3 @@ def test_a_member_carries_its_next_steps_in_a_size_that_does_not_grow_with_them(
     )
     plain = len(square.message(0).encode())
     assert len(first[0].encode()) < 20 * plain, len(first[0].encode())
-
-
-@fault(
-    "a next step the send refuses for good (its actor's idempotency_key raises on the piped "
-    "result: IdempotencyKeyError) fails Workflows' after hook like an outage: the member's delivery "
-    "is put back, its actor runs again, the send is refused again, every <= 30 s for ever (logged as "
-    "a refused follow-up), and the workflow stays 'running'",
-)
-def test_a_next_step_refused_for_good_fails_the_workflow_instead_of_rerunning_the_member(
-    store: StateStore,
-) -> None:
-    from jobsystem.dramatiq_internals import wants_redelivery
-    from middleware.idempotency import Idempotency
-    from tests.unit.workflow_brokers import DedupingBroker
-
-    idempotency, workflows = Idempotency(store), Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
-    broker = DedupingBroker(middleware=[idempotency, workflows])
-    fetch = dramatiq.actor(broker=broker, actor_name="fetch", queue_name="q")(lambda: [1, 2])
-    report = dramatiq.actor(
-        broker=broker, actor_name="report", queue_name="q", idempotency_key=lambda data: data["id"]
-    )(lambda data: None)
-    flow = pipeline([fetch.message(), report.message_with_options()], broker=broker).run()
-    ran = delivery(broker.enqueued[0][0])
-    workflows.after_process_message(broker, ran, result=[1, 2])  # a list: data["id"] raises
-    idempotency.writes.stop()
-    status = workflow_status(str(flow.workflow_id), broker=broker)
-    assert not wants_redelivery(ran), "the member is put back to run again"
-    assert status is not None and status["state"] == "failed"
