@@ -38,6 +38,7 @@ from dramatiq.middleware import MiddlewareError
 from jobsystem.dramatiq_internals import release_thread_connection, request_redelivery, wants_redelivery
 from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.idempotency_keys import CompletedDuplicate
+from jobsystem.runtime.message_shape import int_option
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.result_json import result_json, why_not_kept
 from jobsystem.runtime.workflow_steps import WORKFLOW, next_messages
@@ -45,6 +46,7 @@ from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import CancelMarks, cancel_marks
 from jobsystem.store.workflows import StepProgress, WorkflowBackend, workflow_backend
 from middleware.cancellation import is_cancelled
+from middleware.dead_letters import REPLAYS
 from middleware.guard import FailClosed
 from middleware.idempotency import IdempotencyStoreError
 
@@ -195,7 +197,14 @@ class Workflows(FailClosed):
                 extra={"workflow_id": option["id"], "message_id": message.message_id, "reason": reason},
             )
         progress = self.backend.finish(
-            str(option["id"]), int(option["step"]), message.message_id, state, encoded, self.ttl_ms, reason
+            str(option["id"]),
+            int(option["step"]),
+            message.message_id,
+            state,
+            encoded,
+            self.ttl_ms,
+            reason,
+            replayed=int_option(message.options, REPLAYS) > 0,
         )
         logger.info(
             "workflow_member_finished",

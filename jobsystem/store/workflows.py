@@ -153,9 +153,15 @@ class WorkflowBackend(ABC):
         result: str,
         ttl_ms: int,
         reason: str = "",
+        *,
+        replayed: bool = False,
     ) -> StepProgress:
         """Count ``member`` of ``step`` as ended in ``state`` (succeeded, dead, cancelled, failed)
-        with its JSON ``result`` (and why it failed, ``reason``), once however often it is called.
+        with its JSON ``result`` (and why it failed, ``reason``), once however often it is called,
+        but for a member counted ``dead`` that is ``replayed`` from the dead letters and succeeded:
+        it is counted again, as succeeded, and a workflow it failed runs again once no member of
+        its step is left unsucceeded (another one left is named failed instead), with this member
+        as the step's completer (it sends the next step, as Dramatiq's replayed pipelines go on).
         A member that did not succeed fails the workflow unless its step's mode is ``finished``;
         the last step complete succeeds it. A member ending ``succeeded`` that carries a
         cancellation mark (by id, or its pair's in this workflow: a cancel of another workflow

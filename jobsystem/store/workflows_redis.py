@@ -38,6 +38,27 @@ if added == 1 then
       and redis.call('HGET', KEYS[1], 'state') == 'running' then
     redis.call('HSET', KEYS[1], 'state', 'failed', 'failed', member)
   end
+elseif state == 'succeeded' and ARGV[8] == '1' and redis.call('HGET', KEYS[1], 's:' .. member) == 'dead' then
+  -- Replayed from the dead letters and succeeded: counted again, as succeeded. A workflow it
+  -- failed runs on once no member of its step is left unsucceeded; it hands the step on.
+  redis.call('HSET', KEYS[1], 's:' .. member, 'succeeded', 'r:' .. member, ARGV[4])
+  redis.call('HINCRBY', KEYS[1], 'c:' .. step .. ':dead', -1)
+  redis.call('HINCRBY', KEYS[1], 'c:' .. step .. ':succeeded', 1)
+  if redis.call('HGET', KEYS[1], 'state') == 'failed' and redis.call('HGET', KEYS[1], 'failed') == member then
+    local other = false
+    for _, m in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+      if redis.call('HGET', KEYS[1], 's:' .. m) ~= 'succeeded' then other = m break end
+    end
+    if other then
+      redis.call('HSET', KEYS[1], 'failed', other)
+    else
+      redis.call('HSET', KEYS[1], 'state', 'running')
+      redis.call('HDEL', KEYS[1], 'failed')
+      if redis.call('SCARD', KEYS[2]) >= tonumber(redis.call('HGET', KEYS[1], 'size:' .. step)) then
+        redis.call('HSET', KEYS[1], 'by:' .. step, member)
+      end
+    end
+  end
 end
 -- Never shortened: a sibling delayed past the TTL (or a delayed next step) still finds them.
 redis.call('PEXPIRE', KEYS[1], ARGV[5], 'GT')
@@ -143,6 +164,8 @@ class RedisWorkflows(WorkflowBackend):
         result: str,
         ttl_ms: int,
         reason: str = "",
+        *,
+        replayed: bool = False,
     ) -> StepProgress:
         key = self._key(workflow_id)
         reply = self._finish(
@@ -152,7 +175,7 @@ class RedisWorkflows(WorkflowBackend):
                 self.store.key(mark_name(member)),
                 self.store.key(pair_mark_name(member, workflow_id)),
             ],
-            args=[step, member, state, result, ttl_ms, reason, IN_WORKFLOWS],
+            args=[step, member, state, result, ttl_ms, reason, IN_WORKFLOWS, "1" if replayed else ""],
         )
         try:
             wf_state, added, finished, size, counts, sent, completer = reply

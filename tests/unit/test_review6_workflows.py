@@ -1,7 +1,6 @@
 """Review of workflows under faults (strict xfails: each fails today because of the fault named in
 its reason, and passes once it is fixed). In process, on both store backends.
 
-- a dead-lettered pipeline step replayed (``jobctl dlq retry``) runs, but its pipeline never goes on;
 - a chord member dropped at launch as a duplicate hands the next step ``None`` for its result;
 - a launch whose publish is refused midway leaves a workflow running that the caller has no id of;
 - ``pipeline.get_result(block=True)`` of a failed or cancelled workflow waits out its timeout;
@@ -18,7 +17,6 @@ import dramatiq
 import pytest
 from dramatiq.results import ResultFailure
 
-from jobsystem.ops.dead_letter_reader import DeadLetter
 from jobsystem.runtime.workflow_steps import Step, annotate
 from jobsystem.store import StateStore
 from jobsystem.store.results import StoreResultBackend
@@ -36,45 +34,6 @@ def fault(reason: str) -> pytest.MarkDecorator:
 
 def _sent(broker: RecordingBroker) -> list[tuple[str, tuple[Any, ...]]]:
     return [(m.actor_name, tuple(m.args)) for m, _ in broker.enqueued]
-
-
-@fault(
-    "a dead-lettered pipeline step replayed with `jobctl dlq retry` runs and succeeds, but "
-    "finish() finds it counted (dead) already: the workflow stays failed and the next step is never "
-    "sent (Dramatiq's own pipeline carries the rest in the message and goes on)",
-)
-def test_a_replayed_dead_pipeline_step_hands_on_to_the_rest_of_its_pipeline(store: StateStore) -> None:
-    broker, workflows, square, total = workflow_broker(store)
-    record, first = annotate(
-        "pipeline", [Step([square.message(2)]), Step([square.message()]), Step([total.message()])]
-    )
-    workflows.backend.create(record, TTL)
-    workflows.after_process_message(broker, delivery(first[0]), result=4)
-    (step, _), *_ = broker.enqueued
-    dead = delivery(step)  # the partner API was down: retries exhausted, dead-lettered
-    dead.fail()
-    workflows.after_nack(broker, dead)
-    letter = DeadLetter(  # as `jobctl dlq retry` reads it from q.DLQ
-        exception="",
-        error="",
-        traceback="",
-        dead_letter_queue="q.DLQ",
-        message_id=step.message_id,
-        queue="q",
-        actor="square",
-        reason="retries_exhausted",
-        attempts=21,
-        enqueued_at=None,
-        failed_at=None,
-        body=step.encode(),
-    )
-    replayed = letter.replay_message()  # what `jobctl dlq retry` publishes
-    assert replayed is not None
-    workflows.after_process_message(broker, delivery(replayed), result=16)
-    assert _sent(broker)[1:] == [("total", (16,))]
-    status = workflow_status(record["id"], broker=broker)
-    assert status is not None and status["state"] in ("running", "succeeded")
-    assert status["steps"][1]["members"][0]["state"] == "succeeded"
 
 
 @fault(
