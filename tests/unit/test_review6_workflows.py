@@ -3,7 +3,6 @@ its reason, and passes once it is fixed). In process, on both store backends.
 
 - a chord member dropped at launch as a duplicate hands the next step ``None`` for its result;
 - a launch whose publish is refused midway leaves a workflow running that the caller has no id of;
-- ``pipeline.get_result(block=True)`` of a failed or cancelled workflow waits out its timeout;
 - a group member retried with a delay longer than the workflow's TTL finds its workflow gone;
 - a group relaunched with the same keys runs its ``on_finish`` before any member ran;
 - each member carries the whole next step: a group followed by a group grows as their product."""
@@ -15,13 +14,10 @@ from typing import Any
 
 import dramatiq
 import pytest
-from dramatiq.results import ResultFailure
 
 from jobsystem.runtime.workflow_steps import Step, annotate
 from jobsystem.store import StateStore
-from jobsystem.store.results import StoreResultBackend
-from jobsystem.workflows import cancel, group, pipeline, workflow_status
-from middleware.results import StoreResults
+from jobsystem.workflows import group, pipeline, workflow_status
 from middleware.workflows import Workflows
 from tests.unit.stub import RecordingBroker, delivery
 from tests.unit.workflow_brokers import TTL, keyed_workflow_broker, wait_until, workflow_broker
@@ -90,41 +86,6 @@ def test_a_launch_refused_midway_is_not_left_running_without_an_id(store: StateS
     assert fan_out.workflow_id is not None
     status = workflow_status(fan_out.workflow_id, broker=broker)
     assert status is not None and status["state"] != "running"
-
-
-def _results_broker(store: StateStore) -> tuple[RecordingBroker, Workflows, Any, Any]:
-    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
-    results = StoreResults(StoreResultBackend(store, scrub=lambda text: text), result_ttl=TTL)
-    broker = RecordingBroker(middleware=[results, workflows])
-    square = dramatiq.actor(broker=broker, actor_name="square", queue_name="q", store_results=True)(
-        lambda i: i * i
-    )
-    total = dramatiq.actor(broker=broker, actor_name="total", queue_name="q", store_results=True)(
-        lambda result: result
-    )
-    return broker, workflows, square, total
-
-
-@pytest.mark.parametrize("ending", ["dead", "cancelled"])
-@fault(
-    "pipeline.get_result(block=True) waits for the last step's result only: a workflow that "
-    "failed (a dead member) or was cancelled never sends it, so the caller waits out the whole "
-    "timeout and gets ResultTimeout, not a failure (Celery's chain.get() raises at once)",
-)
-def test_a_failed_or_cancelled_pipeline_answers_get_result_with_a_failure(
-    store: StateStore, ending: str
-) -> None:
-    broker, workflows, square, total = _results_broker(store)
-    flow = pipeline([square.message(2), total.message()], broker=broker).run()
-    (first, _), *_ = broker.enqueued
-    if ending == "dead":
-        dead = delivery(first)
-        dead.fail()
-        workflows.after_nack(broker, dead)
-    else:
-        cancel(str(flow.workflow_id), broker=broker)
-    with pytest.raises(ResultFailure):
-        flow.get_result(block=True, timeout=3_000)
 
 
 @fault(
