@@ -84,6 +84,15 @@ class Workflows(FailClosed):
         self.result_max_bytes = result_max_bytes
         self.dead_retry_s = dead_retry_s
 
+    def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        """A member re-enqueued with a delay (a retry, a deferral) must find its workflow when it
+        ends, however long the delay: the record is kept the delay and the TTL from now. If the
+        store does not answer, the send is refused (the guard): a retry's delivery is then put
+        back rather than sent to a workflow that may be gone by its end."""
+        option = message.options.get(WORKFLOW)
+        if delay and isinstance(option, dict):
+            self.backend.keep(str(option["id"]), int(option["step"]), self.ttl_ms + int(delay))
+
     def after_process_message(
         self,
         broker: Broker,
@@ -206,6 +215,11 @@ class Workflows(FailClosed):
             reason,
             replayed=int_option(message.options, REPLAYS) > 0,
         )
+        if progress.state == "unknown":  # expired or never recorded: its next step will not follow
+            logger.warning(
+                "workflow_gone",
+                extra={"workflow_id": option["id"], "step": option["step"], "message_id": message.message_id},
+            )
         logger.info(
             "workflow_member_finished",
             extra={

@@ -177,6 +177,11 @@ class WorkflowBackend(ABC):
         is unknown or expired."""
 
     @abstractmethod
+    def keep(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        """Keep the workflow, and ``step``'s finished members, ``ttl_ms`` from now at least (never
+        shortened): a member re-enqueued with a delay must find them when it ends."""
+
+    @abstractmethod
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         """Note that the step after ``step`` was sent."""
 

@@ -104,6 +104,14 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4], 'GT')
 return 1
 """
 
+# Only a workflow still recorded (see _MARK_SENT); a step's set of finished members may not exist yet.
+_KEEP = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[1], 'GT')
+redis.call('PEXPIRE', KEYS[2], ARGV[1], 'GT')
+return 1
+"""
+
 # Only a workflow still recorded: an expired one's hash would be made anew, with no expiry to end
 # it (``PEXPIRE ... GT`` leaves a key without a TTL as it is).
 _MARK_SENT = """
@@ -142,6 +150,7 @@ class RedisWorkflows(WorkflowBackend):
         self._set_state = store.script(_SET_STATE)
         self._mark_sent = store.script(_MARK_SENT)
         self._fail_member = store.script(_FAIL_MEMBER)
+        self._keep = store.script(_KEEP)
         self._cancelled_among = store.script(_CANCELLED_AMONG)
 
     def _key(self, workflow_id: str) -> str:
@@ -193,6 +202,10 @@ class RedisWorkflows(WorkflowBackend):
 
     def fail_member(self, workflow_id: str, step: int, member: str, reason: str, ttl_ms: int) -> None:
         self._fail_member(keys=[self._key(workflow_id)], args=[step, member, reason, ttl_ms])
+
+    def keep(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        key = self._key(workflow_id)
+        self._keep(keys=[key, f"{key}:done:{step}"], args=[ttl_ms])
 
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         # The TTL grows to cover the next step's delay; never shortened.

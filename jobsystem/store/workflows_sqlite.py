@@ -185,6 +185,13 @@ class SqliteWorkflows(WorkflowBackend):
                 updates.update({"state": "failed", "failed": member})
             self._put(conn, workflow_id, updates, ttl_ms, expiry)
 
+    def keep(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        # The members' rows follow the record's expiry (FOLLOWS): one row to lengthen.
+        with self.store.transaction() as conn:
+            expiry = self._expiry(conn, workflow_id)
+            if expiry is not None:
+                self._put(conn, workflow_id, {}, ttl_ms, expiry)
+
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         with self.store.transaction() as conn:
             expiry = self._expiry(conn, workflow_id)

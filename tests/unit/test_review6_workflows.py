@@ -3,13 +3,11 @@ its reason, and passes once it is fixed). In process, on both store backends.
 
 - a chord member dropped at launch as a duplicate hands the next step ``None`` for its result;
 - a launch whose publish is refused midway leaves a workflow running that the caller has no id of;
-- a group member retried with a delay longer than the workflow's TTL finds its workflow gone;
 - a group relaunched with the same keys runs its ``on_finish`` before any member ran;
 - each member carries the whole next step: a group followed by a group grows as their product."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import dramatiq
@@ -20,7 +18,7 @@ from jobsystem.store import StateStore
 from jobsystem.workflows import group, pipeline, workflow_status
 from middleware.workflows import Workflows
 from tests.unit.stub import RecordingBroker, delivery
-from tests.unit.workflow_brokers import TTL, keyed_workflow_broker, wait_until, workflow_broker
+from tests.unit.workflow_brokers import TTL, keyed_workflow_broker, workflow_broker
 
 
 def fault(reason: str) -> pytest.MarkDecorator:
@@ -86,30 +84,6 @@ def test_a_launch_refused_midway_is_not_left_running_without_an_id(store: StateS
     assert fan_out.workflow_id is not None
     status = workflow_status(fan_out.workflow_id, broker=broker)
     assert status is not None and status["state"] != "running"
-
-
-@fault(
-    "a member's delayed re-enqueue (a retry, Retry(delay=...), a deferral) does not lengthen "
-    "its workflow's record, which lives RESULT_TTL_MS after its last change: a member retried past "
-    "it finds the workflow gone (finish answers 'unknown', logged at INFO) and on_finish never runs",
-)
-def test_a_group_member_retried_past_the_workflows_ttl_still_finishes_the_group(store: StateStore) -> None:
-    ttl_ms, retry_ms = 300, 1_000
-    workflows = Workflows(store, ttl_ms=ttl_ms, cancel_ttl_ms=TTL)
-    broker = RecordingBroker(middleware=[workflows])
-    mail = dramatiq.actor(broker=broker, actor_name="mail", queue_name="q")(lambda to: None)
-    summary = dramatiq.actor(broker=broker, actor_name="summary", queue_name="q")(lambda counts: None)
-    fan_out = group([mail.message("ana"), mail.message("bob")], broker=broker)
-    fan_out.on_finish(summary.message_with_options())
-    fan_out.run()
-    ana, bob = (m for m, _ in broker.enqueued)
-    workflows.after_process_message(broker, delivery(ana), result=None)
-    retry = bob.copy(options={"retries": 1})
-    broker.enqueue(retry, delay=retry_ms)  # as SafeRetries re-enqueues a failed attempt
-    due = time.monotonic() + retry_ms / 1000
-    wait_until(lambda: time.monotonic() >= due, timeout=retry_ms / 1000 + 5)
-    workflows.after_process_message(broker, delivery(retry), result=None)
-    assert ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},)) in _sent(broker)
 
 
 @fault(
