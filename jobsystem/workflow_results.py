@@ -69,7 +69,7 @@ def _raise_if_ended(broker: dramatiq.Broker, workflow_id: str | None) -> None:
         named = " ".join(str(member[k]) for k in ("id", "actor") if member.get(k))
         said += f": member {named} ended {member.get('state')}"
     reason = (member or {}).get("reason") or found.state
-    raise ResultFailure(said, f"Workflow{found.state.capitalize()}", reason)
+    raise ResultFailure(said, f"Workflow{found.state.capitalize()}", reason)  # type: ignore[no-untyped-call]
 
 
 def failed_member(found: WorkflowRecord) -> dict[str, Any] | None:

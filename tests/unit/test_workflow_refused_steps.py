@@ -80,7 +80,7 @@ def _caused(error: MiddlewareError, cause: BaseException) -> MiddlewareError:
         (_caused(GuardError("RateLimits could not check the send"), StoreUnavailable("down")), False),
         (IdempotencyStoreError("the store did not answer"), False),
         (ConnectionError("RabbitMQ refused the publish"), False),
-        (dramatiq.errors.ConnectionClosed(OSError("reset")), False),
+        (dramatiq.errors.ConnectionClosed(OSError("reset")), False),  # type: ignore[no-untyped-call]
         (RuntimeError("a bug in the send"), False),
     ],
 )
