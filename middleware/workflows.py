@@ -19,6 +19,10 @@ worker that completed it died, or its publish failed and its delivery was put ba
 member delivered again is not told to send: its run may end while the completer is still
 sending. Each next message carries an idempotency key made from its own id, so a step sent twice
 (its worker died between the publish and the note) still runs once: the copy is skipped at run.
+A next step a middleware refuses at send for good (:func:`refused_for_good`) fails the workflow
+and the member is acked; an outage puts the member back. A dead member replayed from the dead
+letters that succeeds is counted again (see ``WorkflowBackend.finish``), and a member re-enqueued
+with a delay keeps its workflow's record for it (:meth:`Workflows.before_enqueue`).
 """
 
 from __future__ import annotations
@@ -299,6 +303,8 @@ def _hands_on(broker: Broker, option: dict[str, Any]) -> bool:
 
 #: What a send's error says of a dependency that did not answer (not of the send itself).
 _OUTAGES = (StoreUnavailable, IdempotencyStoreError, OSError, BrokerError)
+#: The clients whose own errors, left untranslated by a guard, are outages too.
+_CLIENTS = ("redis", "sqlite3", "pika")
 
 
 def refused_for_good(exc: BaseException) -> bool:
@@ -311,7 +317,7 @@ def refused_for_good(exc: BaseException) -> bool:
     for _ in range(8):  # a chain of causes is short; a cycle must not loop
         if seen is None:
             return True
-        if isinstance(seen, _OUTAGES):
+        if isinstance(seen, _OUTAGES) or type(seen).__module__.partition(".")[0] in _CLIENTS:
             return False
         seen = seen.__cause__ or seen.__context__
     return False

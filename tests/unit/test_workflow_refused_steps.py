@@ -5,6 +5,7 @@ outage (store, connection) still puts the delivery back. In process, on both sto
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import dramatiq
@@ -79,6 +80,10 @@ def _caused(error: MiddlewareError, cause: BaseException) -> MiddlewareError:
         (_caused(GuardError("RateLimits could not check the send"), TypeError("a bug")), True),
         (_caused(GuardError("RateLimits could not check the send"), StoreUnavailable("down")), False),
         (IdempotencyStoreError("the store did not answer"), False),
+        (
+            _caused(GuardError("Idempotency could not check the send"), sqlite3.OperationalError("locked")),
+            False,
+        ),
         (ConnectionError("RabbitMQ refused the publish"), False),
         (dramatiq.errors.ConnectionClosed(OSError("reset")), False),  # type: ignore[no-untyped-call]
         (RuntimeError("a bug in the send"), False),
