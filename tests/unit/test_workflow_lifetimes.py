@@ -133,8 +133,8 @@ def test_a_group_member_retried_past_the_workflows_ttl_still_finishes_the_group(
     broker, workflows, (ana, bob) = _mail_group(store, ttl_ms=200)
     workflows.after_process_message(broker, delivery(ana), result=None)
     retry = bob.copy(options={"retries": 1})
-    broker.enqueue(retry, delay=600)  # as SafeRetries re-enqueues a failed attempt
-    time.sleep(0.7)  # past the TTL after ana's end, and the retry's delay
+    broker.enqueue(retry, delay=3_000)  # as SafeRetries re-enqueues a failed attempt
+    time.sleep(0.5)  # past the TTL after ana's end, well within the retry's delay: it runs now
     workflows.after_process_message(broker, delivery(retry), result=None)
     sent = [(m.actor_name, m.args) for m, _ in broker.enqueued]
     assert ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},)) in sent
