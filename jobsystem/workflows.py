@@ -18,13 +18,14 @@ from typing import Any
 
 import dramatiq
 from dramatiq import Message
+from dramatiq.results.backend import DEFAULT_TIMEOUT
 
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.workflow_steps import Step, annotate, without_empty_steps
 from jobsystem.store.cancel_marks import Mark
 from jobsystem.store.status_records import JobStatus
-from jobsystem.store.workflows import WorkflowRecord
+from jobsystem.workflow_results import failed_member, unless_ended
 from middleware.results import StoreResults
 from middleware.status import Status, find_status
 from middleware.workflows import Workflows, find_workflows
@@ -111,7 +112,7 @@ class group:
     def get_results(self, *, block: bool = False, timeout: int | None = None) -> Iterator[Any]:
         """The members' results in order (their actors must store results), as Dramatiq's."""
         backend = _results_backend(self.broker)
-        deadline = time.monotonic() + (timeout or 10_000) / 1000
+        deadline = time.monotonic() + (DEFAULT_TIMEOUT if timeout is None else timeout) / 1000
         for child in self.children:
             left = max(0, int((deadline - time.monotonic()) * 1000))
             yield child.get_result(backend=backend, block=block, timeout=left)
@@ -170,11 +171,17 @@ class pipeline:
         return self
 
     def get_result(self, *, block: bool = False, timeout: int | None = None) -> Any:
-        """The last step's result (its actor must store results); a group's: the list of results."""
+        """The last step's result (its actor must store results); a group's: the list of results.
+        Raises ``ResultFailure`` once the workflow failed or was cancelled without one (see
+        :func:`~jobsystem.workflow_results.unless_ended`)."""
         last = self.children[-1]
-        if isinstance(last, group):
-            return list(last.get_results(block=block, timeout=timeout))
-        return last.get_result(backend=_results_backend(self.broker), block=block, timeout=timeout)
+
+        def fetch(block: bool, timeout: int | None) -> Any:
+            if isinstance(last, group):
+                return list(last.get_results(block=block, timeout=timeout))
+            return last.get_result(backend=_results_backend(self.broker), block=block, timeout=timeout)
+
+        return unless_ended(self.broker, self.workflow_id, fetch, block=block, timeout=timeout)
 
 
 def _member_state(final: str | None, status: Any) -> str:
@@ -211,25 +218,10 @@ def workflow_status(workflow_id: str, *, broker: dramatiq.Broker | None = None) 
         "workflow_id": workflow_id,
         "kind": found.record["kind"],
         "state": found.state,
-        "failed_member": _failed(found),
+        "failed_member": failed_member(found),
         "created_at": found.record.get("created_at"),
         "steps": steps,
     }
-
-
-def _failed(found: WorkflowRecord) -> dict[str, Any] | None:
-    if found.failed is None:
-        return None
-    for step in found.record["steps"]:
-        for member in step["members"]:
-            if member["id"] == found.failed:
-                reason = found.reasons.get(found.failed)
-                return {
-                    **member,
-                    "state": found.states.get(found.failed),
-                    **({"reason": reason} if reason else {}),
-                }
-    return {"id": found.failed}
 
 
 #: The most job status records read in one call (SQLite's host parameters, 32,766 by default).

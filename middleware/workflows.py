@@ -19,6 +19,10 @@ worker that completed it died, or its publish failed and its delivery was put ba
 member delivered again is not told to send: its run may end while the completer is still
 sending. Each next message carries an idempotency key made from its own id, so a step sent twice
 (its worker died between the publish and the note) still runs once: the copy is skipped at run.
+A next step a middleware refuses at send for good (:func:`refused_for_good`) fails the workflow
+and the member is acked; an outage puts the member back. A dead member replayed from the dead
+letters that succeeds is counted again (see ``WorkflowBackend.finish``), and a member re-enqueued
+with a delay keeps its workflow's record for it (:meth:`Workflows.before_enqueue`).
 """
 
 from __future__ import annotations
@@ -32,10 +36,13 @@ from typing import Any
 
 from dramatiq import Message
 from dramatiq.broker import Broker, MessageProxy
+from dramatiq.errors import BrokerError
+from dramatiq.middleware import MiddlewareError
 
 from jobsystem.dramatiq_internals import release_thread_connection, request_redelivery, wants_redelivery
 from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.runtime.idempotency_keys import CompletedDuplicate
+from jobsystem.runtime.message_shape import int_option
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.result_json import result_json, why_not_kept
 from jobsystem.runtime.workflow_steps import WORKFLOW, next_messages
@@ -43,9 +50,11 @@ from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import CancelMarks, cancel_marks
 from jobsystem.store.workflows import StepProgress, WorkflowBackend, workflow_backend
 from middleware.cancellation import is_cancelled
+from middleware.dead_letters import REPLAYS
 from middleware.guard import FailClosed
+from middleware.idempotency import IdempotencyStoreError
 
-__all__ = ["Workflows", "find_workflows"]
+__all__ = ["Workflows", "find_workflows", "refused_for_good"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +87,15 @@ class Workflows(FailClosed):
         self.cancel_ttl_ms = cancel_ttl_ms
         self.result_max_bytes = result_max_bytes
         self.dead_retry_s = dead_retry_s
+
+    def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
+        """A member re-enqueued with a delay (a retry, a deferral) must find its workflow when it
+        ends, however long the delay: the record is kept the delay and the TTL from now. If the
+        store does not answer, the send is refused (the guard): a retry's delivery is then put
+        back rather than sent to a workflow that may be gone by its end."""
+        option = message.options.get(WORKFLOW)
+        if delay and isinstance(option, dict):
+            self.backend.keep(str(option["id"]), int(option["step"]), self.ttl_ms + int(delay))
 
     def after_process_message(
         self,
@@ -150,7 +168,33 @@ class Workflows(FailClosed):
         request_redelivery(message)
 
     def _finish(self, broker: Broker, message: MessageProxy, state: str, result: Any) -> None:
-        self.member_finished(broker, message, state, result)
+        """Count the member's end (see :meth:`member_finished`). A next step the send refused for
+        good fails the workflow here: its delivery put back would run it again, to be refused
+        again, for ever. Anything else raised puts it back (fail closed: no count is lost)."""
+        try:
+            self.member_finished(broker, message, state, result)
+        except MiddlewareError as exc:
+            if not refused_for_good(exc):
+                raise
+            self._record_refused(message, exc)
+
+    def _record_refused(self, message: MessageProxy, exc: MiddlewareError) -> None:
+        """Record the member ``failed`` (the reason names the refusal's class only: its text may
+        quote the piped data) and its workflow failed; the delivery is then acked."""
+        option = message.options[WORKFLOW]
+        reason = f"next step refused at send ({type(exc).__name__})"
+        self.backend.fail_member(
+            str(option["id"]), int(option["step"]), message.message_id, reason, self.ttl_ms
+        )
+        logger.error(
+            "workflow_step_refused",
+            extra={
+                "workflow_id": option["id"],
+                "step": option["step"],
+                "message_id": message.message_id,
+                "error": type(exc).__name__,
+            },
+        )
 
     def member_finished(self, broker: Broker, message: Any, state: str, result: Any) -> None:
         """Count ``message``'s end (``state``, ``result``) in its workflow, if it is a member, and
@@ -166,8 +210,20 @@ class Workflows(FailClosed):
                 extra={"workflow_id": option["id"], "message_id": message.message_id, "reason": reason},
             )
         progress = self.backend.finish(
-            str(option["id"]), int(option["step"]), message.message_id, state, encoded, self.ttl_ms, reason
+            str(option["id"]),
+            int(option["step"]),
+            message.message_id,
+            state,
+            encoded,
+            self.ttl_ms,
+            reason,
+            replayed=int_option(message.options, REPLAYS) > 0,
         )
+        if progress.state == "unknown":  # expired or never recorded: its next step will not follow
+            logger.warning(
+                "workflow_gone",
+                extra={"workflow_id": option["id"], "step": option["step"], "message_id": message.message_id},
+            )
         logger.info(
             "workflow_member_finished",
             extra={
@@ -243,6 +299,28 @@ def _hands_on(broker: Broker, option: dict[str, Any]) -> bool:
         return False
     nexts: list[Message[Any]] = [Message(**data) for data in option.get("next") or []]
     return any(not option_of(broker, m, "pipe_ignore") for m in nexts)
+
+
+#: What a send's error says of a dependency that did not answer (not of the send itself).
+_OUTAGES = (StoreUnavailable, IdempotencyStoreError, OSError, BrokerError)
+#: The clients whose own errors, left untranslated by a guard, are outages too.
+_CLIENTS = ("redis", "sqlite3", "pika")
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """Whether a send's error is a middleware's refusal that a later try gets again (a bad
+    idempotency key, a guard's no): a ``MiddlewareError`` with no outage (store, connection) in
+    it or among its causes. An outage, or anything else, is worth another try."""
+    if not isinstance(exc, MiddlewareError):
+        return False
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of causes is short; a cycle must not loop
+        if seen is None:
+            return True
+        if isinstance(seen, _OUTAGES) or type(seen).__module__.partition(".")[0] in _CLIENTS:
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _decoded(result: str | None) -> Any:

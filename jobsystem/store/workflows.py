@@ -10,7 +10,8 @@ Redis: the hash ``wf:<id>`` (``record``, ``state``, ``failed``, ``steps``, per s
 ``mode:<i>``, counters ``c:<i>:<state>``, ``by:<i>`` (the member that completed it) and
 ``sent:<i>``, per member ``s:<id>``, ``r:<id>`` and, for one that failed for a reason of the
 workflow's own (a result too large to hand on), ``e:<id>``) and the set ``wf:<id>:done:<i>``.
-SQLite: the same fields as rows, in :mod:`jobsystem.store.workflows_sqlite`. Ids are UUIDs: no
+On Redis in :mod:`jobsystem.store.workflows_redis`; SQLite: the same fields as rows, in
+:mod:`jobsystem.store.workflows_sqlite`. Ids are UUIDs: no
 personal data in a key name.
 Cancellation marks are in :mod:`jobsystem.store.cancel_marks`; the arrival check of a
 workflow's member reads its marks (by id, and its pair's in this workflow) and its workflow's
@@ -26,9 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobsystem.store.base import Backends, StateStore, StoreUnavailable
-from jobsystem.store.cancel_marks import IN_WORKFLOWS, mark_name, pair_mark_name
-from jobsystem.store.redis import RedisStore, reply_text
+from jobsystem.store.base import Backends, StateStore
 
 __all__ = [
     "Arrival",
@@ -154,15 +153,33 @@ class WorkflowBackend(ABC):
         result: str,
         ttl_ms: int,
         reason: str = "",
+        *,
+        replayed: bool = False,
     ) -> StepProgress:
         """Count ``member`` of ``step`` as ended in ``state`` (succeeded, dead, cancelled, failed)
-        with its JSON ``result`` (and why it failed, ``reason``), once however often it is called.
+        with its JSON ``result`` (and why it failed, ``reason``), once however often it is called,
+        but for a member counted ``dead`` that is ``replayed`` from the dead letters and succeeded:
+        it is counted again, as succeeded, and a workflow it failed runs again once no member of
+        its step is left unsucceeded (another one left is named failed instead), with this member
+        as the step's completer (it sends the next step, as Dramatiq's replayed pipelines go on).
         A member that did not succeed fails the workflow unless its step's mode is ``finished``;
         the last step complete succeeds it. A member ending ``succeeded`` that carries a
         cancellation mark (by id, or its pair's in this workflow: a cancel of another workflow
         it is a member of too does not count) counts as ``cancelled``: it was cancelled while it
         ran and returned before the mark could interrupt it, and its step must not be handed on
         as if it had not been cancelled."""
+
+    @abstractmethod
+    def fail_member(self, workflow_id: str, step: int, member: str, reason: str, ttl_ms: int) -> None:
+        """Record ``member`` of ``step``, counted already, as ``failed`` for ``reason`` (the next
+        step it completed was refused at send for good), and a running workflow as failed by it.
+        Its step's counters follow (one fewer in its earlier state). Nothing when the workflow
+        is unknown or expired."""
+
+    @abstractmethod
+    def keep(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        """Keep the workflow, and ``step``'s finished members, ``ttl_ms`` from now at least (never
+        shortened): a member re-enqueued with a delay must find them when it ends."""
 
     @abstractmethod
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
@@ -201,165 +218,10 @@ class WorkflowBackend(ABC):
         :meth:`cancelled_among`)."""
 
 
-_FINISH = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', 0, 0, 0, '{}', 0, 0} end
-local step, member, state = ARGV[1], ARGV[2], ARGV[3]
--- Cancelled while it ran, and returned before the mark could interrupt it: counted as cancelled.
--- Marked by id, or as this workflow's member; not by a pair of another workflow ('w' alone).
-if state == 'succeeded' then
-  local held = redis.call('GET', KEYS[3])
-  if (held and held ~= ARGV[7]) or redis.call('EXISTS', KEYS[4]) == 1 then state = 'cancelled' end
-end
-local added = redis.call('SADD', KEYS[2], member)
-if added == 1 then
-  redis.call('HSET', KEYS[1], 's:' .. member, state, 'r:' .. member, ARGV[4])
-  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'e:' .. member, ARGV[6]) end
-  redis.call('HINCRBY', KEYS[1], 'c:' .. step .. ':' .. state, 1)
-  if state ~= 'succeeded' and redis.call('HGET', KEYS[1], 'mode:' .. step) ~= 'finished'
-      and redis.call('HGET', KEYS[1], 'state') == 'running' then
-    redis.call('HSET', KEYS[1], 'state', 'failed', 'failed', member)
-  end
-end
--- Never shortened: a sibling delayed past the TTL (or a delayed next step) still finds them.
-redis.call('PEXPIRE', KEYS[1], ARGV[5], 'GT')
-redis.call('PEXPIRE', KEYS[2], math.max(tonumber(ARGV[5]), redis.call('PTTL', KEYS[1])))
-local n = redis.call('SCARD', KEYS[2])
-local size = tonumber(redis.call('HGET', KEYS[1], 'size:' .. step))
-if added == 1 and n >= size then redis.call('HSETNX', KEYS[1], 'by:' .. step, member) end
-local by = redis.call('HGET', KEYS[1], 'by:' .. step)
-local completer = (n >= size and (not by or by == member)) and 1 or 0
-local last = tonumber(redis.call('HGET', KEYS[1], 'steps')) - 1
-if n >= size and tonumber(step) == last and redis.call('HGET', KEYS[1], 'state') == 'running' then
-  redis.call('HSET', KEYS[1], 'state', 'succeeded')
-end
-local counts = {}
-for _, s in ipairs({'succeeded', 'dead', 'cancelled'}) do
-  counts[s] = tonumber(redis.call('HGET', KEYS[1], 'c:' .. step .. ':' .. s) or '0')
-end
-local sent = redis.call('HGET', KEYS[1], 'sent:' .. step) and 1 or 0
-return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent, completer}
-"""
-
-_SET_STATE = """
-if redis.call('HGET', KEYS[1], 'state') == ARGV[2] then
-  redis.call('HSET', KEYS[1], 'state', ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# Only a workflow still recorded: an expired one's hash would be made anew, with no expiry to end
-# it (``PEXPIRE ... GT`` leaves a key without a TTL as it is).
-_MARK_SENT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'sent:' .. ARGV[1], '1')
-redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
-return 1
-"""
-
-
-# KEYS: the marks of the ARGV[1] ids, then per (member, workflow) pair asked about its workflow and
-# its pair's mark, the pair's member in ARGV[j + 2] for the j-th pair: each pair answered for its
-# own workflow. An id's mark held for pairs only (ARGV[2]) is no mark by id.
-_CANCELLED_AMONG = """
-local n = tonumber(ARGV[1])
-local found = {}
-for i = 1, n do
-  local held = redis.call('GET', KEYS[i])
-  found[i] = (held and held ~= ARGV[2]) and 1 or 0
-end
-for j = 1, (#KEYS - n) / 2 do
-  local workflow, pair = KEYS[n + 2 * j - 1], KEYS[n + 2 * j]
-  local fields = redis.call('HMGET', workflow, 'state', 's:' .. ARGV[j + 2])
-  local ended = fields[2]
-  local stopped = fields[1] == 'cancelled' and (not ended or ended == 'cancelled')
-  found[n + j] = (stopped or redis.call('EXISTS', pair) == 1) and 1 or 0
-end
-return found
-"""
-
-
-class RedisWorkflows(WorkflowBackend):
-    def __init__(self, store: RedisStore) -> None:
-        self.store = store
-        self._finish = store.script(_FINISH)
-        self._set_state = store.script(_SET_STATE)
-        self._mark_sent = store.script(_MARK_SENT)
-        self._cancelled_among = store.script(_CANCELLED_AMONG)
-
-    def _key(self, workflow_id: str) -> str:
-        return self.store.key(f"wf:{workflow_id}")
-
-    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
-        key = self._key(record["id"])
-        with self.store.errors():
-            pipe = self.store.client.pipeline(transaction=True)
-            pipe.hset(key, mapping=dict(initial_fields(record)))  # type: ignore[arg-type]
-            pipe.pexpire(key, ttl_ms)
-            pipe.execute()
-
-    def finish(
-        self,
-        workflow_id: str,
-        step: int,
-        member: str,
-        state: str,
-        result: str,
-        ttl_ms: int,
-        reason: str = "",
-    ) -> StepProgress:
-        key = self._key(workflow_id)
-        reply = self._finish(
-            keys=[
-                key,
-                f"{key}:done:{step}",
-                self.store.key(mark_name(member)),
-                self.store.key(pair_mark_name(member, workflow_id)),
-            ],
-            args=[step, member, state, result, ttl_ms, reason, IN_WORKFLOWS],
-        )
-        try:
-            wf_state, added, finished, size, counts, sent, completer = reply
-            return StepProgress(
-                reply_text(wf_state),
-                bool(added),
-                int(finished),
-                int(size),
-                json.loads(reply_text(counts)),
-                bool(sent),
-                bool(completer),
-            )
-        except (TypeError, ValueError) as exc:  # a reply of the wrong shape
-            raise StoreUnavailable(f"unexpected reply to finish: {exc}") from exc
-
-    def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
-        # The TTL grows to cover the next step's delay; never shortened.
-        self._mark_sent(keys=[self._key(workflow_id)], args=[step, ttl_ms])
-
-    def get(self, workflow_id: str) -> WorkflowRecord | None:
-        with self.store.errors():
-            raw = self.store.client.hgetall(self._key(workflow_id))
-        return parse_fields({reply_text(k): reply_text(v) for k, v in raw.items()})
-
-    def set_state(self, workflow_id: str, state: str, *, only_from: str = "running") -> bool:
-        return bool(self._set_state(keys=[self._key(workflow_id)], args=[state, only_from]))
-
-    def _cancelled(
-        self, ids: list[str], pairs: list[tuple[str, str]]
-    ) -> tuple[set[str], set[tuple[str, str]]]:
-        keys = [self.store.key(mark_name(i)) for i in ids]
-        for member, workflow_id in pairs:
-            keys += [self._key(workflow_id), self.store.key(pair_mark_name(member, workflow_id))]
-        reply = self._cancelled_among(keys=keys, args=[len(ids), IN_WORKFLOWS, *(m for m, _ in pairs)])
-        if not isinstance(reply, list) or len(reply) != len(ids) + len(pairs):  # of the wrong shape
-            raise StoreUnavailable("unexpected reply to cancelled_among")
-        marked = {i for i, found in zip(ids, reply[: len(ids)], strict=True) if found}
-        return marked, {p for p, found in zip(pairs, reply[len(ids) :], strict=True) if found}
-
-
 def workflow_backend(store: StateStore) -> WorkflowBackend:
     """The workflow operations for ``store``'s backend."""
-    # Imported here: the SQLite module builds on this one's types.
+    # Imported here: the Redis and SQLite modules build on this one's types.
+    from jobsystem.store.workflows_redis import RedisWorkflows
     from jobsystem.store.workflows_sqlite import SqliteWorkflows
 
     return store.operations(Backends(redis=RedisWorkflows, sqlite=SqliteWorkflows))

@@ -104,6 +104,8 @@ class SqliteWorkflows(WorkflowBackend):
         result: str,
         ttl_ms: int,
         reason: str = "",
+        *,
+        replayed: bool = False,
     ) -> StepProgress:
         with self.store.transaction() as conn:
             expiry = self._expiry(conn, workflow_id)
@@ -118,8 +120,11 @@ class SqliteWorkflows(WorkflowBackend):
                 ).rowcount
                 > 0
             )
-            fields = self._fields(conn, workflow_id, _step_fields(step, state))
+            names = _step_fields(step, state) + ([f"s:{member}", "failed"] if replayed else [])
+            fields = self._fields(conn, workflow_id, names)
             updates = _member_updates(fields, step, member, state, result, reason) if added else {}
+            if not added and replayed and state == "succeeded" and fields.get(f"s:{member}") == "dead":
+                updates = self._replay_updates(conn, workflow_id, fields, step, member, result)
             fields.update(updates)
             finished = int(fields.get(f"n:{step}", "0"))
             size = int(fields[f"size:{step}"])
@@ -133,6 +138,59 @@ class SqliteWorkflows(WorkflowBackend):
         return StepProgress(
             fields["state"], added, finished, size, counts, f"sent:{step}" in fields, completer
         )
+
+    def _replay_updates(
+        self,
+        conn: sqlite3.Connection,
+        workflow_id: str,
+        fields: dict[str, str],
+        step: int,
+        member: str,
+        result: str,
+    ) -> dict[str, str]:
+        """A dead member replayed that succeeded: counted again (see :meth:`WorkflowBackend.finish`)."""
+        dead, succeeded = f"c:{step}:dead", f"c:{step}:succeeded"
+        updates = {
+            f"s:{member}": "succeeded",
+            f"r:{member}": result,
+            dead: str(int(fields.get(dead, "1")) - 1),
+            succeeded: str(int(fields.get(succeeded, "0")) + 1),
+        }
+        if fields["state"] != "failed" or fields.get("failed") != member:
+            return updates
+        other = conn.execute(_UNSUCCEEDED, (self._wid(workflow_id), step, member)).fetchone()
+        if other is not None:
+            updates["failed"] = other[0]
+            return updates
+        updates.update({"state": "running", "failed": ""})
+        if int(fields.get(f"n:{step}", "0")) >= int(fields[f"size:{step}"]):
+            updates[f"by:{step}"] = member
+        return updates
+
+    def fail_member(self, workflow_id: str, step: int, member: str, reason: str, ttl_ms: int) -> None:
+        with self.store.transaction() as conn:
+            expiry = self._expiry(conn, workflow_id)
+            if expiry is None:
+                return
+            was_field = f"s:{member}"
+            fields = self._fields(conn, workflow_id, ["state", was_field, *_counters(step, "failed")])
+            updates = {was_field: "failed", f"e:{member}": reason}
+            was = fields.get(was_field)
+            if was != "failed":
+                failed = f"c:{step}:failed"
+                updates[failed] = str(int(fields.get(failed, "0")) + 1)
+                if was:
+                    updates[f"c:{step}:{was}"] = str(int(fields.get(f"c:{step}:{was}", "1")) - 1)
+            if fields.get("state") == "running":
+                updates.update({"state": "failed", "failed": member})
+            self._put(conn, workflow_id, updates, ttl_ms, expiry)
+
+    def keep(self, workflow_id: str, step: int, ttl_ms: int) -> None:
+        # The members' rows follow the record's expiry (FOLLOWS): one row to lengthen.
+        with self.store.transaction() as conn:
+            expiry = self._expiry(conn, workflow_id)
+            if expiry is not None:
+                self._put(conn, workflow_id, {}, ttl_ms, expiry)
 
     def mark_sent(self, workflow_id: str, step: int, ttl_ms: int) -> None:
         with self.store.transaction() as conn:
@@ -180,9 +238,16 @@ WHERE r.wid = ? AND r.field = 'record' AND r.expires_at > ?
 """
 
 
+#: Another member of a step counted as ended otherwise than succeeded, if one is.
+_UNSUCCEEDED = """
+SELECT d.member FROM workflow_done AS d
+JOIN workflow_fields AS f ON f.wid = d.wid AND f.field = 's:' || d.member
+WHERE d.wid = ? AND d.step = ? AND d.member != ? AND f.value != 'succeeded' LIMIT 1
+"""
+
+
 def _step_fields(step: int, state: str) -> list[str]:
     """The fields :meth:`SqliteWorkflows.finish` reads: the workflow's state and the step's own."""
-    counters = [f"c:{step}:{s}" for s in ("succeeded", "dead", "cancelled", state)]
     return [
         "state",
         "steps",
@@ -191,8 +256,13 @@ def _step_fields(step: int, state: str) -> list[str]:
         f"by:{step}",
         f"sent:{step}",
         f"n:{step}",
-        *counters,
+        *_counters(step, state),
     ]
+
+
+def _counters(step: int, state: str) -> list[str]:
+    """The names of ``step``'s counters of the states an end is reported in, and of ``state``."""
+    return [f"c:{step}:{s}" for s in ("succeeded", "dead", "cancelled", state)]
 
 
 def _member_updates(

@@ -1,16 +1,24 @@
 """How long a workflow's records and marks live: past their TTL for a delayed workflow, step or job
-scheduled later, with the record for a step's finished members, and no rows left in SQLite."""
+scheduled later or a member re-enqueued with a delay (a retry), with the record for a step's finished
+members, and no rows left in SQLite."""
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
 import dramatiq
+import pytest
+from dramatiq import Message
 
+from jobsystem.store import StateStore, StoreUnavailable
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.workflows import workflow_backend
 from jobsystem.workflows import mark_ttl_ms
+from middleware.guard import GuardError
 from middleware.status import Status
+from middleware.workflows import Workflows
 from tests.unit.stub import RecordingBroker, delivery
 from tests.unit.workflow_brokers import TTL, chord, workflow_broker
 
@@ -102,3 +110,53 @@ def test_an_expired_workflow_leaves_no_rows_in_sqlite(tmp_path):
         left = [conn.execute(f"SELECT wid FROM {t}").fetchall() for t in ("workflow_fields", "workflow_done")]
     assert {wid for rows in left for (wid,) in rows} == {store.key("new")}
     store.close()
+
+
+def _mail_group(store: StateStore, ttl_ms: int) -> tuple[RecordingBroker, Workflows, list[Message[Any]]]:
+    """A group mailing ana and bob with an ``on_finish`` summary, launched; its members as sent."""
+    from jobsystem.workflows import group as workflow_group
+
+    workflows = Workflows(store, ttl_ms=ttl_ms, cancel_ttl_ms=TTL)
+    broker = RecordingBroker(middleware=[workflows])
+    mail = dramatiq.actor(broker=broker, actor_name="mail", queue_name="q")(lambda to: None)
+    summary = dramatiq.actor(broker=broker, actor_name="summary", queue_name="q")(lambda counts: None)
+    fan_out = workflow_group([mail.message("ana"), mail.message("bob")], broker=broker)
+    fan_out.on_finish(summary.message_with_options())
+    fan_out.run()
+    return broker, workflows, [m for m, _ in broker.enqueued]
+
+
+def test_a_group_member_retried_past_the_workflows_ttl_still_finishes_the_group(store):
+    """A member's delayed re-enqueue (a retry, ``Retry(delay=...)``, a deferral) did not lengthen
+    its workflow's record, which lives the TTL after its last change: a member retried past it
+    found the workflow gone (``finish`` answered ``unknown``) and ``on_finish`` never ran."""
+    broker, workflows, (ana, bob) = _mail_group(store, ttl_ms=200)
+    workflows.after_process_message(broker, delivery(ana), result=None)
+    retry = bob.copy(options={"retries": 1})
+    broker.enqueue(retry, delay=3_000)  # as SafeRetries re-enqueues a failed attempt
+    time.sleep(0.5)  # past the TTL after ana's end, well within the retry's delay: it runs now
+    workflows.after_process_message(broker, delivery(retry), result=None)
+    sent = [(m.actor_name, m.args) for m, _ in broker.enqueued]
+    assert ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},)) in sent
+
+
+def test_a_delayed_re_enqueue_the_store_cannot_note_is_refused(store):
+    """Fail closed: sent while its workflow's record could not be kept, the member might end
+    after the record expired; the sender (SafeRetries) gets the error and puts the delivery back."""
+    broker, workflows, (_, bob) = _mail_group(store, ttl_ms=TTL)
+
+    def down(*args: Any, **kwargs: Any) -> None:
+        raise StoreUnavailable("redis: timeout")
+
+    workflows.backend.keep = down  # type: ignore[method-assign]
+    with pytest.raises(GuardError):
+        broker.enqueue(bob.copy(options={"retries": 1}), delay=600)
+
+
+def test_a_member_whose_workflow_is_gone_is_logged_at_warning(store, caplog):
+    broker, workflows, (ana, _) = _mail_group(store, ttl_ms=50)
+    time.sleep(0.1)  # the record expired
+    with caplog.at_level(logging.INFO, logger="middleware.workflows"):
+        workflows.after_process_message(broker, delivery(ana), result=None)
+    gone = [r for r in caplog.records if r.getMessage() == "workflow_gone"]
+    assert [r.levelno for r in gone] == [logging.WARNING]

@@ -13,7 +13,8 @@ from jobsystem.store.cancel_marks import cancel_marks
 from jobsystem.store.idempotency import idempotency_backend
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.results import StoreResultBackend
-from jobsystem.store.workflows import RedisWorkflows, workflow_backend
+from jobsystem.store.workflows import workflow_backend
+from jobsystem.store.workflows_redis import RedisWorkflows
 from tests.support import wait_for
 from tests.unit.stub import RecordingBroker
 from tests.unit.workflow_brokers import TTL, chord
