@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import pika
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from jobsystem.ops.deadline import Deadline
 from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
@@ -64,7 +65,8 @@ def _connect(config: Settings, timeout: float, deadline: Deadline) -> pika.Block
         parameters.connection_attempts = 1
         try:
             return pika.BlockingConnection(parameters)
-        except pika.exceptions.AMQPError as exc:
+        except (pika.exceptions.AMQPError, AMQPConnectorException) as exc:
+            # The handshake's own timeout is an AMQPConnectorStackTimeout, not an AMQPError.
             errors.append(f"{redact_url(url.split('?')[0])} {type(exc).__name__}")
     raise ConnectionError(", ".join(errors) or "no RabbitMQ node")
 

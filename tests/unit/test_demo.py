@@ -43,14 +43,20 @@ from pathlib import Path
 folder = Path(sys.argv[1])
 
 
+def write_whole(name, text):
+    # Written aside, then renamed: the test reads a file as soon as it exists, and must never
+    # find it empty or in part (open() creates it empty, the text comes after).
+    (folder / (name + ".new")).write_text(text)
+    os.replace(folder / (name + ".new"), folder / name)
+
+
 def stop(signum, frame):
-    (folder / "stopped").write_text(signal.Signals(signum).name)
+    write_whole("stopped", signal.Signals(signum).name)
     sys.exit(0)
 
 
 signal.signal(signal.SIGTERM, stop)
-(folder / "child.pid.new").write_text(str(os.getpid()))
-os.replace(folder / "child.pid.new", folder / "child.pid")  # whole: a read never sees part of it
+write_whole("child.pid", str(os.getpid()))
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
     time.sleep(0.05)
