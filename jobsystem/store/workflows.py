@@ -31,6 +31,7 @@ from jobsystem.store.cancel_marks import IN_WORKFLOWS, mark_name, pair_mark_name
 from jobsystem.store.redis import RedisStore, reply_text
 
 __all__ = [
+    "LAUNCHED",
     "Arrival",
     "StepProgress",
     "WorkflowBackend",
@@ -43,6 +44,10 @@ __all__ = [
 #: An arrival asked about on a cancellation check: its message id, and its workflow's id when it
 #: is a workflow's member (one message may be a member of several workflows).
 Arrival = tuple[str, str | None]
+
+#: The step number :meth:`WorkflowBackend.mark_sent` is given once the first step was sent in
+#: full (``sent:-1``): a relaunch of the workflow then sends nothing.
+LAUNCHED = -1
 
 #: A step's mode: its members must all succeed (a chord), or only finish (a "finished" callback).
 MODES = ("success", "finished")
@@ -95,6 +100,8 @@ class WorkflowRecord:
     kept: frozenset[str] = frozenset()
     #: Why a member failed, when the workflow failed it (its result could not be handed on).
     reasons: dict[str, str] = field(default_factory=dict)
+    #: Whether its first step was sent in full (``mark_sent(id, LAUNCHED, ...)``).
+    launched: bool = False
 
     def step_results(self, step: int) -> list[Any]:
         """The results of step ``step``'s members, in the step's order."""
@@ -125,6 +132,7 @@ def parse_fields(fields: Mapping[str, str]) -> WorkflowRecord | None:
         results,
         kept,
         reasons,
+        f"sent:{LAUNCHED}" in fields,
     )
 
 
@@ -141,8 +149,9 @@ class WorkflowBackend(ABC):
     """The workflow operations, one implementation per store backend."""
 
     @abstractmethod
-    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
-        """Store a new workflow ``record`` (``id``, ``kind``, ``steps``: each ``members`` and ``mode``)."""
+    def create(self, record: dict[str, Any], ttl_ms: int) -> bool:
+        """Store a new workflow ``record`` (``id``, ``kind``, ``steps``: each ``members`` and
+        ``mode``) unless one with its id lives; returns whether it did (False: a relaunch)."""
 
     @abstractmethod
     def finish(
@@ -240,6 +249,14 @@ local sent = redis.call('HGET', KEYS[1], 'sent:' .. step) and 1 or 0
 return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent, completer}
 """
 
+# Only a new workflow: a relaunch (its id derived from its launch) finds the first one's counts.
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
 _SET_STATE = """
 if redis.call('HGET', KEYS[1], 'state') == ARGV[2] then
   redis.call('HSET', KEYS[1], 'state', ARGV[1])
@@ -282,6 +299,7 @@ return found
 class RedisWorkflows(WorkflowBackend):
     def __init__(self, store: RedisStore) -> None:
         self.store = store
+        self._create = store.script(_CREATE)
         self._finish = store.script(_FINISH)
         self._set_state = store.script(_SET_STATE)
         self._mark_sent = store.script(_MARK_SENT)
@@ -290,13 +308,9 @@ class RedisWorkflows(WorkflowBackend):
     def _key(self, workflow_id: str) -> str:
         return self.store.key(f"wf:{workflow_id}")
 
-    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
-        key = self._key(record["id"])
-        with self.store.errors():
-            pipe = self.store.client.pipeline(transaction=True)
-            pipe.hset(key, mapping=dict(initial_fields(record)))  # type: ignore[arg-type]
-            pipe.pexpire(key, ttl_ms)
-            pipe.execute()
+    def create(self, record: dict[str, Any], ttl_ms: int) -> bool:
+        pairs = [text for item in initial_fields(record).items() for text in item]
+        return bool(self._create(keys=[self._key(record["id"])], args=[ttl_ms, *pairs]))
 
     def finish(
         self,
