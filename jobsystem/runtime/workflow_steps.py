@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dramatiq import Message
+from dramatiq.broker import Broker
 
-__all__ = ["WORKFLOW", "Step", "annotate", "next_messages", "without_empty_steps"]
+from jobsystem.runtime.options import option_of
+
+__all__ = ["WORKFLOW", "Step", "annotate", "keyed_by_id", "member_id", "next_messages", "without_empty_steps"]
 
 #: The message option carrying a member's place in its workflow.
 WORKFLOW = "workflow"
@@ -58,9 +61,15 @@ def without_empty_steps(steps: list[Step], *, ignores_pipe: Callable[[Message[An
     return kept
 
 
-def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message[Any]]]:
+def annotate(
+    kind: str, steps: list[Step], workflow_id: str | None = None
+) -> tuple[dict[str, Any], list[Message[Any]]]:
     """A new workflow of ``steps``: its record for the store and the first step's messages, each
     carrying the option :data:`WORKFLOW` (and through it every later step).
+
+    With ``workflow_id`` (one derived from its launch, see :mod:`jobsystem.workflow_launch`) every
+    message gets the id :func:`member_id` gives its place: a relaunch annotates the same ids, so
+    it can tell which members its first launch counted.
 
     Raises ValueError when one message (one message id) is given twice: members are counted by
     id, so its step would never complete."""
@@ -70,7 +79,16 @@ def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message
             "a message is given more than once in this workflow: build one message per run "
             "([actor.message(...) for _ in range(n)], not [message] * n)"
         )
-    workflow_id = uuid.uuid4().hex
+    if workflow_id is not None:
+        steps = [
+            Step(
+                [m.copy(message_id=member_id(workflow_id, n, i)) for i, m in enumerate(step.messages)],
+                step.mode,
+                step.pipe,
+            )
+            for n, step in enumerate(steps)
+        ]
+    workflow_id = workflow_id or uuid.uuid4().hex
     following: list[dict[str, Any]] | None = None
     first: list[Message[Any]] = []
     for number in reversed(range(len(steps))):
@@ -95,6 +113,20 @@ def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message
         ],
     }
     return record, first
+
+
+def member_id(workflow_id: str, step: int, index: int) -> str:
+    """The message id of the ``index``-th member of step ``step`` of a workflow whose id is derived
+    from its launch: the same at every relaunch (a UUID, as Dramatiq's own ids)."""
+    return str(uuid.uuid5(uuid.UUID(workflow_id), f"{step}.{index}"))
+
+
+def keyed_by_id(broker: Broker, message: Message[Any]) -> Message[Any]:
+    """``message``, given an idempotency key made from its own id unless it has one: a step (or
+    a relaunched first step) sent twice then still runs once (the copy is skipped at run)."""
+    if message.options.get("idempotency_key") is None and not option_of(broker, message, "idempotency_key"):
+        message.options["idempotency_key"] = f"workflow-step:{message.message_id}"
+    return message
 
 
 def next_messages(option: dict[str, Any], piped: Any, *, ignores_pipe: Any) -> list[Message[Any]]:
