@@ -7,7 +7,8 @@ workflows that job launched before it. A relaunch (the launching job redelivered
 worker was killed, ``run()`` called again with the same keys) finds the workflow recorded: it
 sends nothing once the first launch sent the whole first step, else only the members not yet
 counted, each carrying an idempotency key, so a member the first launch did send still runs once.
-Its messages' ids are derived from the workflow's, so both launches name the same members.
+A relaunch's messages take the ids the first launch's had (by their place), so both name the same
+members; the first launch's messages keep the ids their caller gave them.
 
 A member dropped at send as the duplicate of an earlier message with its key ends as its original
 did (:meth:`~middleware.workflows.Workflows.duplicate_finished`).
@@ -36,7 +37,14 @@ from jobsystem.privacy.outage_lines import log_outage
 from jobsystem.rabbitmq.bulk import send_bulk
 from jobsystem.runtime.idempotency_keys import IdempotencyKeyError
 from jobsystem.runtime.options import option_of
-from jobsystem.runtime.workflow_steps import Step, annotate, keyed_by_id, without_empty_steps
+from jobsystem.runtime.workflow_steps import (
+    Step,
+    annotate,
+    keyed_by_id,
+    with_recorded_ids,
+    without_empty_steps,
+)
+from jobsystem.store.base import StoreUnavailable
 from jobsystem.store.workflows import LAUNCHED
 from middleware.idempotency import Idempotency
 from middleware.workflows import Workflows, find_workflows
@@ -114,27 +122,23 @@ def launch(
     on_id: Callable[[str], None],
 ) -> dict[str, str]:
     """Record the workflow of ``steps`` (unless a first launch did), give its id to ``on_id``,
-    and send its first step; returns the ids its messages were given (``{given: used}``)."""
+    and send its first step; returns the ids a relaunch gave its messages (``{given: used}``)."""
     workflows = find_workflows(broker)
     steps = without_empty_steps(steps, ignores_pipe=lambda m: bool(option_of(broker, m, "pipe_ignore")))
     derived = launch_id(broker, kind, steps, key)
     record, first = annotate(kind, steps, derived)
     workflow_id = str(record["id"])
     on_id(workflow_id)
-    renamed = {
-        given.message_id: member["id"]
-        for step, kept in zip(steps, record["steps"], strict=True)
-        for given, member in zip(step.messages, kept["members"], strict=True)
-    }
-    # Each first message waits the larger of the run's delay and its own, as Dramatiq's pipeline.
-    delays = [max(delay or 0, int(m.options.get("delay") or 0)) or None for m in first]
-    ttl_ms = workflows.ttl_ms + max([0, *(d or 0 for d in delays)])
-    if not workflows.backend.create(record, ttl_ms):
-        first, delays = _unsent(workflows, workflow_id, first, delays)
-    elif not steps:  # only empty groups: nothing to run, done
-        workflows.backend.set_state(workflow_id, "succeeded")
+    ttl_ms = workflows.ttl_ms + max([0, *(d or 0 for d in _delays(first, delay))])
+    renamed: dict[str, str] = {}
+    if workflows.backend.create(record, ttl_ms):
+        if not steps:  # only empty groups: nothing to run, done
+            workflows.backend.set_state(workflow_id, "succeeded")
+    else:
+        renamed, first = _relaunch(workflows, kind, steps, workflow_id)
     if derived is not None:
         first = [keyed_by_id(broker, message) for message in first]
+    delays = _delays(first, delay)
     published: list[Message[Any]] = []
     bulk = bulk and not any(delays)
     try:
@@ -147,22 +151,34 @@ def launch(
     return renamed
 
 
-def _unsent(
-    workflows: Workflows, workflow_id: str, first: list[Message[Any]], delays: list[int | None]
-) -> tuple[list[Message[Any]], list[int | None]]:
-    """A relaunch's first messages still to send: none once its first launch sent them all (or
-    the workflow ended), else those not counted as ended."""
+def _delays(first: list[Message[Any]], delay: int | None) -> list[int | None]:
+    """Each first message waits the larger of the run's delay and its own, as Dramatiq's pipeline."""
+    return [max(delay or 0, int(m.options.get("delay") or 0)) or None for m in first]
+
+
+def _relaunch(
+    workflows: Workflows, kind: str, steps: list[Step], workflow_id: str
+) -> tuple[dict[str, str], list[Message[Any]]]:
+    """A relaunch of the recorded ``workflow_id``: its messages take the first launch's ids
+    (``{given: used}``), and of its first step it sends none once the first launch sent them all
+    (or the workflow ended), else those not counted as ended."""
     found = workflows.backend.get(workflow_id)
-    if found is None:  # expired since: a launch after the workflow's whole life
-        return first, delays
+    if found is None:  # expired since the create: nothing of it is left to relaunch
+        raise StoreUnavailable("the workflow's record is gone")
     logger.info(
         "workflow_relaunched",
         extra={"workflow_id": workflow_id, "launched": found.launched, "workflow_state": found.state},
     )
+    recorded = with_recorded_ids(steps, found.record)
+    renamed = {
+        given.message_id: used.message_id
+        for step, again in zip(steps, recorded, strict=True)
+        for given, used in zip(step.messages, again.messages, strict=True)
+    }
+    _, first = annotate(kind, recorded, workflow_id)
     if found.launched or found.state != "running":
-        return [], []
-    kept = [(m, d) for m, d in zip(first, delays, strict=True) if m.message_id not in found.states]
-    return [m for m, _ in kept], [d for _, d in kept]
+        return renamed, []
+    return renamed, [m for m in first if m.message_id not in found.states]
 
 
 def _send(

@@ -81,8 +81,8 @@ class group:
         """Send the members (``bulk``: in one pipelined, confirmed publish); returns the group.
 
         Run again with the same ``key``, the same members' idempotency keys, or by the same job
-        redelivered, it is the same workflow (see :mod:`jobsystem.workflow_launch`); its messages
-        then have ids derived from the workflow's (``children`` has them once it returns)."""
+        redelivered, it is the same workflow (see :mod:`jobsystem.workflow_launch`): its messages
+        then take the ids the first launch's had (``children`` has them once it returns)."""
         renamed = launch(
             self.broker, "group", self.steps(), delay=delay, bulk=bulk, key=key, on_id=self._launched
         )

@@ -21,7 +21,15 @@ from dramatiq.broker import Broker
 
 from jobsystem.runtime.options import option_of
 
-__all__ = ["WORKFLOW", "Step", "annotate", "keyed_by_id", "member_id", "next_messages", "without_empty_steps"]
+__all__ = [
+    "WORKFLOW",
+    "Step",
+    "annotate",
+    "keyed_by_id",
+    "next_messages",
+    "with_recorded_ids",
+    "without_empty_steps",
+]
 
 #: The message option carrying a member's place in its workflow.
 WORKFLOW = "workflow"
@@ -67,9 +75,7 @@ def annotate(
     """A new workflow of ``steps``: its record for the store and the first step's messages, each
     carrying the option :data:`WORKFLOW` (and through it every later step).
 
-    With ``workflow_id`` (one derived from its launch, see :mod:`jobsystem.workflow_launch`) every
-    message gets the id :func:`member_id` gives its place: a relaunch annotates the same ids, so
-    it can tell which members its first launch counted.
+    ``workflow_id``: its id when derived from its launch (see :mod:`jobsystem.workflow_launch`).
 
     Raises ValueError when one message (one message id) is given twice: members are counted by
     id, so its step would never complete."""
@@ -79,15 +85,6 @@ def annotate(
             "a message is given more than once in this workflow: build one message per run "
             "([actor.message(...) for _ in range(n)], not [message] * n)"
         )
-    if workflow_id is not None:
-        steps = [
-            Step(
-                [m.copy(message_id=member_id(workflow_id, n, i)) for i, m in enumerate(step.messages)],
-                step.mode,
-                step.pipe,
-            )
-            for n, step in enumerate(steps)
-        ]
     workflow_id = workflow_id or uuid.uuid4().hex
     following: list[dict[str, Any]] | None = None
     first: list[Message[Any]] = []
@@ -115,10 +112,18 @@ def annotate(
     return record, first
 
 
-def member_id(workflow_id: str, step: int, index: int) -> str:
-    """The message id of the ``index``-th member of step ``step`` of a workflow whose id is derived
-    from its launch: the same at every relaunch (a UUID, as Dramatiq's own ids)."""
-    return str(uuid.uuid5(uuid.UUID(workflow_id), f"{step}.{index}"))
+def with_recorded_ids(steps: list[Step], record: dict[str, Any]) -> list[Step]:
+    """``steps`` with the message ids of the workflow ``record`` a first launch made of them: a
+    relaunch's messages are new objects with new ids, and members are counted by id.
+
+    Raises ValueError when the steps are not those of the record (other members, in number)."""
+    recorded = [[member["id"] for member in step["members"]] for step in record["steps"]]
+    if [len(step.messages) for step in steps] != [len(ids) for ids in recorded]:
+        raise ValueError("this workflow was launched before with other steps: its key or launch is reused")
+    return [
+        Step([m.copy(message_id=i) for m, i in zip(step.messages, ids, strict=True)], step.mode, step.pipe)
+        for step, ids in zip(steps, recorded, strict=True)
+    ]
 
 
 def keyed_by_id(broker: Broker, message: Message[Any]) -> Message[Any]:

@@ -84,11 +84,17 @@ def test_a_group_launched_by_a_job_redelivered_is_not_launched_again(store: Stat
 
 def test_a_group_run_again_with_its_key_is_the_same_workflow(store: StateStore) -> None:
     broker, _, square, total = workflow_broker(store)
-    first = _fan_out(broker, square, total).run(key="campaign-7")
+    fan_out = _fan_out(broker, square, total)
+    given = [m.message_id for m in fan_out.children]
+    first = fan_out.run(key="campaign-7")
     again = _fan_out(broker, square, total).run(key="campaign-7")
     other = _fan_out(broker, square, total).run(key="campaign-8")
     assert first.workflow_id == again.workflow_id != other.workflow_id
     assert len(broker.enqueued) == 6
+    # The first launch keeps the ids its caller gave; the relaunch takes them.
+    assert [m.message_id for m in first.children] == given == [m.message_id for m in again.children]
+    with pytest.raises(ValueError, match="other steps"):
+        group([square.message(1)], broker=broker).run(key="campaign-7")
 
 
 class Killed(BaseException):
