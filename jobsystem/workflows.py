@@ -20,11 +20,11 @@ import dramatiq
 from dramatiq import Message
 from dramatiq.results.backend import DEFAULT_TIMEOUT
 
-from jobsystem.rabbitmq.bulk import send_bulk
-from jobsystem.runtime.options import option_of
-from jobsystem.runtime.workflow_steps import Step, annotate, without_empty_steps
+from jobsystem.runtime.workflow_steps import Step
 from jobsystem.store.cancel_marks import Mark
 from jobsystem.store.status_records import JobStatus
+from jobsystem.store.workflows import WorkflowRecord
+from jobsystem.workflow_launch import launch
 from jobsystem.workflow_results import failed_member, unless_ended
 from middleware.results import StoreResults
 from middleware.status import Status, find_status
@@ -38,31 +38,6 @@ def _results_backend(broker: dramatiq.Broker) -> Any:
         if isinstance(middleware, StoreResults):
             return middleware.backend
     raise RuntimeError("this broker has no Results middleware")
-
-
-def _launch(broker: dramatiq.Broker, kind: str, steps: list[Step], delay: int | None, bulk: bool) -> str:
-    """Record a new workflow of ``steps`` and send its first step; returns its id.
-
-    A member dropped at send as the duplicate of an earlier message with its idempotency key (a
-    campaign sent again) will never run in this workflow: it counts as succeeded at once, so the
-    workflow does not wait for it forever.
-    """
-    workflows = find_workflows(broker)
-    steps = without_empty_steps(steps, ignores_pipe=lambda m: bool(option_of(broker, m, "pipe_ignore")))
-    record, first = annotate(kind, steps)
-    # Each first message waits the larger of the run's delay and its own, as Dramatiq's pipeline.
-    delays = [max(delay or 0, int(m.options.get("delay") or 0)) or None for m in first]
-    workflows.backend.create(record, workflows.ttl_ms + max([0, *(d or 0 for d in delays)]))
-    if not steps:  # only empty groups: nothing to run, done
-        workflows.backend.set_state(str(record["id"]), "succeeded")
-    if bulk and not any(delays):
-        sent = send_bulk(first, broker=broker)  # type: ignore[arg-type]
-    else:
-        sent = [broker.enqueue(message, delay=d) for message, d in zip(first, delays, strict=True)]
-    for member, outcome in zip(first, sent, strict=True):
-        if outcome.options.get("duplicate"):
-            workflows.member_finished(broker, member, "succeeded", None)
-    return str(record["id"])
 
 
 class group:
@@ -104,10 +79,20 @@ class group:
         steps = [Step(self.children, "success", "list")]
         return steps + ([Step(self.completion_callbacks)] if self.completion_callbacks else [])
 
-    def run(self, *, delay: int | None = None, bulk: bool = False) -> group:
-        """Send the members (``bulk``: in one pipelined, confirmed publish); returns the group."""
-        self.workflow_id = _launch(self.broker, "group", self.steps(), delay, bulk)
+    def run(self, *, delay: int | None = None, bulk: bool = False, key: str | None = None) -> group:
+        """Send the members (``bulk``: in one pipelined, confirmed publish); returns the group.
+
+        Run again with the same ``key``, the same members' idempotency keys, or by the same job
+        redelivered, it is the same workflow (see :mod:`jobsystem.workflow_launch`): its messages
+        then take the ids the first launch's had (``children`` has them once it returns)."""
+        renamed = launch(
+            self.broker, "group", self.steps(), delay=delay, bulk=bulk, key=key, on_id=self._launched
+        )
+        self.children = _renamed(self.children, renamed)
         return self
+
+    def _launched(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
 
     def get_results(self, *, block: bool = False, timeout: int | None = None) -> Iterator[Any]:
         """The members' results in order (their actors must store results), as Dramatiq's."""
@@ -156,19 +141,22 @@ class pipeline:
         """Every message of the pipeline, step by step."""
         return [m for c in self.children for m in (c.children if isinstance(c, group) else [c])]
 
-    def run(self, *, delay: int | None = None) -> pipeline:
+    def run(self, *, delay: int | None = None, key: str | None = None) -> pipeline:
+        """Send the first step; returns the pipeline. ``key``: as :meth:`group.run`'s."""
         steps = [
             Step(c.children, "success", "list") if isinstance(c, group) else Step([c], "success", "value")
             for c in self.children
         ]
-        self.workflow_id = _launch(
-            self.broker,
-            "chord" if any(isinstance(c, group) for c in self.children) else "pipeline",
-            steps,
-            delay,
-            False,
-        )
+        kind = "chord" if any(isinstance(c, group) for c in self.children) else "pipeline"
+        renamed = launch(self.broker, kind, steps, delay=delay, bulk=False, key=key, on_id=self._launched)
+        for child in self.children:
+            if isinstance(child, group):
+                child.children = _renamed(child.children, renamed)
+        self.children = [c if isinstance(c, group) else _renamed([c], renamed)[0] for c in self.children]
         return self
+
+    def _launched(self, workflow_id: str) -> None:
+        self.workflow_id = workflow_id
 
     def get_result(self, *, block: bool = False, timeout: int | None = None) -> Any:
         """The last step's result (its actor must store results); a group's: the list of results.
@@ -182,6 +170,14 @@ class pipeline:
             return last.get_result(backend=_results_backend(self.broker), block=block, timeout=timeout)
 
         return unless_ended(self.broker, self.workflow_id, fetch, block=block, timeout=timeout)
+
+
+def _renamed(messages: list[Message[Any]], ids: dict[str, str]) -> list[Message[Any]]:
+    """``messages`` with the ids their launch gave them (``{given: used}``)."""
+    return [
+        m if ids.get(m.message_id, m.message_id) == m.message_id else m.copy(message_id=ids[m.message_id])
+        for m in messages
+    ]
 
 
 def _member_state(final: str | None, status: Any) -> str:

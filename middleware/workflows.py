@@ -45,14 +45,15 @@ from jobsystem.runtime.idempotency_keys import CompletedDuplicate
 from jobsystem.runtime.message_shape import int_option
 from jobsystem.runtime.options import option_of
 from jobsystem.runtime.result_json import result_json, why_not_kept
-from jobsystem.runtime.workflow_steps import WORKFLOW, next_messages
+from jobsystem.runtime.workflow_steps import WORKFLOW, keyed_by_id, next_messages
 from jobsystem.store.base import StateStore, StoreUnavailable
 from jobsystem.store.cancel_marks import CancelMarks, cancel_marks
+from jobsystem.store.idempotency import KeyRecord
 from jobsystem.store.workflows import StepProgress, WorkflowBackend, workflow_backend
 from middleware.cancellation import is_cancelled
 from middleware.dead_letters import REPLAYS
 from middleware.guard import FailClosed
-from middleware.idempotency import IdempotencyStoreError
+from middleware.idempotency import Idempotency, IdempotencyStoreError
 
 __all__ = ["Workflows", "find_workflows", "refused_for_good"]
 
@@ -196,13 +197,33 @@ class Workflows(FailClosed):
             },
         )
 
-    def member_finished(self, broker: Broker, message: Any, state: str, result: Any) -> None:
-        """Count ``message``'s end (``state``, ``result``) in its workflow, if it is a member, and
-        send the next step if this completed it (a sender calls it too: see ``jobsystem.workflows``)."""
+    def duplicate_finished(self, broker: Broker, message: Message[Any]) -> None:
+        """Count a member dropped at send as the duplicate of an earlier message with its
+        idempotency key: it will not run in this workflow, its original's run is its end. An
+        original that completed hands on its result (kept by the key). One still pending or
+        running (or whose key is gone) cannot be waited for here: the member is counted
+        ``failed`` with the reason (a chord fails rather than hand on a ``None`` it never got)."""
+        original = _original_key(broker, message)
+        if original is not None and original.state == "done":
+            result = _decoded(original.result) if original.result else NOT_KEPT
+            self.member_finished(broker, message, "succeeded", result)
+            return
+        logger.warning(
+            "workflow_member_duplicate_unfinished",
+            extra={"message_id": message.message_id, "key_state": original.state if original else None},
+        )
+        self.member_finished(broker, message, "failed", None, reason=DUPLICATE_UNFINISHED)
+
+    def member_finished(
+        self, broker: Broker, message: Any, state: str, result: Any, reason: str = ""
+    ) -> None:
+        """Count ``message``'s end (``state``, ``result``, why it ``failed``: ``reason``) in its
+        workflow, if it is a member, and send the next step if this completed it (a sender calls
+        it too: see ``jobsystem.workflow_launch``)."""
         option = message.options.get(WORKFLOW)
         if not isinstance(option, dict):
             return
-        encoded, reason = self._encode(result), ""
+        encoded = self._encode(result)
         if state == "succeeded" and not encoded and _hands_on(broker, option):
             state, reason = "failed", self._why_not_kept(result)
             logger.warning(
@@ -264,13 +285,9 @@ class Workflows(FailClosed):
         ):
             delay = message.options.get("delay")
             longest_delay = max(longest_delay, int(delay or 0))
-            if message.options.get("idempotency_key") is None and not option_of(
-                broker, message, "idempotency_key"
-            ):
-                message.options["idempotency_key"] = f"workflow-step:{message.message_id}"
-            sent = broker.enqueue(message, delay=delay)
-            if sent.options.get("duplicate"):  # dropped at send: it will not run, so not end
-                self.member_finished(broker, message, "succeeded", None)
+            sent = broker.enqueue(keyed_by_id(broker, message), delay=delay)
+            if sent.options.get("duplicate"):  # dropped at send: it will not run here
+                self.duplicate_finished(broker, message)
         logger.info(
             "workflow_step_sent", extra={"workflow_id": option["id"], "step": int(option["step"]) + 1}
         )
@@ -290,6 +307,22 @@ class Workflows(FailClosed):
 
 #: The result of a member skipped as the duplicate of a run whose key kept no result.
 NOT_KEPT: Any = object()
+
+#: Why a member dropped at send as a duplicate failed its workflow (no data of the job).
+DUPLICATE_UNFINISHED = (
+    "dropped at send as the duplicate of a message with its idempotency key that has not "
+    "completed: its end cannot be counted in this workflow"
+)
+
+
+def _original_key(broker: Broker, message: Message[Any]) -> KeyRecord | None:
+    """What the store knows of ``message``'s idempotency key (its original's state and result),
+    or None without an Idempotency middleware or a key. Raises ``StoreUnavailable``."""
+    for middleware in broker.middleware:
+        if isinstance(middleware, Idempotency):
+            key = middleware.key_of(broker, message)
+            return None if key is None else middleware.backend.lookup(key)
+    return None
 
 
 def _hands_on(broker: Broker, option: dict[str, Any]) -> bool:

@@ -17,8 +17,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from dramatiq import Message
+from dramatiq.broker import Broker
 
-__all__ = ["WORKFLOW", "Step", "annotate", "next_messages", "without_empty_steps"]
+from jobsystem.runtime.options import option_of
+
+__all__ = [
+    "WORKFLOW",
+    "Step",
+    "annotate",
+    "keyed_by_id",
+    "next_messages",
+    "with_recorded_ids",
+    "without_empty_steps",
+]
 
 #: The message option carrying a member's place in its workflow.
 WORKFLOW = "workflow"
@@ -58,9 +69,13 @@ def without_empty_steps(steps: list[Step], *, ignores_pipe: Callable[[Message[An
     return kept
 
 
-def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message[Any]]]:
+def annotate(
+    kind: str, steps: list[Step], workflow_id: str | None = None
+) -> tuple[dict[str, Any], list[Message[Any]]]:
     """A new workflow of ``steps``: its record for the store and the first step's messages, each
     carrying the option :data:`WORKFLOW` (and through it every later step).
+
+    ``workflow_id``: its id when derived from its launch (see :mod:`jobsystem.workflow_launch`).
 
     Raises ValueError when one message (one message id) is given twice: members are counted by
     id, so its step would never complete."""
@@ -70,7 +85,7 @@ def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message
             "a message is given more than once in this workflow: build one message per run "
             "([actor.message(...) for _ in range(n)], not [message] * n)"
         )
-    workflow_id = uuid.uuid4().hex
+    workflow_id = workflow_id or uuid.uuid4().hex
     following: list[dict[str, Any]] | None = None
     first: list[Message[Any]] = []
     for number in reversed(range(len(steps))):
@@ -95,6 +110,28 @@ def annotate(kind: str, steps: list[Step]) -> tuple[dict[str, Any], list[Message
         ],
     }
     return record, first
+
+
+def with_recorded_ids(steps: list[Step], record: dict[str, Any]) -> list[Step]:
+    """``steps`` with the message ids of the workflow ``record`` a first launch made of them: a
+    relaunch's messages are new objects with new ids, and members are counted by id.
+
+    Raises ValueError when the steps are not those of the record (other members, in number)."""
+    recorded = [[member["id"] for member in step["members"]] for step in record["steps"]]
+    if [len(step.messages) for step in steps] != [len(ids) for ids in recorded]:
+        raise ValueError("this workflow was launched before with other steps: its key or launch is reused")
+    return [
+        Step([m.copy(message_id=i) for m, i in zip(step.messages, ids, strict=True)], step.mode, step.pipe)
+        for step, ids in zip(steps, recorded, strict=True)
+    ]
+
+
+def keyed_by_id(broker: Broker, message: Message[Any]) -> Message[Any]:
+    """``message``, given an idempotency key made from its own id unless it has one: a step (or
+    a relaunched first step) sent twice then still runs once (the copy is skipped at run)."""
+    if message.options.get("idempotency_key") is None and not option_of(broker, message, "idempotency_key"):
+        message.options["idempotency_key"] = f"workflow-step:{message.message_id}"
+    return message
 
 
 def next_messages(option: dict[str, Any], piped: Any, *, ignores_pipe: Any) -> list[Message[Any]]:

@@ -30,6 +30,7 @@ from typing import Any
 from jobsystem.store.base import Backends, StateStore
 
 __all__ = [
+    "LAUNCHED",
     "Arrival",
     "StepProgress",
     "WorkflowBackend",
@@ -42,6 +43,10 @@ __all__ = [
 #: An arrival asked about on a cancellation check: its message id, and its workflow's id when it
 #: is a workflow's member (one message may be a member of several workflows).
 Arrival = tuple[str, str | None]
+
+#: The step number :meth:`WorkflowBackend.mark_sent` is given once the first step was sent in
+#: full (``sent:-1``): a relaunch of the workflow then sends nothing.
+LAUNCHED = -1
 
 #: A step's mode: its members must all succeed (a chord), or only finish (a "finished" callback).
 MODES = ("success", "finished")
@@ -94,6 +99,8 @@ class WorkflowRecord:
     kept: frozenset[str] = frozenset()
     #: Why a member failed, when the workflow failed it (its result could not be handed on).
     reasons: dict[str, str] = field(default_factory=dict)
+    #: Whether its first step was sent in full (``mark_sent(id, LAUNCHED, ...)``).
+    launched: bool = False
 
     def step_results(self, step: int) -> list[Any]:
         """The results of step ``step``'s members, in the step's order."""
@@ -124,6 +131,7 @@ def parse_fields(fields: Mapping[str, str]) -> WorkflowRecord | None:
         results,
         kept,
         reasons,
+        f"sent:{LAUNCHED}" in fields,
     )
 
 
@@ -140,8 +148,9 @@ class WorkflowBackend(ABC):
     """The workflow operations, one implementation per store backend."""
 
     @abstractmethod
-    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
-        """Store a new workflow ``record`` (``id``, ``kind``, ``steps``: each ``members`` and ``mode``)."""
+    def create(self, record: dict[str, Any], ttl_ms: int) -> bool:
+        """Store a new workflow ``record`` (``id``, ``kind``, ``steps``: each ``members`` and
+        ``mode``) unless one with its id lives; returns whether it did (False: a relaunch)."""
 
     @abstractmethod
     def finish(

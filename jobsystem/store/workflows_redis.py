@@ -80,6 +80,14 @@ local sent = redis.call('HGET', KEYS[1], 'sent:' .. step) and 1 or 0
 return {redis.call('HGET', KEYS[1], 'state'), added, n, size, cjson.encode(counts), sent, completer}
 """
 
+# Only a new workflow: a relaunch (its id derived from its launch) finds the first one's counts.
+_CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
 _SET_STATE = """
 if redis.call('HGET', KEYS[1], 'state') == ARGV[2] then
   redis.call('HSET', KEYS[1], 'state', ARGV[1])
@@ -146,6 +154,7 @@ return found
 class RedisWorkflows(WorkflowBackend):
     def __init__(self, store: RedisStore) -> None:
         self.store = store
+        self._create = store.script(_CREATE)
         self._finish = store.script(_FINISH)
         self._set_state = store.script(_SET_STATE)
         self._mark_sent = store.script(_MARK_SENT)
@@ -156,13 +165,9 @@ class RedisWorkflows(WorkflowBackend):
     def _key(self, workflow_id: str) -> str:
         return self.store.key(f"wf:{workflow_id}")
 
-    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
-        key = self._key(record["id"])
-        with self.store.errors():
-            pipe = self.store.client.pipeline(transaction=True)
-            pipe.hset(key, mapping=dict(initial_fields(record)))  # type: ignore[arg-type]
-            pipe.pexpire(key, ttl_ms)
-            pipe.execute()
+    def create(self, record: dict[str, Any], ttl_ms: int) -> bool:
+        pairs = [text for item in initial_fields(record).items() for text in item]
+        return bool(self._create(keys=[self._key(record["id"])], args=[ttl_ms, *pairs]))
 
     def finish(
         self,

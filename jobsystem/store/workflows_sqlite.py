@@ -82,11 +82,14 @@ class SqliteWorkflows(WorkflowBackend):
             (max(self.store.now_ms() + ttl_ms, expiry), wid),
         )
 
-    def create(self, record: dict[str, Any], ttl_ms: int) -> None:
+    def create(self, record: dict[str, Any], ttl_ms: int) -> bool:
         with self.store.transaction() as conn:
             self._sweep(conn)
+            if self._expiry(conn, record["id"]) is not None:
+                return False  # a relaunch: see WorkflowBackend.create
             # ``ttl``: how much a write of the previous release lengthens its life (the triggers)
             self._put(conn, record["id"], {**initial_fields(record), "ttl": str(ttl_ms)}, ttl_ms, 0)
+            return True
 
     def _sweep(self, conn: sqlite3.Connection) -> None:
         """Delete the expired workflows' rows: nothing else would, and every member's state and

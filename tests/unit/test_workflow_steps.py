@@ -1,6 +1,6 @@
 """The Workflows middleware sends the next step: once, with the results in order, by the member that
 completed the step (again when it is redelivered before noting the send), never after a dead
-member; duplicates at send count as finished; empty groups, first steps' delays, a step's date."""
+member; duplicates at send end as their originals did; empty groups, first steps' delays, a step's date."""
 
 from __future__ import annotations
 
@@ -145,25 +145,42 @@ def test_the_member_that_completed_the_step_sends_it_again_if_its_worker_died_be
     assert len(broker.enqueued) == 2  # noted as sent now
 
 
-def test_a_member_dropped_as_a_duplicate_at_send_counts_as_finished(store):
+@pytest.mark.parametrize("original", ["completed", "pending"])
+def test_a_member_dropped_as_a_duplicate_at_send_counts_as_its_original_ended(store, original):
+    """It will not run here: one whose original completed counts as succeeded (with the result
+    its key kept); one whose original has not completed is counted failed, with the reason, not
+    as succeeded before anything ran (``on_finish`` gets it in none of its counts)."""
     from jobsystem.workflows import group as workflow_group
+    from jobsystem.workflows import workflow_status
     from middleware.idempotency import Idempotency
+    from middleware.workflows import DUPLICATE_UNFINISHED
 
-    workflows = Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
-    broker = DedupingBroker(middleware=[Idempotency(store), workflows])
+    idempotency, workflows = Idempotency(store), Workflows(store, ttl_ms=TTL, cancel_ttl_ms=TTL)
+    broker = DedupingBroker(middleware=[idempotency, workflows])
     mail = dramatiq.actor(broker=broker, actor_name="mail", queue_name="q", idempotency_key=lambda to: to)(
         lambda to: None
     )
     summary = dramatiq.actor(broker=broker, actor_name="summary", queue_name="q")(lambda counts: None)
-    broker.enqueue(mail.message("ana"))  # sent before: the group's first member is a duplicate
+    ran = delivery(broker.enqueue(mail.message("ana")))  # sent before: the group's "ana" is a duplicate
+    if original == "completed":
+        idempotency.before_process_message(broker, ran)
+        idempotency.after_process_message(broker, ran, result=None)
+        assert idempotency.writes.flush(10)
     fan_out = workflow_group([mail.message("ana"), mail.message("bob")], broker=broker)
     fan_out.on_finish(summary.message_with_options())  # on_finish adds its argument
     fan_out.run()
     assert [m.actor_name for m, _ in broker.enqueued] == ["mail", "mail"]  # "ana" once, "bob"
     workflows.after_process_message(broker, delivery(broker.enqueued[-1][0]), result=None)
+    idempotency.writes.stop()
+    succeeded = 2 if original == "completed" else 1
     assert [(m.actor_name, m.args) for m, _ in broker.enqueued[2:]] == [
-        ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},))
+        ("summary", ({"succeeded": succeeded, "dead": 0, "cancelled": 0},))
     ]
+    status = workflow_status(str(fan_out.workflow_id), broker=broker)
+    assert status is not None
+    ana = status["steps"][0]["members"][0]
+    assert ana["state"] == ("succeeded" if original == "completed" else "failed")
+    assert ana.get("reason") == (None if original == "completed" else DUPLICATE_UNFINISHED)
 
 
 def test_a_keyed_member_whose_next_step_was_refused_sends_it_when_it_comes_back_a_duplicate(store):
@@ -199,15 +216,20 @@ def test_a_keyed_member_whose_next_step_was_refused_sends_it_when_it_comes_back_
     idempotency.writes.stop()
 
 
-def test_a_next_step_dropped_as_a_duplicate_at_send_counts_as_finished(store):
+@pytest.mark.parametrize("original", ["completed", "pending"])
+def test_a_next_step_dropped_as_a_duplicate_at_send_counts_as_its_original_ended(store, original):
     broker, idempotency, workflows, square, total = keyed_workflow_broker(store)
-    broker.enqueue(total.message([0]))  # sent before, with the same key: the step will not run here
+    ran = delivery(broker.enqueue(total.message([0])))  # sent before, with the same key: not run here
+    if original == "completed":
+        idempotency.before_process_message(broker, ran)
+        idempotency.after_process_message(broker, ran, result=None)
+        assert idempotency.writes.flush(10)
     record, first = annotate("chord", [Step([square.message(3)], pipe="list"), Step([total.message()])])
     workflows.backend.create(record, TTL)
     workflows.after_process_message(broker, delivery(first[0]), result=9)
     assert [m.actor_name for m, _ in broker.enqueued] == ["total"]  # the one sent before
     found = workflows.backend.get(record["id"])
-    assert found is not None and found.state == "succeeded"
+    assert found is not None and found.state == ("succeeded" if original == "completed" else "failed")
     idempotency.writes.stop()
 
 
