@@ -18,6 +18,11 @@ steps of a pipeline or workflow that its options carry. A request (the dashboard
 method, its path and a few headers: not its query string (a search), its ``Referer`` (the previous
 page's, search and all), cookies, body, host or client address.
 
+What the SDK sends besides events is limited too (:func:`client_options`): no host name
+(``server_name`` is ``SENTRY_SERVER_NAME`` or ``jobsystem``), no trace headers to other hosts,
+only the integrations listed here (the auto-enabled ones would each add breadcrumbs of what a
+deployment installs: Redis commands with their keys, SQL, URLs with their query strings).
+
 The SDK's logging integration makes an event of every ERROR record and a breadcrumb of every INFO
 one, with the record's message as text. A structlog record's message is its event dict, so that
 text would be ``str(dict)``: a list or dict under a personal-data key (``address={...}``) sits in
@@ -27,7 +32,9 @@ and breadcrumb's ``message`` are made again from the event dict scrubbed as a st
 
 from __future__ import annotations
 
+import platform
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +43,9 @@ import sentry_sdk
 import structlog
 from sentry_sdk.integrations.dramatiq import DramatiqIntegration
 from sentry_sdk.integrations.logging import ignore_logger
+from sentry_sdk.integrations.redis import RedisIntegration
+from sentry_sdk.integrations.starlette import StarletteIntegration
+from sentry_sdk.integrations.stdlib import StdlibIntegration
 from sentry_sdk.types import Event, Hint
 
 from jobsystem.privacy.message_arguments import carried_messages
@@ -74,6 +84,8 @@ _TAGS = {"actor": "actor_name", "queue": "queue_name", "message_id": "message_id
 _PLAIN = re.compile(r"[-+]?(\d+(\.\d*)?([eE][-+]?\d+)?|inf|nan)|None|True|False")
 #: The request headers an event keeps: none names a person, a search or an address.
 REQUEST_HEADERS = frozenset({"accept", "content-type", "content-length"})
+#: ``server_name`` when ``SENTRY_SERVER_NAME`` is unset: the SDK's default is the host name.
+UNNAMED_SERVER = "jobsystem"
 
 
 def _frames(event: Event) -> Iterator[dict[str, Any]]:
@@ -196,10 +208,10 @@ def scrub_event(scrubber: Scrubber, event: Event, hint: Hint | None = None) -> E
         return None
 
 
-def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bool:
-    """Start Sentry when ``SENTRY_DSN`` is set; returns whether it did."""
-    if not settings.sentry_dsn:
-        return False
+def client_options(settings: Settings, scrubber: Scrubber | None = None) -> dict[str, Any]:
+    """The options of every Sentry client of the project: the scrubber over events and
+    breadcrumbs, no personal data from the SDK, no host name, no trace headers to other hosts
+    (their ``baggage`` would carry the DSN's key to any server an actor calls)."""
     scrub = scrubber or get_scrubber(settings)
 
     def before_send(event: Event, hint: Hint) -> Event | None:
@@ -208,17 +220,38 @@ def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bo
     def before_breadcrumb(crumb: dict[str, Any], hint: Hint) -> dict[str, Any] | None:
         return scrub_breadcrumb(scrub, crumb, hint)
 
+    return {
+        "dsn": settings.sentry_dsn,
+        "release": settings.sentry_release,
+        "environment": settings.sentry_environment,
+        "server_name": settings.sentry_server_name or UNNAMED_SERVER,
+        "send_default_pii": False,
+        "in_app_include": PROJECT_PACKAGES,
+        "trace_propagation_targets": [],
+        "before_send": before_send,
+        "before_breadcrumb": before_breadcrumb,
+    }
+
+
+def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bool:
+    """Start Sentry when ``SENTRY_DSN`` is set; returns whether it did.
+
+    Integrations are listed, not found: an auto-enabled one starts with whatever a deployment
+    installs (Redis: a breadcrumb of each command with its key, such as a searched idempotency
+    key). The stdlib one is off too: its breadcrumbs carry each outgoing request's URL, query
+    string included, and each subprocess's command line; the Python version it adds is added here.
+    """
+    if not settings.sentry_dsn:
+        return False
     sentry_sdk.init(
-        dsn=settings.sentry_dsn,
-        release=settings.sentry_release,
-        environment=settings.sentry_environment,
-        send_default_pii=False,
-        in_app_include=PROJECT_PACKAGES,
-        integrations=[DramatiqIntegration()],
-        before_send=before_send,
-        before_breadcrumb=before_breadcrumb,
+        **client_options(settings, scrubber),
+        integrations=[DramatiqIntegration(), StarletteIntegration()],
+        auto_enabling_integrations=False,
+        disabled_integrations=[RedisIntegration(), StdlibIntegration()],
         ignore_errors=[JobCancelled],  # a cancelled job was stopped on purpose: no error event
     )
+    runtime = {"name": platform.python_implementation(), "version": platform.python_version()}
+    sentry_sdk.get_global_scope().set_context("runtime", {**runtime, "build": sys.version})
     # Lifecycle lines about a failure repeat what the integration reports: no events from them.
     ignore_logger(LIFECYCLE_LOGGER)
     return True
