@@ -21,7 +21,8 @@ page's, search and all), cookies, body, host or client address.
 What the SDK sends besides events is limited too (:func:`client_options`): no host name
 (``server_name`` is ``SENTRY_SERVER_NAME`` or ``jobsystem``), no trace headers to other hosts,
 only the integrations listed here (the auto-enabled ones would each add breadcrumbs of what a
-deployment installs: Redis commands with their keys, SQL, URLs with their query strings).
+deployment installs: Redis commands with their keys, SQL, URLs with their query strings), and the
+trace headers a message carries lose the DSN's key (:mod:`jobsystem.observability.sentry_headers`).
 
 The SDK's logging integration makes an event of every ERROR record and a breadcrumb of every INFO
 one, with the record's message as text. A structlog record's message is its event dict, so that
@@ -48,6 +49,7 @@ from sentry_sdk.integrations.starlette import StarletteIntegration
 from sentry_sdk.integrations.stdlib import StdlibIntegration
 from sentry_sdk.types import Event, Hint
 
+from jobsystem.observability.sentry_headers import keep_dsn_out_of_messages
 from jobsystem.privacy.message_arguments import carried_messages
 from jobsystem.privacy.scrub import Scrubber
 from jobsystem.privacy.setup import get_scrubber
@@ -252,6 +254,7 @@ def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bo
     )
     runtime = {"name": platform.python_implementation(), "version": platform.python_version()}
     sentry_sdk.get_global_scope().set_context("runtime", {**runtime, "build": sys.version})
+    keep_dsn_out_of_messages()
     # Lifecycle lines about a failure repeat what the integration reports: no events from them.
     ignore_logger(LIFECYCLE_LOGGER)
     return True
