@@ -66,16 +66,17 @@ def sentry_settings(**environ: str) -> Settings:
 @contextlib.contextmanager
 def memory_sentry(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
     """Yields the events sent by the client that whatever runs in the block starts. The client
-    and the breadcrumbs are dropped afterwards, so none rides on a later test's events."""
+    and the breadcrumbs are dropped afterwards, so none rides on a later block's or test's events."""
     events: list[dict[str, Any]] = []
     real_init = sentry_sdk.init
 
     def init(*args: Any, **options: Any) -> Any:
         return real_init(*args, transport=_Memory(options, events), **options)
 
-    monkeypatch.setattr(sentry_sdk, "init", init)
     try:
-        yield events
+        with monkeypatch.context() as patched:  # undone at the block's end: blocks may follow
+            patched.setattr(sentry_sdk, "init", init)
+            yield events
         sentry_sdk.flush(5)
     finally:
         sentry_sdk.get_client().close()

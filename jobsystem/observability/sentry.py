@@ -42,11 +42,16 @@ from urllib.parse import urlsplit
 
 import sentry_sdk
 import structlog
+from sentry_sdk.integrations import Integration
+from sentry_sdk.integrations.argv import ArgvIntegration
+from sentry_sdk.integrations.atexit import AtexitIntegration
+from sentry_sdk.integrations.dedupe import DedupeIntegration
 from sentry_sdk.integrations.dramatiq import DramatiqIntegration
-from sentry_sdk.integrations.logging import ignore_logger
-from sentry_sdk.integrations.redis import RedisIntegration
+from sentry_sdk.integrations.excepthook import ExcepthookIntegration
+from sentry_sdk.integrations.logging import LoggingIntegration, ignore_logger
+from sentry_sdk.integrations.modules import ModulesIntegration
 from sentry_sdk.integrations.starlette import StarletteIntegration
-from sentry_sdk.integrations.stdlib import StdlibIntegration
+from sentry_sdk.integrations.threading import ThreadingIntegration
 from sentry_sdk.types import Event, Hint
 
 from jobsystem.observability.sentry_headers import keep_dsn_out_of_messages
@@ -235,21 +240,27 @@ def client_options(settings: Settings, scrubber: Scrubber | None = None) -> dict
     }
 
 
-def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bool:
-    """Start Sentry when ``SENTRY_DSN`` is set; returns whether it did.
-
-    Integrations are listed, not found: an auto-enabled one starts with whatever a deployment
+def integrations() -> list[Integration]:
+    """The SDK's integrations a process runs: Dramatiq's, Starlette's (the dashboard) and the SDK's
+    defaults but stdlib, whose breadcrumbs carry each outgoing request's URL, query string
+    included, and each subprocess's command line. None is auto-enabled by what a deployment
     installs (Redis: a breadcrumb of each command with its key, such as a searched idempotency
-    key). The stdlib one is off too: its breadcrumbs carry each outgoing request's URL, query
-    string included, and each subprocess's command line; the Python version it adds is added here.
-    """
+    key; httpx, SQLAlchemy: URLs and queries). Listed whole, with the defaults off: the SDK's
+    ``disabled_integrations`` misses one an earlier client of the process already set up."""
+    defaults = [ArgvIntegration(), AtexitIntegration(), DedupeIntegration(), ExcepthookIntegration()]
+    defaults += [LoggingIntegration(), ModulesIntegration(), ThreadingIntegration()]
+    return [*defaults, DramatiqIntegration(), StarletteIntegration()]
+
+
+def configure_sentry(settings: Settings, scrubber: Scrubber | None = None) -> bool:
+    """Start Sentry when ``SENTRY_DSN`` is set, with :func:`integrations` only (the Python version
+    the stdlib one added is added here); returns whether it did."""
     if not settings.sentry_dsn:
         return False
     sentry_sdk.init(
         **client_options(settings, scrubber),
-        integrations=[DramatiqIntegration(), StarletteIntegration()],
-        auto_enabling_integrations=False,
-        disabled_integrations=[RedisIntegration(), StdlibIntegration()],
+        integrations=integrations(),
+        default_integrations=False,
         ignore_errors=[JobCancelled],  # a cancelled job was stopped on purpose: no error event
     )
     runtime = {"name": platform.python_implementation(), "version": platform.python_version()}

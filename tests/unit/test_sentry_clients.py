@@ -15,7 +15,7 @@ from jobsystem.observability.sentry import UNNAMED_SERVER
 from jobsystem.ops import alerts
 from jobsystem.settings import load_settings
 from scheduler.checkins import sentry_checkins
-from tests.sentry_memory import memory_sentry, sentry_capture, sentry_settings
+from tests.sentry_memory import DSN, memory_sentry, sentry_capture, sentry_settings
 from tests.servers import sentry_events, sentry_server
 
 EMAIL = "ana.lopez@example.com"
@@ -29,7 +29,11 @@ INTEGRATIONS |= {"dramatiq", "starlette"}
 
 def test_only_the_listed_integrations_are_on(monkeypatch: pytest.MonkeyPatch, logging_restored: None) -> None:
     """Auto-enabled ones started with what was installed: Redis made a breadcrumb of every
-    command with its key (a searched idempotency key), and httpx, SQLAlchemy or pymongo would."""
+    command with its key (a searched idempotency key), and httpx, SQLAlchemy or pymongo would.
+    An earlier client of the process (a library's, a user's) with every integration set up
+    first: the SDK's ``disabled_integrations`` would not stop them for the project's client."""
+    with memory_sentry(monkeypatch):
+        sentry_sdk.init(dsn=DSN)  # the SDK's defaults and every integration it finds
     with sentry_capture(monkeypatch):
         assert set(sentry_sdk.get_client().integrations) == INTEGRATIONS
 
