@@ -136,6 +136,7 @@ class Settings(BaseModel):
     sentry_dsn: str | None = None
     sentry_environment: str = "production"
     sentry_release: str | None = None
+    sentry_server_name: str | None = None
     # Personal data in logs and Sentry: a hash key turns removed values into stable keyed hashes.
     pii_hash_key: SecretStr | None = None
     pii_extra_keys: tuple[str, ...] = ()

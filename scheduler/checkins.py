@@ -25,6 +25,7 @@ from sentry_sdk.crons import capture_checkin
 from sentry_sdk.crons.consts import MonitorStatus
 
 from jobsystem.observability.logs import get_logger
+from jobsystem.observability.sentry import configure_sentry
 from jobsystem.settings import Settings
 from scheduler.schedules import Schedule
 
@@ -134,15 +135,11 @@ class CheckIns:
 
 
 def sentry_checkins(settings: Settings, schedules: Iterable[Schedule]) -> CheckIns | None:
-    """Check-ins when ``SENTRY_DSN`` is set and ``SENTRY_CRONS`` is on; Sentry is initialised here
-    unless something else in the process did it first (then its options stand)."""
+    """Check-ins when ``SENTRY_DSN`` is set and ``SENTRY_CRONS`` is on; Sentry is started here as
+    in every process (its scrubber on every event) unless something else did it first (then its
+    options stand)."""
     if not settings.sentry_dsn:
         return None
     if not sentry_sdk.is_initialized():
-        sentry_sdk.init(
-            dsn=settings.sentry_dsn,
-            environment=settings.sentry_environment,
-            release=settings.sentry_release,
-            send_default_pii=False,
-        )
+        configure_sentry(settings)
     return CheckIns(schedules) if settings.sentry_crons else None

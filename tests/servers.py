@@ -253,3 +253,22 @@ def sent_to_sentry(act: Callable[[], None], *, log_level: str = "INFO") -> tuple
             ):
                 scope.clear_breadcrumbs()
         return json.dumps(sentry_events(list(envelopes))), log.getvalue()
+
+
+@contextlib.contextmanager
+def recording_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """An HTTP server (a webhook, an API an actor calls) recording each GET's headers; yields
+    its URL and the headers received."""
+    received: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            received.append(dict(self.headers.items()))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet."""
+
+    with http_serving(Handler) as port:
+        yield f"http://127.0.0.1:{port}/hook", received

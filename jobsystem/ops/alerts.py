@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import uuid
-from functools import cache
 from typing import Any
 
 import sentry_sdk
 
 from jobsystem.observability.logs import get_logger
+from jobsystem.observability.sentry import client_options
 from jobsystem.ops.health import HealthReport
 from jobsystem.ops.outages import reason
+from jobsystem.privacy.setup import get_scrubber
 from jobsystem.settings import Settings
 from jobsystem.store.base import StateStore, StoreUnavailable
 
@@ -35,18 +37,28 @@ logger = get_logger(__name__)
 
 #: How long an open condition is remembered without a check confirming it (then it may alert again).
 OPEN_CONDITIONS_TTL_MS = 86_400_000
+#: The clients of :func:`_sentry_client`, by the settings their options are made of.
+_clients: dict[tuple[Any, ...], sentry_sdk.Client] = {}
+_clients_lock = threading.Lock()
 
 
-@cache
-def _sentry_client(dsn: str, environment: str, release: str | None) -> sentry_sdk.Client:
-    """A Sentry client of its own (no integrations): health events do not depend on global set-up."""
-    return sentry_sdk.Client(dsn=dsn, environment=environment, release=release, default_integrations=False)
+def _sentry_client(settings: Settings) -> sentry_sdk.Client:
+    """A Sentry client of its own (no integrations): health events do not depend on global set-up.
+    Its options are every client's (the scrubber, no host name); one client per configuration."""
+    scrubber = get_scrubber(settings)
+    names = (settings.sentry_environment, settings.sentry_release, settings.sentry_server_name)
+    key = (settings.sentry_dsn, *names, scrubber)
+    with _clients_lock:
+        if key not in _clients:
+            options = client_options(settings, scrubber)
+            _clients[key] = sentry_sdk.Client(**options, default_integrations=False)
+        return _clients[key]
 
 
 def _send_to_sentry(settings: Settings, condition: str, queue: str, kind: str, detail: str) -> None:
     if not settings.sentry_dsn:
         return
-    client = _sentry_client(settings.sentry_dsn, settings.sentry_environment, settings.sentry_release)
+    client = _sentry_client(settings)
     scope = sentry_sdk.Scope(client=client)
     scope.set_tag("condition", condition)
     scope.set_tag("queue", queue)
