@@ -23,7 +23,6 @@ from dramatiq.results.backend import DEFAULT_TIMEOUT
 from jobsystem.runtime.workflow_steps import Step
 from jobsystem.store.cancel_marks import Mark
 from jobsystem.store.status_records import JobStatus
-from jobsystem.store.workflows import WorkflowRecord
 from jobsystem.workflow_launch import launch
 from jobsystem.workflow_results import failed_member, unless_ended
 from middleware.results import StoreResults
