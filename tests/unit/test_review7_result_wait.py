@@ -1,0 +1,34 @@
+"""Review of ``jobsystem.workflow_results.unless_ended`` (fix/wfa): a busy loop on the store.
+
+The module says the workflow's state is read "between waits of at most STATE_CHECK_MS". But
+Dramatiq's polling backend gives up a wait at once when its first backoff (100-200 ms) would pass
+the wait's end: the last 100-200 ms of every call (all of a short timeout) become a loop of one
+result read and one workflow read with no pause, hundreds of store round trips a call.
+"""
+
+from __future__ import annotations
+
+import pytest
+from dramatiq.results import ResultTimeout
+
+from jobsystem.store import StateStore
+from jobsystem.workflows import pipeline
+from tests.unit.test_workflow_get_result import _results_broker
+
+
+@pytest.mark.xfail(strict=True, reason="the last 100-200 ms of the wait spin on the store with no pause")
+def test_waiting_a_second_for_a_running_pipeline_reads_its_state_a_few_times(store: StateStore) -> None:
+    broker, workflows, backend, square, total = _results_broker(store)
+    flow = pipeline([square.message(2), total.message()], broker=broker).run()
+    reads: list[str] = []
+    read = workflows.backend.get
+
+    def noted(workflow_id: str) -> object:
+        reads.append(workflow_id)
+        return read(workflow_id)
+
+    workflows.backend.get = noted  # type: ignore[method-assign]
+    with pytest.raises(ResultTimeout):
+        flow.get_result(block=True, timeout=1_000)
+    # Dramatiq's own wait reads about 5 times a second; a state check per STATE_CHECK_MS adds 1 or 2.
+    assert len(reads) <= 20 and len(backend.timeouts) <= 20, (len(reads), backend.timeouts[-5:])
