@@ -12,6 +12,7 @@ import pytest
 from dramatiq.results import ResultTimeout
 
 from jobsystem.store import StateStore
+from jobsystem.store.workflows import WorkflowRecord
 from jobsystem.workflows import pipeline
 from tests.unit.test_workflow_get_result import _results_broker
 
@@ -23,7 +24,7 @@ def test_waiting_a_second_for_a_running_pipeline_reads_its_state_a_few_times(sto
     reads: list[str] = []
     read = workflows.backend.get
 
-    def noted(workflow_id: str) -> object:
+    def noted(workflow_id: str) -> WorkflowRecord | None:
         reads.append(workflow_id)
         return read(workflow_id)
 
