@@ -11,13 +11,15 @@ AMQPConnectionErrors without the address in their text, so every caller's own "u
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pika
 import pika.exceptions
 from pika.adapters.utils.connection_workflow import AMQPConnectorException, AMQPConnectorStackTimeout
 
-__all__ = ["HandshakeTimeout", "open_connection"]
+__all__ = ["HandshakeTimeout", "connection_failures", "open_connection"]
 
 
 class HandshakeTimeout(pika.exceptions.AMQPConnectionError):  # type: ignore[misc]  # untyped
@@ -29,8 +31,17 @@ def open_connection(parameters: Any) -> pika.BlockingConnection:
     """``pika.BlockingConnection(parameters)`` (one ``Parameters`` or a list of them, as pika takes);
     a failure to connect is an ``AMQPConnectionError`` (:class:`HandshakeTimeout` for a handshake
     that never finished), whose text names the error's class only, never the address."""
-    try:
+    with connection_failures():
         return pika.BlockingConnection(parameters)
+
+
+@contextlib.contextmanager
+def connection_failures() -> Iterator[None]:
+    """Inside, pika's connector errors (and an OSError) are raised as AMQPConnectionErrors, as
+    :func:`open_connection` says: for code that opens its connection through another's (Dramatiq's
+    consumer)."""
+    try:
+        yield
     except AMQPConnectorStackTimeout:
         raise HandshakeTimeout("no AMQP handshake within the stack timeout") from None
     except (AMQPConnectorException, OSError) as exc:

@@ -118,6 +118,17 @@ def test_a_send_to_a_silent_rabbitmq_is_dramatiqs_connection_closed(silent_url: 
     assert PASSWORD not in str(raised.value)
 
 
+def test_a_consumer_of_a_silent_rabbitmq_is_dramatiqs_connection_closed(silent_url: str):
+    """The worker then says "connection error" and restarts the consumer, where a raw connector
+    error was an "unexpected error" logged with a traceback naming the address."""
+    from jobsystem.rabbitmq.consumer import DeadLetteringConsumer
+
+    broker = silent_broker(silent_url)
+    with pytest.raises(ConnectionClosed) as raised:
+        finished_within(BOUND, lambda: DeadLetteringConsumer(broker, "q", 1, 1_000))
+    assert "127.0.0.1" not in str(raised.value)
+
+
 def test_the_demo_says_rabbitmq_did_not_answer(silent_url: str):
     """The demo's first connection (its alive queue) gets the demo's fixed line, not a traceback."""
     from demo.alive import AliveQueue
