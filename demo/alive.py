@@ -89,7 +89,7 @@ class AliveQueue:
         (a RabbitMQ restart) is opened again and the queue declared again."""
         import pika
 
-        from jobsystem.rabbitmq.connecting import open_connection
+        from jobsystem.runtime.connecting import open_connection
 
         first, delays, held = True, retry_delays(), 0.0
         while not self._stop.is_set():
@@ -140,7 +140,7 @@ def _silent(url: str, queues: Mapping[str, Iterable[str]]) -> list[str]:
     their queues (passive declares, after the names were listed)."""
     import pika
 
-    from jobsystem.rabbitmq.connecting import open_connection
+    from jobsystem.runtime.connecting import open_connection
 
     connection = open_connection(pika.URLParameters(url))
     try:

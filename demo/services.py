@@ -275,8 +275,8 @@ def delete_topology(settings: Settings, prefix: str, declared: list[str]) -> tup
     import pika
 
     from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, connection_urls
-    from jobsystem.rabbitmq.connecting import open_connection
     from jobsystem.rabbitmq.delays import DelayCascade
+    from jobsystem.runtime.connecting import open_connection
 
     _check_prefix(settings, prefix)
     over_amqp: list[str] = []  # the queues to delete over AMQP: all of them when the API is down
@@ -335,7 +335,7 @@ def error_line(settings: Settings, exc: BaseException) -> str:
     from pika.exceptions import AMQPConnectionError
 
     from jobsystem.privacy.setup import get_scrubber
-    from jobsystem.rabbitmq.connecting import HandshakeTimeout
+    from jobsystem.runtime.connecting import HandshakeTimeout
 
     if type(exc) is AMQPConnectionError or isinstance(exc, HandshakeTimeout):
         return RABBITMQ_SILENT

@@ -32,7 +32,7 @@ from jobctl.project import (
     store_unreachable,
 )
 from jobctl.worker_argv import dramatiq_argv, leading_modules, with_worker_queues
-from jobsystem.rabbitmq.connecting import open_connection
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.urls import redact_url
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from dramatiq.compat import StreamablePipe
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
-from jobsystem.rabbitmq.connecting import open_connection
 from jobsystem.runtime.closing import BoundedCloses, close_quietly, connection_closes
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 
 __all__ = [

@@ -25,9 +25,9 @@ import pika.spec
 from dramatiq import Message
 
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
-from jobsystem.rabbitmq.connecting import open_connection
 from jobsystem.rabbitmq.dead_letter_indexer import replays_of
 from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.runtime.message_shape import decode, int_option
 from jobsystem.store.dead_letter_index import DeadLetterEntry
 from middleware import dead_letters as record

@@ -25,8 +25,8 @@ import pika.exceptions
 from jobsystem.ops.management import call_api
 from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.rabbitmq.broker import ProjectBroker, actor_queues
-from jobsystem.rabbitmq.connecting import open_connection
 from jobsystem.rabbitmq.delays import is_cascade_queue
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.settings import Settings
 
 __all__ = [

@@ -20,8 +20,8 @@ import pika.exceptions
 
 from jobsystem.ops.deadline import Deadline
 from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
-from jobsystem.rabbitmq.connecting import open_connection
 from jobsystem.rabbitmq.delays import DelayCascade
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.settings import Settings
 from jobsystem.urls import redact_url
 

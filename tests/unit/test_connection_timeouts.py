@@ -15,7 +15,7 @@ import pytest
 from dramatiq import Message
 from dramatiq.errors import ConnectionClosed
 
-from jobsystem.rabbitmq.connecting import HandshakeTimeout, open_connection
+from jobsystem.runtime.connecting import HandshakeTimeout, open_connection
 from jobsystem.settings import load_settings
 from tests.servers import silent_server
 from tests.support import BIN, ROOT, finished_within

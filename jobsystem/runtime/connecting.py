@@ -17,9 +17,10 @@ from typing import Any
 
 import pika
 import pika.exceptions
+from dramatiq.errors import ConnectionClosed
 from pika.adapters.utils.connection_workflow import AMQPConnectorException, AMQPConnectorStackTimeout
 
-__all__ = ["HandshakeTimeout", "connection_failures", "open_connection"]
+__all__ = ["HandshakeTimeout", "connection_closed_on_failure", "connection_failures", "open_connection"]
 
 
 class HandshakeTimeout(pika.exceptions.AMQPConnectionError):  # type: ignore[misc]  # untyped
@@ -46,3 +47,15 @@ def connection_failures() -> Iterator[None]:
         raise HandshakeTimeout("no AMQP handshake within the stack timeout") from None
     except (AMQPConnectorException, OSError) as exc:
         raise pika.exceptions.AMQPConnectionError(type(exc).__name__) from None
+
+
+@contextlib.contextmanager
+def connection_closed_on_failure() -> Iterator[None]:
+    """Inside, a failure to connect is Dramatiq's ``ConnectionClosed``, on which its worker
+    restarts a consumer (Dramatiq's consumer catches AMQPConnectionError only: a connector error
+    was an "unexpected error", logged with a traceback naming the address)."""
+    try:
+        with connection_failures():
+            yield
+    except pika.exceptions.AMQPConnectionError as exc:
+        raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
