@@ -89,11 +89,13 @@ class AliveQueue:
         (a RabbitMQ restart) is opened again and the queue declared again."""
         import pika
 
+        from jobsystem.runtime.connecting import open_connection
+
         first, delays, held = True, retry_delays(), 0.0
         while not self._stop.is_set():
             connection: Any = None
             try:
-                connection = pika.BlockingConnection(pika.URLParameters(self.url))
+                connection = open_connection(pika.URLParameters(self.url))
                 connection.channel().queue_declare(self.name, exclusive=True)
                 self._ready.set()
                 first, held = False, time.monotonic()
@@ -138,7 +140,9 @@ def _silent(url: str, queues: Mapping[str, Iterable[str]]) -> list[str]:
     their queues (passive declares, after the names were listed)."""
     import pika
 
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    from jobsystem.runtime.connecting import open_connection
+
+    connection = open_connection(pika.URLParameters(url))
     try:
         with _quiet(logging.getLogger("pika.channel")):  # it warns of each refusal: the answers here
             return [

@@ -276,6 +276,7 @@ def delete_topology(settings: Settings, prefix: str, declared: list[str]) -> tup
 
     from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, connection_urls
     from jobsystem.rabbitmq.delays import DelayCascade
+    from jobsystem.runtime.connecting import open_connection
 
     _check_prefix(settings, prefix)
     over_amqp: list[str] = []  # the queues to delete over AMQP: all of them when the API is down
@@ -287,7 +288,7 @@ def delete_topology(settings: Settings, prefix: str, declared: list[str]) -> tup
         suffixes = ("", ".DQ", DEAD_LETTER_SUFFIX)
         queues = over_amqp = [f"{q}{suffix}" for q in declared if q.startswith(prefix) for suffix in suffixes]
     exchanges = DelayCascade(prefix).exchanges()
-    connection = pika.BlockingConnection(pika.URLParameters(connection_urls(settings)[0]))
+    connection = open_connection(pika.URLParameters(connection_urls(settings)[0]))
     try:
         channel = connection.channel()
         for name in over_amqp:
@@ -329,12 +330,14 @@ def error_line(settings: Settings, exc: BaseException) -> str:
     RabbitMQ down (nothing listening, or no route to it) is :data:`RABBITMQ_SILENT`: pika then
     raises a bare ``AMQPConnectionError`` whose text is empty (its one argument prints nothing),
     and the demo printed ``AMQPConnectionError: `` and no hint. Its subclasses carry RabbitMQ's
-    answer (a refused login, an unknown vhost) and keep their scrubbed text."""
+    answer (a refused login, an unknown vhost) and keep their scrubbed text, but
+    :class:`HandshakeTimeout` (a RabbitMQ that took the connection and never answered)."""
     from pika.exceptions import AMQPConnectionError
 
     from jobsystem.privacy.setup import get_scrubber
+    from jobsystem.runtime.connecting import HandshakeTimeout
 
-    if type(exc) is AMQPConnectionError:
+    if type(exc) is AMQPConnectionError or isinstance(exc, HandshakeTimeout):
         return RABBITMQ_SILENT
     return f"{type(exc).__name__}: {get_scrubber(settings).text(str(exc))}"
 

@@ -32,6 +32,7 @@ from jobctl.project import (
     store_unreachable,
 )
 from jobctl.worker_argv import dramatiq_argv, leading_modules, with_worker_queues
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.urls import redact_url
 
 if TYPE_CHECKING:
@@ -93,9 +94,10 @@ def ping(timeout: float) -> None:
     parameters = system.broker.parameters
     parameters = parameters[0] if isinstance(parameters, list) else parameters
     parameters.socket_timeout = timeout
+    parameters.stack_timeout = timeout  # the whole handshake, not pika's 15 s: --timeout holds
     parameters.connection_attempts = 1
     try:
-        connection = pika.BlockingConnection(parameters)
+        connection = open_connection(parameters)
         version = connection._impl.server_properties.get("version", b"?")
         connection.close()
     except pika.exceptions.AMQPError as exc:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pika
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
@@ -29,6 +28,7 @@ from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from dramatiq.worker import ConsumerThread, Worker
 
 from jobsystem.runtime.closing import BoundedCloses, close_quietly, connection_closes
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 
 __all__ = [
@@ -169,7 +169,7 @@ class ThreadConnections(RabbitmqBroker):
             self._detached()
             connection = None
         if connection is None:
-            connection = pika.BlockingConnection(parameters=self.parameters)
+            connection = open_connection(self.parameters)  # a hung RabbitMQ: AMQPConnectionError
             self.state.connection = connection
             self._register(connection, self.connections)
         return connection

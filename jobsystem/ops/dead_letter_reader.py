@@ -27,6 +27,7 @@ from dramatiq import Message
 from jobsystem.rabbitmq.broker import DEAD_LETTER_SUFFIX, ProjectBroker
 from jobsystem.rabbitmq.dead_letter_indexer import replays_of
 from jobsystem.runtime.actor_names import UNKNOWN_ACTOR, actor_label
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.runtime.message_shape import decode, int_option
 from jobsystem.store.dead_letter_index import DeadLetterEntry
 from middleware import dead_letters as record
@@ -235,7 +236,7 @@ class Reader:
 
     def __init__(self, broker: ProjectBroker) -> None:
         parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
-        self.connection = pika.BlockingConnection(parameters)
+        self.connection = open_connection(parameters)  # a hung RabbitMQ: an AMQPConnectionError
         #: The actors declared in this process (the project's, and the ``--module`` ones).
         self.actors = broker.actors
         self.channel = self.connection.channel()

@@ -26,6 +26,7 @@ from jobsystem.ops.management import call_api
 from jobsystem.ops.queue_counts import missing_queues
 from jobsystem.rabbitmq.broker import ProjectBroker, actor_queues
 from jobsystem.rabbitmq.delays import is_cascade_queue
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.settings import Settings
 
 __all__ = [
@@ -272,7 +273,7 @@ def migrate(broker: ProjectBroker, settings: Settings, names: list[str] | None =
     queues = names or work_queues(settings, existing, actor_queues(broker))
     report: list[str] = []
     parameters = broker.parameters[0] if isinstance(broker.parameters, list) else broker.parameters
-    connection = pika.BlockingConnection(parameters)
+    connection = open_connection(parameters)  # a hung RabbitMQ: an AMQPConnectionError
     channel = connection.channel()
     channel.confirm_delivery()
     try:

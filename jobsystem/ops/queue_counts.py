@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import pika
 import pika.exceptions
-from pika.adapters.utils.connection_workflow import AMQPConnectorException
 
 from jobsystem.ops.deadline import Deadline
 from jobsystem.rabbitmq.broker import connection_urls, dead_letter_queue
 from jobsystem.rabbitmq.delays import DelayCascade
+from jobsystem.runtime.connecting import open_connection
 from jobsystem.settings import Settings
 from jobsystem.urls import redact_url
 
@@ -64,9 +64,8 @@ def _connect(config: Settings, timeout: float, deadline: Deadline) -> pika.Block
         parameters.blocked_connection_timeout = wait
         parameters.connection_attempts = 1
         try:
-            return pika.BlockingConnection(parameters)
-        except (pika.exceptions.AMQPError, AMQPConnectorException) as exc:
-            # The handshake's own timeout is an AMQPConnectorStackTimeout, not an AMQPError.
+            return open_connection(parameters)
+        except pika.exceptions.AMQPError as exc:  # a handshake timeout too: HandshakeTimeout
             errors.append(f"{redact_url(url.split('?')[0])} {type(exc).__name__}")
     raise ConnectionError(", ".join(errors) or "no RabbitMQ node")
 

@@ -52,6 +52,7 @@ from jobsystem.rabbitmq.bursts import buffered_deliveries
 from jobsystem.rabbitmq.dead_letter_bodies import dead_letter_body, kept_properties
 from jobsystem.runtime.attempts import enqueue_retry
 from jobsystem.runtime.closing import close_quietly
+from jobsystem.runtime.connecting import connection_closed_on_failure
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -94,7 +95,8 @@ class DeadLetteringConsumer(RabbitmqConsumer):
     def __init__(self, broker: ProjectBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         if queue_name.endswith(".DQ"):
             timeout = min(timeout, DELAY_TICK_MS)
-        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        with connection_closed_on_failure():  # a RabbitMQ that never answers the handshake too
+            super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
         # The middleware that want each burst of deliveries as it arrives (claims made ahead),
         # looked up once per consumer rather than on every message.
         self.receive_hooks = [m.on_receive for m in broker.middleware if hasattr(m, "on_receive")]

@@ -294,12 +294,16 @@ def test_a_slot_holder_deferred_again_keeps_its_own_priority(store):
     setup.broker.close()
 
 
-def test_on_plain_queues_nothing_is_promoted(limited):
-    limited.before(limited.actor.message())
-    with pytest.raises(SkipMessage):
-        limited.before(limited.actor.message_with_options(broker_priority=3))
-    ((copy, _),) = limited.broker.enqueued
+def test_on_plain_queues_nothing_is_promoted(store):
+    """A token every 20 s, not every 50 ms: the second message is deferred however long a loaded
+    machine stalls the test between the two (a 50 ms stall refilled the bucket and it ran)."""
+    slow = Setup(store, rate=0.05)
+    slow.before(slow.actor.message())
+    with pytest.raises(SkipMessage, match="deferred"):
+        slow.before(slow.actor.message_with_options(broker_priority=3))
+    ((copy, _),) = slow.broker.enqueued
     assert copy.options["broker_priority"] == 3 and PRIORITY not in copy.options
+    slow.broker.close()
 
 
 @pytest.mark.parametrize(("setting", "top"), [({}, 10), ({"RABBITMQ_MAX_PRIORITY": "0"}, 0)])
