@@ -52,6 +52,7 @@ from jobsystem.rabbitmq.bursts import buffered_deliveries
 from jobsystem.rabbitmq.dead_letter_bodies import dead_letter_body, kept_properties
 from jobsystem.runtime.attempts import enqueue_retry
 from jobsystem.runtime.closing import close_quietly
+from jobsystem.runtime.consumer_thread import consumer_publishing
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -282,7 +283,8 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         refused = self.broker.refused_follow_ups
         queue = q_name(self.queue_name)
         try:
-            publish()
+            with consumer_publishing():  # no hook waits on the store on this thread
+                publish()
         except Exception as exc:
             delay = refused.refused(key, kind=kind, queue=queue, follow_up=follow_up, error=exc)
             self._requeue_later(tag, delay)
