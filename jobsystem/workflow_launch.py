@@ -2,7 +2,8 @@
 
 A launch is idempotent when it can be recognised again: its workflow's id is then derived from
 (in this order) the ``key`` the caller gives ``run()``, the idempotency keys of its first step's
-members when every one has a key, or the message of the job that launches it and how many
+members when every one has a key (with every step's shape: another pipeline sharing that first
+step is another workflow), or the message of the job that launches it and how many
 workflows that job launched before it. A relaunch (the launching job redelivered after its
 worker was killed, ``run()`` called again with the same keys) finds the workflow recorded: it
 sends nothing once the first launch sent the whole first step, else only the members not yet
@@ -25,6 +26,7 @@ job, must get a live workflow, not the failed one, whose members stay cancelled.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import uuid
@@ -107,12 +109,29 @@ def _launching_job() -> str | None:
     return f"{message_id}:{count + 1}"
 
 
+def _shape(broker: dramatiq.Broker, steps: list[Step]) -> str:
+    """Every step's shape, hashed: its mode and what it hands on, and each member's actor, queue
+    and idempotency key (else a hash of its arguments), so that two pipelines sharing their first
+    step's keys but not a later step are two workflows, not a relaunch of one."""
+    hasher = _hasher(broker)
+
+    def member(message: Message[Any]) -> str:
+        key = message.options.get("idempotency_key")
+        given = (
+            f"key:{key}" if isinstance(key, str) else json.dumps([message.args, message.kwargs], default=repr)
+        )
+        return f"{message.actor_name}@{message.queue_name}:{hasher(given)}"
+
+    shape = [[step.mode, step.pipe, *map(member, step.messages)] for step in steps]
+    return hasher(json.dumps(shape))
+
+
 def launch_id(broker: dramatiq.Broker, kind: str, steps: list[Step], key: str | None) -> str | None:
     """The id a relaunch finds again (see the module), or None: a workflow like any other."""
     if key is not None:
         basis = f"key:{_hasher(broker)(key)}"
     elif (keys := _members_keys(broker, list(steps[0].messages) if steps else [])) is not None:
-        basis = f"keys:{len(steps)}:{','.join(keys)}"
+        basis = f"keys:{','.join(keys)}:{_shape(broker, steps)}"
     elif (job := _launching_job()) is not None:
         basis = f"job:{job}"
     else:
