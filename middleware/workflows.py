@@ -110,15 +110,8 @@ class Workflows(FailClosed):
         try:
             self.backend.keep(workflow_id, int(option["step"]), self.ttl_ms + int(delay))
         except Exception as exc:
-            log_outage(
-                logger,
-                logging.WARNING,
-                "workflow_keep_failed",
-                exc,
-                workflow_id=workflow_id,
-                message_id=message.message_id,
-                delay_ms=int(delay),
-            )
+            fields = {"workflow_id": workflow_id, "message_id": message.message_id, "delay_ms": int(delay)}
+            log_outage(logger, logging.WARNING, "workflow_keep_failed", exc, **fields)
 
     def _outlives(self, delay: int) -> bool:
         """Whether a member re-enqueued with ``delay`` could end after its workflow's record (the
