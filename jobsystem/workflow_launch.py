@@ -181,8 +181,8 @@ def _recorded(
     on_id: Callable[[str], None],
 ) -> tuple[str, dict[str, str], list[Message[Any]]]:
     """Record the workflow under ``derived`` (a new id when None), or find it recorded, giving
-    ``on_id`` its id before the store is asked: its id,
-    the ids its messages took (``{given: used}``) and the first step's messages to send.
+    ``on_id`` its id before the store is asked; returns its id, the ids its messages took
+    (``{given: used}``) and the first step's messages to send.
 
     A record failed at launch (:func:`refused_at_launch`) is not this launch's workflow to resume:
     its members are cancelled in it for good. The launch starts anew under the next attempt's id
