@@ -2,7 +2,8 @@
 
 A launch is idempotent when it can be recognised again: its workflow's id is then derived from
 (in this order) the ``key`` the caller gives ``run()``, the idempotency keys of its first step's
-members when every one has a key, or the message of the job that launches it and how many
+members when every one has a key (with every step's shape: another pipeline sharing that first
+step is another workflow), or the message of the job that launches it and how many
 workflows that job launched before it. A relaunch (the launching job redelivered after its
 worker was killed, ``run()`` called again with the same keys) finds the workflow recorded: it
 sends nothing once the first launch sent the whole first step, else only the members not yet
@@ -16,12 +17,16 @@ did (:meth:`~middleware.workflows.Workflows.duplicate_finished`).
 A launch whose publish fails records the workflow ``failed`` (the member not sent, and why) and
 marks its first step's members cancelled in it, so none of those already sent runs; the error
 raised carries ``workflow_id``, which ``run()`` has set already. An interrupt (the worker shutting
-down, a time limit) leaves it running: the launching job's redelivery completes it.
+down, a time limit) leaves it running: the launching job's redelivery completes it. A launch
+that finds its derived id's record failed at launch (its publish refused, not a member failed)
+starts anew under the next attempt's id: the caller's retry, or Dramatiq's retry of the launching
+job, must get a live workflow, not the failed one, whose members stay cancelled.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import threading
 import uuid
@@ -45,16 +50,22 @@ from jobsystem.runtime.workflow_steps import (
     without_empty_steps,
 )
 from jobsystem.store.base import StoreUnavailable
-from jobsystem.store.workflows import LAUNCHED
+from jobsystem.store.workflows import LAUNCHED, WorkflowRecord
 from middleware.idempotency import Idempotency
 from middleware.workflows import Workflows, find_workflows
 
-__all__ = ["launch", "launch_id"]
+__all__ = ["launch", "launch_id", "refused_at_launch"]
 
 logger = logging.getLogger(__name__)
 
 #: The namespace of derived workflow ids.
 _NAMESPACE = uuid.UUID("5b0f6d38-8e0e-4f4e-9a53-2f1c1f6f7a10")
+
+#: The reason recorded for the member a launch's refused publish did not send.
+NOT_SENT = "not sent: the launch's publish failed"
+
+#: How many refused launches of one derived id are started anew before a launch gives up.
+MAX_ATTEMPTS = 20
 
 #: How many workflows each job being run launched so far, by its delivery (``id``, and a weak
 #: reference to tell a later object at the same address): a redelivery is a new delivery and
@@ -98,12 +109,29 @@ def _launching_job() -> str | None:
     return f"{message_id}:{count + 1}"
 
 
+def _shape(broker: dramatiq.Broker, steps: list[Step]) -> str:
+    """Every step's shape, hashed: its mode and what it hands on, and each member's actor, queue
+    and idempotency key (else a hash of its arguments), so that two pipelines sharing their first
+    step's keys but not a later step are two workflows, not a relaunch of one."""
+    hasher = _hasher(broker)
+
+    def member(message: Message[Any]) -> str:
+        key = message.options.get("idempotency_key")
+        given = (
+            f"key:{key}" if isinstance(key, str) else json.dumps([message.args, message.kwargs], default=repr)
+        )
+        return f"{message.actor_name}@{message.queue_name}:{hasher(given)}"
+
+    shape = [[step.mode, step.pipe, *map(member, step.messages)] for step in steps]
+    return hasher(json.dumps(shape))
+
+
 def launch_id(broker: dramatiq.Broker, kind: str, steps: list[Step], key: str | None) -> str | None:
     """The id a relaunch finds again (see the module), or None: a workflow like any other."""
     if key is not None:
         basis = f"key:{_hasher(broker)(key)}"
     elif (keys := _members_keys(broker, list(steps[0].messages) if steps else [])) is not None:
-        basis = f"keys:{len(steps)}:{','.join(keys)}"
+        basis = f"keys:{','.join(keys)}:{_shape(broker, steps)}"
     elif (job := _launching_job()) is not None:
         basis = f"job:{job}"
     else:
@@ -126,16 +154,9 @@ def launch(
     workflows = find_workflows(broker)
     steps = without_empty_steps(steps, ignores_pipe=lambda m: bool(option_of(broker, m, "pipe_ignore")))
     derived = launch_id(broker, kind, steps, key)
-    record, first = annotate(kind, steps, derived)
-    workflow_id = str(record["id"])
-    on_id(workflow_id)
+    _, first = annotate(kind, steps, derived)
     ttl_ms = workflows.ttl_ms + max([0, *(d or 0 for d in _delays(first, delay))])
-    renamed: dict[str, str] = {}
-    if workflows.backend.create(record, ttl_ms):
-        if not steps:  # only empty groups: nothing to run, done
-            workflows.backend.set_state(workflow_id, "succeeded")
-    else:
-        renamed, first = _relaunch(workflows, kind, steps, workflow_id)
+    workflow_id, renamed, first = _recorded(workflows, kind, steps, derived, ttl_ms, on_id)
     if derived is not None:
         first = [keyed_by_id(broker, message) for message in first]
     delays = _delays(first, delay)
@@ -151,34 +172,82 @@ def launch(
     return renamed
 
 
+def _recorded(
+    workflows: Workflows,
+    kind: str,
+    steps: list[Step],
+    derived: str | None,
+    ttl_ms: int,
+    on_id: Callable[[str], None],
+) -> tuple[str, dict[str, str], list[Message[Any]]]:
+    """Record the workflow under ``derived`` (a new id when None), or find it recorded, giving
+    ``on_id`` its id before the store is asked; returns its id, the ids its messages took
+    (``{given: used}``) and the first step's messages to send.
+
+    A record failed at launch (:func:`refused_at_launch`) is not this launch's workflow to resume:
+    its members are cancelled in it for good. The launch starts anew under the next attempt's id
+    (derived from ``derived`` and the attempt's number, so a retry of this one finds it again),
+    its messages under new ids (a sent member of the refused launch, cancelled, keeps its own)."""
+    workflow_id, given = derived, steps
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        record, first = annotate(kind, steps, workflow_id)
+        on_id(str(record["id"]))
+        if workflows.backend.create(record, ttl_ms):
+            if not steps:  # only empty groups: nothing to run, done
+                workflows.backend.set_state(str(record["id"]), "succeeded")
+            return str(record["id"]), _ids(given, steps), first
+        found = workflows.backend.get(str(workflow_id))
+        if found is None:  # expired since the create: nothing of it is left to relaunch
+            raise StoreUnavailable("the workflow's record is gone")
+        if not refused_at_launch(found):
+            return str(workflow_id), *_relaunch(kind, given, found)
+        logger.info("workflow_launch_attempted_anew", extra={"workflow_id": workflow_id, "attempt": attempt})
+        workflow_id = uuid.uuid5(_NAMESPACE, f"{derived}:attempt:{attempt}").hex
+        steps = [
+            Step([m.copy(message_id=uuid.uuid4().hex) for m in s.messages], s.mode, s.pipe) for s in given
+        ]
+    raise StoreUnavailable(f"the launch was refused {MAX_ATTEMPTS} times: launch it anew with another key")
+
+
+def refused_at_launch(found: WorkflowRecord) -> bool:
+    """Whether the workflow failed at its launch (its first step's publish refused: recorded by
+    :func:`_abandon`), not while it ran (a member failed: a relaunch is the same workflow)."""
+    if found.state != "failed" or found.launched:
+        return False
+    return found.failed is None or found.reasons.get(found.failed, "").startswith(NOT_SENT)
+
+
+def _ids(given: list[Step], used: list[Step]) -> dict[str, str]:
+    """``{given: used}``: the ids ``used`` gave the messages of ``given``, by their place."""
+    return {
+        old.message_id: new.message_id
+        for step, again in zip(given, used, strict=True)
+        for old, new in zip(step.messages, again.messages, strict=True)
+        if old.message_id != new.message_id
+    }
+
+
 def _delays(first: list[Message[Any]], delay: int | None) -> list[int | None]:
     """Each first message waits the larger of the run's delay and its own, as Dramatiq's pipeline."""
     return [max(delay or 0, int(m.options.get("delay") or 0)) or None for m in first]
 
 
 def _relaunch(
-    workflows: Workflows, kind: str, steps: list[Step], workflow_id: str
+    kind: str, steps: list[Step], found: WorkflowRecord
 ) -> tuple[dict[str, str], list[Message[Any]]]:
-    """A relaunch of the recorded ``workflow_id``: its messages take the first launch's ids
+    """A relaunch of the recorded workflow ``found``: its messages take the first launch's ids
     (``{given: used}``), and of its first step it sends none once the first launch sent them all
     (or the workflow ended), else those not counted as ended."""
-    found = workflows.backend.get(workflow_id)
-    if found is None:  # expired since the create: nothing of it is left to relaunch
-        raise StoreUnavailable("the workflow's record is gone")
+    workflow_id = str(found.record["id"])
     logger.info(
         "workflow_relaunched",
         extra={"workflow_id": workflow_id, "launched": found.launched, "workflow_state": found.state},
     )
     recorded = with_recorded_ids(steps, found.record)
-    renamed = {
-        given.message_id: used.message_id
-        for step, again in zip(steps, recorded, strict=True)
-        for given, used in zip(step.messages, again.messages, strict=True)
-    }
     _, first = annotate(kind, recorded, workflow_id)
     if found.launched or found.state != "running":
-        return renamed, []
-    return renamed, [m for m in first if m.message_id not in found.states]
+        return _ids(steps, recorded), []
+    return _ids(steps, recorded), [m for m in first if m.message_id not in found.states]
 
 
 def _send(
@@ -225,7 +294,7 @@ def _abandon(
         ttl_ms = mark_ttl_ms(broker, ids, workflows.cancel_ttl_ms)
         workflows.marks.mark_cancelled([(i, workflow_id) for i in ids], ttl_ms)
         if unsent is not None:
-            reason = f"not sent: the launch's publish failed ({type(exc).__name__})"
+            reason = f"{NOT_SENT} ({type(exc).__name__})"
             workflows.backend.finish(workflow_id, 0, unsent, "failed", "", workflows.ttl_ms, reason)
         workflows.backend.set_state(workflow_id, "failed")
     except Exception as store_exc:

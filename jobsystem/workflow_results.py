@@ -5,7 +5,7 @@ A pipeline whose member ended in the dead letters (or that was cancelled) never 
 step, so waiting for that step's result alone would last the whole timeout and end in
 ``ResultTimeout``; the caller gets ``ResultFailure`` naming the member instead, as Celery's
 ``chain.get()`` raises at once. The workflow's state is read between waits of at most
-:data:`STATE_CHECK_MS`.
+:data:`STATE_CHECK_MS`, each waited out whole (paused for what Dramatiq's wait left of it).
 """
 
 from __future__ import annotations
@@ -43,16 +43,28 @@ def unless_ended(
             _raise_if_ended(broker, workflow_id)
             raise
     deadline = time.monotonic() + (DEFAULT_TIMEOUT if timeout is None else timeout) / 1000
-    wait_ms = 0  # a first look, then the state, then waits of at most STATE_CHECK_MS
+    wait_ms, last = 0, False  # a first look, the state, waits of at most STATE_CHECK_MS, a last look
     while True:
+        started = time.monotonic()
         try:
             return fetch(True, wait_ms)
         except ResultTimeout:
             _raise_if_ended(broker, workflow_id)
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
+            if last or time.monotonic() >= deadline:
                 raise
-            wait_ms = min(STATE_CHECK_MS, left_ms)
+            _pause_rest(started + wait_ms / 1000, deadline)
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            wait_ms, last = min(STATE_CHECK_MS, max(0, left_ms)), left_ms <= 0
+
+
+def _pause_rest(wait_end: float, deadline: float) -> None:
+    """Sleep until the wait asked of Dramatiq would have ended (not past ``deadline``): its
+    polling wait gives up at once when its first pause (100-200 ms) would pass the wait's end, so
+    a short wait, and the end of every wait, came back early; read again at once, the store was
+    read hundreds of times a call. After the deadline, one last look (a wait of 0) follows."""
+    rest = min(wait_end, deadline) - time.monotonic()
+    if rest > 0:
+        time.sleep(rest)
 
 
 def _raise_if_ended(broker: dramatiq.Broker, workflow_id: str | None) -> None:

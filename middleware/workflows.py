@@ -22,7 +22,12 @@ sending. Each next message carries an idempotency key made from its own id, so a
 A next step a middleware refuses at send for good (:func:`refused_for_good`) fails the workflow
 and the member is acked; an outage puts the member back. A dead member replayed from the dead
 letters that succeeds is counted again (see ``WorkflowBackend.finish``), and a member re-enqueued
-with a delay keeps its workflow's record for it (:meth:`Workflows.before_enqueue`).
+with a delay that could outlive its workflow's record (longer than the TTL / ``KEEP_FRACTION``)
+keeps the record for it (:meth:`Workflows.before_enqueue`). Best-effort, by choice: the send this
+hook runs before is often a deferral, how a job waits out a store outage, and refusing it for the
+same outage left the job nowhere to go; a record that did expire is logged (``workflow_gone``)
+when the member ends. Never on a RabbitMQ consumer's own thread
+(:mod:`jobsystem.runtime.consumer_thread`), where a store timeout would hold up consuming.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dramatiq.middleware import MiddlewareError
 
 from jobsystem.dramatiq_internals import release_thread_connection, request_redelivery, wants_redelivery
 from jobsystem.privacy.outage_lines import log_outage
+from jobsystem.runtime.consumer_thread import on_consumer_thread
 from jobsystem.runtime.idempotency_keys import CompletedDuplicate
 from jobsystem.runtime.message_shape import int_option
 from jobsystem.runtime.options import option_of
@@ -58,6 +64,10 @@ from middleware.idempotency import Idempotency, IdempotencyStoreError
 __all__ = ["Workflows", "find_workflows", "refused_for_good"]
 
 logger = logging.getLogger(__name__)
+
+#: A delay longer than the TTL divided by this keeps the workflow's record (see
+#: :meth:`Workflows._outlives`): 10, a delay longer than 2.4 h with the default TTL of a day.
+KEEP_FRACTION = 10
 
 
 class Workflows(FailClosed):
@@ -90,13 +100,23 @@ class Workflows(FailClosed):
         self.dead_retry_s = dead_retry_s
 
     def before_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
-        """A member re-enqueued with a delay (a retry, a deferral) must find its workflow when it
-        ends, however long the delay: the record is kept the delay and the TTL from now. If the
-        store does not answer, the send is refused (the guard): a retry's delivery is then put
-        back rather than sent to a workflow that may be gone by its end."""
+        """A member re-enqueued with a delay must find its workflow when it ends: a delay that
+        could outlive the record keeps it the delay and the TTL from now, best-effort and not on
+        a consumer's thread (see the module)."""
         option = message.options.get(WORKFLOW)
-        if delay and isinstance(option, dict):
-            self.backend.keep(str(option["id"]), int(option["step"]), self.ttl_ms + int(delay))
+        if not (delay and isinstance(option, dict) and self._outlives(delay)) or on_consumer_thread():
+            return
+        workflow_id = str(option.get("id"))
+        try:
+            self.backend.keep(workflow_id, int(option["step"]), self.ttl_ms + int(delay))
+        except Exception as exc:
+            fields = {"workflow_id": workflow_id, "message_id": message.message_id, "delay_ms": int(delay)}
+            log_outage(logger, logging.WARNING, "workflow_keep_failed", exc, **fields)
+
+    def _outlives(self, delay: int) -> bool:
+        """Whether a member re-enqueued with ``delay`` could end after its workflow's record (the
+        TTL after its last change) expired, unless it waited or ran for most of the TTL first."""
+        return delay * KEEP_FRACTION > self.ttl_ms
 
     def after_process_message(
         self,

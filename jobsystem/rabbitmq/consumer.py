@@ -10,9 +10,8 @@ RabbitMQ, dead-lettered, or held and requeued later; none can crash a thread or 
   requeues it after a growing delay, counted, with an alert after a few refusals
   (``jobsystem.runtime.follow_ups``); when the delivery comes back, the consumer publishes the decided
   follow-up itself instead of running the actor again.
-- Acks leave in batches, one hand-off to the connection's thread for all the acks finished
-  meanwhile, as one cumulative ack where the channel's open deliveries allow it; acks above a
-  delivery still running wait a few milliseconds for it (:mod:`jobsystem.rabbitmq.acks`).
+- Acks leave in batches (one hand-off to the connection's thread), cumulative where the channel's
+  open deliveries allow, waiting a few ms for a delivery running below (:mod:`jobsystem.rabbitmq.acks`).
 - A delay-queue message due further ahead than the broker's delay horizon (sent before the delay
   cascade existed, or by plain Dramatiq) is moved into the cascade, confirmed, then acked, rather
   than held unacked past RabbitMQ's ``consumer_timeout``.
@@ -53,6 +52,7 @@ from jobsystem.rabbitmq.dead_letter_bodies import dead_letter_body, kept_propert
 from jobsystem.runtime.attempts import enqueue_retry
 from jobsystem.runtime.closing import close_quietly
 from jobsystem.runtime.connecting import connection_closed_on_failure
+from jobsystem.runtime.consumer_thread import consumer_publishing
 from jobsystem.runtime.follow_ups import DeadLetterFollowUp, FollowUp, RetryFollowUp
 from jobsystem.runtime.message_shape import Malformed, decode
 from middleware.dead_letters import HEADER_REASON
@@ -284,7 +284,8 @@ class DeadLetteringConsumer(RabbitmqConsumer):
         refused = self.broker.refused_follow_ups
         queue = q_name(self.queue_name)
         try:
-            publish()
+            with consumer_publishing():  # no hook waits on the store on this thread
+                publish()
         except Exception as exc:
             delay = refused.refused(key, kind=kind, queue=queue, follow_up=follow_up, error=exc)
             self._requeue_later(tag, delay)

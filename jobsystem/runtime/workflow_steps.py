@@ -116,9 +116,11 @@ def with_recorded_ids(steps: list[Step], record: dict[str, Any]) -> list[Step]:
     """``steps`` with the message ids of the workflow ``record`` a first launch made of them: a
     relaunch's messages are new objects with new ids, and members are counted by id.
 
-    Raises ValueError when the steps are not those of the record (other members, in number)."""
+    Raises ValueError when the steps are not those of the record (other members, in number or
+    in their actors)."""
     recorded = [[member["id"] for member in step["members"]] for step in record["steps"]]
-    if [len(step.messages) for step in steps] != [len(ids) for ids in recorded]:
+    actors = [[member.get("actor") for member in step["members"]] for step in record["steps"]]
+    if [[m.actor_name for m in step.messages] for step in steps] != actors:
         raise ValueError("this workflow was launched before with other steps: its key or launch is reused")
     return [
         Step([m.copy(message_id=i) for m, i in zip(step.messages, ids, strict=True)], step.mode, step.pipe)

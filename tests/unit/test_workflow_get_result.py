@@ -5,6 +5,7 @@ backends."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import dramatiq
@@ -13,6 +14,8 @@ from dramatiq.results import ResultFailure, ResultTimeout
 
 from jobsystem.store import StateStore
 from jobsystem.store.results import StoreResultBackend
+from jobsystem.store.workflows import WorkflowRecord
+from jobsystem.workflow_results import STATE_CHECK_MS
 from jobsystem.workflows import cancel, group, pipeline
 from middleware.results import StoreResults
 from middleware.workflows import Workflows
@@ -97,3 +100,43 @@ def test_get_results_with_timeout_zero_waits_zero(store: StateStore) -> None:
     with pytest.raises(ResultTimeout):
         list(fan_out.get_results(block=True, timeout=0))
     assert backend.timeouts == [0]
+
+
+def _noting_reads(workflows: Workflows) -> list[str]:
+    """The workflow ids the state checks read, in order."""
+    reads: list[str] = []
+    read = workflows.backend.get
+
+    def noted(workflow_id: str) -> WorkflowRecord | None:
+        reads.append(workflow_id)
+        return read(workflow_id)
+
+    workflows.backend.get = noted  # type: ignore[method-assign]
+    return reads
+
+
+@pytest.mark.parametrize("timeout", [90, 1_300])
+def test_a_wait_for_a_running_pipeline_reads_the_store_a_few_times(store: StateStore, timeout: int) -> None:
+    """Dramatiq's wait gives up at once when its first pause (100-200 ms) would pass its end: a
+    short wait (all of it) and the end of each wait of a long one were a loop of store reads."""
+    broker, workflows, backend, square, total = _results_broker(store)
+    flow = pipeline([square.message(2), total.message()], broker=broker).run()
+    reads = _noting_reads(workflows)
+    with pytest.raises(ResultTimeout):
+        flow.get_result(block=True, timeout=timeout)
+    # A first look, a wait of at most STATE_CHECK_MS or what is left, a last look: a state read each.
+    assert len(reads) <= 2 + 2 * (timeout // STATE_CHECK_MS + 1), (len(reads), backend.timeouts[:6])
+    assert len(backend.timeouts) == len(reads)
+
+
+def test_a_result_stored_during_a_wait_is_returned(store: StateStore) -> None:
+    broker, _, _, square, total = _results_broker(store)
+    flow = pipeline([square.message(2), total.message()], broker=broker).run()
+    broker.emit_after("process_message", delivery(broker.enqueued[0][0]), result=4)
+    last = delivery(broker.enqueued[1][0])
+    ends = threading.Timer(0.3, lambda: broker.emit_after("process_message", last, result=16))
+    ends.start()
+    try:
+        assert flow.get_result(block=True, timeout=9_000) == 16
+    finally:
+        ends.join()

@@ -9,14 +9,12 @@ import time
 from typing import Any
 
 import dramatiq
-import pytest
 from dramatiq import Message
 
-from jobsystem.store import StateStore, StoreUnavailable
+from jobsystem.store import StateStore
 from jobsystem.store.redis import RedisStore
 from jobsystem.store.workflows import workflow_backend
 from jobsystem.workflows import mark_ttl_ms
-from middleware.guard import GuardError
 from middleware.status import Status
 from middleware.workflows import Workflows
 from tests.unit.stub import RecordingBroker, delivery
@@ -138,19 +136,6 @@ def test_a_group_member_retried_past_the_workflows_ttl_still_finishes_the_group(
     workflows.after_process_message(broker, delivery(retry), result=None)
     sent = [(m.actor_name, m.args) for m, _ in broker.enqueued]
     assert ("summary", ({"succeeded": 2, "dead": 0, "cancelled": 0},)) in sent
-
-
-def test_a_delayed_re_enqueue_the_store_cannot_note_is_refused(store):
-    """Fail closed: sent while its workflow's record could not be kept, the member might end
-    after the record expired; the sender (SafeRetries) gets the error and puts the delivery back."""
-    broker, workflows, (_, bob) = _mail_group(store, ttl_ms=TTL)
-
-    def down(*args: Any, **kwargs: Any) -> None:
-        raise StoreUnavailable("redis: timeout")
-
-    workflows.backend.keep = down  # type: ignore[method-assign]
-    with pytest.raises(GuardError):
-        broker.enqueue(bob.copy(options={"retries": 1}), delay=600)
 
 
 def test_a_member_whose_workflow_is_gone_is_logged_at_warning(store, caplog):

@@ -14,10 +14,10 @@ import pytest
 from dramatiq.middleware import CurrentMessage
 
 from jobsystem.store import StateStore
-from jobsystem.workflows import group, workflow_status
+from jobsystem.workflows import group, pipeline, workflow_status
 from middleware.workflows import Workflows
 from tests.unit.stub import RecordingBroker, delivery
-from tests.unit.workflow_brokers import TTL, workflow_broker
+from tests.unit.workflow_brokers import TTL, keyed_workflow_broker, workflow_broker
 
 
 def _sent(broker: RecordingBroker) -> list[tuple[str, tuple[Any, ...]]]:
@@ -127,3 +127,41 @@ def test_a_launch_interrupted_midway_is_completed_by_its_relaunch(store: StateSt
     workflows.after_process_message(broker, delivery(broker.enqueued[-1][0]), result=None)
     status = workflow_status(str(flow.workflow_id), broker=broker)
     assert status is not None and status["state"] == "succeeded"
+
+
+def _pipeline_actors(broker: Any) -> tuple[Any, Any]:
+    notify = dramatiq.actor(broker=broker, actor_name="notify", queue_name="q")(lambda to, result: None)
+    archive = dramatiq.actor(broker=broker, actor_name="archive", queue_name="q")(lambda where, result: None)
+    return notify, archive
+
+
+def test_two_pipelines_sharing_a_keyed_first_member_are_two_workflows(store: StateStore) -> None:
+    """The members'-keys id covered only the first step: another pipeline was taken for a
+    relaunch of the first one, and its own next step never ran."""
+    broker, _, _, square, _ = keyed_workflow_broker(store)
+    notify, archive = _pipeline_actors(broker)
+    first = pipeline([square.message(2), notify.message("ana")], broker=broker).run()
+    second = pipeline([square.message(2), archive.message("s3")], broker=broker).run()
+    other = pipeline([square.message(2), notify.message("bob")], broker=broker).run()  # other arguments
+    assert second.workflow_id is not None
+    status = workflow_status(second.workflow_id, broker=broker)
+    assert status is not None
+    nexts = [member["actor"] for member in status["steps"][1]["members"]]
+    assert nexts == ["archive"], f"the second pipeline is the first one's record: next step {nexts}"
+    assert len({first.workflow_id, second.workflow_id, other.workflow_id}) == 3
+
+
+def test_a_pipeline_launched_again_with_the_same_keyed_steps_is_the_same_workflow(store: StateStore) -> None:
+    broker, _, _, square, _ = keyed_workflow_broker(store)
+    notify, _ = _pipeline_actors(broker)
+    first = pipeline([square.message(2), notify.message("ana")], broker=broker).run()
+    again = pipeline([square.message(2), notify.message("ana")], broker=broker).run()
+    assert first.workflow_id == again.workflow_id and len(broker.enqueued) == 1
+
+
+def test_a_relaunch_under_the_same_key_with_other_actors_is_refused(store: StateStore) -> None:
+    broker, _, square, _ = workflow_broker(store)
+    notify, archive = _pipeline_actors(broker)
+    pipeline([square.message(2), notify.message("ana")], broker=broker).run(key="report-7")
+    with pytest.raises(ValueError, match="other steps"):
+        pipeline([square.message(2), archive.message("s3")], broker=broker).run(key="report-7")
