@@ -74,18 +74,22 @@ _launched_by: dict[int, tuple[weakref.ref[Any], int]] = {}
 _launched_lock = threading.Lock()
 
 
+def _idempotency(broker: dramatiq.Broker) -> Idempotency | None:
+    return next((m for m in broker.middleware if isinstance(m, Idempotency)), None)
+
+
 def _hasher(broker: dramatiq.Broker) -> Callable[[str], str]:
     """The idempotency keys' hash (keyed with ``STATE_KEY_SECRET``): a caller's key may be an
     email address, and a workflow id is a store key name. SHA-256 without an Idempotency middleware."""
-    for middleware in broker.middleware:
-        if isinstance(middleware, Idempotency):
-            return middleware.hasher
+    idempotency = _idempotency(broker)
+    if idempotency is not None:
+        return idempotency.hasher
     return lambda text: hashlib.sha256(text.encode()).hexdigest()
 
 
 def _members_keys(broker: dramatiq.Broker, messages: list[Message[Any]]) -> list[str] | None:
     """The scoped keys of ``messages`` when every one has a key, else None."""
-    idempotency = next((m for m in broker.middleware if isinstance(m, Idempotency)), None)
+    idempotency = _idempotency(broker)
     if idempotency is None or not messages:
         return None
     try:
@@ -154,8 +158,8 @@ def launch(
     workflows = find_workflows(broker)
     steps = without_empty_steps(steps, ignores_pipe=lambda m: bool(option_of(broker, m, "pipe_ignore")))
     derived = launch_id(broker, kind, steps, key)
-    _, first = annotate(kind, steps, derived)
-    ttl_ms = workflows.ttl_ms + max([0, *(d or 0 for d in _delays(first, delay))])
+    given_first = list(steps[0].messages) if steps else []  # their delays are the annotated ones'
+    ttl_ms = workflows.ttl_ms + max([0, *(d or 0 for d in _delays(given_first, delay))])
     workflow_id, renamed, first = _recorded(workflows, kind, steps, derived, ttl_ms, on_id)
     if derived is not None:
         first = [keyed_by_id(broker, message) for message in first]
